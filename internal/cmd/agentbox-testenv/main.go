@@ -1,0 +1,118 @@
+// Command agentbox-testenv builds and runs the real local cluster that the
+// tests and the quickstart use.
+//
+//	agentbox-testenv build            build the toolchain into the cache (make testenv)
+//	agentbox-testenv up [-node]       start a cluster; print its kubeconfig path
+//	agentbox-testenv import FILE...   import OCI archives into the running node
+//	agentbox-testenv exec [-node] -- CMD...
+//	                                  run CMD with a cluster up (its kubeconfig in
+//	                                  AGENTBOX_TEST_KUBECONFIG), then tear it down
+//	agentbox-testenv down             stop it and undo every host change
+//	agentbox-testenv dir              print the cache directory
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "agentbox-testenv: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+const usage = "usage: agentbox-testenv build|up [-node] [-image FILE]...|exec [-node] -- CMD...|import FILE...|down|dir"
+
+type files []string
+
+func (f *files) String() string     { return fmt.Sprint(*f) }
+func (f *files) Set(s string) error { *f = append(*f, s); return nil }
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf(usage)
+	}
+	dir, err := toolchain.DefaultDir()
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "build":
+		fs := flag.NewFlagSet("build", flag.ExitOnError)
+		skipPkgs := fs.Bool("skip-packages", false, "do not install missing Debian packages")
+		_ = fs.Parse(args[1:])
+		b := &toolchain.Builder{Dir: dir, Out: os.Stdout, SkipPackages: *skipPkgs}
+		return b.Build(ctx)
+	case "up":
+		fs := flag.NewFlagSet("up", flag.ExitOnError)
+		node := fs.Bool("node", false, "start a real node (containerd, kubelet, kube-proxy, gVisor)")
+		var images files
+		fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
+		_ = fs.Parse(args[1:])
+		t := time.Now()
+		c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: *node, Images: images, Log: os.Stderr})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "testenv: cluster up in %s; logs in %s\n", time.Since(t).Round(time.Millisecond), c.LogDir())
+		fmt.Println(c.Kubeconfig)
+		return nil
+	case "exec":
+		fs := flag.NewFlagSet("exec", flag.ExitOnError)
+		node := fs.Bool("node", false, "start a real node")
+		_ = fs.Parse(args[1:])
+		if fs.NArg() == 0 {
+			return fmt.Errorf(usage)
+		}
+		return execWithCluster(ctx, dir, *node, fs.Args())
+	case "import":
+		c, err := testenv.Attach(dir)
+		if err != nil {
+			return err
+		}
+		return c.ImportImages(ctx, args[1:]...)
+	case "down":
+		return testenv.StopDir(ctx, dir, os.Stderr)
+	case "dir":
+		fmt.Println(dir)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q; %s", args[0], usage)
+	}
+}
+
+// execWithCluster runs a command against a fresh cluster and always tears
+// the cluster down, also when the command fails or is interrupted, so a
+// red test run leaves the machine as clean as a green one.
+func execWithCluster(ctx context.Context, dir string, node bool, argv []string) error {
+	t := time.Now()
+	c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: node, Log: os.Stderr})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "testenv: cluster up in %s; logs in %s\n", time.Since(t).Round(time.Millisecond), c.LogDir())
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), testenv.EnvKubeconfig+"="+c.Kubeconfig)
+	runErr := cmd.Run()
+	t = time.Now()
+	stopErr := c.Stop(context.Background())
+	fmt.Fprintf(os.Stderr, "testenv: cluster down in %s\n", time.Since(t).Round(time.Millisecond))
+	if runErr != nil {
+		return fmt.Errorf("%s: %w", argv[0], runErr)
+	}
+	return stopErr
+}

@@ -1,0 +1,371 @@
+// Package testenv starts and stops a real local Kubernetes cluster for tests
+// and the quickstart: etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler, and on request one real node (containerd with runc and
+// gVisor, kubelet and kube-proxy). The binaries come from the toolchain
+// cache that `make testenv` fills.
+//
+// Addresses come from the 198.18.0.0/15 benchmarking range, which no real
+// network uses, so test traffic can only ever reach this host and the pods
+// the cluster made.
+package testenv
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
+)
+
+// Network layout of the test node.
+const (
+	// TestRange holds every address the cluster uses; nothing in it is
+	// routed off this host while a node runs.
+	TestRange   = "198.18.0.0/15"
+	PodCIDR     = "198.18.0.0/16"
+	ServiceCIDR = "198.19.0.0/17"
+	// NodeIP is added to lo while a node runs: pods cannot reach 127.0.0.1
+	// of the host, so the apiserver and kubelet listen here instead.
+	NodeIP   = "198.19.128.1"
+	NodeName = "agentbox-node-0"
+	Bridge   = "abx-cni0"
+	// RuntimeClass is the gVisor RuntimeClass every node cluster has.
+	RuntimeClass = "gvisor"
+	// StorageClass is the default class, served by kube-controller-manager's
+	// hostPath provisioner.
+	StorageClass = "standard"
+)
+
+// Options configure Start.
+type Options struct {
+	// Dir is the toolchain cache (default toolchain.DefaultDir()).
+	Dir string
+	// Node adds a real node with containerd, kubelet and kube-proxy.
+	Node bool
+	// Images are OCI archives to import into the node.
+	Images []string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// Cluster is a running test cluster.
+type Cluster struct {
+	st *state
+	// Kubeconfig is the path of an admin kubeconfig.
+	Kubeconfig string
+	// Config is the admin REST configuration.
+	Config *rest.Config
+	log    io.Writer
+}
+
+// ErrRunning is returned when a cluster of the same cache is already up.
+var ErrRunning = errors.New("a test cluster is already running")
+
+func runDir(dir string) string { return filepath.Join(dir, "run") }
+
+// Start starts a cluster. On failure it tears down whatever it started.
+func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
+	if opts.Dir == "" {
+		if opts.Dir, err = toolchain.DefaultDir(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if missing := toolchain.Missing(opts.Dir); len(missing) > 0 {
+		return nil, fmt.Errorf("test cluster binaries missing from %s (%s): run `make testenv`", toolchain.BinDir(opts.Dir), strings.Join(missing, ", "))
+	}
+	if opts.Node && os.Geteuid() != 0 {
+		return nil, fmt.Errorf("a test node needs root (containerd, kubelet, iptables)")
+	}
+	dir := runDir(opts.Dir)
+	if old, err := loadState(dir); err == nil {
+		if r := old.running(); len(r) > 0 {
+			return nil, fmt.Errorf("%w (%s pid %d); stop it with `agentbox-testenv down`", ErrRunning, r[0].Name, r[0].PID)
+		}
+		// A previous run died without cleaning up: undo what it left.
+		if err := teardown(ctx, old, opts.Log); err != nil {
+			return nil, fmt.Errorf("clean up the previous run: %w", err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	st := &state{Dir: dir, BinDir: toolchain.BinDir(opts.Dir), Node: opts.Node, Kubeconfig: filepath.Join(dir, "kubeconfig")}
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	c := &Cluster{st: st, Kubeconfig: st.Kubeconfig, log: opts.Log}
+	defer func() {
+		if err != nil {
+			_ = teardown(context.Background(), st, opts.Log)
+		}
+	}()
+	if err := c.startControlPlane(ctx); err != nil {
+		return nil, err
+	}
+	if opts.Node {
+		if err := c.startNode(ctx, opts.Images); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *Cluster) logf(format string, args ...any) {
+	fmt.Fprintf(c.log, "testenv: "+format+"\n", args...)
+}
+
+func (c *Cluster) bin(name string) string { return filepath.Join(c.st.BinDir, name) }
+
+func (c *Cluster) startControlPlane(ctx context.Context) error {
+	st := c.st
+	t0 := time.Now()
+	apiIP := "127.0.0.1"
+	if st.Node {
+		if err := c.setupHostNetwork(ctx); err != nil {
+			return err
+		}
+		apiIP = NodeIP
+	}
+	p, err := newPKI(filepath.Join(st.Dir, "pki"))
+	if err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	serviceIP := firstServiceIP()
+	clientAuth := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	serverAuth := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	for _, e := range []error{
+		p.issue("apiserver", "kube-apiserver", nil,
+			[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+			[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(NodeIP), serviceIP}, serverAuth),
+		p.issue("admin", "admin", []string{"system:masters"}, nil, nil, clientAuth),
+		p.issue("kubelet", NodeName, nil, []string{NodeName, "localhost"}, []net.IP{net.ParseIP(NodeIP)}, serverAuth),
+		p.serviceAccountKeys(),
+	} {
+		if e != nil {
+			return fmt.Errorf("pki: %w", e)
+		}
+	}
+
+	etcdPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	peerPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	if err := startProcess(st, "etcd", c.bin("etcd"), []string{
+		"--data-dir", filepath.Join(st.Dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "default=" + peerURL,
+		"--unsafe-no-fsync", "--log-level=warn",
+	}, nil); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, st, "etcd", 30*time.Second, httpOK(http.DefaultClient, etcdURL+"/health")); err != nil {
+		return err
+	}
+	c.logf("etcd ready (%s)", time.Since(t0).Round(time.Millisecond))
+
+	t1 := time.Now()
+	apiPort, err := freePort(apiIP)
+	if err != nil {
+		return err
+	}
+	apiArgs := []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=" + apiIP, "--advertise-address=" + apiIP,
+		"--secure-port=" + strconv.Itoa(apiPort),
+		"--tls-cert-file=" + p.path("apiserver.crt"), "--tls-private-key-file=" + p.path("apiserver.key"),
+		"--client-ca-file=" + p.path("ca.crt"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + p.path("sa.pub"), "--service-account-signing-key-file=" + p.path("sa.key"),
+		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--authorization-mode=Node,RBAC",
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--kubelet-client-certificate=" + p.path("admin.crt"), "--kubelet-client-key=" + p.path("admin.key"),
+		"--profiling=false",
+	}
+	if !st.Node {
+		// The endpoint reconciler refuses loopback addresses; without a node
+		// nothing needs the kubernetes Service's endpoints anyway.
+		apiArgs = append(apiArgs, "--endpoint-reconciler-type=none")
+	}
+	if err := startProcess(st, "kube-apiserver", c.bin("kube-apiserver"), apiArgs, nil); err != nil {
+		return err
+	}
+	server := "https://" + net.JoinHostPort(apiIP, strconv.Itoa(apiPort))
+	if err := writeKubeconfig(st.Kubeconfig, server, p); err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", st.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	c.Config = cfg
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return err
+	}
+	if err := waitFor(ctx, st, "kube-apiserver", 90*time.Second, httpOK(hc, server+"/readyz")); err != nil {
+		return err
+	}
+	c.logf("kube-apiserver ready at %s (%s)", server, time.Since(t1).Round(time.Millisecond))
+
+	kc := st.Kubeconfig
+	common := []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc, "--bind-address=127.0.0.1", "--leader-elect=false"}
+	kcmPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	if err := startProcess(st, "kube-controller-manager", c.bin("kube-controller-manager"), append(common,
+		"--secure-port="+strconv.Itoa(kcmPort),
+		"--service-account-private-key-file="+p.path("sa.key"), "--root-ca-file="+p.path("ca.crt"),
+		"--cluster-signing-cert-file="+p.path("ca.crt"), "--cluster-signing-key-file="+p.path("ca.key"),
+		"--use-service-account-credentials=true",
+		"--enable-hostpath-provisioner=true",
+		"--controllers=*,-nodeipam,-cloud-node-lifecycle",
+		"--service-cluster-ip-range="+ServiceCIDR,
+	), nil); err != nil {
+		return err
+	}
+	schedPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	if err := startProcess(st, "kube-scheduler", c.bin("kube-scheduler"), append(common, "--secure-port="+strconv.Itoa(schedPort)), nil); err != nil {
+		return err
+	}
+	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // self-signed health endpoints on loopback
+	if err := waitFor(ctx, st, "kube-controller-manager", 60*time.Second, httpOK(insecure, fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort))); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, st, "kube-scheduler", 60*time.Second, httpOK(insecure, fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort))); err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	if err := ensureDefaults(ctx, cs); err != nil {
+		return err
+	}
+	// Pods are refused until the service-account controller has made the
+	// default ServiceAccount, so "ready" means that has happened.
+	if err := waitFor(ctx, st, "kube-controller-manager", 60*time.Second, func(ctx context.Context) error {
+		_, err := cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1GetOptions)
+		return err
+	}); err != nil {
+		return err
+	}
+	c.logf("control plane ready (%s)", time.Since(t0).Round(time.Millisecond))
+	return st.save()
+}
+
+func firstServiceIP() net.IP {
+	_, n, _ := net.ParseCIDR(ServiceCIDR)
+	ip := n.IP.To4()
+	return net.IPv4(ip[0], ip[1], ip[2], ip[3]+1)
+}
+
+func httpOK(hc *http.Client, url string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		resp, err := hc.Do(req.WithContext(rctx))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return nil
+	}
+}
+
+func writeKubeconfig(path, server string, p *pki) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["agentbox-test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: p.path("ca.crt")}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificate: p.path("admin.crt"), ClientKey: p.path("admin.key")}
+	cfg.Contexts["agentbox-test"] = &clientcmdapi.Context{Cluster: "agentbox-test", AuthInfo: "admin"}
+	cfg.CurrentContext = "agentbox-test"
+	// Embed the files so the kubeconfig can be copied and used on its own.
+	if err := clientcmdapi.FlattenConfig(cfg); err != nil {
+		return err
+	}
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// Stop stops the cluster and undoes every change it made to the host. It is
+// safe to call more than once.
+func (c *Cluster) Stop(ctx context.Context) error {
+	return teardown(ctx, c.st, c.log)
+}
+
+// StopDir stops the cluster whose state is in the cache dir, whichever
+// process started it. It is a no-op when nothing is running.
+func StopDir(ctx context.Context, dir string, log io.Writer) error {
+	if log == nil {
+		log = io.Discard
+	}
+	st, err := loadState(runDir(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return teardown(ctx, st, log)
+}
+
+// Attach returns the cluster that is running from the cache dir.
+func Attach(dir string) (*Cluster, error) {
+	st, err := loadState(runDir(dir))
+	if err != nil {
+		return nil, fmt.Errorf("no test cluster state in %s: %w", runDir(dir), err)
+	}
+	if len(st.running()) == 0 {
+		return nil, fmt.Errorf("the test cluster in %s is not running", runDir(dir))
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", st.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{st: st, Kubeconfig: st.Kubeconfig, Config: cfg, log: io.Discard}, nil
+}
+
+// HasNode reports whether the cluster runs a real node.
+func (c *Cluster) HasNode() bool { return c.st.Node }
+
+// LogDir is where the components write their logs.
+func (c *Cluster) LogDir() string { return c.st.Dir }

@@ -1,0 +1,34 @@
+package testenv
+
+import (
+	"os"
+	"testing"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// EnvKubeconfig names the variable through which `make test` hands the one
+// shared cluster to every test package. One node per machine: kubelet,
+// containerd, the bridge and iptables are machine-wide, so packages running
+// in parallel share a cluster and keep to their own namespaces.
+const EnvKubeconfig = "AGENTBOX_TEST_KUBECONFIG"
+
+// Shared returns the admin configuration of the shared test cluster. Without
+// one it skips the test, except in CI, where a missing cluster is a failure:
+// CI machines can always run it.
+func Shared(t testing.TB) (*rest.Config, string) {
+	t.Helper()
+	path := os.Getenv(EnvKubeconfig)
+	if path == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set; run the tests with `make test`, which starts the test cluster", EnvKubeconfig)
+		}
+		t.Skipf("no test cluster: run `make test`, or start one with `agentbox-testenv up -node` and set %s", EnvKubeconfig)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatalf("load %s=%s: %v", EnvKubeconfig, path, err)
+	}
+	return cfg, path
+}

@@ -1,0 +1,345 @@
+// Package toolchain builds the binaries of a real local Kubernetes node
+// (etcd, the Kubernetes components, containerd and gVisor) from the Go module
+// proxy into a versioned cache, and installs the few Debian packages the node
+// needs. Nothing is downloaded as a prebuilt binary: every component is a
+// small wrapper module whose go.mod is embedded here.
+package toolchain
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Layout is the cache format version. Bump it when the directory layout
+// changes so that an old cache is never half-reused.
+const Layout = "v1"
+
+// Versions of what the node runs. They are part of every component's stamp,
+// so changing one rebuilds exactly that component.
+const (
+	EtcdVersion       = "v3.6.16"
+	KubernetesVersion = "v1.34.4"
+	ContainerdVersion = "v2.1.5"
+	GVisorVersion     = "v0.0.0-20260905035102-160fafc42237"
+)
+
+// DebianPackages are installed with apt when missing: the OCI runtime, the
+// netfilter tools kube-proxy and the CNI plugins drive, the CNI plugins
+// themselves, and busybox for the test images.
+var DebianPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static"}
+
+//go:embed wrappers
+var wrappers embed.FS
+
+type binary struct {
+	out string // file name under bin/
+	pkg string // import path of the main package
+}
+
+type component struct {
+	name    string
+	binary  []binary
+	ldflags string
+	tags    string
+	// vendor builds from a vendored tree, so that patch can change a file of
+	// a dependency without committing any of its source.
+	vendor bool
+	patch  func(dir string) error
+}
+
+func components() []component {
+	kv := strings.TrimPrefix(KubernetesVersion, "v")
+	parts := strings.SplitN(kv, ".", 3)
+	k8sLD := fmt.Sprintf("-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=%s -X k8s.io/component-base/version.gitMinor=%s -X k8s.io/component-base/version.gitTreeState=clean",
+		KubernetesVersion, parts[0], parts[1])
+	return []component{
+		{name: "etcd", binary: []binary{
+			{"etcd", "go.etcd.io/etcd/server/v3"},
+			{"etcdctl", "go.etcd.io/etcd/etcdctl/v3"},
+		}, ldflags: "-s -w"},
+		{name: "k8s", binary: []binary{
+			{"kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"},
+			{"kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"},
+			{"kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"},
+			{"kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy"},
+			{"kubelet", "k8s.io/kubernetes/cmd/kubelet"},
+		}, ldflags: k8sLD},
+		{name: "containerd", binary: []binary{
+			{"containerd", "github.com/containerd/containerd/v2/cmd/containerd"},
+			{"containerd-shim-runc-v2", "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"},
+			{"ctr", "github.com/containerd/containerd/v2/cmd/ctr"},
+		}, ldflags: "-s -w", tags: "no_btrfs no_devmapper no_zfs"},
+		{name: "gvisor", binary: []binary{
+			{"runsc", "gvisor.dev/gvisor/runsc"},
+			{"containerd-shim-runsc-v1", "gvisor.dev/gvisor/shim"},
+		}, ldflags: "-s -w", vendor: true, patch: patchGVisorShimOOM},
+	}
+}
+
+// patchGVisorShimOOM makes the runsc shim tolerate a host without
+// CAP_SYS_RESOURCE. The shim lowers its own oom_score_adj and treats EPERM as
+// fatal, so on such hosts every gVisor pod fails to start. Losing the OOM
+// preference is harmless for a test node.
+func patchGVisorShimOOM(dir string) error {
+	file := filepath.Join(dir, "vendor", "gvisor.dev", "gvisor", "pkg", "shim", "v1", "manager.go")
+	src, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("patch gVisor shim: %w", err)
+	}
+	const marker = "failed to set OOM Score on shim"
+	i := bytes.Index(src, []byte(marker))
+	if i < 0 {
+		return fmt.Errorf("patch gVisor shim: %q not found in %s; the upstream code changed, update the patch", marker, file)
+	}
+	// The check guarding that error is the last "err != nil {" before it.
+	j := bytes.LastIndex(src[:i], []byte("err != nil {"))
+	if j < 0 {
+		return fmt.Errorf("patch gVisor shim: no error check before %q in %s", marker, file)
+	}
+	patched := string(src[:j]) + "err != nil && !os.IsPermission(err) {" + string(src[j+len("err != nil {"):])
+	if !strings.Contains(patched, `"os"`) {
+		return fmt.Errorf("patch gVisor shim: %s does not import os", file)
+	}
+	return os.WriteFile(file, []byte(patched), 0o644)
+}
+
+// DefaultDir is where the cache lives unless AGENTBOX_TESTENV_DIR says otherwise.
+func DefaultDir() (string, error) {
+	if d := os.Getenv("AGENTBOX_TESTENV_DIR"); d != "" {
+		return filepath.Abs(d)
+	}
+	c, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no cache directory (set AGENTBOX_TESTENV_DIR): %w", err)
+	}
+	return filepath.Join(c, "agentbox", "testenv", Layout), nil
+}
+
+// BinDir is the folder holding the built binaries.
+func BinDir(dir string) string { return filepath.Join(dir, "bin") }
+
+// Builder builds the toolchain into Dir and reports progress to Out.
+type Builder struct {
+	Dir string
+	Out io.Writer
+	// SkipPackages leaves the Debian packages alone (for hosts managed otherwise).
+	SkipPackages bool
+}
+
+// Build builds every missing or outdated component. A second run with
+// nothing to do only checks stamps and finishes in well under a second.
+func (b *Builder) Build(ctx context.Context) error {
+	start := time.Now()
+	if err := os.MkdirAll(BinDir(b.Dir), 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", BinDir(b.Dir), err)
+	}
+	b.logf("testenv cache: %s", b.Dir)
+	if !b.SkipPackages {
+		if err := b.debianPackages(ctx); err != nil {
+			return err
+		}
+	}
+	for _, c := range components() {
+		if err := b.component(ctx, c); err != nil {
+			return fmt.Errorf("component %s: %w", c.name, err)
+		}
+	}
+	if err := b.buildImages(ctx); err != nil {
+		return fmt.Errorf("images: %w", err)
+	}
+	b.logf("testenv ready in %s", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func (b *Builder) logf(format string, args ...any) {
+	fmt.Fprintf(b.Out, "==> "+format+"\n", args...)
+}
+
+func (b *Builder) debianPackages(ctx context.Context) error {
+	var missing []string
+	for _, p := range DebianPackages {
+		out, err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Status}", p).Output()
+		if err != nil || !strings.Contains(string(out), "install ok installed") {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		b.logf("debian packages: %s (installed)", strings.Join(DebianPackages, " "))
+		return nil
+	}
+	t := time.Now()
+	b.logf("debian packages: installing %s", strings.Join(missing, " "))
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("debian packages %s are missing and installing them needs root", strings.Join(missing, " "))
+	}
+	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	if err := b.run(ctx, "", env, "apt-get", "update", "-q"); err != nil {
+		return fmt.Errorf("apt-get update: %w", err)
+	}
+	args := append([]string{"install", "-y", "-q", "--no-install-recommends"}, missing...)
+	if err := b.run(ctx, "", env, "apt-get", args...); err != nil {
+		return fmt.Errorf("apt-get install %s: %w", strings.Join(missing, " "), err)
+	}
+	b.logf("debian packages: done in %s", time.Since(t).Round(time.Second))
+	return nil
+}
+
+// stamp identifies everything that goes into a component's binaries.
+func (c component) stamp() (string, error) {
+	gomod, err := wrappers.ReadFile("wrappers/" + c.name + "/go.mod.txt")
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%v\n", gomod, c.ldflags, c.tags, runtime.Version(), c.vendor)
+	for _, bin := range c.binary {
+		fmt.Fprintf(h, "%s=%s\n", bin.out, bin.pkg)
+	}
+	if c.patch != nil {
+		// The patch is code; its identity is the function's name plus the
+		// layout version, bumped by hand when the patch changes.
+		fmt.Fprintf(h, "patch:%s:%s\n", c.name, Layout)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+func (b *Builder) component(ctx context.Context, c component) error {
+	stamp, err := c.stamp()
+	if err != nil {
+		return err
+	}
+	stampFile := filepath.Join(b.Dir, "stamps", c.name)
+	names := make([]string, len(c.binary))
+	for i, bin := range c.binary {
+		names[i] = bin.out
+	}
+	if got, err := os.ReadFile(stampFile); err == nil && string(got) == stamp && b.allPresent(c) {
+		b.logf("%s: %s (cached)", c.name, strings.Join(names, " "))
+		return nil
+	}
+	t := time.Now()
+	b.logf("%s: building %s", c.name, strings.Join(names, " "))
+	src := filepath.Join(b.Dir, "src", c.name)
+	if err := os.RemoveAll(src); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return err
+	}
+	gomod, _ := wrappers.ReadFile("wrappers/" + c.name + "/go.mod.txt")
+	if err := os.WriteFile(filepath.Join(src, "go.mod"), gomod, 0o644); err != nil {
+		return err
+	}
+	env := append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false", "GOWORK=off")
+	b.logf("%s: resolving modules", c.name)
+	if err := b.run(ctx, src, env, "go", "mod", "tidy"); err != nil {
+		return fmt.Errorf("go mod tidy: %w", err)
+	}
+	if c.vendor {
+		if err := b.run(ctx, src, env, "go", "mod", "vendor"); err != nil {
+			return fmt.Errorf("go mod vendor: %w", err)
+		}
+	}
+	if c.patch != nil {
+		if err := c.patch(src); err != nil {
+			return err
+		}
+	}
+	for _, bin := range c.binary {
+		bt := time.Now()
+		args := []string{"build", "-trimpath", "-ldflags", c.ldflags, "-o", filepath.Join(BinDir(b.Dir), bin.out)}
+		if c.tags != "" {
+			args = append(args, "-tags", c.tags)
+		}
+		if c.vendor {
+			args = append(args, "-mod=vendor")
+		}
+		args = append(args, bin.pkg)
+		if err := b.run(ctx, src, env, "go", args...); err != nil {
+			return fmt.Errorf("go build %s: %w", bin.pkg, err)
+		}
+		b.logf("%s: built %s in %s", c.name, bin.out, time.Since(bt).Round(time.Second))
+	}
+	if err := os.MkdirAll(filepath.Dir(stampFile), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(stampFile, []byte(stamp), 0o644); err != nil {
+		return err
+	}
+	b.logf("%s: done in %s", c.name, time.Since(t).Round(time.Second))
+	return nil
+}
+
+func (b *Builder) allPresent(c component) bool {
+	for _, bin := range c.binary {
+		if fi, err := os.Stat(filepath.Join(BinDir(b.Dir), bin.out)); err != nil || fi.Size() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// run executes a command, keeping its output out of the progress stream
+// unless it fails, in which case the tail of it is part of the error.
+func (b *Builder) run(ctx context.Context, dir string, env []string, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	if err := cmd.Run(); err != nil {
+		return &CommandError{Cmd: name + " " + strings.Join(args, " "), Dir: dir, Output: tail(out.String(), 40), Err: err}
+	}
+	return nil
+}
+
+// CommandError says exactly which command failed, where, and what it printed.
+type CommandError struct {
+	Cmd, Dir, Output string
+	Err              error
+}
+
+func (e *CommandError) Error() string {
+	return fmt.Sprintf("%s (in %s) failed: %v\n--- last output ---\n%s", e.Cmd, e.Dir, e.Err, e.Output)
+}
+
+func (e *CommandError) Unwrap() error { return e.Err }
+
+func tail(s string, lines int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > lines {
+		l = l[len(l)-lines:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// Missing lists the binaries a cluster needs that are not in dir, so that
+// callers can say "run make testenv" instead of failing on a missing file.
+func Missing(dir string) []string {
+	var missing []string
+	for _, c := range components() {
+		for _, bin := range c.binary {
+			if !fileExists(filepath.Join(BinDir(dir), bin.out)) {
+				missing = append(missing, bin.out)
+			}
+		}
+	}
+	for _, img := range []string{"pause.tar", "busybox.tar"} {
+		if !fileExists(filepath.Join(ImageDir(dir), img)) {
+			missing = append(missing, "images/"+img)
+		}
+	}
+	return missing
+}
