@@ -1,0 +1,130 @@
+package v1alpha1
+
+// Condition types. Every agentbox resource reports one summary condition,
+// Ready; its reason, one of the constants below, says why it has the status
+// it has, and its message gives the detail.
+const (
+	// ConditionReady is True when the object does what its spec asks: a
+	// Sandbox's supervisor answers, a warm pool is full, a proxy has ready
+	// endpoints, a node pool has ready nodes, a template's references resolve.
+	ConditionReady = "Ready"
+)
+
+// Reasons shared by several kinds.
+const (
+	// ReasonReconcileError: an API call the controller made failed. The
+	// message carries the error; the controller retries with backoff.
+	ReasonReconcileError = "ReconcileError"
+
+	// ReasonTemplateNotFound: the SandboxTemplate named in spec.templateRef
+	// does not exist (Sandbox, SandboxWarmPool). The object waits for it.
+	ReasonTemplateNotFound = "TemplateNotFound"
+
+	// ReasonEgressProxyNotFound: the template's egressProxyRef names no
+	// EgressProxy (SandboxTemplate, Sandbox). Sandboxes wait rather than start
+	// without their proxy.
+	ReasonEgressProxyNotFound = "EgressProxyNotFound"
+
+	// ReasonNodePoolNotFound: the template's nodePoolRef names no
+	// GVisorNodePool (SandboxTemplate, Sandbox).
+	ReasonNodePoolNotFound = "NodePoolNotFound"
+)
+
+// Reasons of a SandboxTemplate's Ready condition.
+const (
+	// ReasonTemplateResolved: every reference in the template resolves.
+	ReasonTemplateResolved = "Resolved"
+)
+
+// Reasons of a Sandbox's Ready condition. Each phase has its own reason, so
+// the condition tells the same story as status.phase, in more detail.
+const (
+	// ReasonCreating (phase Pending): the pod and workspace are being created,
+	// or the pod is not ready yet.
+	ReasonCreating = "Creating"
+
+	// ReasonAdoptedFromWarmPool (phase Pending or Running): the sandbox took
+	// over a ready sandbox from a warm pool of its template instead of
+	// starting cold.
+	ReasonAdoptedFromWarmPool = "AdoptedFromWarmPool"
+
+	// ReasonRunning (phase Running, status True): the pod is ready and the
+	// supervisor answers on its endpoint.
+	ReasonRunning = "Running"
+
+	// ReasonIdleTimeout (phase IdleStopping): the sandbox was idle for its
+	// idle timeout; the workspace is being synced and snapshotted before the
+	// pod is deleted.
+	ReasonIdleTimeout = "IdleTimeout"
+
+	// ReasonStopped (phase Stopped): the pod and workspace volume are gone and
+	// status.snapshot holds the workspace. The next activity resumes it.
+	ReasonStopped = "Stopped"
+
+	// ReasonResuming (phase Resuming): the workspace is being restored from
+	// the latest snapshot and the pod started.
+	ReasonResuming = "Resuming"
+
+	// ReasonSnapshotFailed (phase Error): the snapshot taken at idle stop
+	// failed. The pod stays stopped and the last good snapshot is kept.
+	ReasonSnapshotFailed = "SnapshotFailed"
+
+	// ReasonRestoreFailed (phase Error): the workspace could not be restored
+	// from the snapshot on resume.
+	ReasonRestoreFailed = "RestoreFailed"
+
+	// ReasonSyncFailed (phase Error): syncing the workspace with the agent's
+	// filespace failed, also on retry; the pod was stopped.
+	ReasonSyncFailed = "SyncFailed"
+
+	// ReasonPodFailed (phase Error): the pod failed or its node was lost. The
+	// sandbox resumes from its last snapshot on the next activity.
+	ReasonPodFailed = "PodFailed"
+)
+
+// Reasons of a SandboxWarmPool's Ready condition.
+const (
+	// ReasonPoolFull (status True): status.readyReplicas has reached
+	// spec.replicas.
+	ReasonPoolFull = "PoolFull"
+
+	// ReasonScaling: the pool is starting or removing sandboxes to reach
+	// spec.replicas.
+	ReasonScaling = "Scaling"
+)
+
+// Reasons of an EgressProxy's Ready condition.
+const (
+	// ReasonProxyAvailable (status True): the proxy pods are ready and
+	// status.readyEndpoints lists them.
+	ReasonProxyAvailable = "ProxyAvailable"
+
+	// ReasonProxyProgressing: proxy pods are being created or are not ready.
+	ReasonProxyProgressing = "ProxyProgressing"
+
+	// ReasonUpstreamSecretNotFound: the Secret or key named in
+	// spec.upstream.credentialsSecretRef does not exist.
+	ReasonUpstreamSecretNotFound = "UpstreamSecretNotFound"
+)
+
+// Reasons of a GVisorNodePool's Ready condition.
+const (
+	// ReasonNodesReady (status True): the RuntimeClass exists and at least one
+	// selected node can run gVisor pods.
+	ReasonNodesReady = "NodesReady"
+
+	// ReasonInstalling (Managed mode): the installer DaemonSet is putting
+	// runsc on the selected nodes.
+	ReasonInstalling = "Installing"
+
+	// ReasonNoMatchingNodes: spec.nodeSelector selects no node.
+	ReasonNoMatchingNodes = "NoMatchingNodes"
+
+	// ReasonRuntimeClassNotFound (GKE mode): the RuntimeClass to adopt does
+	// not exist; GKE Sandbox is not enabled on any node pool.
+	ReasonRuntimeClassNotFound = "RuntimeClassNotFound"
+
+	// ReasonRuntimeClassConflict (Managed mode): a RuntimeClass of that name
+	// exists, is not managed by agentbox and has a handler other than runsc.
+	ReasonRuntimeClassConflict = "RuntimeClassConflict"
+)

@@ -1,0 +1,167 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SandboxSpec is the desired state of one agent's sandbox. Clients write it
+// once; the control plane never writes it.
+type SandboxSpec struct {
+	// agentID is the agent that owns the sandbox. The Compute API routes an
+	// agent's calls to the Sandbox with its agentID, so it cannot change.
+	// It appears in API paths, so it is limited to letters, digits and
+	// ". _ @ : + -", starting with a letter or digit.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9._@:+-]*$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="agentID is immutable"
+	AgentID string `json:"agentID"`
+
+	// templateRef names the SandboxTemplate, in the sandbox's namespace, the
+	// sandbox is created from. It cannot change: create a new Sandbox instead.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="templateRef is immutable"
+	TemplateRef LocalObjectReference `json:"templateRef"`
+
+	// idleTimeout overrides the template's idle timeout for this sandbox.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="idleTimeout must be positive"
+	IdleTimeout *metav1.Duration `json:"idleTimeout,omitempty"`
+
+	// ephemeral sandboxes keep no state: instead of being snapshotted when
+	// they idle out or are released, they are destroyed, and their workspace
+	// with them.
+	// +optional
+	Ephemeral bool `json:"ephemeral,omitempty"`
+}
+
+// SandboxPhase is a coarse summary of where a sandbox is in its lifecycle:
+// Pending → Running → IdleStopping → Stopped → Resuming → Running, plus
+// Error. The Ready condition's reason says why.
+// +kubebuilder:validation:Enum=Pending;Running;IdleStopping;Stopped;Resuming;Error
+type SandboxPhase string
+
+const (
+	// SandboxPhasePending: the sandbox's pod and workspace are being created
+	// for the first time, or it waits for a missing template, proxy or node pool.
+	SandboxPhasePending SandboxPhase = "Pending"
+	// SandboxPhaseRunning: the pod is ready and its supervisor answers.
+	SandboxPhaseRunning SandboxPhase = "Running"
+	// SandboxPhaseIdleStopping: the idle timeout elapsed; the workspace is
+	// being synced and snapshotted before the pod is deleted.
+	SandboxPhaseIdleStopping SandboxPhase = "IdleStopping"
+	// SandboxPhaseStopped: no pod runs; the workspace lives in
+	// status.snapshot until activity resumes the sandbox.
+	SandboxPhaseStopped SandboxPhase = "Stopped"
+	// SandboxPhaseResuming: the workspace is being restored from the latest
+	// snapshot and the pod started again.
+	SandboxPhaseResuming SandboxPhase = "Resuming"
+	// SandboxPhaseError: a step failed in a way the controller does not retry
+	// on its own, such as a failed snapshot; the Ready condition says which.
+	// The last good snapshot is kept.
+	SandboxPhaseError SandboxPhase = "Error"
+)
+
+// SandboxSnapshot records the snapshot a stopped sandbox resumes from.
+type SandboxSnapshot struct {
+	// name of the snapshot: a VolumeSnapshot in the sandbox's namespace, or
+	// the archive's key when the platform uses the archive snapshot driver.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+
+	// sizeBytes is the snapshot's size as far as it is known; 0 when the
+	// storage does not report it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+
+	// readyTime is when the snapshot became ready to restore from.
+	// +optional
+	ReadyTime *metav1.Time `json:"readyTime,omitempty"`
+}
+
+// SandboxStatus is the observed state of a Sandbox, written by the control
+// plane.
+type SandboxStatus struct {
+	// phase summarises the lifecycle state; the Ready condition carries the
+	// reason.
+	// +optional
+	Phase SandboxPhase `json:"phase,omitempty"`
+
+	// podName is the sandbox's current pod, empty while none exists.
+	// +optional
+	PodName string `json:"podName,omitempty"`
+
+	// podIP is the current pod's IP address.
+	// +optional
+	PodIP string `json:"podIP,omitempty"`
+
+	// serviceEndpoint is the supervisor's URL, https://<podIP>:8443. Its
+	// certificate names the sandbox, not the IP.
+	// +optional
+	ServiceEndpoint string `json:"serviceEndpoint,omitempty"`
+
+	// lastActivityTime is the last API activity the controller has seen (the
+	// renewTime of the sandbox's Lease); idleness is measured from it.
+	// +optional
+	LastActivityTime *metav1.Time `json:"lastActivityTime,omitempty"`
+
+	// snapshot is the latest good snapshot of the workspace, if any.
+	// +optional
+	Snapshot *SandboxSnapshot `json:"snapshot,omitempty"`
+
+	// conditions hold the Ready condition, whose reason explains the phase.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// observedGeneration is the metadata.generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// Sandbox is one agent's isolated environment: a gVisor pod with a
+// persistent workspace that is stopped into a snapshot when idle and resumed
+// on the next call.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=sbx,categories=agentbox
+// +kubebuilder:printcolumn:name="Agent",type=string,JSONPath=`.spec.agentID`
+// +kubebuilder:printcolumn:name="Template",type=string,JSONPath=`.spec.templateRef.name`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Pod IP",type=string,JSONPath=`.status.podIP`,priority=1
+// +kubebuilder:printcolumn:name="Last Activity",type=date,JSONPath=`.status.lastActivityTime`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Sandbox struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired sandbox.
+	// +required
+	Spec SandboxSpec `json:"spec"`
+
+	// status is written by the control plane.
+	// +optional
+	Status SandboxStatus `json:"status,omitzero"`
+}
+
+// SandboxList is a list of Sandboxes.
+//
+// +kubebuilder:object:root=true
+type SandboxList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the sandboxes.
+	Items []Sandbox `json:"items"`
+}

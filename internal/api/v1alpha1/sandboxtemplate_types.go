@@ -1,0 +1,289 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SandboxTemplateSpec describes the sandboxes created from a template: what
+// runs in the pod, where it is scheduled, its workspace and its policies.
+// Changing a template affects sandboxes started (or resumed) afterwards; a
+// running sandbox keeps the pod it has.
+type SandboxTemplateSpec struct {
+	// image is the sandbox container image. It must contain the agentbox
+	// supervisor at /usr/local/bin/agentbox-supervisor. Empty means the
+	// platform's default sandbox image, as configured in the chart.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image,omitempty"`
+
+	// imagePullPolicy of the sandbox container. Empty means the Kubernetes
+	// default for the image's tag.
+	// +optional
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// runtimeClassName is the RuntimeClass the sandbox pods run with. It should
+	// name a gVisor runtime; nodePoolRef, when set, takes precedence.
+	// +optional
+	// +kubebuilder:default=gvisor
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	RuntimeClassName string `json:"runtimeClassName,omitempty"`
+
+	// resources are the compute requests and limits of the sandbox container.
+	// Everything in the sandbox, including python_exec and MCP servers, shares
+	// them.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// env is added to the sandbox container's environment. The platform's own
+	// variables (such as HTTP_PROXY) take precedence over entries with the same
+	// name.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=256
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// secretFiles mounts Secrets into the sandbox as read-only files, one file
+	// per key of the Secret under mountPath.
+	// +optional
+	// +listType=map
+	// +listMapKey=mountPath
+	// +kubebuilder:validation:MaxItems=32
+	SecretFiles []SecretFile `json:"secretFiles,omitempty"`
+
+	// workspace is the persistent volume mounted into the sandbox. It survives
+	// idle stops through snapshots.
+	// +optional
+	// +kubebuilder:default={}
+	Workspace WorkspaceSpec `json:"workspace,omitzero"`
+
+	// idleTimeout is how long a sandbox may go without API activity before it
+	// is snapshotted and stopped. Only idleness counts, never total age. A
+	// Sandbox's own spec.idleTimeout overrides it.
+	// +optional
+	// +kubebuilder:default="1h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="idleTimeout must be positive"
+	IdleTimeout metav1.Duration `json:"idleTimeout,omitzero"`
+
+	// python is the policy of the python_exec tool.
+	// +optional
+	// +kubebuilder:default={}
+	Python PythonPolicy `json:"python,omitzero"`
+
+	// mcpServers are the stdio MCP servers the supervisor launches in every
+	// sandbox of this template and restarts when they exit.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	MCPServers []MCPServer `json:"mcpServers,omitempty"`
+
+	// egressProxyRef names the EgressProxy, in the template's namespace, that
+	// carries the sandboxes' outbound traffic. Without one a sandbox can reach
+	// only DNS: it has no other egress.
+	// +optional
+	EgressProxyRef *LocalObjectReference `json:"egressProxyRef,omitempty"`
+
+	// nodePoolRef names the GVisorNodePool the sandboxes run on. Its
+	// RuntimeClass, and the scheduling that comes with it, replaces
+	// runtimeClassName.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	NodePoolRef *string `json:"nodePoolRef,omitempty"`
+
+	// nodeSelector further restricts the nodes the sandbox pods may run on. It
+	// is added to the RuntimeClass's own scheduling.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// tolerations are added to the sandbox pods, next to those of the
+	// RuntimeClass.
+	// +optional
+	// +listType=atomic
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+}
+
+// SecretFile mounts one Secret into the sandbox.
+type SecretFile struct {
+	// secretName is the Secret, in the template's namespace, to mount.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	SecretName string `json:"secretName"`
+
+	// mountPath is the absolute directory the Secret's keys appear in, one
+	// file per key.
+	// +required
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^/[^:]*[^/:]$`
+	MountPath string `json:"mountPath"`
+}
+
+// WorkspaceSpec describes a sandbox's persistent workspace volume.
+type WorkspaceSpec struct {
+	// size of the workspace volume, and the hard cap on what the sandbox may
+	// write into it: writes beyond it fail.
+	// +optional
+	// +kubebuilder:default="1Gi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="size must be positive"
+	Size resource.Quantity `json:"size,omitzero"`
+
+	// storageClassName of the workspace PersistentVolumeClaim. Unset means the
+	// cluster's default StorageClass.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	StorageClassName *string `json:"storageClassName,omitempty"`
+
+	// volumeSnapshotClassName is the VolumeSnapshotClass used to snapshot the
+	// workspace when the sandbox idles out. Unset means the cluster's default
+	// class for the volume's driver.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	VolumeSnapshotClassName *string `json:"volumeSnapshotClassName,omitempty"`
+
+	// mountPath is where the workspace is mounted in the sandbox, and the root
+	// that file operations are confined to.
+	// +optional
+	// +kubebuilder:default="/workspace"
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^/[^:]*[^/:]$`
+	MountPath string `json:"mountPath,omitempty"`
+}
+
+// PythonPolicy is the policy of the python_exec tool.
+type PythonPolicy struct {
+	// defaultTimeout applies to python_exec calls that give none. Above
+	// maxTimeout it is cut to maxTimeout, so that setting only maxTimeout
+	// lower is enough.
+	// +optional
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="defaultTimeout must be positive"
+	DefaultTimeout metav1.Duration `json:"defaultTimeout,omitzero"`
+
+	// maxTimeout is the hard cap on a python_exec call's timeout; longer
+	// requests are cut to it.
+	// +optional
+	// +kubebuilder:default="120s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxTimeout must be positive"
+	MaxTimeout metav1.Duration `json:"maxTimeout,omitzero"`
+
+	// indexURL is the Python package index that installs use. Empty means
+	// the sandbox image's default (normally PyPI). The egress proxy must allow
+	// its host.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://[^\s]+$`
+	IndexURL string `json:"indexURL,omitempty"`
+
+	// extraIndexURLs are further package indexes, consulted after indexURL.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=2048
+	// +kubebuilder:validation:items:Pattern=`^https?://[^\s]+$`
+	ExtraIndexURLs []string `json:"extraIndexURLs,omitempty"`
+
+	// allowedPackages lists the only distributions that may be installed, by
+	// name. Empty allows every package.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=214
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`
+	AllowedPackages []string `json:"allowedPackages,omitempty"`
+}
+
+// MCPServer is a stdio MCP server the supervisor runs inside the sandbox.
+type MCPServer struct {
+	// name identifies the server in mcp_request calls.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// command is the executable to start, looked up in the sandbox's PATH.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Command string `json:"command"`
+
+	// args are passed to command.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=128
+	Args []string `json:"args,omitempty"`
+
+	// env is added to the server's environment. It is visible to everything
+	// in the sandbox, so keep credentials in secretFiles instead.
+	// +optional
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// SandboxTemplateStatus is the observed state of a SandboxTemplate.
+type SandboxTemplateStatus struct {
+	// conditions report whether the template's references resolve; see the
+	// Ready condition.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// observedGeneration is the metadata.generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// SandboxTemplate is a reusable description of a sandbox: image, resources,
+// workspace, idle timeout and tool policies. Sandboxes and warm pools refer to
+// it by name.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=sbxtpl,categories=agentbox
+// +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`
+// +kubebuilder:printcolumn:name="Runtime",type=string,JSONPath=`.spec.runtimeClassName`
+// +kubebuilder:printcolumn:name="Idle Timeout",type=string,JSONPath=`.spec.idleTimeout`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type SandboxTemplate struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired template.
+	// +required
+	Spec SandboxTemplateSpec `json:"spec"`
+
+	// status is written by the control plane.
+	// +optional
+	Status SandboxTemplateStatus `json:"status,omitzero"`
+}
+
+// SandboxTemplateList is a list of SandboxTemplates.
+//
+// +kubebuilder:object:root=true
+type SandboxTemplateList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the templates.
+	Items []SandboxTemplate `json:"items"`
+}

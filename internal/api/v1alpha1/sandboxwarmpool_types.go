@@ -1,0 +1,87 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SandboxWarmPoolSpec is the desired state of a warm pool.
+type SandboxWarmPoolSpec struct {
+	// templateRef names the SandboxTemplate, in the pool's namespace, whose
+	// sandboxes the pool keeps warm. A new Sandbox of the same template adopts
+	// one of them instead of starting cold.
+	// +required
+	TemplateRef LocalObjectReference `json:"templateRef"`
+
+	// replicas is how many ready, unassigned sandboxes the pool keeps. An
+	// adopted sandbox leaves the pool and is replaced. It is the scale
+	// subresource's spec, so `kubectl scale` and autoscalers can set it.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	Replicas int32 `json:"replicas"`
+}
+
+// SandboxWarmPoolStatus is the observed state of a warm pool.
+type SandboxWarmPoolStatus struct {
+	// replicas is how many unassigned sandboxes the pool has, ready or not.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// readyReplicas is how many of them are ready to be adopted.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// selector is the label selector, in string form, that matches the pool's
+	// pods; the scale subresource reports it.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
+	// conditions hold the Ready condition: True when readyReplicas reaches
+	// spec.replicas.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// observedGeneration is the metadata.generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// SandboxWarmPool keeps a number of sandboxes of one template started and
+// unassigned, so that a new agent's sandbox is ready at once.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:scope=Namespaced,shortName=sbxpool,categories=agentbox
+// +kubebuilder:printcolumn:name="Template",type=string,JSONPath=`.spec.templateRef.name`
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="Current",type=integer,JSONPath=`.status.replicas`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type SandboxWarmPool struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired pool.
+	// +required
+	Spec SandboxWarmPoolSpec `json:"spec"`
+
+	// status is written by the control plane.
+	// +optional
+	Status SandboxWarmPoolStatus `json:"status,omitzero"`
+}
+
+// SandboxWarmPoolList is a list of SandboxWarmPools.
+//
+// +kubebuilder:object:root=true
+type SandboxWarmPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the warm pools.
+	Items []SandboxWarmPool `json:"items"`
+}
