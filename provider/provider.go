@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-log/tflog"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/kube"
 )
@@ -457,7 +458,13 @@ func (p *AgentboxProvider) Configure(ctx context.Context, req provider.Configure
 		return
 	}
 
-	data := &providerData{config: cfg, clients: clients, namespace: namespaceOf(vs)}
+	objects, err := newObjectClient(cfg)
+	if err != nil {
+		resp.Diagnostics.AddAttributeError(path.Root(kubernetesBlock), "Cannot configure the Kubernetes client", err.Error())
+		return
+	}
+
+	data := &providerData{config: cfg, clients: clients, objects: objects, namespace: namespaceOf(vs)}
 	resp.ResourceData, resp.DataSourceData = data, data
 	tflog.Debug(ctx, "configured Kubernetes client", map[string]any{"host": cfg.Host, "namespace": data.namespace})
 }
@@ -473,7 +480,10 @@ func namespaceOf(vs values) string {
 }
 
 func (p *AgentboxProvider) Resources(_ context.Context) []func() resource.Resource {
-	return nil
+	return []func() resource.Resource{
+		NewSandboxTemplateResource,
+		NewSandboxResource,
+	}
 }
 
 func (p *AgentboxProvider) DataSources(_ context.Context) []func() datasource.DataSource {
@@ -489,8 +499,10 @@ var errConfigUnknown = errors.New("the provider configuration is not known until
 // During a plan with unknown provider configuration it exists but holds no
 // client, so resources can still plan what needs no cluster.
 type providerData struct {
-	config    *rest.Config
-	clients   *kube.Clients
+	config  *rest.Config
+	clients *kube.Clients
+	// objects reads and writes agentbox's custom resources as typed objects.
+	objects   client.Client
 	namespace string
 }
 
@@ -504,6 +516,15 @@ func (d *providerData) Clients() (*kube.Clients, error) {
 		return nil, errConfigUnknown
 	}
 	return d.clients, nil
+}
+
+// Objects returns the typed client for agentbox's custom resources, or
+// errConfigUnknown.
+func (d *providerData) Objects() (client.Client, error) {
+	if d.objects == nil {
+		return nil, errConfigUnknown
+	}
+	return d.objects, nil
 }
 
 // RESTConfig returns a copy, so that a resource can tune its own client

@@ -1,0 +1,311 @@
+// Command agentbox-supervisor runs inside every sandbox pod and executes
+// commands for the agentbox control plane over mutual TLS.
+//
+// Configuration comes from flags, each of which defaults to an environment
+// variable:
+//
+//	-listen              AGENTBOX_LISTEN              :8443
+//	-tls-dir             AGENTBOX_TLS_DIR             /etc/agentbox/tls (tls.crt, tls.key, ca.crt)
+//	-trust-domain        AGENTBOX_TRUST_DOMAIN        agentbox.local
+//	-allowed-client-ids  AGENTBOX_ALLOWED_CLIENT_IDS  the control plane's ID in AGENTBOX_NAMESPACE
+//	-workdir             AGENTBOX_WORKDIR             /workspace if it exists, else the current directory
+//
+// AGENTBOX_NAMESPACE is the namespace the control plane runs in (the
+// platform namespace, agentbox-system unless the chart says otherwise), not
+// the sandbox's own.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const defaultPlatformNamespace = "agentbox-system"
+
+type options struct {
+	listen           string
+	insecureListen   string
+	healthListen     string
+	tlsDir           string
+	trustDomain      string
+	allowedClientIDs []string
+	workdir          string
+	maxTimeout       time.Duration
+	maxConcurrent    int
+	passEnv          []string
+	shutdownGrace    time.Duration
+	reapOrphans      bool
+	logLevel         slog.Level
+	showVersion      bool
+}
+
+func main() {
+	opts, err := parseOptions(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agentbox-supervisor:", err)
+		os.Exit(2)
+	}
+	if opts.showVersion {
+		fmt.Println(version)
+		return
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: opts.logLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// Once shutdown has begun, a second SIGINT or SIGTERM ends the process
+	// at once.
+	context.AfterFunc(ctx, stop)
+	if err := run(ctx, opts, log); err != nil {
+		log.Error("supervisor failed", "error", err.Error())
+		os.Exit(1)
+	}
+}
+
+func parseOptions(args []string, getenv func(string) string, out io.Writer) (*options, error) {
+	env := func(key, def string) string {
+		if v := getenv(key); v != "" {
+			return v
+		}
+		return def
+	}
+	fs := flag.NewFlagSet("agentbox-supervisor", flag.ContinueOnError)
+	fs.SetOutput(out)
+	o := &options{}
+	var allowed, passEnv, logLevel string
+	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
+	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
+	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /healthz, for kubelet probes (which cannot present a client certificate)")
+	fs.StringVar(&o.tlsDir, "tls-dir", env("AGENTBOX_TLS_DIR", "/etc/agentbox/tls"), "directory holding tls.crt, tls.key and ca.crt")
+	fs.StringVar(&o.trustDomain, "trust-domain", env("AGENTBOX_TRUST_DOMAIN", pki.DefaultTrustDomain), "SPIFFE trust domain")
+	fs.StringVar(&allowed, "allowed-client-ids", env("AGENTBOX_ALLOWED_CLIENT_IDS", ""), "comma-separated SPIFFE IDs allowed to call (default: the control plane in AGENTBOX_NAMESPACE)")
+	fs.StringVar(&o.workdir, "workdir", env("AGENTBOX_WORKDIR", ""), "default working directory of commands (default /workspace if it exists, else the current directory)")
+	fs.DurationVar(&o.maxTimeout, "max-timeout", supervisor.DefaultMaxTimeout, "largest timeout a command may ask for")
+	fs.IntVar(&o.maxConcurrent, "max-concurrent", supervisor.DefaultMaxConcurrentCommands, "commands allowed to run at once")
+	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are killed")
+	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
+	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
+		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	o.passEnv = splitList(passEnv)
+	if o.passEnv == nil {
+		o.passEnv = []string{}
+	}
+
+	o.allowedClientIDs = splitList(allowed)
+	if len(o.allowedClientIDs) == 0 {
+		ns := env("AGENTBOX_NAMESPACE", defaultPlatformNamespace)
+		o.allowedClientIDs = []string{pki.ControlPlaneID(o.trustDomain, ns).String()}
+	}
+	for _, id := range o.allowedClientIDs {
+		if _, err := pki.ParseID(id); err != nil {
+			return nil, fmt.Errorf("-allowed-client-ids: %w", err)
+		}
+	}
+	if o.insecureListen != "" {
+		addr, err := loopbackOnly(o.insecureListen)
+		if err != nil {
+			return nil, err
+		}
+		o.insecureListen = addr
+	}
+	return o, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// loopbackOnly refuses any address another host could reach: without TLS,
+// anyone who can connect can run commands.
+func loopbackOnly(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("-insecure-listen %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		// Resolving the name could yield a routable address.
+		host = "127.0.0.1"
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return "", fmt.Errorf("-insecure-listen %q: refusing a non-loopback address; use 127.0.0.1, [::1] or localhost", addr)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+func run(ctx context.Context, o *options, log *slog.Logger) error {
+	if o.reapOrphans {
+		// Not ctx: orphans still need reaping during the shutdown grace.
+		if err := supervisor.StartReaper(context.Background(), log); err != nil {
+			return err
+		}
+	}
+	handler, err := supervisor.New(supervisor.Config{
+		DefaultCwd:            o.workdir,
+		MaxTimeout:            o.maxTimeout,
+		MaxConcurrentCommands: o.maxConcurrent,
+		PassEnv:               o.passEnv,
+		Version:               version,
+		Logger:                log,
+	})
+	if err != nil {
+		return err
+	}
+
+	var tlsConfig *tls.Config
+	addr := o.listen
+	if o.insecureListen != "" {
+		addr = o.insecureListen
+		log.Warn("serving plain HTTP without client authentication; for local debugging only", "addr", addr)
+	} else {
+		var self string
+		if tlsConfig, self, err = loadTLS(o.tlsDir, o.allowedClientIDs); err != nil {
+			return err
+		}
+		log.Info("loaded TLS identity", "identity", self, "allowed_client_ids", o.allowedClientIDs)
+	}
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	// Request contexts derive from base; cancelling it kills the process
+	// groups of commands still running when the grace period ends.
+	base, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	srv := &http.Server{
+		Handler:           handler,
+		TLSConfig:         tlsConfig,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		// A response is written after the command ends, so the write
+		// deadline has to outlast the longest command.
+		WriteTimeout: o.maxTimeout + time.Minute,
+		IdleTimeout:  2 * time.Minute,
+		BaseContext:  func(net.Listener) context.Context { return base },
+		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 2)
+	go func() {
+		if tlsConfig != nil {
+			serveErr <- srv.ServeTLS(ln, "", "")
+		} else {
+			serveErr <- srv.Serve(ln)
+		}
+	}()
+	log.Info("listening", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "version", version, "workdir", handler.DefaultCwd())
+
+	var health *http.Server
+	if o.healthListen != "" {
+		hln, err := net.Listen("tcp", o.healthListen)
+		if err != nil {
+			_ = srv.Close()
+			return fmt.Errorf("listen for health checks: %w", err)
+		}
+		health = &http.Server{Handler: healthOnly(handler), ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+		go func() { serveErr <- health.Serve(hln) }()
+		log.Info("serving health checks", "addr", hln.Addr().String())
+	}
+
+	select {
+	case err := <-serveErr:
+		_ = srv.Close()
+		if health != nil {
+			_ = health.Close()
+		}
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	log.Info("shutting down", "grace", o.shutdownGrace.String())
+	if health != nil {
+		_ = health.Close()
+	}
+	graceCtx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(graceCtx); err != nil {
+		log.Warn("commands still running after the grace period; killing them", "error", err.Error())
+		cancelBase()
+		_ = srv.Close()
+		killCtx, cancelKill := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancelKill()
+		if err := handler.Wait(killCtx); err != nil {
+			return fmt.Errorf("commands did not stop: %w", err)
+		}
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func loadTLS(dir string, allowed []string) (*tls.Config, string, error) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	if err != nil {
+		return nil, "", fmt.Errorf("load serving certificate: %w", err)
+	}
+	if cert.Leaf == nil {
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, "", fmt.Errorf("parse serving certificate: %w", err)
+		}
+	}
+	id, err := pki.IDFromCert(cert.Leaf)
+	if err != nil {
+		return nil, "", fmt.Errorf("serving certificate in %s: %w", dir, err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, "", fmt.Errorf("load CA: %w", err)
+	}
+	pool, err := pki.CertPoolFromPEM(caPEM)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", filepath.Join(dir, "ca.crt"), err)
+	}
+	return pki.ServerTLS(cert, pool, allowed...), id.String(), nil
+}
+
+func healthOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != supervisorapi.PathHealth {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

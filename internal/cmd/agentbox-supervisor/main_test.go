@@ -1,0 +1,394 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+func TestParseOptions(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+
+	o, err := parseOptions(nil, getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.listen != ":8443" || o.tlsDir != "/etc/agentbox/tls" || o.insecureListen != "" {
+		t.Errorf("defaults: %+v", o)
+	}
+	if want := "spiffe://agentbox.local/ns/agentbox-system/sa/agentbox-controlplane"; len(o.allowedClientIDs) != 1 || o.allowedClientIDs[0] != want {
+		t.Errorf("allowed IDs = %v, want [%s]", o.allowedClientIDs, want)
+	}
+
+	env["AGENTBOX_NAMESPACE"] = "platform"
+	env["AGENTBOX_TRUST_DOMAIN"] = "corp.example"
+	o, err = parseOptions(nil, getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "spiffe://corp.example/ns/platform/sa/agentbox-controlplane"; o.allowedClientIDs[0] != want {
+		t.Errorf("allowed IDs = %v, want [%s]", o.allowedClientIDs, want)
+	}
+
+	o, err = parseOptions([]string{"-allowed-client-ids", "spiffe://a/ns/x/sa/y, spiffe://a/ns/x/sa/z", "-pass-env", ""}, getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.allowedClientIDs) != 2 || o.allowedClientIDs[1] != "spiffe://a/ns/x/sa/z" || o.passEnv == nil || len(o.passEnv) != 0 {
+		t.Errorf("explicit lists: %+v", o)
+	}
+	if _, err := parseOptions([]string{"-allowed-client-ids", "https://example.com/x"}, getenv, io.Discard); err == nil {
+		t.Error("accepted an allowed ID that is not a SPIFFE ID")
+	}
+
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:8080", "localhost:8080", "127.1.2.3:80"} {
+		if _, err := parseOptions([]string{"-insecure-listen", addr}, getenv, io.Discard); err != nil {
+			t.Errorf("-insecure-listen %s: %v", addr, err)
+		}
+	}
+	for _, addr := range []string{":8080", "0.0.0.0:8080", "[::]:8080", "10.0.0.5:8080", "example.com:80", "127.0.0.1"} {
+		if _, err := parseOptions([]string{"-insecure-listen", addr}, getenv, io.Discard); err == nil {
+			t.Errorf("-insecure-listen %s was accepted", addr)
+		}
+	}
+}
+
+// supervisorProcess is the real binary running as a child of the test.
+type supervisorProcess struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan error
+
+	mu   sync.Mutex
+	logs []map[string]any
+}
+
+func (p *supervisorProcess) logLines() []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]map[string]any(nil), p.logs...)
+}
+
+func buildSupervisor(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go toolchain not in PATH")
+	}
+	bin := filepath.Join(t.TempDir(), "agentbox-supervisor")
+	build := exec.Command(goBin, "build", "-trimpath", "-ldflags", "-s -w -X main.version=test-build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	// The sandbox image has no libc of its own to rely on, so the binary
+	// must not need a dynamic loader.
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatal("the supervisor binary is dynamically linked")
+		}
+	}
+	return bin
+}
+
+func startSupervisor(t *testing.T, bin string, args []string, env []string) *supervisorProcess {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &supervisorProcess{cmd: cmd, done: make(chan error, 1)}
+	listening := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			t.Log("supervisor:", sc.Text())
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				continue
+			}
+			p.mu.Lock()
+			p.logs = append(p.logs, line)
+			p.mu.Unlock()
+			if line["msg"] == "listening" {
+				listening <- line["addr"].(string)
+			}
+		}
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	select {
+	case p.addr = <-listening:
+	case err := <-p.done:
+		t.Fatalf("supervisor exited before listening: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("supervisor did not start listening")
+	}
+	return p
+}
+
+func writeTLSDir(t *testing.T, ca *pki.CA, leaf *pki.Leaf) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{"tls.crt": leaf.CertPEM, "tls.key": leaf.KeyPEM, "ca.crt": ca.CertPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func issue(t *testing.T, ca *pki.CA, id string, usage pki.Usage) *pki.Leaf {
+	t.Helper()
+	u, err := pki.ParseID(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{ID: u, Usage: usage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf
+}
+
+func clientFor(t *testing.T, addr string, cert *pki.Leaf, pool *pki.CA, expectedServer string) *api.Client {
+	t.Helper()
+	c, err := cert.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api.NewClient("https://"+addr, api.NewHTTPClient(pki.ClientTLS(c, pool.Pool(), expectedServer)))
+}
+
+// TestSupervisorProcess builds the real binary, runs it with certificates
+// from the platform CA, and talks to it over mTLS as the control plane does.
+func TestSupervisorProcess(t *testing.T) {
+	bin := buildSupervisor(t)
+
+	ca, err := pki.NewCA("agentbox-test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxID := pki.SandboxID("", "agents", "sb-1").String()
+	controlPlaneID := pki.ControlPlaneID("", "platform").String()
+	tlsDir := writeTLSDir(t, ca, issue(t, ca, sandboxID, pki.UsageServer))
+	controlPlane := issue(t, ca, controlPlaneID, pki.UsageClient)
+	workdir := t.TempDir()
+
+	p := startSupervisor(t, bin,
+		[]string{"-listen", "127.0.0.1:0", "-tls-dir", tlsDir, "-workdir", workdir, "-shutdown-grace", "20s"},
+		[]string{"AGENTBOX_NAMESPACE=platform", "AGENTBOX_TEST_SECRET=s3cret-value", "PATH=" + os.Getenv("PATH")})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	client := clientFor(t, p.addr, controlPlane, ca, sandboxID)
+
+	h, err := client.Health(ctx)
+	if err != nil || h.Status != "ok" || h.Version != "test-build" {
+		t.Fatalf("Health = %+v, %v", h, err)
+	}
+
+	// Commands get the supervisor's default PATH, so look where they will.
+	command, wantPrefix := []string{"echo", "no python3 here"}, "no python3 here"
+	for _, dir := range filepath.SplitList(supervisor.DefaultPath) {
+		if _, err := os.Stat(filepath.Join(dir, "python3")); err == nil {
+			command, wantPrefix = []string{"python3", "-c", "import sys; print(sys.version)"}, "3."
+			break
+		}
+	}
+	start := time.Now()
+	res, err := client.RunCommand(ctx, api.CommandRequest{Command: command})
+	if err != nil {
+		t.Fatalf("RunCommand(%q): %v", command, err)
+	}
+	if res.ExitCode != 0 || !strings.HasPrefix(res.Stdout, wantPrefix) || res.TimedOut {
+		t.Fatalf("RunCommand(%q) = %+v", command, res)
+	}
+	t.Logf("%s -> %q in %s over mTLS (duration_ms %d)", command[0], strings.TrimSpace(res.Stdout), time.Since(start), res.DurationMS)
+
+	res, err = client.RunCommand(ctx, api.CommandRequest{Command: []string{"env"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(res.Stdout, "s3cret-value") || strings.Contains(res.Stdout, "AGENTBOX_") {
+		t.Fatalf("the supervisor's environment reached the command:\n%s", res.Stdout)
+	}
+
+	_, err = client.RunCommand(ctx, api.CommandRequest{Command: []string{"true"}, TimeoutSeconds: 3600})
+	if api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("timeout above the maximum: %v, want invalid_argument", err)
+	}
+
+	// A valid certificate from the same CA with another identity, here a
+	// sandbox posing as the control plane, is refused during the handshake.
+	other := issue(t, ca, pki.SandboxID("", "agents", "sb-2").String(), pki.UsageClient)
+	_, err = clientFor(t, p.addr, other, ca, sandboxID).Health(ctx)
+	if err == nil || api.CodeOf(err) != "" {
+		t.Fatalf("client with the wrong identity: %v, want a transport failure", err)
+	}
+	t.Logf("client with the wrong identity: %v", err)
+	otherCert, _ := other.TLSCertificate()
+	conn, err := tls.Dial("tcp", p.addr, pki.ClientTLS(otherCert, ca.Pool(), sandboxID))
+	if err == nil {
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = conn.Read(make([]byte, 1))
+		conn.Close()
+	}
+	// A TLS alert from the peer arrives as a net.OpError "remote error".
+	var opErr *net.OpError
+	if !errors.As(err, &opErr) || opErr.Op != "remote error" {
+		t.Fatalf("raw TLS connection with the wrong identity: %v, want a TLS alert from the server", err)
+	}
+	// The control plane refuses a supervisor that is not the sandbox it
+	// meant to reach.
+	_, err = clientFor(t, p.addr, controlPlane, ca, pki.SandboxID("", "agents", "sb-2").String()).Health(ctx)
+	if err == nil || !strings.Contains(err.Error(), "want spiffe://agentbox.local/ns/agents/sandbox/sb-2") {
+		t.Fatalf("wrong server identity: %v, want a refusal", err)
+	}
+
+	// SIGTERM lets a running command finish, then the process exits 0.
+	started := filepath.Join(workdir, "started")
+	result := make(chan error, 1)
+	var slow *api.CommandResult
+	go func() {
+		var err error
+		slow, err = client.RunCommand(ctx, api.CommandRequest{Command: []string{"sh", "-c", "touch started; sleep 1; echo finished"}})
+		result <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow command did not start")
+		}
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-result; err != nil {
+		t.Fatalf("command running at SIGTERM: %v", err)
+	}
+	if slow.Stdout != "finished\n" || slow.ExitCode != 0 {
+		t.Fatalf("command running at SIGTERM: %+v", slow)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("supervisor exit: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("supervisor did not exit after SIGTERM")
+	}
+
+	var sawCommand, sawHandshakeError, sawStopped bool
+	for _, l := range p.logLines() {
+		switch {
+		case l["msg"] == "request" && l["path"] == api.PathCommands && l["status"] == float64(200) && l["peer"] == controlPlaneID:
+			sawCommand = true
+		case strings.Contains(asString(l["msg"]), "TLS handshake error") && strings.Contains(asString(l["msg"]), "sb-2 is not allowed"):
+			sawHandshakeError = true
+		case l["msg"] == "stopped":
+			sawStopped = true
+		}
+	}
+	if !sawCommand || !sawHandshakeError || !sawStopped {
+		t.Errorf("logs: command line %v, handshake error %v, stopped %v", sawCommand, sawHandshakeError, sawStopped)
+	}
+}
+
+// Commands still running when the grace period ends are killed with their
+// process groups, and the supervisor still exits.
+func TestSupervisorProcessGraceExpires(t *testing.T) {
+	bin := buildSupervisor(t)
+	workdir := t.TempDir()
+	p := startSupervisor(t, bin,
+		[]string{"-insecure-listen", "127.0.0.1:0", "-workdir", workdir, "-shutdown-grace", "500ms"},
+		[]string{"PATH=" + os.Getenv("PATH")})
+	client := api.NewClient("http://"+p.addr, nil)
+	ctx := context.Background()
+
+	result := make(chan error, 1)
+	go func() {
+		_, err := client.RunCommand(ctx, api.CommandRequest{Command: []string{"sh", "-c", "sleep 100 & echo $! > pid; sleep 100"}})
+		result <- err
+	}()
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(10 * time.Millisecond) {
+		data, _ := os.ReadFile(filepath.Join(workdir, "pid"))
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start")
+		}
+	}
+	start := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("supervisor exit: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("supervisor did not exit after the grace period")
+	}
+	t.Logf("exited %s after SIGTERM with a 500ms grace period", time.Since(start))
+	if err := <-result; err == nil {
+		t.Error("the killed command's request succeeded")
+	}
+	for deadline := time.Now().Add(3 * time.Second); !gone(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("background process %d survived the supervisor", pid)
+		}
+	}
+}
+
+func asString(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// gone reports whether pid has stopped running; a zombie waiting for a
+// parent to collect it counts.
+func gone(pid int) bool {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(data[i+1:])), "Z")
+}

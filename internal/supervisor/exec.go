@@ -1,0 +1,362 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// commandSpec is a validated request, ready to run.
+type commandSpec struct {
+	path      string // resolved executable
+	argv      []string
+	dir       string
+	env       []string
+	stdin     string
+	timeout   time.Duration
+	maxOutput int64
+}
+
+// errCommandTimeout is the cause of a command context that ran out of
+// time, which tells a timeout apart from a client that went away.
+var errCommandTimeout = errors.New("command timed out")
+
+// prepare validates req against the server's limits and resolves the
+// working directory and executable.
+func (s *Server) prepare(req *api.CommandRequest) (*commandSpec, *api.Error) {
+	if len(req.Command) == 0 {
+		return nil, api.Errorf(api.CodeInvalidArgument, "command must not be empty")
+	}
+	if req.Command[0] == "" {
+		return nil, api.Errorf(api.CodeInvalidArgument, "command[0] must not be empty")
+	}
+	for i, a := range req.Command {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, api.Errorf(api.CodeInvalidArgument, "command[%d] contains a NUL byte", i)
+		}
+	}
+
+	timeout := s.cfg.DefaultTimeout
+	switch maxSec := int64(s.cfg.MaxTimeout / time.Second); {
+	case req.TimeoutSeconds < 0:
+		return nil, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds)
+	case int64(req.TimeoutSeconds) > maxSec:
+		return nil, api.Errorf(api.CodeInvalidArgument, "timeout_seconds %d exceeds the maximum of %d", req.TimeoutSeconds, maxSec)
+	case req.TimeoutSeconds > 0:
+		timeout = time.Duration(req.TimeoutSeconds) * time.Second
+	}
+
+	maxOutput := s.cfg.DefaultMaxOutputBytes
+	switch {
+	case req.MaxOutputBytes < 0:
+		return nil, api.Errorf(api.CodeInvalidArgument, "max_output_bytes must not be negative, got %d", req.MaxOutputBytes)
+	case req.MaxOutputBytes > s.cfg.MaxOutputBytesLimit:
+		return nil, api.Errorf(api.CodeInvalidArgument, "max_output_bytes %d exceeds the limit of %d", req.MaxOutputBytes, s.cfg.MaxOutputBytesLimit)
+	case req.MaxOutputBytes > 0:
+		maxOutput = req.MaxOutputBytes
+	}
+
+	if err := validateEnv(req.Env); err != nil {
+		return nil, api.Errorf(api.CodeInvalidArgument, "env: %v", err)
+	}
+	env := make(map[string]string, len(s.baseEnv)+len(req.Env))
+	for k, v := range s.baseEnv {
+		env[k] = v
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+
+	dir, apiErr := s.resolveCwd(req.Cwd)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	path, apiErr := lookPath(req.Command[0], env["PATH"], dir)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	return &commandSpec{
+		path:      path,
+		argv:      req.Command,
+		dir:       dir,
+		env:       envList(env),
+		stdin:     req.Stdin,
+		timeout:   timeout,
+		maxOutput: maxOutput,
+	}, nil
+}
+
+func validateEnv(env map[string]string) error {
+	for k, v := range env {
+		switch {
+		case k == "":
+			return errors.New("variable name must not be empty")
+		case strings.ContainsAny(k, "=\x00"):
+			return fmt.Errorf("variable name %q must not contain '=' or NUL", k)
+		case strings.IndexByte(v, 0) >= 0:
+			return fmt.Errorf("value of %s contains a NUL byte", k)
+		}
+	}
+	return nil
+}
+
+func envList(env map[string]string) []string {
+	list := make([]string, 0, len(env))
+	for k, v := range env {
+		list = append(list, k+"="+v)
+	}
+	sort.Strings(list)
+	return list
+}
+
+func (s *Server) resolveCwd(cwd string) (string, *api.Error) {
+	dir := s.defaultCwd
+	if cwd != "" {
+		if strings.IndexByte(cwd, 0) >= 0 {
+			return "", api.Errorf(api.CodeInvalidArgument, "cwd contains a NUL byte")
+		}
+		dir = cwd
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(s.defaultCwd, dir)
+		}
+		dir = filepath.Clean(dir)
+	}
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", api.Errorf(api.CodeNotFound, "cwd %q does not exist", dir)
+	case errors.Is(err, fs.ErrPermission):
+		return "", api.Errorf(api.CodePermissionDenied, "cwd %q is not accessible", dir)
+	case err != nil:
+		return "", api.Errorf(api.CodeInvalidArgument, "cwd %q: %v", dir, err)
+	case !st.IsDir():
+		return "", api.Errorf(api.CodeInvalidArgument, "cwd %q is not a directory", dir)
+	}
+	return dir, nil
+}
+
+// lookPath finds name the way a shell would, but in the command's PATH and
+// relative to the command's cwd. os/exec would search the supervisor's own
+// PATH instead.
+func lookPath(name, pathEnv, dir string) (string, *api.Error) {
+	if strings.Contains(name, "/") {
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(dir, name)
+		}
+		return name, nil
+	}
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && syscall.Access(p, 0x1 /* X_OK */) == nil {
+			return p, nil
+		}
+	}
+	return "", api.Errorf(api.CodeNotFound, "executable %q not found in PATH %q", name, pathEnv)
+}
+
+// run starts the command in its own process group and waits for it. The
+// whole group is killed when the timeout expires or ctx is done (the client
+// went away or the server is shutting down). A command that exits on its
+// own leaves its background jobs running, as a shell would, so an agent can
+// start a server and talk to it with the next command.
+func (s *Server) run(parent context.Context, spec *commandSpec) (*api.CommandResult, *api.Error) {
+	ctx, cancel := context.WithTimeoutCause(parent, spec.timeout, errCommandTimeout)
+	defer cancel()
+
+	out := newOutput(spec.maxOutput)
+	cmd := exec.CommandContext(ctx, spec.path)
+	cmd.Args = spec.argv
+	cmd.Dir = spec.dir
+	cmd.Env = spec.env
+	if spec.stdin != "" {
+		cmd.Stdin = strings.NewReader(spec.stdin)
+	}
+	cmd.Stdout = out.stdout
+	cmd.Stderr = out.stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var killed atomic.Bool
+	cmd.Cancel = func() error {
+		killed.Store(true)
+		// The group's ID is the leader's PID (Setpgid with Pgid 0).
+		err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		if errors.Is(err, syscall.ESRCH) {
+			return os.ErrProcessDone
+		}
+		return err
+	}
+	// Without a bound, a background job that inherited stdout would hold
+	// the request open for as long as it runs.
+	cmd.WaitDelay = s.cfg.WaitDelay
+
+	start := time.Now()
+	if err := children.start(cmd); err != nil {
+		return nil, startError(spec, err)
+	}
+	pid := cmd.Process.Pid
+	waitErr := cmd.Wait()
+	children.done(pid)
+	elapsed := time.Since(start)
+
+	ps := cmd.ProcessState
+	if ps == nil {
+		return nil, api.Errorf(api.CodeInternal, "wait for %s: %v", spec.argv[0], waitErr)
+	}
+	res := &api.CommandResult{ExitCode: ps.ExitCode(), DurationMS: elapsed.Milliseconds()}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		res.Signal = signalName(ws.Signal())
+		// A leader that exited on its own just as the timer fired was not
+		// timed out; one the timeout killed always ends by a signal.
+		res.TimedOut = killed.Load() && errors.Is(context.Cause(ctx), errCommandTimeout)
+	}
+	res.Stdout, res.Stderr, res.Truncated = out.result()
+	return res, nil
+}
+
+func startError(spec *commandSpec, err error) *api.Error {
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return api.Errorf(api.CodeUnavailable, "request cancelled before %s started", spec.argv[0])
+	case errors.Is(err, fs.ErrNotExist):
+		return api.Errorf(api.CodeNotFound, "start %s: %v", spec.argv[0], err)
+	case errors.Is(err, fs.ErrPermission):
+		return api.Errorf(api.CodePermissionDenied, "start %s: %v", spec.argv[0], err)
+	case errors.Is(err, syscall.ENOEXEC):
+		return api.Errorf(api.CodeInvalidArgument, "start %s: not an executable format", spec.argv[0])
+	}
+	return api.Errorf(api.CodeInternal, "start %s: %v", spec.argv[0], err)
+}
+
+// output collects stdout and stderr under one byte budget. Writes beyond
+// the budget are accepted and dropped, so the command's pipes keep
+// draining and the command never blocks on a full pipe.
+type output struct {
+	mu             sync.Mutex
+	remaining      int64
+	truncated      bool
+	stdout, stderr *cappedWriter
+}
+
+// Output is kept in chunks rather than one growing slice: growing a slice
+// copies it and briefly holds twice its size, and its doubling can reserve
+// far more than the budget. Chunks start small, so a command that prints a
+// line costs little, and no chunk is larger than the budget left when it
+// was allocated, so the memory held never exceeds the cap by more than one
+// partly filled chunk per stream.
+const (
+	minChunk = 512
+	maxChunk = 32 << 10
+)
+
+type cappedWriter struct {
+	o      *output
+	chunks [][]byte
+	n      int
+	cut    bool // this stream lost bytes, so its tail may be a partial rune
+}
+
+func newOutput(limit int64) *output {
+	o := &output{remaining: limit}
+	o.stdout = &cappedWriter{o: o}
+	o.stderr = &cappedWriter{o: o}
+	return o
+}
+
+func (w *cappedWriter) Write(p []byte) (int, error) {
+	o := w.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	keep := p
+	if int64(len(keep)) > o.remaining {
+		keep = keep[:o.remaining]
+		o.truncated, w.cut = true, true
+	}
+	for len(keep) > 0 {
+		var last []byte
+		if len(w.chunks) > 0 {
+			last = w.chunks[len(w.chunks)-1]
+		}
+		if len(last) == cap(last) {
+			size := min(max(2*cap(last), minChunk), maxChunk, int(o.remaining))
+			last = make([]byte, 0, size)
+			w.chunks = append(w.chunks, last)
+		}
+		n := min(len(keep), cap(last)-len(last))
+		last = append(last, keep[:n]...)
+		w.chunks[len(w.chunks)-1] = last
+		keep = keep[n:]
+		w.n += n
+		o.remaining -= int64(n)
+	}
+	return len(p), nil
+}
+
+func (o *output) result() (stdout, stderr string, truncated bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stdout.text(), o.stderr.text(), o.truncated
+}
+
+func (w *cappedWriter) text() string {
+	var b strings.Builder
+	b.Grow(w.n)
+	for _, c := range w.chunks {
+		b.Write(c)
+	}
+	s := b.String()
+	if w.cut {
+		s = trimPartialRune(s)
+	}
+	// Returns s itself, without a copy, when it is valid already.
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// trimPartialRune drops a multi-byte character the cap cut in half, which
+// would otherwise show up as a spurious replacement character.
+func trimPartialRune(s string) string {
+	for i := len(s) - 1; i >= 0 && i >= len(s)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			if !utf8.FullRuneInString(s[i:]) {
+				return s[:i]
+			}
+			break
+		}
+	}
+	return s
+}
+
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGILL: "SIGILL",
+	syscall.SIGTRAP: "SIGTRAP", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE",
+	syscall.SIGKILL: "SIGKILL", syscall.SIGUSR1: "SIGUSR1", syscall.SIGSEGV: "SIGSEGV", syscall.SIGUSR2: "SIGUSR2",
+	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM", syscall.SIGCHLD: "SIGCHLD",
+	syscall.SIGCONT: "SIGCONT", syscall.SIGSTOP: "SIGSTOP", syscall.SIGTSTP: "SIGTSTP", syscall.SIGTTIN: "SIGTTIN",
+	syscall.SIGTTOU: "SIGTTOU", syscall.SIGURG: "SIGURG", syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ",
+	syscall.SIGVTALRM: "SIGVTALRM", syscall.SIGPROF: "SIGPROF", syscall.SIGWINCH: "SIGWINCH", syscall.SIGIO: "SIGIO",
+	syscall.SIGSYS: "SIGSYS",
+}
+
+func signalName(sig syscall.Signal) string {
+	if n, ok := signalNames[sig]; ok {
+		return n
+	}
+	return fmt.Sprintf("SIG%d", int(sig))
+}

@@ -1,0 +1,412 @@
+// Package supervisor is the HTTP server that runs inside every sandbox pod
+// and executes commands for the control plane. It is served over mutual
+// TLS by cmd/agentbox-supervisor; this package only knows HTTP.
+//
+// It must stay free of client-go and other control-plane code: it runs next
+// to untrusted code, so its attack surface is kept small.
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultWorkspace             = "/workspace"
+	DefaultTimeout               = api.DefaultTimeoutSeconds * time.Second
+	DefaultMaxTimeout            = 10 * time.Minute
+	DefaultMaxOutputBytes        = api.DefaultMaxOutputBytes
+	DefaultMaxRequestBytes       = 8 << 20
+	DefaultMaxConcurrentCommands = 16
+	DefaultWaitDelay             = time.Second
+	DefaultPath                  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// DefaultPassEnv lists the variables copied from the supervisor's own
+// environment into every command's. Sandbox pods reach the network only
+// through the egress proxy, so commands need the proxy settings; nothing
+// else of the supervisor's environment is passed on, so that whatever is
+// given to the supervisor does not leak to the code it runs.
+var DefaultPassEnv = []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"}
+
+// Config configures a Server. Zero values mean the defaults above.
+type Config struct {
+	// DefaultCwd is where commands run when the request names no cwd, and
+	// what a relative cwd is relative to. Empty means /workspace if it
+	// exists, else the supervisor's working directory.
+	DefaultCwd string
+	// DefaultTimeout applies to requests without timeout_seconds.
+	DefaultTimeout time.Duration
+	// MaxTimeout is the largest timeout a request may ask for.
+	MaxTimeout time.Duration
+	// DefaultMaxOutputBytes applies to requests without max_output_bytes.
+	DefaultMaxOutputBytes int64
+	// MaxOutputBytesLimit is the largest cap a request may ask for; it
+	// defaults to DefaultMaxOutputBytes (the design's 1 MB).
+	MaxOutputBytesLimit int64
+	// MaxRequestBytes bounds the request body, stdin included.
+	MaxRequestBytes int64
+	// MaxConcurrentCommands bounds commands running at once; more are
+	// refused with resource_exhausted. Output buffers live in the
+	// supervisor, so this bounds its memory too.
+	MaxConcurrentCommands int
+	// WaitDelay is how long the supervisor keeps collecting output after
+	// the command exited (or was killed) while something else, such as a
+	// background job, still holds its stdout or stderr open. After it the
+	// pipes are closed and the request returns.
+	WaitDelay time.Duration
+	// BaseEnv is the environment every command starts from. Nil means
+	// PATH=DefaultPath, HOME=the default cwd, LANG=C.UTF-8.
+	BaseEnv map[string]string
+	// PassEnv names variables copied from the supervisor's environment
+	// into BaseEnv when set there. Nil means DefaultPassEnv; use an empty
+	// slice to pass nothing.
+	PassEnv []string
+	// Version is reported by /healthz.
+	Version string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the supervisor's HTTP handler.
+type Server struct {
+	cfg        Config
+	defaultCwd string
+	baseEnv    map[string]string
+	slots      chan struct{}
+	log        *slog.Logger
+
+	mu      sync.Mutex
+	running int
+	idle    chan struct{} // closed when running drops to 0; nil if nobody waits
+}
+
+// New checks cfg, fills in defaults and returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = DefaultTimeout
+	}
+	if cfg.MaxTimeout <= 0 {
+		cfg.MaxTimeout = DefaultMaxTimeout
+	}
+	if cfg.DefaultTimeout > cfg.MaxTimeout {
+		return nil, fmt.Errorf("default timeout %s exceeds the maximum %s", cfg.DefaultTimeout, cfg.MaxTimeout)
+	}
+	if cfg.DefaultMaxOutputBytes <= 0 {
+		cfg.DefaultMaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if cfg.MaxOutputBytesLimit <= 0 {
+		cfg.MaxOutputBytesLimit = max(DefaultMaxOutputBytes, cfg.DefaultMaxOutputBytes)
+	}
+	if cfg.DefaultMaxOutputBytes > cfg.MaxOutputBytesLimit {
+		return nil, fmt.Errorf("default output cap %d exceeds the limit %d", cfg.DefaultMaxOutputBytes, cfg.MaxOutputBytesLimit)
+	}
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if cfg.MaxConcurrentCommands <= 0 {
+		cfg.MaxConcurrentCommands = DefaultMaxConcurrentCommands
+	}
+	if cfg.WaitDelay <= 0 {
+		cfg.WaitDelay = DefaultWaitDelay
+	}
+	if cfg.PassEnv == nil {
+		cfg.PassEnv = DefaultPassEnv
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+
+	cwd, err := resolveDefaultCwd(cfg.DefaultCwd)
+	if err != nil {
+		return nil, err
+	}
+	base := cfg.BaseEnv
+	if base == nil {
+		base = map[string]string{"PATH": DefaultPath, "HOME": cwd, "LANG": "C.UTF-8"}
+	}
+	env := make(map[string]string, len(base)+len(cfg.PassEnv))
+	for k, v := range base {
+		env[k] = v
+	}
+	for _, k := range cfg.PassEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			env[k] = v
+		}
+	}
+	if err := validateEnv(env); err != nil {
+		return nil, fmt.Errorf("base environment: %w", err)
+	}
+	return &Server{
+		cfg:        cfg,
+		defaultCwd: cwd,
+		baseEnv:    env,
+		slots:      make(chan struct{}, cfg.MaxConcurrentCommands),
+		log:        log,
+	}, nil
+}
+
+func resolveDefaultCwd(dir string) (string, error) {
+	if dir == "" {
+		if st, err := os.Stat(DefaultWorkspace); err == nil && st.IsDir() {
+			return DefaultWorkspace, nil
+		}
+		wd, err := os.Getwd()
+		if err != nil {
+			return "", fmt.Errorf("default cwd: %w", err)
+		}
+		return wd, nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("default cwd %q: %w", dir, err)
+	}
+	st, err := os.Stat(abs)
+	if err != nil {
+		return "", fmt.Errorf("default cwd: %w", err)
+	}
+	if !st.IsDir() {
+		return "", fmt.Errorf("default cwd %q is not a directory", abs)
+	}
+	return abs, nil
+}
+
+// DefaultCwd is the directory commands run in when they name none.
+func (s *Server) DefaultCwd() string { return s.defaultCwd }
+
+// Wait blocks until no command is running or ctx is done. A server that is
+// shutting down calls it after cancelling the requests' contexts, so that
+// every process group has been killed before the supervisor exits.
+func (s *Server) Wait(ctx context.Context) error {
+	s.mu.Lock()
+	if s.running == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Server) begin() {
+	s.mu.Lock()
+	s.running++
+	s.mu.Unlock()
+}
+
+func (s *Server) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running--; s.running == 0 && s.idle != nil {
+		close(s.idle)
+		s.idle = nil
+	}
+}
+
+// ServeHTTP routes the request and logs one line about it.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+	var info requestInfo
+	switch r.URL.Path {
+	case api.PathHealth:
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(rec, r, "GET, HEAD")
+			break
+		}
+		writeJSON(rec, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
+	case api.PathCommands:
+		if r.Method != http.MethodPost {
+			methodNotAllowed(rec, r, "POST")
+			break
+		}
+		s.handleCommand(rec, r, &info)
+	default:
+		writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+	}
+
+	attrs := []slog.Attr{
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", rec.status),
+		slog.Int64("duration_ms", time.Since(start).Milliseconds()),
+	}
+	if peer := peerID(r); peer != "" {
+		attrs = append(attrs, slog.String("peer", peer))
+	}
+	// Only the program name: arguments and environment may hold secrets.
+	if info.program != "" {
+		attrs = append(attrs, slog.String("program", info.program))
+	}
+	if info.result != nil {
+		attrs = append(attrs, slog.Int("exit_code", info.result.ExitCode), slog.Bool("timed_out", info.result.TimedOut),
+			slog.Bool("truncated", info.result.Truncated))
+		if info.result.Signal != "" {
+			attrs = append(attrs, slog.String("signal", info.result.Signal))
+		}
+	}
+	if info.err != nil {
+		attrs = append(attrs, slog.String("error_code", string(info.err.Code)), slog.String("error", info.err.Message))
+	}
+	if r.Context().Err() != nil {
+		attrs = append(attrs, slog.Bool("cancelled", true))
+	}
+	level := slog.LevelInfo
+	if r.URL.Path == api.PathHealth && rec.status == http.StatusOK {
+		// Kubelet probes would otherwise add a line every few seconds for
+		// the life of the sandbox.
+		level = slog.LevelDebug
+	}
+	s.log.LogAttrs(r.Context(), level, "request", attrs...)
+}
+
+type requestInfo struct {
+	program string
+	result  *api.CommandResult
+	err     *api.Error
+}
+
+func (s *Server) handleCommand(w http.ResponseWriter, r *http.Request, info *requestInfo) {
+	fail := func(e *api.Error) {
+		info.err = e
+		writeError(w, e)
+	}
+	req, apiErr := s.decodeCommand(w, r)
+	if apiErr != nil {
+		fail(apiErr)
+		return
+	}
+	if len(req.Command) > 0 {
+		info.program = req.Command[0]
+	}
+	spec, apiErr := s.prepare(req)
+	if apiErr != nil {
+		fail(apiErr)
+		return
+	}
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		fail(api.Errorf(api.CodeResourceExhausted, "%d commands are already running", cap(s.slots)))
+		return
+	}
+	s.begin()
+	defer s.end()
+
+	res, apiErr := s.run(r.Context(), spec)
+	if apiErr != nil {
+		fail(apiErr)
+		return
+	}
+	info.result = res
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) decodeCommand(w http.ResponseWriter, r *http.Request) (*api.CommandRequest, *api.Error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return nil, api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct)
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxRequestBytes))
+	var req api.CommandRequest
+	err := dec.Decode(&req)
+	if err == nil {
+		// A second value, even a valid one, means the body is not what the
+		// client meant to send.
+		if _, tokErr := dec.Token(); tokErr != io.EOF {
+			err = errors.New("unexpected data after the JSON object")
+			if tokErr != nil && !isSyntaxError(tokErr) {
+				err = tokErr
+			}
+		}
+	}
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return nil, api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil, api.Errorf(api.CodeInvalidArgument, "empty request body")
+		}
+		return nil, api.Errorf(api.CodeInvalidArgument, "invalid JSON body: %v", err)
+	}
+	return &req, nil
+}
+
+func isSyntaxError(err error) bool {
+	var se *json.SyntaxError
+	return errors.As(err, &se)
+}
+
+func peerID(r *http.Request) string {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return ""
+	}
+	id, err := pki.IDFromCert(r.TLS.PeerCertificates[0])
+	if err != nil {
+		return ""
+	}
+	return id.String()
+}
+
+type recorder struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wroteHeader {
+		r.status, r.wroteHeader = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	// The status is already sent; an encoding failure here can only be a
+	// client that went away, which there is nobody to tell about.
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, e *api.Error) {
+	status := e.HTTPStatus
+	if status == 0 {
+		status = e.Code.HTTPStatus()
+	}
+	writeJSON(w, status, api.ErrorBody{Error: e})
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+}

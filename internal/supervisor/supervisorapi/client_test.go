@@ -1,0 +1,111 @@
+package supervisorapi_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+func newClient(t *testing.T) *api.Client {
+	t.Helper()
+	s, err := supervisor.New(supervisor.Config{
+		DefaultCwd: t.TempDir(),
+		Version:    "v1.2.3",
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	return api.NewClient(srv.URL+"/", srv.Client())
+}
+
+func TestClientRunCommand(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	h, err := c.Health(ctx)
+	if err != nil || h.Status != "ok" || h.Version != "v1.2.3" {
+		t.Fatalf("Health = %+v, %v", h, err)
+	}
+	res, err := c.RunCommand(ctx, api.CommandRequest{Command: []string{"sh", "-c", "cat; echo oops >&2; exit 4"}, Stdin: "in"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stdout != "in" || res.Stderr != "oops\n" || res.ExitCode != 4 {
+		t.Fatalf("unexpected result %+v", res)
+	}
+	res, err = c.RunCommand(ctx, api.CommandRequest{Command: []string{"sleep", "5"}, TimeoutSeconds: 1})
+	if err != nil || !res.TimedOut || res.Signal != "SIGKILL" {
+		t.Fatalf("timeout: %+v, %v; a timeout is a result, not an error", res, err)
+	}
+}
+
+func TestClientTypedErrors(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	_, err := c.RunCommand(ctx, api.CommandRequest{Command: []string{"agentbox-no-such-program"}})
+	var e *api.Error
+	if !errors.As(err, &e) {
+		t.Fatalf("error %v (%T) is not a *supervisorapi.Error", err, err)
+	}
+	if e.Code != api.CodeNotFound || e.HTTPStatus != http.StatusNotFound || !strings.Contains(e.Message, "agentbox-no-such-program") {
+		t.Fatalf("unexpected error %+v", e)
+	}
+	if !errors.Is(err, &api.Error{Code: api.CodeNotFound}) || errors.Is(err, &api.Error{Code: api.CodeInternal}) {
+		t.Fatal("errors.Is does not match by code")
+	}
+	if api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("CodeOf = %q", api.CodeOf(err))
+	}
+
+	_, err = c.RunCommand(ctx, api.CommandRequest{})
+	if api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("empty command: %v, want invalid_argument", err)
+	}
+
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err = c.RunCommand(cctx, api.CommandRequest{Command: []string{"sleep", "5"}})
+	if !errors.Is(err, context.DeadlineExceeded) || api.CodeOf(err) != "" {
+		t.Fatalf("cancelled call: %v, want the context's error and no API code", err)
+	}
+}
+
+// Something between the client and the supervisor may answer with a body
+// that is not ours; the client still reports a typed error.
+func TestClientForeignErrorBody(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "upstream connect error", http.StatusBadGateway)
+	}))
+	defer srv.Close()
+	_, err := api.NewClient(srv.URL, srv.Client()).Health(context.Background())
+	var e *api.Error
+	if !errors.As(err, &e) || e.Code != api.CodeUnknown || e.HTTPStatus != http.StatusBadGateway || e.Message != "upstream connect error" {
+		t.Fatalf("got %#v", err)
+	}
+}
+
+func TestCodeHTTPStatus(t *testing.T) {
+	for code, status := range map[api.Code]int{
+		api.CodeInvalidArgument: 400, api.CodePermissionDenied: 403, api.CodeNotFound: 404,
+		api.CodeMethodNotAllowed: 405, api.CodePayloadTooLarge: 413, api.CodeResourceExhausted: 429,
+		api.CodeInternal: 500, api.CodeUnavailable: 503, api.CodeTimeout: 504,
+	} {
+		if got := code.HTTPStatus(); got != status {
+			t.Errorf("%s.HTTPStatus() = %d, want %d", code, got, status)
+		}
+	}
+	if got := api.PodURL("fd00::7"); got != "https://[fd00::7]:8443" {
+		t.Errorf("PodURL = %s", got)
+	}
+}

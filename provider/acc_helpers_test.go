@@ -1,0 +1,58 @@
+package provider
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+)
+
+var crdsOnce sync.Once
+var crdsErr error
+
+// testAccCluster prepares the shared test cluster for a resource test: the
+// agentbox CRDs installed, and a fresh namespace removed afterwards. It
+// returns a client for out-of-band changes and the namespace.
+func testAccCluster(t *testing.T) (client.Client, string) {
+	t.Helper()
+	testAccPreCheck(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(testAccKubeconfigEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	crdsOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		crdsErr = testenv.ApplyCRDs(ctx, cfg, filepath.Join(filepath.Dir(file), "..", "charts", "agentbox", "crds", "*.yaml"))
+	})
+	if crdsErr != nil {
+		t.Fatal(crdsErr)
+	}
+	c, err := newObjectClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	ns := "acc-" + hex.EncodeToString(b)
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	})
+	return c, ns
+}

@@ -1,0 +1,147 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/path"
+	"github.com/hashicorp/terraform-plugin-framework/resource"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+// scheme knows the built-in kinds and agentbox's own.
+var scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := agentboxv1alpha1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}()
+
+// newObjectClient builds a typed client whose REST mapper discovers lazily
+// and again after a miss: agentbox_platform installs the CRDs in the same
+// apply that creates the first objects, so they may not exist when the
+// provider is configured.
+func newObjectClient(cfg *rest.Config) (client.Client, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating HTTP client: %w", err)
+	}
+	mapper, err := apiutil.NewDynamicRESTMapper(cfg, hc)
+	if err != nil {
+		return nil, fmt.Errorf("creating REST mapper: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme, Mapper: mapper, HTTPClient: hc})
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	return c, nil
+}
+
+// objectID is the Terraform ID of a namespaced object: "<namespace>/<name>".
+func objectID(namespace, name string) string { return namespace + "/" + name }
+
+// parseImportID accepts "<namespace>/<name>" or, for objects in the
+// provider's default namespace, "<name>".
+func parseImportID(id, defaultNamespace string) (types.NamespacedName, error) {
+	parts := strings.Split(id, "/")
+	switch {
+	case len(parts) == 1 && parts[0] != "" && defaultNamespace != "":
+		return types.NamespacedName{Namespace: defaultNamespace, Name: parts[0]}, nil
+	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
+		return types.NamespacedName{Namespace: parts[0], Name: parts[1]}, nil
+	}
+	return types.NamespacedName{}, fmt.Errorf("import ID %q is not \"<namespace>/<name>\" or \"<name>\"", id)
+}
+
+// importObject sets the identifying attributes of an imported object; Read
+// fills in the rest.
+func importObject(ctx context.Context, d *providerData, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
+	ns := ""
+	if d != nil {
+		ns, _ = d.Namespace()
+	}
+	key, err := parseImportID(req.ID, ns)
+	if err != nil {
+		resp.Diagnostics.AddError("Invalid import ID", err.Error())
+		return
+	}
+	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("id"), objectID(key.Namespace, key.Name))...)
+	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("namespace"), key.Namespace)...)
+	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("name"), key.Name)...)
+}
+
+// objectsOrDiag returns the object client, or adds a diagnostic that says
+// why the cluster cannot be reached.
+func objectsOrDiag(d *providerData, diags *diag.Diagnostics) client.Client {
+	if d == nil {
+		diags.AddError("Provider not configured", "The agentbox provider was not configured. This is a bug in the provider.")
+		return nil
+	}
+	c, err := d.Objects()
+	if err != nil {
+		diags.AddError("Cannot reach the cluster", err.Error())
+		return nil
+	}
+	return c
+}
+
+// apiErrorDiag turns an API error into a diagnostic a person can act on; a
+// missing CRD is the common case when the platform is not installed.
+func apiErrorDiag(diags *diag.Diagnostics, action string, key types.NamespacedName, kind string, err error) {
+	detail := err.Error()
+	var noMatch *meta.NoKindMatchError
+	switch {
+	case errors.As(err, &noMatch) || meta.IsNoMatchError(err):
+		detail = fmt.Sprintf("The cluster does not know the %s kind (agentbox.dev/v1alpha1): install the platform first "+
+			"(the agentbox_platform resource, or the agentbox Helm chart), and make this resource depend on it.\n\n%s", kind, err)
+	case apierrors.IsForbidden(err):
+		detail = fmt.Sprintf("The provider's credentials may not %s %s objects in namespace %q.\n\n%s", strings.ToLower(action), kind, key.Namespace, err)
+	case apierrors.IsInvalid(err):
+		detail = fmt.Sprintf("The cluster rejected the %s:\n\n%s", kind, err)
+	}
+	diags.AddError(fmt.Sprintf("Cannot %s %s %s", strings.ToLower(action), kind, key), detail)
+}
+
+// waitGone waits until the object no longer exists, so that a destroy
+// followed by a create of the same name does not collide with finalizers.
+func waitGone(ctx context.Context, c client.Client, key types.NamespacedName, obj client.Object, timeout time.Duration) error {
+	return wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		err := c.Get(ctx, key, obj)
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, ignoreTransient(err)
+	})
+}
+
+// ignoreTransient keeps polling through errors that a retry can fix.
+func ignoreTransient(err error) error {
+	if err == nil || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) {
+		return nil
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Code == http.StatusBadGateway {
+		return nil
+	}
+	return err
+}

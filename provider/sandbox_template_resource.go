@@ -1,0 +1,555 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
+	"github.com/hashicorp/terraform-plugin-framework/attr"
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/objectdefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+var (
+	_ resource.Resource                = (*sandboxTemplateResource)(nil)
+	_ resource.ResourceWithConfigure   = (*sandboxTemplateResource)(nil)
+	_ resource.ResourceWithImportState = (*sandboxTemplateResource)(nil)
+)
+
+// NewSandboxTemplateResource manages a SandboxTemplate.
+func NewSandboxTemplateResource() resource.Resource { return &sandboxTemplateResource{} }
+
+type sandboxTemplateResource struct{ data *providerData }
+
+type sandboxTemplateModel struct {
+	ID               types.String `tfsdk:"id"`
+	Name             types.String `tfsdk:"name"`
+	Namespace        types.String `tfsdk:"namespace"`
+	Image            types.String `tfsdk:"image"`
+	ImagePullPolicy  types.String `tfsdk:"image_pull_policy"`
+	RuntimeClassName types.String `tfsdk:"runtime_class_name"`
+	Env              types.Map    `tfsdk:"env"`
+	Resources        types.Object `tfsdk:"resources"`
+	Workspace        types.Object `tfsdk:"workspace"`
+	IdleTimeout      types.String `tfsdk:"idle_timeout"`
+	Python           types.Object `tfsdk:"python"`
+	MCPServers       types.List   `tfsdk:"mcp_servers"`
+	SecretFiles      types.List   `tfsdk:"secret_files"`
+	EgressProxy      types.String `tfsdk:"egress_proxy"`
+	NodePool         types.String `tfsdk:"node_pool"`
+	NodeSelector     types.Map    `tfsdk:"node_selector"`
+}
+
+type resourcesModel struct {
+	Requests types.Map `tfsdk:"requests"`
+	Limits   types.Map `tfsdk:"limits"`
+}
+
+type workspaceModel struct {
+	Size                    types.String `tfsdk:"size"`
+	StorageClassName        types.String `tfsdk:"storage_class_name"`
+	VolumeSnapshotClassName types.String `tfsdk:"volume_snapshot_class_name"`
+	MountPath               types.String `tfsdk:"mount_path"`
+}
+
+type pythonModel struct {
+	DefaultTimeout  types.String `tfsdk:"default_timeout"`
+	MaxTimeout      types.String `tfsdk:"max_timeout"`
+	IndexURL        types.String `tfsdk:"index_url"`
+	ExtraIndexURLs  types.List   `tfsdk:"extra_index_urls"`
+	AllowedPackages types.List   `tfsdk:"allowed_packages"`
+}
+
+type mcpServerModel struct {
+	Name    types.String `tfsdk:"name"`
+	Command types.String `tfsdk:"command"`
+	Args    types.List   `tfsdk:"args"`
+	Env     types.Map    `tfsdk:"env"`
+}
+
+type secretFileModel struct {
+	SecretName types.String `tfsdk:"secret_name"`
+	MountPath  types.String `tfsdk:"mount_path"`
+}
+
+// Defaults mirror the CRD's, so that a template that leaves them out plans
+// the values the API server will store.
+const (
+	defaultWorkspaceSize  = "1Gi"
+	defaultMountPath      = "/workspace"
+	defaultIdleTimeout    = "1h"
+	defaultPythonTimeout  = "30s"
+	defaultPythonMax      = "2m"
+	defaultRuntimeClass   = agentboxv1alpha1.DefaultRuntimeClassName
+	templateKind          = "SandboxTemplate"
+	sandboxTemplateTFType = "sandbox_template"
+)
+
+var (
+	resourcesAttrTypes = map[string]attr.Type{"requests": types.MapType{ElemType: types.StringType}, "limits": types.MapType{ElemType: types.StringType}}
+	workspaceAttrTypes = map[string]attr.Type{"size": types.StringType, "storage_class_name": types.StringType, "volume_snapshot_class_name": types.StringType, "mount_path": types.StringType}
+	pythonAttrTypes    = map[string]attr.Type{"default_timeout": types.StringType, "max_timeout": types.StringType, "index_url": types.StringType,
+		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType}}
+	mcpServerAttrTypes  = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType}}
+	secretFileAttrTypes = map[string]attr.Type{"secret_name": types.StringType, "mount_path": types.StringType}
+
+	pullPolicies = []string{string(corev1.PullAlways), string(corev1.PullIfNotPresent), string(corev1.PullNever)}
+)
+
+func (r *sandboxTemplateResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
+	resp.TypeName = req.ProviderTypeName + "_" + sandboxTemplateTFType
+}
+
+func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
+	optionalMap := func(desc string) schema.MapAttribute {
+		return schema.MapAttribute{ElementType: types.StringType, Optional: true, MarkdownDescription: desc}
+	}
+	optionalList := func(desc string) schema.ListAttribute {
+		return schema.ListAttribute{ElementType: types.StringType, Optional: true, MarkdownDescription: desc}
+	}
+	resp.Schema = schema.Schema{
+		MarkdownDescription: "A sandbox template: everything a sandbox of this kind runs with (image, gVisor runtime class, " +
+			"resources, workspace volume, idle timeout, Python policy, MCP servers, egress proxy). Sandboxes name their " +
+			"template; it becomes a `SandboxTemplate` object. Sandbox pods always run with restricted security: non-root, " +
+			"read-only root filesystem with a writable `/tmp`, all capabilities dropped, seccomp `RuntimeDefault` and no " +
+			"service-account token.",
+		Attributes: map[string]schema.Attribute{
+			"id":        idAttribute(templateKind),
+			"name":      nameAttribute(templateKind),
+			"namespace": namespaceAttribute(templateKind),
+			"image": schema.StringAttribute{
+				Optional: true,
+				MarkdownDescription: "Container image of the sandbox: it must run the agentbox supervisor as its entrypoint. " +
+					"Unset means the platform's default sandbox image (Python 3 and the supervisor).",
+			},
+			"image_pull_policy": schema.StringAttribute{
+				Optional:            true,
+				MarkdownDescription: "When the node pulls the image: " + codeList(pullPolicies) + ". Unset means `IfNotPresent`.",
+				Validators:          []validator.String{stringvalidator.OneOf(pullPolicies...)},
+			},
+			"runtime_class_name": schema.StringAttribute{
+				Optional: true, Computed: true, Default: stringdefault.StaticString(defaultRuntimeClass),
+				MarkdownDescription: "RuntimeClass of the sandbox pods; it should select gVisor. Defaults to `" + defaultRuntimeClass + "`.",
+			},
+			"env": optionalMap("Environment variables of the sandbox (plain values; put secrets in `secret_files`)."),
+			"resources": schema.SingleNestedAttribute{
+				Optional:            true,
+				MarkdownDescription: "CPU and memory of each sandbox pod, as Kubernetes quantities (`cpu = \"500m\"`, `memory = \"1Gi\"`).",
+				Attributes: map[string]schema.Attribute{
+					"requests": optionalMap("What the scheduler reserves for the pod."),
+					"limits":   optionalMap("The most the pod may use."),
+				},
+			},
+			"workspace": schema.SingleNestedAttribute{
+				Optional: true, Computed: true,
+				Default: objectdefault.StaticValue(types.ObjectValueMust(workspaceAttrTypes, map[string]attr.Value{
+					"size": types.StringValue(defaultWorkspaceSize), "storage_class_name": types.StringNull(),
+					"volume_snapshot_class_name": types.StringNull(), "mount_path": types.StringValue(defaultMountPath),
+				})),
+				MarkdownDescription: "The persistent workspace volume. It survives idle stops (through a snapshot) and is the hard " +
+					"cap on what the sandbox may store.",
+				Attributes: map[string]schema.Attribute{
+					"size": schema.StringAttribute{
+						Optional: true, Computed: true, Default: stringdefault.StaticString(defaultWorkspaceSize),
+						MarkdownDescription: "Size of the volume, a Kubernetes quantity. Defaults to `" + defaultWorkspaceSize + "`.",
+					},
+					"storage_class_name": schema.StringAttribute{
+						Optional: true, MarkdownDescription: "StorageClass of the volume. Unset means the cluster's default class.",
+					},
+					"volume_snapshot_class_name": schema.StringAttribute{
+						Optional: true, MarkdownDescription: "VolumeSnapshotClass used to snapshot the workspace on idle stop. Unset means the default class.",
+					},
+					"mount_path": schema.StringAttribute{
+						Optional: true, Computed: true, Default: stringdefault.StaticString(defaultMountPath),
+						MarkdownDescription: "Where the workspace is mounted. Defaults to `" + defaultMountPath + "`.",
+					},
+				},
+			},
+			"idle_timeout": schema.StringAttribute{
+				Optional: true, Computed: true, Default: stringdefault.StaticString(defaultIdleTimeout),
+				MarkdownDescription: "How long a sandbox may go without API activity before it is snapshotted and stopped; only " +
+					"idle time counts. A Go duration such as `30m` or `1h`. Defaults to `" + defaultIdleTimeout + "`.",
+				Validators: []validator.String{durationCheck},
+			},
+			"python": schema.SingleNestedAttribute{
+				Optional: true, Computed: true,
+				Default: objectdefault.StaticValue(types.ObjectValueMust(pythonAttrTypes, map[string]attr.Value{
+					"default_timeout": types.StringValue(defaultPythonTimeout), "max_timeout": types.StringValue(defaultPythonMax),
+					"index_url": types.StringNull(), "extra_index_urls": types.ListNull(types.StringType), "allowed_packages": types.ListNull(types.StringType),
+				})),
+				MarkdownDescription: "Policy of `python_exec` and of the cached Python environments.",
+				Attributes: map[string]schema.Attribute{
+					"default_timeout": schema.StringAttribute{
+						Optional: true, Computed: true, Default: stringdefault.StaticString(defaultPythonTimeout),
+						MarkdownDescription: "Timeout of calls that give none. Defaults to `" + defaultPythonTimeout + "`.",
+						Validators:          []validator.String{durationCheck},
+					},
+					"max_timeout": schema.StringAttribute{
+						Optional: true, Computed: true, Default: stringdefault.StaticString(defaultPythonMax),
+						MarkdownDescription: "Hard cap on a call's timeout. Defaults to `" + defaultPythonMax + "`.",
+						Validators:          []validator.String{durationCheck},
+					},
+					"index_url":        schema.StringAttribute{Optional: true, MarkdownDescription: "Package index that requirements are installed from."},
+					"extra_index_urls": optionalList("Further package indexes."),
+					"allowed_packages": optionalList("If set, only these packages may be installed."),
+				},
+			},
+			"mcp_servers": schema.ListNestedAttribute{
+				Optional:            true,
+				MarkdownDescription: "stdio MCP servers the supervisor starts in every sandbox, restarts on failure and bridges to the Compute API.",
+				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
+					"name":    schema.StringAttribute{Required: true, MarkdownDescription: "Name the server is addressed by."},
+					"command": schema.StringAttribute{Required: true, MarkdownDescription: "Program to run."},
+					"args":    optionalList("Its arguments."),
+					"env":     optionalMap("Its environment."),
+				}},
+			},
+			"secret_files": schema.ListNestedAttribute{
+				Optional:            true,
+				MarkdownDescription: "Kubernetes Secrets mounted read-only as files into the sandbox.",
+				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
+					"secret_name": schema.StringAttribute{Required: true, MarkdownDescription: "Secret in the template's namespace."},
+					"mount_path":  schema.StringAttribute{Required: true, MarkdownDescription: "Folder its keys appear in as files."},
+				}},
+			},
+			"egress_proxy": schema.StringAttribute{
+				Optional: true,
+				MarkdownDescription: "Name of the `agentbox_egress_proxy` (in the same namespace) that sandboxes reach the " +
+					"outside world through. Unset means sandboxes can reach nothing outside the cluster but DNS.",
+			},
+			"node_pool": schema.StringAttribute{
+				Optional: true, MarkdownDescription: "Name of the `agentbox_node_pool` whose nodes run the sandboxes.",
+			},
+			"node_selector": optionalMap("Extra node labels the sandbox pods require."),
+		},
+	}
+}
+
+func (r *sandboxTemplateResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
+	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
+}
+
+func (r *sandboxTemplateResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
+	var plan sandboxTemplateModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	ns := resolveNamespace(plan.Namespace, r.data)
+	obj := &agentboxv1alpha1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString(), Namespace: ns}}
+	obj.Spec = plan.spec(ctx, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Namespace: ns, Name: obj.Name}
+	if err := c.Create(ctx, obj); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			resp.Diagnostics.AddError("SandboxTemplate already exists",
+				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_sandbox_template.<name> %s`.", key, objectID(ns, obj.Name)))
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Create", key, templateKind, err)
+		return
+	}
+	plan.ID = types.StringValue(objectID(ns, obj.Name))
+	plan.Namespace = types.StringValue(ns)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *sandboxTemplateResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
+	var state sandboxTemplateModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
+	var obj agentboxv1alpha1.SandboxTemplate
+	if err := c.Get(ctx, key, &obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			resp.State.RemoveResource(ctx)
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Read", key, templateKind, err)
+		return
+	}
+	state.fromSpec(ctx, &obj.Spec, &resp.Diagnostics)
+	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
+	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
+}
+
+func (r *sandboxTemplateResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
+	var plan sandboxTemplateModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Namespace: plan.Namespace.ValueString(), Name: plan.Name.ValueString()}
+	spec := plan.spec(ctx, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	var obj agentboxv1alpha1.SandboxTemplate
+	if err := c.Get(ctx, key, &obj); err != nil {
+		apiErrorDiag(&resp.Diagnostics, "Read", key, templateKind, err)
+		return
+	}
+	// The whole spec is Terraform's: replacing it undoes out-of-band edits.
+	obj.Spec = spec
+	if err := c.Update(ctx, &obj); err != nil {
+		apiErrorDiag(&resp.Diagnostics, "Update", key, templateKind, err)
+		return
+	}
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *sandboxTemplateResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
+	var state sandboxTemplateModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
+	obj := &agentboxv1alpha1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
+	if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+		apiErrorDiag(&resp.Diagnostics, "Delete", key, templateKind, err)
+	}
+}
+
+func (r *sandboxTemplateResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
+	importObject(ctx, r.data, req, resp)
+}
+
+// spec converts the planned attributes into the object's spec.
+func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics) agentboxv1alpha1.SandboxTemplateSpec {
+	s := agentboxv1alpha1.SandboxTemplateSpec{
+		Image:            m.Image.ValueString(),
+		ImagePullPolicy:  corev1.PullPolicy(m.ImagePullPolicy.ValueString()),
+		RuntimeClassName: m.RuntimeClassName.ValueString(),
+		IdleTimeout:      parseDuration(m.IdleTimeout, "idle_timeout", diags),
+		NodeSelector:     goMap(ctx, m.NodeSelector, diags),
+	}
+	env := goMap(ctx, m.Env, diags)
+	for _, k := range sortedKeys(env) {
+		s.Env = append(s.Env, corev1.EnvVar{Name: k, Value: env[k]})
+	}
+	if !m.Resources.IsNull() && !m.Resources.IsUnknown() {
+		var rm resourcesModel
+		diags.Append(m.Resources.As(ctx, &rm, objectAsOptions)...)
+		s.Resources.Requests = resourceList(goMap(ctx, rm.Requests, diags), "resources.requests", diags)
+		s.Resources.Limits = resourceList(goMap(ctx, rm.Limits, diags), "resources.limits", diags)
+	}
+	if !m.Workspace.IsNull() && !m.Workspace.IsUnknown() {
+		var wm workspaceModel
+		diags.Append(m.Workspace.As(ctx, &wm, objectAsOptions)...)
+		s.Workspace = agentboxv1alpha1.WorkspaceSpec{
+			Size:                    parseQuantity(wm.Size, "workspace.size", diags),
+			StorageClassName:        stringPtr(wm.StorageClassName),
+			VolumeSnapshotClassName: stringPtr(wm.VolumeSnapshotClassName),
+			MountPath:               wm.MountPath.ValueString(),
+		}
+	}
+	if !m.Python.IsNull() && !m.Python.IsUnknown() {
+		var pm pythonModel
+		diags.Append(m.Python.As(ctx, &pm, objectAsOptions)...)
+		s.Python = agentboxv1alpha1.PythonPolicy{
+			DefaultTimeout:  parseDuration(pm.DefaultTimeout, "python.default_timeout", diags),
+			MaxTimeout:      parseDuration(pm.MaxTimeout, "python.max_timeout", diags),
+			IndexURL:        pm.IndexURL.ValueString(),
+			ExtraIndexURLs:  goStrings(ctx, pm.ExtraIndexURLs, diags),
+			AllowedPackages: goStrings(ctx, pm.AllowedPackages, diags),
+		}
+	}
+	if !m.MCPServers.IsNull() && !m.MCPServers.IsUnknown() {
+		var servers []mcpServerModel
+		diags.Append(m.MCPServers.ElementsAs(ctx, &servers, false)...)
+		for _, sv := range servers {
+			s.MCPServers = append(s.MCPServers, agentboxv1alpha1.MCPServer{
+				Name: sv.Name.ValueString(), Command: sv.Command.ValueString(),
+				Args: goStrings(ctx, sv.Args, diags), Env: goMap(ctx, sv.Env, diags),
+			})
+		}
+	}
+	if !m.SecretFiles.IsNull() && !m.SecretFiles.IsUnknown() {
+		var files []secretFileModel
+		diags.Append(m.SecretFiles.ElementsAs(ctx, &files, false)...)
+		for _, f := range files {
+			s.SecretFiles = append(s.SecretFiles, agentboxv1alpha1.SecretFile{SecretName: f.SecretName.ValueString(), MountPath: f.MountPath.ValueString()})
+		}
+	}
+	if v := m.EgressProxy.ValueString(); v != "" {
+		s.EgressProxyRef = &agentboxv1alpha1.LocalObjectReference{Name: v}
+	}
+	s.NodePoolRef = stringPtr(m.NodePool)
+	return s
+}
+
+// fromSpec sets the attributes from the live spec, keeping the prior
+// spelling of values that are equal (see keepDuration).
+func (m *sandboxTemplateModel) fromSpec(ctx context.Context, s *agentboxv1alpha1.SandboxTemplateSpec, diags *diag.Diagnostics) {
+	m.Image = stringOrNull(s.Image)
+	m.ImagePullPolicy = stringOrNull(string(s.ImagePullPolicy))
+	m.RuntimeClassName = types.StringValue(s.RuntimeClassName)
+	m.IdleTimeout = keepDuration(m.IdleTimeout, s.IdleTimeout.Duration)
+	m.NodeSelector = mapValue(ctx, m.NodeSelector, s.NodeSelector, diags)
+	env := map[string]string{}
+	for _, e := range s.Env {
+		// Values from Secrets or fields are not Terraform's to manage here.
+		if e.ValueFrom == nil {
+			env[e.Name] = e.Value
+		}
+	}
+	m.Env = mapValue(ctx, m.Env, env, diags)
+
+	var priorRes resourcesModel
+	if !m.Resources.IsNull() && !m.Resources.IsUnknown() {
+		diags.Append(m.Resources.As(ctx, &priorRes, objectAsOptions)...)
+	}
+	if len(s.Resources.Requests) == 0 && len(s.Resources.Limits) == 0 {
+		m.Resources = types.ObjectNull(resourcesAttrTypes)
+	} else {
+		rm := resourcesModel{
+			Requests: quantityMap(ctx, priorRes.Requests, s.Resources.Requests, diags),
+			Limits:   quantityMap(ctx, priorRes.Limits, s.Resources.Limits, diags),
+		}
+		m.Resources = objectValue(ctx, resourcesAttrTypes, rm, diags)
+	}
+
+	var wm workspaceModel
+	if !m.Workspace.IsNull() && !m.Workspace.IsUnknown() {
+		diags.Append(m.Workspace.As(ctx, &wm, objectAsOptions)...)
+	}
+	wm.Size = keepQuantity(wm.Size, s.Workspace.Size)
+	wm.StorageClassName = stringPtrValue(s.Workspace.StorageClassName)
+	wm.VolumeSnapshotClassName = stringPtrValue(s.Workspace.VolumeSnapshotClassName)
+	wm.MountPath = types.StringValue(s.Workspace.MountPath)
+	m.Workspace = objectValue(ctx, workspaceAttrTypes, wm, diags)
+
+	var pm pythonModel
+	if !m.Python.IsNull() && !m.Python.IsUnknown() {
+		diags.Append(m.Python.As(ctx, &pm, objectAsOptions)...)
+	}
+	pm.DefaultTimeout = keepDuration(pm.DefaultTimeout, s.Python.DefaultTimeout.Duration)
+	pm.MaxTimeout = keepDuration(pm.MaxTimeout, s.Python.MaxTimeout.Duration)
+	pm.IndexURL = stringOrNull(s.Python.IndexURL)
+	pm.ExtraIndexURLs = listValue(ctx, pm.ExtraIndexURLs, s.Python.ExtraIndexURLs, diags)
+	pm.AllowedPackages = listValue(ctx, pm.AllowedPackages, s.Python.AllowedPackages, diags)
+	m.Python = objectValue(ctx, pythonAttrTypes, pm, diags)
+
+	var priorServers []mcpServerModel
+	if !m.MCPServers.IsNull() && !m.MCPServers.IsUnknown() {
+		diags.Append(m.MCPServers.ElementsAs(ctx, &priorServers, false)...)
+	}
+	if len(s.MCPServers) == 0 {
+		m.MCPServers = types.ListNull(types.ObjectType{AttrTypes: mcpServerAttrTypes})
+	} else {
+		servers := make([]mcpServerModel, len(s.MCPServers))
+		for i, sv := range s.MCPServers {
+			var prior mcpServerModel
+			if i < len(priorServers) {
+				prior = priorServers[i]
+			}
+			servers[i] = mcpServerModel{
+				Name: types.StringValue(sv.Name), Command: types.StringValue(sv.Command),
+				Args: listValue(ctx, prior.Args, sv.Args, diags), Env: mapValue(ctx, prior.Env, sv.Env, diags),
+			}
+		}
+		v, d := types.ListValueFrom(ctx, types.ObjectType{AttrTypes: mcpServerAttrTypes}, servers)
+		diags.Append(d...)
+		m.MCPServers = v
+	}
+	if len(s.SecretFiles) == 0 {
+		m.SecretFiles = types.ListNull(types.ObjectType{AttrTypes: secretFileAttrTypes})
+	} else {
+		files := make([]secretFileModel, len(s.SecretFiles))
+		for i, f := range s.SecretFiles {
+			files[i] = secretFileModel{SecretName: types.StringValue(f.SecretName), MountPath: types.StringValue(f.MountPath)}
+		}
+		v, d := types.ListValueFrom(ctx, types.ObjectType{AttrTypes: secretFileAttrTypes}, files)
+		diags.Append(d...)
+		m.SecretFiles = v
+	}
+	m.EgressProxy = types.StringNull()
+	if s.EgressProxyRef != nil {
+		m.EgressProxy = types.StringValue(s.EgressProxyRef.Name)
+	}
+	m.NodePool = stringPtrValue(s.NodePoolRef)
+}
+
+func resourceList(m map[string]string, attr string, diags *diag.Diagnostics) corev1.ResourceList {
+	if len(m) == 0 {
+		return nil
+	}
+	l := corev1.ResourceList{}
+	for k, v := range m {
+		l[corev1.ResourceName(k)] = parseQuantity(types.StringValue(v), attr+"."+k, diags)
+	}
+	return l
+}
+
+func quantityMap(ctx context.Context, prior types.Map, l corev1.ResourceList, diags *diag.Diagnostics) types.Map {
+	priorVals := goMap(ctx, prior, diags)
+	m := make(map[string]string, len(l))
+	for k, q := range l {
+		m[string(k)] = keepQuantity(stringOrNull(priorVals[string(k)]), q).ValueString()
+	}
+	return mapValue(ctx, prior, m, diags)
+}
+
+func objectValue(ctx context.Context, attrTypes map[string]attr.Type, v any, diags *diag.Diagnostics) types.Object {
+	o, d := types.ObjectValueFrom(ctx, attrTypes, v)
+	diags.Append(d...)
+	return o
+}
+
+// Shared by the agentbox_* resources that wrap one namespaced object.
+
+func idAttribute(kind string) schema.StringAttribute {
+	return schema.StringAttribute{
+		Computed:            true,
+		MarkdownDescription: "`<namespace>/<name>` of the " + kind + ".",
+		PlanModifiers:       []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+	}
+}
+
+func nameAttribute(kind string) schema.StringAttribute {
+	return schema.StringAttribute{
+		Required:            true,
+		MarkdownDescription: "Name of the " + kind + " object. Changing it replaces the object.",
+		PlanModifiers:       []planmodifier.String{stringplanmodifier.RequiresReplace()},
+		Validators:          []validator.String{dnsSubdomainCheck},
+	}
+}
+
+func namespaceAttribute(kind string) schema.StringAttribute {
+	return schema.StringAttribute{
+		Optional: true, Computed: true,
+		MarkdownDescription: "Namespace of the " + kind + ". Defaults to the provider's `namespace`. Changing it replaces the object.",
+		PlanModifiers:       []planmodifier.String{stringplanmodifier.RequiresReplaceIfConfigured(), stringplanmodifier.UseStateForUnknown()},
+	}
+}
+
+// resolveNamespace picks the configured namespace or the provider's default.
+func resolveNamespace(v types.String, d *providerData) string {
+	if !v.IsNull() && !v.IsUnknown() && v.ValueString() != "" {
+		return v.ValueString()
+	}
+	ns, _ := d.Namespace()
+	return ns
+}

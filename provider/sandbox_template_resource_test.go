@@ -1,0 +1,117 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/hashicorp/terraform-plugin-testing/helper/resource"
+	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
+	"github.com/hashicorp/terraform-plugin-testing/plancheck"
+	"github.com/hashicorp/terraform-plugin-testing/statecheck"
+	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+func testAccTemplateConfig(ns, image string) string {
+	return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_sandbox_template" "test" {
+  name         = "python"
+  namespace    = %q
+  image        = %q
+  idle_timeout = "45m"
+  env          = { GREETING = "hello" }
+  resources = {
+    requests = { cpu = "0.5", memory = "256Mi" }
+    limits   = { memory = "1024Mi" }
+  }
+  workspace = { size = "2Gi" }
+  python    = { max_timeout = "120s", allowed_packages = ["numpy"] }
+  mcp_servers = [{ name = "files", command = "mcp-files", args = ["--root", "/workspace"] }]
+}
+`, ns, image)
+}
+
+func TestAccSandboxTemplate_basic(t *testing.T) {
+	c, ns := testAccCluster(t)
+	addr := "agentbox_sandbox_template.test"
+	key := types.NamespacedName{Namespace: ns, Name: "python"}
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []resource.TestStep{
+			{
+				Config: testAccTemplateConfig(ns, "example/sandbox:1"),
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("id"), knownvalue.StringExact(ns+"/python")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("runtime_class_name"), knownvalue.StringExact("gvisor")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("idle_timeout"), knownvalue.StringExact("45m")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("workspace").AtMapKey("mount_path"), knownvalue.StringExact("/workspace")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("resources").AtMapKey("requests").AtMapKey("cpu"), knownvalue.StringExact("0.5")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("default_timeout"), knownvalue.StringExact("30s")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("max_timeout"), knownvalue.StringExact("120s")),
+				},
+			},
+			{
+				// The API server stores 0.5 as 500m, 1024Mi as 1Gi and 45m as
+				// 45m0s; none of that may show up as a change.
+				Config: testAccTemplateConfig(ns, "example/sandbox:1"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()},
+				},
+			},
+			{
+				ResourceName:      addr,
+				ImportState:       true,
+				ImportStateId:     ns + "/python",
+				ImportStateVerify: true,
+				// Imported values come back in canonical spelling; the
+				// no-drift step above shows they are equal to these.
+				ImportStateVerifyIgnore: []string{"resources.requests.cpu", "resources.limits.memory", "python.max_timeout"},
+			},
+			{
+				// Out-of-band edit: the next plan updates it back.
+				PreConfig: func() {
+					mutate(t, c, key, func(o *agentboxv1alpha1.SandboxTemplate) { o.Spec.Image = "someone/else:2" })
+				},
+				Config: testAccTemplateConfig(ns, "example/sandbox:1"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
+				},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("image"), knownvalue.StringExact("example/sandbox:1")),
+				},
+			},
+			{
+				// Disappears: deleted out of band, the next plan creates it.
+				PreConfig: func() {
+					if err := c.Delete(context.Background(), &agentboxv1alpha1.SandboxTemplate{ObjectMeta: objectMeta(key)}); err != nil {
+						t.Fatal(err)
+					}
+				},
+				Config: testAccTemplateConfig(ns, "example/sandbox:1"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionCreate)},
+				},
+			},
+		},
+	})
+}
+
+// mutate changes a live object the way someone with kubectl would.
+func mutate[T any, PT interface {
+	*T
+	client.Object
+}](t *testing.T, c client.Client, key types.NamespacedName, f func(PT)) {
+	t.Helper()
+	obj := PT(new(T))
+	if err := c.Get(context.Background(), key, obj); err != nil {
+		t.Fatal(err)
+	}
+	f(obj)
+	if err := c.Update(context.Background(), obj); err != nil {
+		t.Fatal(err)
+	}
+}
