@@ -348,8 +348,12 @@ func StopDir(ctx context.Context, dir string, log io.Writer) error {
 	return teardown(ctx, st, log)
 }
 
-// Attach returns the cluster that is running from the cache dir.
-func Attach(dir string) (*Cluster, error) {
+// Attach returns the cluster that is running from the cache dir; its
+// progress lines go to log (nil discards them).
+func Attach(dir string, log io.Writer) (*Cluster, error) {
+	if log == nil {
+		log = io.Discard
+	}
 	st, err := loadState(runDir(dir))
 	if err != nil {
 		return nil, fmt.Errorf("no test cluster state in %s: %w", runDir(dir), err)
@@ -361,7 +365,7 @@ func Attach(dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Cluster{st: st, Kubeconfig: st.Kubeconfig, Config: cfg, log: io.Discard}, nil
+	return &Cluster{st: st, Kubeconfig: st.Kubeconfig, Config: cfg, log: log}, nil
 }
 
 // HasNode reports whether the cluster runs a real node.

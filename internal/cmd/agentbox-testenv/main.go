@@ -34,7 +34,7 @@ func main() {
 	}
 }
 
-const usage = "usage: agentbox-testenv build|up [-node] [-image FILE]...|exec [-node] -- CMD...|import FILE...|down|dir"
+const usage = "usage: agentbox-testenv build|up [-node] [-reuse] [-image FILE]...|exec [-node] [-image FILE]... -- CMD...|import FILE...|down|dir"
 
 type files []string
 
@@ -59,9 +59,22 @@ func run(ctx context.Context, args []string) error {
 	case "up":
 		fs := flag.NewFlagSet("up", flag.ExitOnError)
 		node := fs.Bool("node", false, "start a real node (containerd, kubelet, kube-proxy, gVisor)")
+		reuse := fs.Bool("reuse", false, "if a cluster is already running, import the images into it instead of failing")
 		var images files
 		fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
 		_ = fs.Parse(args[1:])
+		if *reuse {
+			if c, err := testenv.Attach(dir, os.Stderr); err == nil && c.HasNode() == *node {
+				fmt.Fprintf(os.Stderr, "testenv: reusing the running cluster; logs in %s\n", c.LogDir())
+				if len(images) > 0 {
+					if err := c.ImportImages(ctx, images...); err != nil {
+						return err
+					}
+				}
+				fmt.Println(c.Kubeconfig)
+				return nil
+			}
+		}
 		t := time.Now()
 		c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: *node, Images: images, Log: os.Stderr})
 		if err != nil {
@@ -73,13 +86,15 @@ func run(ctx context.Context, args []string) error {
 	case "exec":
 		fs := flag.NewFlagSet("exec", flag.ExitOnError)
 		node := fs.Bool("node", false, "start a real node")
+		var images files
+		fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
 		_ = fs.Parse(args[1:])
 		if fs.NArg() == 0 {
 			return fmt.Errorf(usage)
 		}
-		return execWithCluster(ctx, dir, *node, fs.Args())
+		return execWithCluster(ctx, dir, *node, images, fs.Args())
 	case "import":
-		c, err := testenv.Attach(dir)
+		c, err := testenv.Attach(dir, os.Stderr)
 		if err != nil {
 			return err
 		}
@@ -97,9 +112,9 @@ func run(ctx context.Context, args []string) error {
 // execWithCluster runs a command against a fresh cluster and always tears
 // the cluster down, also when the command fails or is interrupted, so a
 // red test run leaves the machine as clean as a green one.
-func execWithCluster(ctx context.Context, dir string, node bool, argv []string) error {
+func execWithCluster(ctx context.Context, dir string, node bool, images, argv []string) error {
 	t := time.Now()
-	c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: node, Log: os.Stderr})
+	c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: node, Images: images, Log: os.Stderr})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,68 @@
+// Command agentbox-images builds agentbox's container images as OCI
+// archives, without Docker:
+//
+//	agentbox-images -out DIR -tag TAG [-only controlplane,sandbox,egress-proxy]
+//
+// It writes DIR/agentbox-controlplane.tar, DIR/agentbox-sandbox.tar and
+// DIR/agentbox-egress-proxy.tar, named docker.io/agentbox/<name>:TAG, ready
+// for `ctr -n k8s.io images import` or `agentbox-testenv import`. Run it
+// from the repository root. The sandbox image is made from Debian packages
+// fetched with the host's apt, so it needs a Debian or Ubuntu host with apt
+// lists in place (`apt-get update`); run as root to check the result with
+// chroot and to give files their owners.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/imagebuild"
+)
+
+func main() {
+	var o imagebuild.Options
+	var only, packages, exclude string
+	flag.StringVar(&o.OutDir, "out", "", "folder to write the image archives into (required)")
+	flag.StringVar(&o.Tag, "tag", "", "image tag, also the binaries' version (required)")
+	flag.StringVar(&only, "only", "", "comma-separated images to build: "+strings.Join(imagebuild.All, ","))
+	flag.StringVar(&o.ModuleDir, "C", ".", "repository root to build the commands from")
+	flag.StringVar(&o.Go, "go", "go", "go command")
+	flag.StringVar(&packages, "sandbox-packages", strings.Join(imagebuild.DefaultSandboxPackages, ","), "Debian packages of the sandbox image (their dependencies are added)")
+	flag.StringVar(&exclude, "sandbox-exclude", strings.Join(imagebuild.DefaultSandboxExclude, ","), "Debian packages left out of the sandbox image with what only they need")
+	flag.StringVar(&o.Sandbox.CacheDir, "deb-cache", "", "folder caching downloaded .debs (default: the user cache folder's agentbox/debs)")
+	flag.Parse()
+	if o.OutDir == "" || o.Tag == "" || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: agentbox-images -out DIR -tag TAG [-only "+strings.Join(imagebuild.All, ",")+"]")
+		os.Exit(2)
+	}
+	o.Only = split(only)
+	o.Sandbox.Packages = split(packages)
+	o.Sandbox.Exclude = split(exclude)
+	if o.Sandbox.Exclude == nil {
+		// An empty -sandbox-exclude means "exclude nothing", not "defaults".
+		o.Sandbox.Exclude = []string{}
+	}
+	o.Out = os.Stdout
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if _, err := imagebuild.Build(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "agentbox-images:", err)
+		os.Exit(1)
+	}
+}
+
+func split(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,173 @@
+package egressproxy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// DefaultDeniedCIDRs are the destinations a sandbox may never reach, whatever
+// name it uses for them: the cluster, the node and the cloud around it live
+// in these ranges, and reaching them would let sandboxed code escape the
+// allowlist through an innocent-looking DNS name.
+var DefaultDeniedCIDRs = mustPrefixes(
+	// IPv4
+	"0.0.0.0/8",          // "this network": connecting to 0.0.0.0 reaches the local host
+	"10.0.0.0/8",         // private (RFC 1918)
+	"100.64.0.0/10",      // carrier-grade NAT; also some clouds' metadata (100.100.100.200)
+	"127.0.0.0/8",        // loopback
+	"169.254.0.0/16",     // link-local, where cloud metadata services live
+	"169.254.169.254/32", // the metadata address, listed on its own so it stays denied if link-local is dropped
+	"172.16.0.0/12",      // private (RFC 1918)
+	"192.0.0.0/24",       // IETF protocol assignments
+	"192.168.0.0/16",     // private (RFC 1918)
+	"198.18.0.0/15",      // benchmarking; test clusters put pod and service networks here
+	"224.0.0.0/4",        // multicast
+	"240.0.0.0/4",        // reserved, including broadcast
+	// IPv6
+	"::/128",         // unspecified, reaches the local host like 0.0.0.0
+	"::1/128",        // loopback
+	"64:ff9b:1::/48", // local-use NAT64, which maps onto private IPv4
+	"fc00::/7",       // unique local, the IPv6 private range (includes AWS's fd00:ec2::254 metadata)
+	"fe80::/10",      // link-local
+	"ff00::/8",       // multicast
+)
+
+func mustPrefixes(s ...string) []netip.Prefix {
+	p, err := ParseCIDRs(s)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// ParseCIDRs parses CIDR prefixes; a bare address counts as a single-address
+// prefix.
+func ParseCIDRs(s []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(s))
+	for _, c := range s {
+		c = strings.TrimSpace(c)
+		if c == "" {
+			continue
+		}
+		if !strings.Contains(c, "/") {
+			a, err := netip.ParseAddr(c)
+			if err != nil {
+				return nil, fmt.Errorf("CIDR %q: %w", c, err)
+			}
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("CIDR %q: %w", c, err)
+		}
+		if p.Addr().Is4In6() {
+			// Addresses are unmapped before matching, so a mapped prefix
+			// would never match; its IPv4 form is what was meant.
+			bits := p.Bits() - 96
+			if bits < 0 {
+				return nil, fmt.Errorf("CIDR %q: IPv4-mapped prefix shorter than /96", c)
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), bits)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// domainList matches host names against exact names and "*.suffix"
+// wildcards. IP literals are matched as exact names, so a test or an
+// operator can allow one address explicitly.
+type domainList struct {
+	all      bool
+	exact    map[string]bool
+	suffixes []string // each with its leading dot, e.g. ".example.com"
+}
+
+func newDomainList(patterns []string) (domainList, error) {
+	l := domainList{exact: map[string]bool{}}
+	for _, raw := range patterns {
+		p := normalizeHost(raw)
+		switch {
+		case p == "":
+			continue
+		case p == "*" && strings.TrimSpace(raw) == "*":
+			l.all = true
+		case strings.HasPrefix(p, "*."):
+			rest := p[1:]
+			if strings.Contains(rest, "*") || len(rest) < 2 {
+				return l, fmt.Errorf("domain pattern %q: only a leading \"*.\" wildcard is supported", raw)
+			}
+			l.suffixes = append(l.suffixes, rest)
+		case strings.Contains(p, "*"):
+			return l, fmt.Errorf("domain pattern %q: only a leading \"*.\" wildcard is supported", raw)
+		default:
+			if a, err := netip.ParseAddr(strings.Trim(p, "[]")); err == nil {
+				p = a.Unmap().String()
+			}
+			l.exact[p] = true
+		}
+	}
+	return l, nil
+}
+
+// match reports whether host is listed. "*.example.com" matches
+// "a.example.com" and "a.b.example.com" but not "example.com" itself, as in
+// TLS certificates and most proxies; list both to allow both.
+func (l domainList) match(host string) bool {
+	if l.all || l.exact[host] {
+		return true
+	}
+	for _, s := range l.suffixes {
+		if strings.HasSuffix(host, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func (l domainList) empty() bool { return !l.all && len(l.exact) == 0 && len(l.suffixes) == 0 }
+
+// normalizeHost lowercases host and drops a trailing dot, so that
+// "Example.COM." cannot slip past a rule for "example.com".
+func normalizeHost(h string) string {
+	h = strings.ToLower(strings.TrimSpace(h))
+	h = strings.TrimSuffix(h, ".")
+	if a, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
+		return a.Unmap().String()
+	}
+	return h
+}
+
+// Reasons a request is denied, as logged and returned to the client.
+const (
+	ReasonNotAllowed   = "not_allowed"   // host not on the allowlist
+	ReasonDenylisted   = "denylisted"    // host on the denylist
+	ReasonDeniedIP     = "denied_ip"     // every address of the host is in a denied CIDR
+	ReasonBadRequest   = "bad_request"   // not a proxy request this proxy understands
+	ReasonResolveError = "resolve_error" // DNS failed
+	ReasonDialError    = "dial_error"    // the upstream refused or timed out
+)
+
+// DeniedError is returned when policy refuses a destination. It is kept
+// apart from other dial errors so that the client gets 403, not 502.
+type DeniedError struct {
+	Host   string
+	Reason string
+	Detail string
+}
+
+func (e *DeniedError) Error() string {
+	if e.Detail != "" {
+		return fmt.Sprintf("egress to %s denied (%s): %s", e.Host, e.Reason, e.Detail)
+	}
+	return fmt.Sprintf("egress to %s denied (%s)", e.Host, e.Reason)
+}
+
+func isDenied(err error) (*DeniedError, bool) {
+	var d *DeniedError
+	ok := errors.As(err, &d)
+	return d, ok
+}

@@ -1,0 +1,481 @@
+// Package egressproxy is the forward proxy every sandbox's traffic leaves
+// through. It forwards plain HTTP requests and tunnels CONNECT, and lets a
+// request out only when
+//
+//  1. its host is on the allowlist and not on the denylist, decided on the
+//     name before anything is resolved or dialled, and
+//  2. the address the name resolves to is outside the denied CIDRs (by
+//     default every private, loopback, link-local and metadata range).
+//
+// The check in 2 and the connection use the same address: the proxy dials
+// the IP it checked and never resolves the name again, so a DNS answer that
+// changes between check and use (DNS rebinding) cannot reach a denied
+// address.
+//
+// The core is net/http: httputil.ReverseProxy forwards plain HTTP (it
+// already strips hop-by-hop headers, streams, and handles 1xx and protocol
+// upgrades) and CONNECT is a hijacked connection joined with io.Copy. No
+// proxy library is among the module's dependencies, and the policy hooks
+// needed here (the dialer and the resolver) are plain net/http ones.
+package egressproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Resolver looks up the addresses of a host; *net.Resolver is one. Tests
+// substitute their own so no name ever reaches real DNS.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// DialFunc opens a connection; address is always an IP and port.
+type DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+// Config configures a Proxy.
+type Config struct {
+	// Allow lists the hosts that may be reached: exact names, "*.example.com"
+	// wildcards for every subdomain, IP literals, or "*" for any host. Empty
+	// allows nothing.
+	Allow []string
+	// Deny lists hosts refused even when Allow matches them, same syntax.
+	Deny []string
+	// DeniedCIDRs are the addresses no request may reach, checked after
+	// resolution. Nil means DefaultDeniedCIDRs; an empty, non-nil slice
+	// denies no address (for tests against a local upstream).
+	DeniedCIDRs []netip.Prefix
+	// Resolver defaults to net.DefaultResolver.
+	Resolver Resolver
+	// Dial defaults to a net.Dialer.
+	Dial DialFunc
+	// DialTimeout bounds resolution plus connection; default 10s.
+	DialTimeout time.Duration
+	// Logger receives one access-log line per request; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Proxy is an http.Handler serving forward-proxy requests.
+type Proxy struct {
+	allow, deny domainList
+	denied      []netip.Prefix
+	resolver    Resolver
+	dial        DialFunc
+	dialTimeout time.Duration
+	log         *slog.Logger
+	forward     *httputil.ReverseProxy
+	transport   *http.Transport
+}
+
+// New checks cfg and returns a Proxy.
+func New(cfg Config) (*Proxy, error) {
+	allow, err := newDomainList(cfg.Allow)
+	if err != nil {
+		return nil, fmt.Errorf("allow: %w", err)
+	}
+	deny, err := newDomainList(cfg.Deny)
+	if err != nil {
+		return nil, fmt.Errorf("deny: %w", err)
+	}
+	p := &Proxy{
+		allow:       allow,
+		deny:        deny,
+		denied:      cfg.DeniedCIDRs,
+		resolver:    cfg.Resolver,
+		dial:        cfg.Dial,
+		dialTimeout: cfg.DialTimeout,
+		log:         cfg.Logger,
+	}
+	if p.denied == nil {
+		p.denied = DefaultDeniedCIDRs
+	}
+	if p.resolver == nil {
+		p.resolver = net.DefaultResolver
+	}
+	if p.dial == nil {
+		p.dial = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
+	}
+	if p.dialTimeout <= 0 {
+		p.dialTimeout = 10 * time.Second
+	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	p.transport = &http.Transport{
+		// Proxy stays nil: this process is the last hop, and honouring
+		// HTTP_PROXY from its own environment would send traffic around
+		// the policy. Upstream chaining is a deliberate, later feature.
+		Proxy:       nil,
+		DialContext: p.dialChecked,
+		// Bodies pass through as the origin sent them.
+		DisableCompression:  true,
+		MaxIdleConns:        100,
+		MaxIdleConnsPerHost: 10,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	p.forward = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			// Out.URL is already the absolute URL the policy checked. The
+			// Host header is taken from it, so that a different Host
+			// cannot pick a virtual host the policy never saw (RFC 9112,
+			// 3.2.2).
+			pr.Out.Host = ""
+		},
+		Transport:     p.transport,
+		FlushInterval: -1, // stream: server-sent events and long polls must not wait for a buffer
+		ErrorHandler:  p.forwardError,
+		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+	}
+	return p, nil
+}
+
+// Close drops idle upstream connections.
+func (p *Proxy) Close() { p.transport.CloseIdleConnections() }
+
+// entry collects what the access log reports about one request.
+type entry struct {
+	mu       sync.Mutex
+	decision string // allow, deny or error
+	reason   string
+	upstream string // the IP and port actually connected to
+	bytesIn  int64  // client to upstream
+	bytesOut int64  // upstream to client
+	status   int
+}
+
+func (e *entry) set(decision, reason string) {
+	e.mu.Lock()
+	e.decision, e.reason = decision, reason
+	e.mu.Unlock()
+}
+
+func (e *entry) setUpstream(a string) {
+	e.mu.Lock()
+	e.upstream = a
+	e.mu.Unlock()
+}
+
+type entryKey struct{}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	e := &entry{}
+	cw := &countingWriter{ResponseWriter: w}
+	r = r.WithContext(context.WithValue(r.Context(), entryKey{}, e))
+
+	var host, port string
+	switch {
+	case r.Method == http.MethodConnect:
+		host, port = p.serveConnect(cw, r, e)
+	case r.URL.IsAbs():
+		host, port = p.serveForward(cw, r, e)
+	case r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+		// Kubelet probes the proxy port directly; not an access.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ok\n")
+		return
+	default:
+		e.set("deny", ReasonBadRequest)
+		http.Error(cw, "agentbox egress proxy: not a proxy request (use an absolute URL or CONNECT)", http.StatusBadRequest)
+	}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	status := e.status
+	if status == 0 {
+		status = cw.status
+	}
+	bytesOut := e.bytesOut
+	if r.Method != http.MethodConnect {
+		bytesOut = cw.bytes
+	}
+	level := slog.LevelInfo
+	if e.decision != "allow" {
+		level = slog.LevelWarn
+	}
+	p.log.LogAttrs(r.Context(), level, "egress",
+		slog.String("method", r.Method),
+		slog.String("host", host),
+		slog.String("port", port),
+		slog.String("decision", e.decision),
+		slog.String("reason", e.reason),
+		slog.Int("status", status),
+		slog.Int64("bytes_in", e.bytesIn),
+		slog.Int64("bytes_out", bytesOut),
+		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+		slog.String("upstream", e.upstream),
+		slog.String("client", r.RemoteAddr),
+	)
+}
+
+// deny answers 403 with the reason in a header so that a client's logs show
+// why without access to the proxy's.
+func deny(w http.ResponseWriter, e *entry, d *DeniedError) {
+	e.set("deny", d.Reason)
+	w.Header().Set("X-Agentbox-Egress-Denied", d.Reason)
+	http.Error(w, "agentbox egress proxy: "+d.Error(), http.StatusForbidden)
+}
+
+func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, e *entry) (host, port string) {
+	host, port = normalizeHost(r.URL.Hostname()), r.URL.Port()
+	if r.URL.Scheme != "http" {
+		// An https:// URL here would mean the proxy makes the TLS
+		// connection and sees the plaintext; clients use CONNECT for it.
+		e.set("deny", ReasonBadRequest)
+		http.Error(w, "agentbox egress proxy: only http:// URLs are forwarded; use CONNECT for "+r.URL.Scheme, http.StatusBadRequest)
+		return host, port
+	}
+	if port == "" {
+		port = "80"
+	}
+	if d := p.checkHost(host); d != nil {
+		deny(w, e, d)
+		return host, port
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &e.bytesIn, mu: &e.mu}
+	}
+	trace := &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) { e.setUpstream(info.Conn.RemoteAddr().String()) },
+	}
+	r = r.WithContext(httptrace.WithClientTrace(r.Context(), trace))
+	e.set("allow", "")
+	p.forward.ServeHTTP(w, r)
+	return host, port
+}
+
+func (p *Proxy) forwardError(w http.ResponseWriter, r *http.Request, err error) {
+	e, _ := r.Context().Value(entryKey{}).(*entry)
+	if d, ok := isDenied(err); ok {
+		deny(w, e, d)
+		return
+	}
+	reason := ReasonDialError
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		reason = ReasonResolveError
+	}
+	if errors.Is(err, context.Canceled) {
+		// The client went away; there is no one to answer.
+		e.set("error", "client_gone")
+		w.WriteHeader(499)
+		return
+	}
+	e.set("error", reason)
+	http.Error(w, "agentbox egress proxy: upstream: "+err.Error(), http.StatusBadGateway)
+}
+
+func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, e *entry) (host, port string) {
+	h, port, err := net.SplitHostPort(r.Host)
+	if err != nil || port == "" {
+		e.set("deny", ReasonBadRequest)
+		http.Error(w, "agentbox egress proxy: CONNECT needs host:port", http.StatusBadRequest)
+		return r.Host, ""
+	}
+	host = normalizeHost(h)
+	if d := p.checkHost(host); d != nil {
+		deny(w, e, d)
+		return host, port
+	}
+	upstream, err := p.dialChecked(r.Context(), "tcp", net.JoinHostPort(host, port))
+	if err != nil {
+		p.forwardError(w, r, err)
+		return host, port
+	}
+	defer upstream.Close()
+	e.setUpstream(upstream.RemoteAddr().String())
+
+	client, buf, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		e.set("error", "hijack")
+		http.Error(w, "agentbox egress proxy: cannot tunnel on this connection", http.StatusInternalServerError)
+		return host, port
+	}
+	defer client.Close()
+	e.set("allow", "")
+	e.mu.Lock()
+	e.status = http.StatusOK
+	e.mu.Unlock()
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		e.set("error", "client_gone")
+		return host, port
+	}
+
+	// The client may have sent bytes (a TLS ClientHello) right behind the
+	// CONNECT line; they sit in buf and go first.
+	var fromClient io.Reader = client
+	if n := buf.Reader.Buffered(); n > 0 {
+		fromClient = io.MultiReader(io.LimitReader(buf.Reader, int64(n)), client)
+	}
+	var wg sync.WaitGroup
+	var up, down int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		down = pipe(client, upstream, upstream)
+	}()
+	up = pipe(upstream, fromClient, client)
+	wg.Wait()
+	e.mu.Lock()
+	e.bytesIn, e.bytesOut = up, down
+	e.mu.Unlock()
+	return host, port
+}
+
+// pipe copies src to dst. At EOF it half-closes dst so the other side sees
+// the end while replies still flow back (TLS close_notify, HTTP/1.0); on an
+// error it closes both connections, which ends the other direction too.
+func pipe(dst net.Conn, src io.Reader, srcConn net.Conn) int64 {
+	n, err := io.Copy(dst, src)
+	if err != nil {
+		dst.Close()
+		srcConn.Close()
+		return n
+	}
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	} else {
+		dst.Close()
+	}
+	return n
+}
+
+// checkHost applies the name rules, before any DNS lookup or connection.
+func (p *Proxy) checkHost(host string) *DeniedError {
+	if host == "" {
+		return &DeniedError{Host: host, Reason: ReasonBadRequest, Detail: "no host"}
+	}
+	if p.deny.match(host) {
+		return &DeniedError{Host: host, Reason: ReasonDenylisted}
+	}
+	if !p.allow.match(host) {
+		return &DeniedError{Host: host, Reason: ReasonNotAllowed}
+	}
+	return nil
+}
+
+// deniedAddr reports the denied prefix containing a, if any.
+func (p *Proxy) deniedAddr(a netip.Addr) (netip.Prefix, bool) {
+	a = a.Unmap()
+	for _, pr := range p.denied {
+		if pr.Contains(a) {
+			return pr, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// dialChecked resolves host once, drops addresses in denied ranges and
+// dials what remains by IP. It is also the forwarding transport's dialer,
+// so no connection of this proxy is ever made to an unchecked address.
+func (p *Proxy) dialChecked(ctx context.Context, network, address string) (net.Conn, error) {
+	h, portStr, err := net.SplitHostPort(address)
+	if err != nil {
+		return nil, err
+	}
+	host := normalizeHost(h)
+	// Checked again here because the transport dials on its own; a
+	// request that got past serveForward has already passed it.
+	if d := p.checkHost(host); d != nil {
+		return nil, d
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("port %q: %w", portStr, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
+	defer cancel()
+
+	var addrs []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{a}
+	} else {
+		addrs, err = p.resolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return nil, fmt.Errorf("resolve %s: %w", host, err)
+		}
+	}
+	var allowed []netip.Addr
+	var refused []string
+	for _, a := range addrs {
+		a = a.Unmap()
+		if pr, bad := p.deniedAddr(a); bad {
+			refused = append(refused, a.String()+" in "+pr.String())
+			continue
+		}
+		allowed = append(allowed, a)
+	}
+	if len(allowed) == 0 {
+		detail := "no addresses"
+		if len(refused) > 0 {
+			detail = fmt.Sprintf("resolves only to denied addresses %v", refused)
+		}
+		return nil, &DeniedError{Host: host, Reason: ReasonDeniedIP, Detail: detail}
+	}
+	if len(refused) > 0 {
+		p.log.Warn("egress host resolves partly to denied addresses; using the others", "host", host, "denied", refused)
+	}
+	var errs []error
+	for _, a := range allowed {
+		c, err := p.dial(ctx, network, netip.AddrPortFrom(a, uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// countingWriter records the status and body bytes sent to the client; it
+// unwraps so that ReverseProxy can still flush and hijack through it.
+type countingWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+type countingBody struct {
+	io.ReadCloser
+	mu *sync.Mutex
+	n  *int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	*b.n += int64(n)
+	b.mu.Unlock()
+	return n, err
+}
