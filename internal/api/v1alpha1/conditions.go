@@ -77,9 +77,20 @@ const (
 	// filespace failed, also on retry; the pod was stopped.
 	ReasonSyncFailed = "SyncFailed"
 
-	// ReasonPodFailed (phase Error): the pod failed or its node was lost. The
-	// sandbox resumes from its last snapshot on the next activity.
+	// ReasonPodFailed (phase Error): the pod failed or its node was lost, or
+	// its container cannot run: the message carries kubelet's reason, such
+	// as ImagePullBackOff, ErrImageNeverPull or CrashLoopBackOff, and the
+	// container's last exit. A stopped pod is deleted and created again; a
+	// container that cannot start is retried by kubelet, and the sandbox
+	// turns Running as soon as the pod is ready.
 	ReasonPodFailed = "PodFailed"
+
+	// ReasonOwnershipConflict (phase Error): an object the sandbox needs
+	// (its pod, workspace claim, TLS Secret or Lease) exists under the name
+	// the controller gives it but is not controlled by the Sandbox. The
+	// controller neither adopts nor overwrites it, and proceeds once it is
+	// deleted or renamed.
+	ReasonOwnershipConflict = "OwnershipConflict"
 )
 
 // Reasons of a SandboxWarmPool's Ready condition.

@@ -1,0 +1,29 @@
+package controller
+
+// Every permission the controllers in this package use, in one place, so the
+// chart's ClusterRole can be checked against a single list. Controllers
+// write status and metadata, never spec: the agentbox kinds get update and
+// patch only for their metadata (labels) and status.
+//
+// sandboxes/finalizers: update is needed to create children with
+// blockOwnerDeletion (SetControllerReference sets it) on clusters that
+// enable the OwnerReferencesPermissionEnforcement admission plugin.
+//
+// Pods and workspace claims are only created and deleted: their specs are
+// immutable in practice, so there is nothing to update. Secrets are updated
+// when a serving certificate is re-issued. Leases are only created: the
+// Compute API renews them.
+//
+// Events go through the events.k8s.io API; the core group is listed too
+// because client-go falls back to it on servers without events.k8s.io/v1.
+
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxes/finalizers,verbs=update
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxtemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch

@@ -1,0 +1,668 @@
+// Package controller holds the agentbox reconcilers. They write status and
+// metadata of the agentbox kinds, never their spec: the spec belongs to the
+// Terraform provider and other clients, and a controller that wrote it would
+// show up as drift in every plan.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+)
+
+// SandboxControllerName names the controller, and its events' reporter.
+const SandboxControllerName = "agentbox-sandbox"
+
+// templateRefIndex indexes Sandboxes by spec.templateRef.name, so that a
+// template change finds its sandboxes without listing the namespace.
+const templateRefIndex = "spec.templateRef.name"
+
+// Event reasons. They are not condition reasons: events tell what the
+// controller did, conditions what state the sandbox is in.
+const (
+	EventPodCreated          = "PodCreated"
+	EventPodRecreated        = "PodRecreated"
+	EventPodFailed           = "PodFailed"
+	EventPodDeleted          = "PodDeleted"
+	EventSandboxReady        = "SandboxReady"
+	EventWorkspaceCreated    = "WorkspaceCreated"
+	EventCertificateIssued   = "CertificateIssued"
+	EventCertificateReissued = "CertificateReissued"
+	EventTemplateNotFound    = "TemplateNotFound"
+	EventOwnershipConflict   = "OwnershipConflict"
+)
+
+// conflictRetry is how often a sandbox blocked by a foreign object is looked
+// at again: the object's removal triggers no watch event for the sandbox,
+// because it is not the sandbox's child.
+const conflictRetry = time.Minute
+
+// maxRequeue bounds the wait for a certificate renewal, so that a clock
+// jump or a long-lived certificate never parks a sandbox for months.
+const maxRequeue = 12 * time.Hour
+
+// SandboxReconciler turns a Sandbox into its pod, workspace claim, serving
+// certificate Secret and activity Lease, all owned by the Sandbox so that
+// deleting it garbage-collects them, and reports their state in the
+// Sandbox's status.
+type SandboxReconciler struct {
+	client.Client
+	Scheme *runtime.Scheme
+	// Recorder receives events about the sandbox; SetupWithManager fills it
+	// from the manager when nil.
+	Recorder events.EventRecorder
+	// Namespace is the platform namespace, the control plane's own; the
+	// supervisor accepts calls from the control-plane identity in it.
+	Namespace string
+	// TrustDomain of the SPIFFE identities; empty means
+	// pki.DefaultTrustDomain.
+	TrustDomain string
+	// DefaultImage is the sandbox image of templates that name none.
+	DefaultImage string
+	// CA issues the sandboxes' serving certificates.
+	CA *pki.CA
+	// Clock is the controller's notion of now (conditions, leases,
+	// certificate checks); nil means the real clock.
+	Clock clock.PassiveClock
+}
+
+// SetupWithManager registers the reconciler and its watches with mgr.
+func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.CA == nil {
+		return errors.New("sandbox controller: no CA to issue serving certificates")
+	}
+	if r.Namespace == "" {
+		return errors.New("sandbox controller: no platform namespace")
+	}
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.Scheme == nil {
+		r.Scheme = mgr.GetScheme()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(SandboxControllerName)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, templateRefIndex,
+		func(o client.Object) []string {
+			return []string{o.(*v1alpha1.Sandbox).Spec.TemplateRef.Name}
+		}); err != nil {
+		return fmt.Errorf("index sandboxes by template: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(SandboxControllerName).
+		For(&v1alpha1.Sandbox{}).
+		Owns(&corev1.Pod{}).
+		Owns(&corev1.PersistentVolumeClaim{}).
+		Owns(&corev1.Secret{}).
+		Owns(&coordinationv1.Lease{}).
+		// A template is read only when a pod is created, but a sandbox that
+		// waits for its template must start as soon as it appears.
+		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForTemplate)).
+		Complete(r)
+}
+
+func (r *SandboxReconciler) sandboxesForTemplate(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.SandboxList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
+		client.MatchingFields{templateRefIndex: o.GetName()}); err != nil {
+		logf.FromContext(ctx).Error(err, "list sandboxes of template", "template", client.ObjectKeyFromObject(o))
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+func (r *SandboxReconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
+}
+
+func (r *SandboxReconciler) trustDomain() string {
+	if r.TrustDomain == "" {
+		return pki.DefaultTrustDomain
+	}
+	return r.TrustDomain
+}
+
+// Reconcile brings one Sandbox's children to what its spec and template ask
+// and writes what it found into the status. It can run any number of times:
+// it creates only what is missing and writes only what changed.
+func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var sbx v1alpha1.Sandbox
+	if err := r.Get(ctx, req.NamespacedName, &sbx); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !sbx.DeletionTimestamp.IsZero() {
+		// Owner references delete the children; there is nothing else to
+		// clean up yet, so there is no finalizer either.
+		return ctrl.Result{}, nil
+	}
+	if err := r.ensureSandboxLabels(ctx, &sbx); err != nil {
+		return ctrl.Result{}, err
+	}
+
+	base := sbx.DeepCopy()
+	sbx.Status.ObservedGeneration = sbx.Generation
+	result, err := r.reconcileChildren(ctx, readyReason(base), &sbx)
+	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
+		// The cache lags behind a write (ours or someone's); the next pass
+		// reads the current object. Reporting it as a ReconcileError would
+		// flap the Ready condition for nothing.
+		logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	if err != nil {
+		var conflict *ownershipConflictError
+		if errors.As(err, &conflict) {
+			// Not an error to retry with backoff: it waits for a person.
+			r.setNotServing(&sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonOwnershipConflict, conflict.Error())
+			r.eventOnNewReason(readyReason(base), &sbx, nil, corev1.EventTypeWarning, EventOwnershipConflict, "Wait", conflict.Error())
+			result, err = ctrl.Result{RequeueAfter: conflictRetry}, nil
+		} else {
+			phase := sbx.Status.Phase
+			if phase == "" {
+				phase = v1alpha1.SandboxPhasePending
+			}
+			r.setReady(&sbx, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
+			sbx.Status.Phase = phase
+		}
+	}
+	if serr := r.writeStatus(ctx, base, &sbx); serr != nil {
+		return ctrl.Result{}, errors.Join(err, serr)
+	}
+	return result, err
+}
+
+// ensureSandboxLabels puts the agent-ID hash on the Sandbox itself, so that
+// the Compute API can find an agent's sandbox with a label selector. Agent
+// IDs may not fit a label value, hence the hash.
+func (r *SandboxReconciler) ensureSandboxLabels(ctx context.Context, sbx *v1alpha1.Sandbox) error {
+	want := v1alpha1.AgentIDHash(sbx.Spec.AgentID)
+	if sbx.Labels[v1alpha1.LabelAgentIDHash] == want {
+		return nil
+	}
+	patch := client.MergeFrom(sbx.DeepCopy())
+	if sbx.Labels == nil {
+		sbx.Labels = map[string]string{}
+	}
+	sbx.Labels[v1alpha1.LabelAgentIDHash] = want
+	if err := r.Patch(ctx, sbx, patch); err != nil {
+		return fmt.Errorf("label sandbox %s with its agent ID hash: %w", sbx.Name, err)
+	}
+	return nil
+}
+
+// writeStatus writes sbx's status if it differs from base's. Writing only on
+// change keeps a settled sandbox from generating watch events (and
+// resourceVersion bumps) on every resync.
+func (r *SandboxReconciler) writeStatus(ctx context.Context, base, sbx *v1alpha1.Sandbox) error {
+	if equality.Semantic.DeepEqual(base.Status, sbx.Status) {
+		return nil
+	}
+	// A merge patch rather than an update: this controller is the status's
+	// only writer, and a patch does not fail on the resourceVersion bump of
+	// the label patch or of a client's spec change in between.
+	if err := r.Status().Patch(ctx, sbx, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("write status of sandbox %s: %w", sbx.Name, err)
+	}
+	return nil
+}
+
+// reconcileChildren ensures the children and sets the status from them.
+func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox) (ctrl.Result, error) {
+	tpl, err := r.getTemplate(ctx, sbx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var pod corev1.Pod
+	havePod, err := r.getChild(ctx, sbx, PodName(sbx.Name), &pod)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if tpl == nil && !havePod {
+		// The template is needed only to make a pod; a running pod whose
+		// template was deleted keeps serving. The template watch brings the
+		// sandbox back here when the template appears.
+		msg := fmt.Sprintf("SandboxTemplate %q does not exist in namespace %q; the sandbox starts when it is created",
+			sbx.Spec.TemplateRef.Name, sbx.Namespace)
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonTemplateNotFound, msg)
+		r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, EventTemplateNotFound, "Wait", msg)
+		return ctrl.Result{}, nil
+	}
+
+	renewIn, err := r.ensureTLSSecret(ctx, sbx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	result := ctrl.Result{RequeueAfter: min(renewIn, maxRequeue)}
+	if err := r.ensureLease(ctx, sbx); err != nil {
+		return ctrl.Result{}, err
+	}
+	workspaceReady := true
+	if tpl != nil {
+		if workspaceReady, err = r.ensureWorkspace(ctx, sbx, tpl); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	if !havePod {
+		if !workspaceReady {
+			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
+				fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(sbx.Name)))
+			return result, nil
+		}
+		if err := r.createPod(ctx, sbx, tpl); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
+			fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(sbx.Name)))
+		sbx.Status.PodName = PodName(sbx.Name)
+		return result, nil
+	}
+
+	if err := r.observePod(ctx, prevReason, sbx, &pod); err != nil {
+		return ctrl.Result{}, err
+	}
+	return result, nil
+}
+
+func (r *SandboxReconciler) getTemplate(ctx context.Context, sbx *v1alpha1.Sandbox) (*v1alpha1.SandboxTemplate, error) {
+	var tpl v1alpha1.SandboxTemplate
+	key := types.NamespacedName{Namespace: sbx.Namespace, Name: sbx.Spec.TemplateRef.Name}
+	if err := r.Get(ctx, key, &tpl); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("get SandboxTemplate %s: %w", key.Name, err)
+	}
+	return &tpl, nil
+}
+
+// ownershipConflictError says that a child's name is taken by an object the
+// sandbox does not control. The controller never adopts or overwrites it:
+// it might be a user's Secret or pod that happens to share the name.
+type ownershipConflictError struct {
+	kind, name, owner string
+}
+
+func (e *ownershipConflictError) Error() string {
+	owner := "no controller"
+	if e.owner != "" {
+		owner = "controller " + e.owner
+	}
+	return fmt.Sprintf("%s %s already exists and is not controlled by this Sandbox (it has %s); delete or rename it", e.kind, e.name, owner)
+}
+
+// getChild reads the child named name into obj. It reports whether it
+// exists, and an ownershipConflictError if it exists but is not this
+// sandbox's.
+func (r *SandboxReconciler) getChild(ctx context.Context, sbx *v1alpha1.Sandbox, name string, obj client.Object) (bool, error) {
+	kind := fmt.Sprintf("%T", obj)
+	kind = kind[strings.LastIndexByte(kind, '.')+1:]
+	if err := r.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: name}, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("get %s %s: %w", kind, name, err)
+	}
+	if !metav1.IsControlledBy(obj, sbx) {
+		owner := ""
+		if ref := metav1.GetControllerOf(obj); ref != nil {
+			owner = ref.Kind + "/" + ref.Name
+		}
+		return true, &ownershipConflictError{kind: kind, name: name, owner: owner}
+	}
+	return true, nil
+}
+
+// create makes obj a child of sbx and creates it.
+func (r *SandboxReconciler) create(ctx context.Context, sbx *v1alpha1.Sandbox, obj client.Object) error {
+	if err := controllerutil.SetControllerReference(sbx, obj, r.Scheme); err != nil {
+		return fmt.Errorf("set owner of %s: %w", obj.GetName(), err)
+	}
+	if err := r.Create(ctx, obj); err != nil {
+		// AlreadyExists means the cache had not seen it yet; the retry sees
+		// it, and whether it is ours.
+		return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
+	}
+	return nil
+}
+
+// ensureTLSSecret makes sure the sandbox has a valid serving certificate and
+// returns how long until it must be re-issued.
+func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.Sandbox) (time.Duration, error) {
+	var secret corev1.Secret
+	name := TLSSecretName(sbx.Name)
+	found, err := r.getChild(ctx, sbx, name, &secret)
+	if err != nil {
+		return 0, err
+	}
+	id := pki.SandboxID(r.TrustDomain, sbx.Namespace, sbx.Name)
+	now := r.now()
+	why := ""
+	if found {
+		renewAt, err := certRenewTime(secret.Data, r.CA, id, now)
+		if err == nil && now.Before(renewAt) {
+			return renewAt.Sub(now), nil
+		}
+		if err != nil {
+			why = err.Error()
+		} else {
+			why = "it is in the last third of its lifetime"
+		}
+	}
+
+	data, err := tlsSecretData(r.CA, id)
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		secret = corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: sbx.Namespace, Labels: sandboxLabels(sbx)},
+			Type:       corev1.SecretTypeTLS,
+			Data:       data,
+		}
+		if err := r.create(ctx, sbx, &secret); err != nil {
+			return 0, err
+		}
+		r.event(sbx, &secret, corev1.EventTypeNormal, EventCertificateIssued, "Issue",
+			fmt.Sprintf("issued serving certificate for %s into Secret %s", id, name))
+	} else {
+		// A running supervisor keeps the certificate it started with; the
+		// new one is used from the pod's next start. Certificates outlive
+		// pods by far (a year against an idle timeout of hours), so this
+		// matters only after a CA rotation, which restarts sandboxes anyway.
+		secret.Data = data
+		if err := r.Update(ctx, &secret); err != nil {
+			return 0, fmt.Errorf("update Secret %s: %w", name, err)
+		}
+		r.event(sbx, &secret, corev1.EventTypeNormal, EventCertificateReissued, "Issue",
+			fmt.Sprintf("re-issued serving certificate for %s into Secret %s: %s", id, name, why))
+	}
+	renewAt, err := certRenewTime(data, r.CA, id, now)
+	if err != nil {
+		return 0, fmt.Errorf("check the certificate just issued: %w", err)
+	}
+	return renewAt.Sub(now), nil
+}
+
+// ensureLease creates the activity Lease if it is missing. It never
+// renews it: renewals come from the Compute API on activity, and a renew by
+// the controller would make every sandbox look busy.
+func (r *SandboxReconciler) ensureLease(ctx context.Context, sbx *v1alpha1.Sandbox) error {
+	var lease coordinationv1.Lease
+	found, err := r.getChild(ctx, sbx, LeaseName(sbx.Name), &lease)
+	if err != nil || found {
+		return err
+	}
+	return r.create(ctx, sbx, desiredLease(sbx, r.now()))
+}
+
+// ensureWorkspace creates the workspace claim if it is missing. It reports
+// false while an old claim is still being deleted: a pod must not be bound
+// to a claim that is going away.
+func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) (bool, error) {
+	var pvc corev1.PersistentVolumeClaim
+	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(sbx.Name), &pvc)
+	if err != nil {
+		return false, err
+	}
+	if found {
+		return pvc.DeletionTimestamp.IsZero(), nil
+	}
+	want := desiredWorkspaceClaim(sbx, tpl)
+	if err := r.create(ctx, sbx, want); err != nil {
+		return false, err
+	}
+	size := want.Spec.Resources.Requests[corev1.ResourceStorage]
+	r.event(sbx, want, corev1.EventTypeNormal, EventWorkspaceCreated, "Create",
+		fmt.Sprintf("created workspace claim %s (%s)", want.Name, size.String()))
+	return true, nil
+}
+
+func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) error {
+	pod := r.desiredPod(sbx, tpl)
+	if err := r.create(ctx, sbx, pod); err != nil {
+		return err
+	}
+	image := pod.Spec.Containers[0].Image
+	// A sandbox that had a pod before lost it out of band (deleted, evicted,
+	// failed); saying so tells an operator why it restarted.
+	if sbx.Status.PodName != "" {
+		r.event(sbx, pod, corev1.EventTypeNormal, EventPodRecreated, "Create",
+			fmt.Sprintf("recreated pod %s (image %s) after the previous one went away; the workspace is kept", pod.Name, image))
+	} else {
+		r.event(sbx, pod, corev1.EventTypeNormal, EventPodCreated, "Create",
+			fmt.Sprintf("created pod %s (image %s, runtime class %s)", pod.Name, image, *pod.Spec.RuntimeClassName))
+	}
+	return nil
+}
+
+// observePod sets the status from the pod, and removes a pod that has
+// stopped for good so that the next pass replaces it.
+func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod) error {
+	sbx.Status.PodName = pod.Name
+	switch {
+	case !pod.DeletionTimestamp.IsZero():
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
+			fmt.Sprintf("pod %s is being deleted; a new one is created when it is gone", pod.Name))
+		sbx.Status.PodName = pod.Name
+		return nil
+
+	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+		// With restartPolicy Always this is eviction, node loss or an
+		// admission failure on the node: kubelet will not restart it.
+		msg := fmt.Sprintf("pod %s stopped (phase %s): %s; it is deleted and created again",
+			pod.Name, pod.Status.Phase, podStopReason(pod))
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonPodFailed, msg)
+		sbx.Status.PodName = pod.Name
+		r.event(sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Delete", msg)
+		err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("delete stopped pod %s: %w", pod.Name, err)
+		}
+		return nil
+	}
+
+	sbx.Status.PodIP = pod.Status.PodIP
+	sbx.Status.ServiceEndpoint = ""
+	if pod.Status.PodIP != "" {
+		sbx.Status.ServiceEndpoint = v1alpha1.SupervisorEndpoint(pod.Status.PodIP)
+	}
+	if podReady(pod) {
+		r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, v1alpha1.ReasonRunning,
+			fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
+		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventSandboxReady, "Start",
+			fmt.Sprintf("sandbox is running in pod %s at %s", pod.Name, sbx.Status.ServiceEndpoint))
+		return nil
+	}
+	if msg, failed := containerProblem(pod); failed {
+		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonPodFailed, msg)
+		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Start", msg)
+		return nil
+	}
+	r.setPhase(sbx, v1alpha1.SandboxPhasePending, metav1.ConditionFalse, v1alpha1.ReasonCreating, podWaitingMessage(pod))
+	return nil
+}
+
+// setPhase sets the phase and the Ready condition that explains it.
+func (r *SandboxReconciler) setPhase(sbx *v1alpha1.Sandbox, phase v1alpha1.SandboxPhase, status metav1.ConditionStatus, reason, msg string) {
+	sbx.Status.Phase = phase
+	r.setReady(sbx, status, reason, msg)
+}
+
+// setNotServing is setPhase for states without a usable pod: the pod fields
+// are cleared, so that nothing dials an address that is gone.
+func (r *SandboxReconciler) setNotServing(sbx *v1alpha1.Sandbox, phase v1alpha1.SandboxPhase, reason, msg string) {
+	sbx.Status.PodName = ""
+	sbx.Status.PodIP = ""
+	sbx.Status.ServiceEndpoint = ""
+	r.setPhase(sbx, phase, metav1.ConditionFalse, reason, msg)
+}
+
+func (r *SandboxReconciler) setReady(sbx *v1alpha1.Sandbox, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
+		Type:               v1alpha1.ConditionReady,
+		Status:             status,
+		Reason:             reason,
+		Message:            truncateMessage(msg),
+		ObservedGeneration: sbx.Generation,
+		// Whole seconds, as the API stores them, so that a re-read condition
+		// compares equal to the one written.
+		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
+	})
+}
+
+// eventOnNewReason records an event only when the Ready reason has just
+// changed from prevReason, so that a state that lasts across many passes (a
+// crash-looping pod, a missing template) is reported once, not on every
+// pass. Call it after setReady.
+func (r *SandboxReconciler) eventOnNewReason(prevReason string, sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
+	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == prevReason {
+		return
+	}
+	r.event(sbx, related, eventType, reason, action, note)
+}
+
+func (r *SandboxReconciler) event(sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
+	if r.Recorder == nil {
+		return
+	}
+	r.Recorder.Eventf(sbx, related, eventType, reason, action, "%s", truncateMessage(note))
+}
+
+func readyReason(sbx *v1alpha1.Sandbox) string {
+	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
+func podReady(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// benignWaiting are the waiting reasons of a container that is on its way
+// up; every other reason (ImagePullBackOff, ErrImageNeverPull,
+// CrashLoopBackOff, CreateContainerConfigError, ...) needs a fix or at
+// least explains why the sandbox is not ready.
+var benignWaiting = map[string]bool{"": true, "ContainerCreating": true, "PodInitializing": true}
+
+// containerProblem explains why the sandbox container cannot run, if it
+// cannot: kubelet's waiting reason, or the last exit of a container that
+// has stopped or is being restarted.
+func containerProblem(pod *corev1.Pod) (string, bool) {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != ContainerName {
+			continue
+		}
+		last := ""
+		if t := cs.LastTerminationState.Terminated; t != nil {
+			last = "; it last " + describeExit(t)
+		}
+		switch {
+		case cs.State.Waiting != nil && !benignWaiting[cs.State.Waiting.Reason]:
+			w := cs.State.Waiting
+			msg := fmt.Sprintf("container %s is waiting: %s", cs.Name, w.Reason)
+			if w.Message != "" {
+				msg += ": " + w.Message
+			}
+			return msg + last, true
+		case cs.State.Terminated != nil:
+			return fmt.Sprintf("container %s %s", cs.Name, describeExit(cs.State.Terminated)), true
+		case !cs.Ready && cs.RestartCount > 0 && last != "":
+			// Running again after a crash but not ready: report the crash
+			// rather than flip to Creating between restarts.
+			return fmt.Sprintf("container %s restarted %d times%s", cs.Name, cs.RestartCount, last), true
+		}
+	}
+	return "", false
+}
+
+func describeExit(t *corev1.ContainerStateTerminated) string {
+	s := fmt.Sprintf("exited with code %d", t.ExitCode)
+	if t.Signal != 0 {
+		s = fmt.Sprintf("was killed by signal %d", t.Signal)
+	}
+	if t.Reason != "" {
+		s += " (" + t.Reason + ")"
+	}
+	if m := strings.TrimSpace(t.Message); m != "" {
+		s += ": " + m
+	}
+	return s
+}
+
+// podStopReason explains why a pod stopped for good.
+func podStopReason(pod *corev1.Pod) string {
+	if pod.Status.Reason != "" || pod.Status.Message != "" {
+		return strings.TrimSpace(pod.Status.Reason + " " + pod.Status.Message)
+	}
+	if msg, ok := containerProblem(pod); ok {
+		return msg
+	}
+	return "no reason given"
+}
+
+// podWaitingMessage says what a pod that is neither ready nor failing waits
+// for.
+func podWaitingMessage(pod *corev1.Pod) string {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return fmt.Sprintf("pod %s is not scheduled: %s: %s", pod.Name, c.Reason, c.Message)
+		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == ContainerName && cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
+			return fmt.Sprintf("waiting for pod %s to become ready: container %s", pod.Name, cs.State.Waiting.Reason)
+		}
+	}
+	return fmt.Sprintf("waiting for pod %s to become ready", pod.Name)
+}
+
+// maxMessage keeps condition messages under the API's 32768-byte limit
+// with room to spare; kubelet messages (image pull errors) can be long.
+const maxMessage = 4096
+
+func truncateMessage(s string) string {
+	if len(s) <= maxMessage {
+		return s
+	}
+	return s[:maxMessage-3] + "..."
+}

@@ -1,0 +1,348 @@
+package controller
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"strconv"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+)
+
+// Names of a sandbox's children. They are derived from the Sandbox's name
+// alone, so every component (controller, Compute API, tests) finds them
+// without a lookup.
+
+// PodName is the name of a sandbox's pod.
+func PodName(sandbox string) string { return sandbox }
+
+// LeaseName is the name of a sandbox's activity Lease.
+func LeaseName(sandbox string) string { return sandbox }
+
+// TLSSecretName is the name of the Secret holding a sandbox's serving
+// certificate.
+func TLSSecretName(sandbox string) string { return sandbox + "-tls" }
+
+// WorkspaceClaimName is the name of a sandbox's workspace
+// PersistentVolumeClaim.
+func WorkspaceClaimName(sandbox string) string { return sandbox + "-workspace" }
+
+const (
+	// ContainerName is the sandbox pod's only container.
+	ContainerName = "sandbox"
+	// SupervisorPortName names the supervisor's container port.
+	SupervisorPortName = "supervisor"
+	// TLSMountPath is where the serving certificate Secret is mounted; the
+	// supervisor's default -tls-dir.
+	TLSMountPath = "/etc/agentbox/tls"
+
+	// sandboxUID is the sandbox image's user. It is set on the pod rather
+	// than trusted from the image so that runAsNonRoot holds for any image.
+	sandboxUID int64 = 65532
+
+	volumeWorkspace = "workspace"
+	volumeTmp       = "tmp"
+	volumeTLS       = "tls"
+
+	defaultWorkspaceMountPath = "/workspace"
+)
+
+// defaultWorkspaceSize applies when a template was stored without the CRD's
+// default (clients that bypass the API server's defaulting, such as fakes).
+var defaultWorkspaceSize = resource.MustParse("1Gi")
+
+// sandboxLabels are put on every child so that they can be listed by
+// sandbox or agent without reading the Sandbox.
+func sandboxLabels(sbx *v1alpha1.Sandbox) map[string]string {
+	return map[string]string{
+		v1alpha1.LabelSandbox:     sbx.Name,
+		v1alpha1.LabelAgentIDHash: v1alpha1.AgentIDHash(sbx.Spec.AgentID),
+	}
+}
+
+func workspaceMountPath(tpl *v1alpha1.SandboxTemplate) string {
+	if p := tpl.Spec.Workspace.MountPath; p != "" {
+		return p
+	}
+	return defaultWorkspaceMountPath
+}
+
+// platformEnv are the variables the controller gives every sandbox. They
+// configure the supervisor (see internal/cmd/agentbox-supervisor) and tell
+// code in the sandbox who it is.
+//
+// AGENTBOX_NAMESPACE is the platform namespace, as the supervisor defines
+// it (it derives the control plane's identity from it when
+// AGENTBOX_ALLOWED_CLIENT_IDS is unset); the sandbox's own namespace is
+// AGENTBOX_SANDBOX_NAMESPACE. The allowed client IDs are also set
+// explicitly, so that who may call a sandbox is decided here and not by a
+// default in the image.
+func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
+	cp := pki.ControlPlaneID(r.TrustDomain, r.Namespace).String()
+	return []corev1.EnvVar{
+		{Name: "AGENTBOX_SANDBOX", Value: sbx.Name},
+		{Name: "AGENTBOX_SANDBOX_NAMESPACE", Value: sbx.Namespace},
+		{Name: "AGENTBOX_NAMESPACE", Value: r.Namespace},
+		{Name: "AGENTBOX_AGENT_ID", Value: sbx.Spec.AgentID},
+		{Name: "AGENTBOX_TRUST_DOMAIN", Value: r.trustDomain()},
+		{Name: "AGENTBOX_CONTROLPLANE_ID", Value: cp},
+		{Name: "AGENTBOX_ALLOWED_CLIENT_IDS", Value: cp},
+		{Name: "AGENTBOX_LISTEN", Value: ":" + strconv.Itoa(v1alpha1.SupervisorPort)},
+		{Name: "AGENTBOX_TLS_DIR", Value: TLSMountPath},
+		{Name: "AGENTBOX_WORKDIR", Value: workspaceMountPath(tpl)},
+	}
+}
+
+// podEnv is the template's environment with the platform's variables
+// appended; the template's entries of the same name are dropped, so a
+// template cannot redirect the supervisor (the SandboxTemplate API promises
+// that the platform's variables win).
+func (r *SandboxReconciler) podEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
+	platform := r.platformEnv(sbx, tpl)
+	reserved := make(map[string]bool, len(platform))
+	for _, e := range platform {
+		reserved[e.Name] = true
+	}
+	env := make([]corev1.EnvVar, 0, len(tpl.Spec.Env)+len(platform))
+	for _, e := range tpl.Spec.Env {
+		if !reserved[e.Name] {
+			env = append(env, *e.DeepCopy())
+		}
+	}
+	return append(env, platform...)
+}
+
+// desiredPod is the sandbox's pod as the template describes it now. Pod
+// specs are immutable, so it is used only when the pod is created: a
+// template change reaches a sandbox the next time its pod is created (after
+// an out-of-band deletion today, on resume once idle stop exists), never by
+// restarting a running pod.
+func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) *corev1.Pod {
+	image := tpl.Spec.Image
+	if image == "" {
+		image = r.DefaultImage
+	}
+	pullPolicy := tpl.Spec.ImagePullPolicy
+	if pullPolicy == "" {
+		pullPolicy = corev1.PullIfNotPresent
+	}
+	runtimeClass := tpl.Spec.RuntimeClassName
+	if runtimeClass == "" {
+		runtimeClass = v1alpha1.DefaultRuntimeClassName
+	}
+	labels := sandboxLabels(sbx)
+	labels[v1alpha1.LabelTemplate] = sbx.Spec.TemplateRef.Name
+
+	volumes := []corev1.Volume{
+		{Name: volumeWorkspace, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: WorkspaceClaimName(sbx.Name)},
+		}},
+		// The root filesystem is read-only; tools expect a writable /tmp.
+		{Name: volumeTmp, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: volumeTLS, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: TLSSecretName(sbx.Name),
+			// Group-readable only: the files belong to root with group
+			// fsGroup (65532), the supervisor's group.
+			DefaultMode: ptr.To[int32](0o440),
+		}}},
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: volumeWorkspace, MountPath: workspaceMountPath(tpl)},
+		{Name: volumeTmp, MountPath: "/tmp"},
+		{Name: volumeTLS, MountPath: TLSMountPath, ReadOnly: true},
+	}
+	for i, sf := range tpl.Spec.SecretFiles {
+		name := "secret-files-" + strconv.Itoa(i)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  sf.SecretName,
+			DefaultMode: ptr.To[int32](0o440),
+		}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: sf.MountPath, ReadOnly: true})
+	}
+
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      PodName(sbx.Name),
+			Namespace: sbx.Namespace,
+			Labels:    labels,
+		},
+		Spec: corev1.PodSpec{
+			RuntimeClassName: ptr.To(runtimeClass),
+			// The sandbox runs untrusted code: it gets no API credentials and
+			// no environment variables describing the cluster's Services.
+			AutomountServiceAccountToken: ptr.To(false),
+			EnableServiceLinks:           ptr.To(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true),
+				RunAsUser:    ptr.To(sandboxUID),
+				RunAsGroup:   ptr.To(sandboxUID),
+				FSGroup:      ptr.To(sandboxUID),
+				// A restored workspace is already owned by fsGroup; walking it
+				// on every start would slow resumes of large workspaces.
+				FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
+				SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			NodeSelector: maps.Clone(tpl.Spec.NodeSelector),
+			Tolerations:  copyTolerations(tpl.Spec.Tolerations),
+			Volumes:      volumes,
+			Containers: []corev1.Container{{
+				Name:            ContainerName,
+				Image:           image,
+				ImagePullPolicy: pullPolicy,
+				Env:             r.podEnv(sbx, tpl),
+				Ports: []corev1.ContainerPort{{
+					Name:          SupervisorPortName,
+					ContainerPort: v1alpha1.SupervisorPort,
+					Protocol:      corev1.ProtocolTCP,
+				}},
+				// The supervisor requires a client certificate on its only
+				// port, and kubelet cannot present one, so an HTTP probe
+				// would always fail. A TCP connect is the next best signal:
+				// the supervisor opens its listener only after it has loaded
+				// and checked its certificate, so an open port means it can
+				// serve. (Its optional plain-HTTP health port is not used:
+				// it would be one more unauthenticated listener in the pod.)
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler: corev1.ProbeHandler{
+						TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(SupervisorPortName)},
+					},
+					// Cold starts wait on this probe; a connect is cheap.
+					PeriodSeconds:    2,
+					TimeoutSeconds:   1,
+					FailureThreshold: 3,
+				},
+				Resources:    *tpl.Spec.Resources.DeepCopy(),
+				VolumeMounts: mounts,
+				SecurityContext: &corev1.SecurityContext{
+					RunAsNonRoot:             ptr.To(true),
+					RunAsUser:                ptr.To(sandboxUID),
+					RunAsGroup:               ptr.To(sandboxUID),
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+		},
+	}
+}
+
+// desiredWorkspaceClaim is the sandbox's workspace volume claim.
+func desiredWorkspaceClaim(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) *corev1.PersistentVolumeClaim {
+	size := tpl.Spec.Workspace.Size
+	if size.IsZero() {
+		size = defaultWorkspaceSize
+	}
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      WorkspaceClaimName(sbx.Name),
+			Namespace: sbx.Namespace,
+			Labels:    sandboxLabels(sbx),
+		},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: tpl.Spec.Workspace.StorageClassName,
+			Resources: corev1.VolumeResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceStorage: size},
+			},
+		},
+	}
+}
+
+// desiredLease is the sandbox's activity Lease as first created: renewed
+// now, so that a new sandbox counts as active, and held by nobody.
+func desiredLease(sbx *v1alpha1.Sandbox, now time.Time) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      LeaseName(sbx.Name),
+			Namespace: sbx.Namespace,
+			Labels:    sandboxLabels(sbx),
+		},
+		Spec: coordinationv1.LeaseSpec{
+			RenewTime: ptr.To(metav1.NewMicroTime(now)),
+		},
+	}
+}
+
+// tlsSecretData issues a serving certificate for id and returns the
+// Secret's data.
+func tlsSecretData(ca *pki.CA, id *url.URL) (map[string][]byte, error) {
+	leaf, err := ca.Issue(pki.LeafOptions{ID: id, Usage: pki.UsageServer})
+	if err != nil {
+		return nil, fmt.Errorf("issue serving certificate: %w", err)
+	}
+	return map[string][]byte{
+		corev1.TLSCertKey:       leaf.CertPEM,
+		corev1.TLSPrivateKeyKey: leaf.KeyPEM,
+		caCertKey:               ca.CertPEM,
+	}, nil
+}
+
+// caCertKey is the Secret key of the CA certificate that signed tls.crt,
+// the key cert-manager and the supervisor use.
+const caCertKey = "ca.crt"
+
+// certRenewTime says when the serving certificate in data must be
+// replaced: once two thirds of its lifetime have passed, the usual point
+// for rotation (cert-manager's default). It returns an error, meaning
+// "replace now", when the Secret does not hold a usable certificate for id
+// from ca: missing or corrupt keys, a key that does not match, a different
+// trust domain or name, or a CA that has been replaced.
+func certRenewTime(data map[string][]byte, ca *pki.CA, id *url.URL, now time.Time) (time.Time, error) {
+	caPEM, _ := pem.Decode(data[caCertKey])
+	if caPEM == nil || !bytes.Equal(caPEM.Bytes, ca.Cert.Raw) {
+		return time.Time{}, errors.New("ca.crt is not the platform CA")
+	}
+	pair, err := tls.X509KeyPair(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		return time.Time{}, fmt.Errorf("key pair: %w", err)
+	}
+	leaf := pair.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
+			return time.Time{}, fmt.Errorf("parse tls.crt: %w", err)
+		}
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots:       ca.Pool(),
+		CurrentTime: now,
+		KeyUsages:   []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}); err != nil {
+		return time.Time{}, fmt.Errorf("verify tls.crt: %w", err)
+	}
+	got, err := pki.IDFromCert(leaf)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if got.String() != id.String() {
+		return time.Time{}, fmt.Errorf("tls.crt is for %s, want %s", got, id)
+	}
+	lifetime := leaf.NotAfter.Sub(leaf.NotBefore)
+	return leaf.NotBefore.Add(lifetime * 2 / 3), nil
+}
+
+func copyTolerations(ts []corev1.Toleration) []corev1.Toleration {
+	if ts == nil {
+		return nil
+	}
+	out := make([]corev1.Toleration, len(ts))
+	for i := range ts {
+		ts[i].DeepCopyInto(&out[i])
+	}
+	return out
+}
