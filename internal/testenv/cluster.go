@@ -46,9 +46,12 @@ const (
 	Bridge   = "abx-cni0"
 	// RuntimeClass is the gVisor RuntimeClass every node cluster has.
 	RuntimeClass = "gvisor"
-	// StorageClass is the default class, served by kube-controller-manager's
-	// hostPath provisioner.
+	// StorageClass is the default class. Its provisioner makes folders any
+	// user may write: kube-controller-manager's hostPath provisioner (also
+	// enabled) makes root-only folders, which non-root sandboxes cannot use.
 	StorageClass = "standard"
+	// StorageProvisioner is the provisioner name of StorageClass.
+	StorageProvisioner = "agentbox.test/local-path"
 )
 
 // Options configure Start.
@@ -265,6 +268,12 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 	if err := waitFor(ctx, st, "kube-scheduler", 60*time.Second, httpOK(insecure, fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort))); err != nil {
+		return err
+	}
+	if err := startProcess(st, toolchain.LocalPathProvisioner, c.bin(toolchain.LocalPathProvisioner), []string{
+		"-kubeconfig=" + st.Kubeconfig, "-dir=" + filepath.Join(st.Dir, "volumes"),
+		"-provisioner=" + StorageProvisioner, "-node=" + NodeName,
+	}, nil); err != nil {
 		return err
 	}
 	cs, err := kubernetes.NewForConfig(cfg)

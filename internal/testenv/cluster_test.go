@@ -87,7 +87,7 @@ func TestNode(t *testing.T) {
 	t.Run("CRD", func(t *testing.T) { testCRD(ctx, t, c.Config) })
 	t.Run("GVisorPodExec", func(t *testing.T) { testGVisorExec(ctx, t, c.Config, cs, ns) })
 	t.Run("ServiceRoutes", func(t *testing.T) { testService(ctx, t, c.Config, cs, ns) })
-	t.Run("PVCBinds", func(t *testing.T) { testPVC(ctx, t, cs, ns) })
+	t.Run("PVCWritableByNonRoot", func(t *testing.T) { testPVC(ctx, t, c.Config, cs, ns) })
 
 	logDir := c.LogDir()
 	if err := c.Stop(ctx); err != nil {
@@ -281,7 +281,9 @@ func testService(ctx context.Context, t *testing.T, cfg *rest.Config, cs kuberne
 	})
 }
 
-func testPVC(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns string) {
+// testPVC checks that a claim of the default class binds and that a
+// non-root gVisor pod, as sandboxes run, can write to it.
+func testPVC(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.Interface, ns string) {
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: ns},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -302,6 +304,17 @@ func testPVC(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns stri
 		}
 		return nil
 	})
+	pod := busyboxPod("writer", ns, "sleep 3600")
+	uid := int64(65532)
+	pod.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid, FSGroup: &uid}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	runPod(ctx, t, cs, pod)
+	out, errOut, err := execIn(ctx, cfg, cs, ns, "writer", "sh", "-c", "cd /data && echo kept > file && cat file && id -u")
+	if err != nil || !strings.Contains(out, "kept") || !strings.Contains(out, "65532") {
+		t.Fatalf("write as uid 65532: %v, stdout %q, stderr %q", err, out, errOut)
+	}
 }
 
 // assertClean checks the host for anything the cluster could have left.

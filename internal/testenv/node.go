@@ -314,7 +314,7 @@ func ensureDefaults(ctx context.Context, cs kubernetes.Interface) error {
 			Name:        StorageClass,
 			Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"},
 		},
-		Provisioner: "kubernetes.io/host-path",
+		Provisioner: StorageProvisioner,
 	}
 	if _, err := cs.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create StorageClass %s: %w", StorageClass, err)

@@ -19,11 +19,27 @@ const (
 	PauseImage   = "agentbox.test/pause:3.10"
 	BusyboxImage = "agentbox.test/busybox:test"
 	pausePackage = "github.com/agentbox/terraform-provider-agentbox/internal/testenv/pause"
+	// LocalPathProvisioner serves the test cluster's default StorageClass.
+	LocalPathProvisioner = "agentbox-local-path"
+	localPathPackage     = "github.com/agentbox/terraform-provider-agentbox/internal/testenv/localpath"
 	busyboxPath  = "/bin/busybox"
 )
 
 // ImageDir holds the OCI archives the test node imports at start.
 func ImageDir(dir string) string { return filepath.Join(dir, "images") }
+
+// buildOwnTools builds the test cluster's components that live in this
+// repository. go build's cache makes a rebuild without changes take about a
+// second.
+func (b *Builder) buildOwnTools(ctx context.Context) error {
+	t := time.Now()
+	env := append(os.Environ(), "CGO_ENABLED=0")
+	if err := b.run(ctx, "", env, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(BinDir(b.Dir), LocalPathProvisioner), localPathPackage); err != nil {
+		return fmt.Errorf("build %s: %w", LocalPathProvisioner, err)
+	}
+	b.logf("own tools: %s (%s)", LocalPathProvisioner, time.Since(t).Round(time.Millisecond))
+	return nil
+}
 
 // buildImages builds the pause and busybox images. They are rebuilt only when
 // the binaries inside them change.

@@ -155,6 +155,9 @@ func (b *Builder) Build(ctx context.Context) error {
 			return fmt.Errorf("component %s: %w", c.name, err)
 		}
 	}
+	if err := b.buildOwnTools(ctx); err != nil {
+		return err
+	}
 	if err := b.buildImages(ctx); err != nil {
 		return fmt.Errorf("images: %w", err)
 	}
@@ -335,6 +338,9 @@ func Missing(dir string) []string {
 				missing = append(missing, bin.out)
 			}
 		}
+	}
+	if !fileExists(filepath.Join(BinDir(dir), LocalPathProvisioner)) {
+		missing = append(missing, LocalPathProvisioner)
 	}
 	for _, img := range []string{"pause.tar", "busybox.tar"} {
 		if !fileExists(filepath.Join(ImageDir(dir), img)) {
