@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
+)
+
+// TestBinaryAgainstAPIServer runs the real binary against a private
+// kube-apiserver (envtest: apiserver and etcd only, no node, so it does not
+// touch the machine's one shared cluster). It checks the wiring the unit
+// tests cannot: start-up order, the serving certificate's names, readiness,
+// the API answering from the cache, and a clean exit on SIGTERM. Calls that
+// reach a sandbox need a node and are covered by the quickstart tests.
+func TestBinaryAgainstAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	bin := envtestAssets(t)
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: bin,
+		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(t), "charts", "agentbox", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	user, err := env.AddUser(envtest.User{Name: "controlplane", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kubeconfigPath := filepath.Join(dir, "kubeconfig")
+	tokenPath := filepath.Join(dir, "token")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenPath, []byte("admin-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	scheme := kruntime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ns = "agentbox-system"
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agentbox-api"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443}}}}
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
+		svc,
+	} {
+		if err := kube.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	caDir := writeCA(t)
+	apiAddr, healthAddr := freeAddr(t), freeAddr(t)
+	cmd := exec.Command(buildBinary(t), "--kubeconfig", kubeconfigPath, "--namespace", ns, "--ca-dir", caDir,
+		"--admin-token-file", tokenPath, "--api-listen", apiAddr, "--health-listen", healthAddr,
+		"--metrics-listen", "0", "--sandbox-image", "example.invalid/sandbox:test")
+	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() || testing.Verbose() {
+			t.Logf("control plane output:\n%s", logs.String())
+		}
+	})
+
+	waitFor(t, exited, "/readyz to answer 200", func() bool {
+		resp, err := http.Get("http://" + healthAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	caPEM, err := os.ReadFile(filepath.Join(caDir, "tls.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pki.CertPoolFromPEM(caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", apiAddr, &tls.Config{RootCAs: pool, ServerName: "agentbox-api.agentbox-system.svc"})
+	if err != nil {
+		t.Fatalf("the API's certificate is not valid for its Service name: %v", err)
+	}
+	leaf := conn.ConnectionState().PeerCertificates[0]
+	conn.Close()
+	if err := kube.Get(ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.VerifyHostname(svc.Spec.ClusterIP); err != nil {
+		t.Errorf("the API's certificate does not name the Service's ClusterIP: %v", err)
+	}
+
+	port := apiAddr[strings.LastIndexByte(apiAddr, ':')+1:]
+	endpoint := "https://127.0.0.1:" + port
+	c, err := apiclient.New(endpoint, "admin-token", caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := apiclient.RunCommandRequest{Command: []string{"true"}}
+	bad, err := apiclient.New(endpoint, "wrong", caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.RunCommand(ctx, "agent-1", req); apiclient.CodeOf(err) != apiclient.CodeUnauthenticated {
+		t.Errorf("wrong token: %v", err)
+	}
+	if _, err := c.RunCommand(ctx, "agent-1", req); apiclient.CodeOf(err) != apiclient.CodeSandboxNotFound {
+		t.Errorf("no sandbox yet: %v", err)
+	}
+
+	// A sandbox whose template does not exist stays Pending; the reconciler
+	// running in the binary labels it and writes that status, and the API
+	// then reports it as not ready.
+	sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "sb-1"},
+		Spec: v1alpha1.SandboxSpec{AgentID: "agent-1", TemplateRef: v1alpha1.LocalObjectReference{Name: "missing"}}}
+	if err := kube.Create(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	var lastErr error
+	waitFor(t, exited, "the API to report the sandbox not ready", func() bool {
+		_, lastErr = c.RunCommand(ctx, "agent-1", req)
+		return apiclient.CodeOf(lastErr) == apiclient.CodeSandboxNotReady
+	})
+	var e *apiclient.Error
+	if errors.As(lastErr, &e) && e.Details["reason"] != v1alpha1.ReasonTemplateNotFound {
+		t.Errorf("not-ready reason %q, want %s", e.Details["reason"], v1alpha1.ReasonTemplateNotFound)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		if waitErr != nil {
+			t.Errorf("exit after SIGTERM: %v", waitErr)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("did not exit within 40s of SIGTERM")
+	}
+}
+
+// envtestAssets returns the folder holding kube-apiserver and etcd as built
+// by `make testenv`, or skips when they have not been built.
+func envtestAssets(t *testing.T) string {
+	t.Helper()
+	dir, err := toolchain.DefaultDir()
+	if err != nil {
+		t.Skip(err)
+	}
+	bin := toolchain.BinDir(dir)
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is not built; run `make testenv`", b)
+			}
+			t.Skipf("%s is not built; run `make testenv`", b)
+		}
+	}
+	return bin
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("no caller information")
+	}
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// waitFor polls cond for up to a minute, failing early if the binary exits.
+func waitFor(t *testing.T, exited <-chan struct{}, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		select {
+		case <-exited:
+			t.Fatalf("the control plane exited while waiting for %s", what)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// lockedBuffer collects the binary's output, written from the exec
+// package's copying goroutines and read by the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

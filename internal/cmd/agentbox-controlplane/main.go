@@ -1,0 +1,304 @@
+// Command agentbox-controlplane runs the agentbox controllers and serves the
+// Compute API.
+//
+// It reads the platform CA (the Secret agentbox-ca, mounted at --ca-dir),
+// issues itself a client certificate for calling sandbox supervisors and a
+// serving certificate for the API, keeps only the SHA-256 of the admin
+// token, and runs a controller-runtime manager: the reconcilers (on the
+// leader only when --leader-elect is set), the Compute API over HTTPS on
+// --api-listen (on every replica), metrics on --metrics-listen and /healthz
+// and /readyz on --health-listen. SIGTERM shuts it down gracefully.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const (
+	defaultNamespace = "agentbox-system"
+	// leaderElectionID names the Lease in the platform namespace that
+	// replicas compete for.
+	leaderElectionID = "agentbox-controlplane.agentbox.dev"
+	// shutdownGrace lets calls in flight finish after SIGTERM; it stays
+	// under Kubernetes' default 30 s termination grace period.
+	shutdownGrace = 25 * time.Second
+)
+
+type options struct {
+	namespace      string
+	caDir          string
+	adminTokenFile string
+	apiListen      string
+	metricsListen  string
+	healthListen   string
+	apiService     string
+	sandboxImage   string
+	trustDomain    string
+	leaderElect    bool
+	showVersion    bool
+	zap            zap.Options
+}
+
+func main() {
+	o, err := parseOptions(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agentbox-controlplane:", err)
+		os.Exit(2)
+	}
+	if o.showVersion {
+		fmt.Println(version)
+		return
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
+	if err := run(ctrl.SetupSignalHandler(), o); err != nil {
+		// Plain text rather than the structured log: a start-up failure is
+		// read by a person, and a stack trace would bury the cause.
+		fmt.Fprintln(os.Stderr, "agentbox-controlplane:", err)
+		os.Exit(1)
+	}
+}
+
+func parseOptions(args []string, getenv func(string) string, out io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("agentbox-controlplane", flag.ContinueOnError)
+	fs.SetOutput(out)
+	o := &options{}
+	ns := getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = defaultNamespace
+	}
+	fs.StringVar(&o.namespace, "namespace", ns, "platform namespace, where the CA, the API Service and the leader election Lease live [POD_NAMESPACE]")
+	fs.StringVar(&o.caDir, "ca-dir", "/etc/agentbox/ca", "directory holding the platform CA's tls.crt and tls.key (the mounted Secret agentbox-ca)")
+	fs.StringVar(&o.adminTokenFile, "admin-token-file", "/etc/agentbox/admin/token", "file holding the admin token (the mounted Secret agentbox-admin-token, key token); only its SHA-256 is kept")
+	fs.StringVar(&o.apiListen, "api-listen", ":8443", "HTTPS listen address of the Compute API")
+	fs.StringVar(&o.metricsListen, "metrics-listen", ":8080", `listen address of the Prometheus metrics endpoint ("0" disables it)`)
+	fs.StringVar(&o.healthListen, "health-listen", ":8081", "listen address of /healthz and /readyz")
+	fs.StringVar(&o.apiService, "api-service", "agentbox-api", "name of the API's Service in the platform namespace; its DNS names and ClusterIP go into the serving certificate")
+	fs.StringVar(&o.sandboxImage, "sandbox-image", "", "sandbox image for templates that name none")
+	fs.StringVar(&o.trustDomain, "trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of the platform's identities")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader to run the controllers (needed with more than one replica); the API serves on every replica")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	config.RegisterFlags(fs)
+	o.zap.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.namespace == "" {
+		return nil, errors.New("--namespace must not be empty")
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, o *options) error {
+	log := ctrl.Log.WithName("setup")
+
+	// Local inputs first, so that a misconfigured pod fails with a clear
+	// message before anything talks to the cluster.
+	ca, err := loadCA(o.caDir)
+	if err != nil {
+		return err
+	}
+	authn, err := loadAdminToken(o.adminTokenFile)
+	if err != nil {
+		return err
+	}
+	selfID := pki.ControlPlaneID(o.trustDomain, o.namespace)
+	clientCert, err := newRenewingCert(ca, pki.LeafOptions{ID: selfID, Usage: pki.UsageClient, Lifetime: pki.DefaultClientCertLifetime})
+	if err != nil {
+		return fmt.Errorf("client certificate: %w", err)
+	}
+
+	restConfig, err := config.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("register Kubernetes types: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("register agentbox types: %w", err)
+	}
+	managerGrace := shutdownGrace + 5*time.Second
+	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsListen},
+		HealthProbeBindAddress:        o.healthListen,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              leaderElectionID,
+		LeaderElectionNamespace:       o.namespace,
+		LeaderElectionReleaseOnCancel: true,
+		GracefulShutdownTimeout:       &managerGrace,
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+
+	servingOpts := pki.LeafOptions{ID: selfID, Usage: pki.UsageServer, CommonName: o.apiService,
+		DNSNames: serviceDNSNames(o.apiService, o.namespace), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	ips, err := serviceClusterIPs(ctx, mgr.GetAPIReader(), o.namespace, o.apiService)
+	if err != nil {
+		// Clients that connect by name still work, so this is no reason to
+		// stay down; those that use the IP will see a name mismatch.
+		log.Error(err, "the API serving certificate will not name the Service's ClusterIP")
+	}
+	servingOpts.IPAddresses = append(servingOpts.IPAddresses, ips...)
+	servingCert, err := newRenewingCert(ca, servingOpts)
+	if err != nil {
+		return fmt.Errorf("API serving certificate: %w", err)
+	}
+
+	if err := (&controller.SandboxReconciler{
+		Namespace:    o.namespace,
+		TrustDomain:  o.trustDomain,
+		DefaultImage: o.sandboxImage,
+		CA:           ca,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the sandbox controller: %w", err)
+	}
+
+	pool, err := computeapi.NewSupervisorPool(clientCert.getClient, ca.Pool())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	api, err := computeapi.NewServer(computeapi.Options{
+		Sandboxes:     mgr.GetCache(),
+		Leases:        mgr.GetClient(),
+		Supervisors:   pool,
+		Authenticator: authn,
+		TrustDomain:   o.trustDomain,
+		Logger:        ctrl.Log.WithName("computeapi"),
+	})
+	if err != nil {
+		return err
+	}
+	apiRunnable := newAPIServer(o.apiListen, api.Handler(), servingCert.getServing, mgr.GetCache(), ctrl.Log.WithName("computeapi"))
+	if err := mgr.Add(apiRunnable); err != nil {
+		return fmt.Errorf("add the Compute API: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("compute-api", apiRunnable.readyCheck); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+
+	log.Info("starting", "version", version, "namespace", o.namespace, "identity", selfID.String(),
+		"api", o.apiListen, "apiCertificateIPs", fmt.Sprint(servingOpts.IPAddresses), "leaderElection", o.leaderElect)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run manager: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// loadCA reads the platform CA the chart generated.
+func loadCA(dir string) (*pki.CA, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, "tls.crt"))
+	if err != nil {
+		return nil, fmt.Errorf("load the platform CA from --ca-dir %s: %w", dir, err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, "tls.key"))
+	if err != nil {
+		return nil, fmt.Errorf("load the platform CA from --ca-dir %s: %w", dir, err)
+	}
+	ca, err := pki.LoadCA(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("load the platform CA from --ca-dir %s: %w", dir, err)
+	}
+	return ca, nil
+}
+
+// loadAdminToken reads the admin token and keeps only its hash, so that the
+// token itself is not held in memory for the life of the process.
+func loadAdminToken(path string) (computeapi.Authenticator, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the admin token from --admin-token-file: %w", err)
+	}
+	// Secrets edited by hand often end in a newline that is not part of
+	// the token.
+	token := strings.TrimSpace(string(data))
+	if token == "" {
+		return nil, fmt.Errorf("--admin-token-file %s is empty", path)
+	}
+	return computeapi.NewAdminTokenAuthenticator(computeapi.HashToken(token))
+}
+
+// serviceDNSNames are the names clients inside the cluster use for the
+// API's Service.
+func serviceDNSNames(service, ns string) []string {
+	return []string{
+		service,
+		service + "." + ns,
+		service + "." + ns + ".svc",
+		service + "." + ns + ".svc.cluster.local",
+	}
+}
+
+// serviceClusterIPs reads the API Service's ClusterIPs directly from the API
+// server: the manager's cache has not started yet.
+func serviceClusterIPs(ctx context.Context, r client.Reader, ns, name string) ([]net.IP, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var svc corev1.Service
+	if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &svc); err != nil {
+		return nil, fmt.Errorf("look up Service %s/%s: %w", ns, name, err)
+	}
+	addrs := svc.Spec.ClusterIPs
+	if len(addrs) == 0 && svc.Spec.ClusterIP != "" {
+		addrs = []string{svc.Spec.ClusterIP}
+	}
+	var ips []net.IP
+	for _, a := range addrs {
+		if ip := net.ParseIP(a); ip != nil {
+			ips = append(ips, ip)
+		}
+	}
+	return ips, nil
+}
+
+// logWriter sends the HTTP server's own messages (mostly failed TLS
+// handshakes from scanners and probes) to the structured log at debug
+// level.
+type logWriter struct{ log logr.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.V(1).Info(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

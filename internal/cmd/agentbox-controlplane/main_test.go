@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+)
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+// buildBinary compiles the control plane once per test run, so the tests
+// exercise the real flag parsing and start-up order.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "agentbox-controlplane-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "agentbox-controlplane")
+		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+		if err != nil {
+			buildErr = &buildError{err: err, out: string(out)}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+type buildError struct {
+	err error
+	out string
+}
+
+func (e *buildError) Error() string { return "go build: " + e.err.Error() + "\n" + e.out }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binary != "" {
+		os.RemoveAll(filepath.Dir(binary))
+	}
+	os.Exit(code)
+}
+
+func runBinary(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(buildBinary(t), args...)
+	// A clean environment: no KUBECONFIG or POD_NAMESPACE from the caller
+	// may change what the binary does.
+	cmd.Env = append([]string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}, env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), code
+}
+
+func TestHelpListsTheFlags(t *testing.T) {
+	out, code := runBinary(t, nil, "-h")
+	if code != 0 {
+		t.Errorf("-h exited %d", code)
+	}
+	for _, f := range []string{"-namespace", "-ca-dir", "-admin-token-file", "-api-listen", "-metrics-listen",
+		"-health-listen", "-api-service", "-sandbox-image", "-trust-domain", "-leader-elect", "-kubeconfig"} {
+		if !strings.Contains(out, f+" ") && !strings.Contains(out, f+"\n") {
+			t.Errorf("-h does not list %s:\n%s", f, out)
+		}
+	}
+}
+
+func TestMissingCADirFailsClearly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "no-such-ca")
+	out, code := runBinary(t, nil, "--ca-dir", dir)
+	if code == 0 {
+		t.Fatalf("started without a CA:\n%s", out)
+	}
+	if !strings.Contains(out, "--ca-dir "+dir) || !strings.Contains(out, "no such file or directory") {
+		t.Errorf("message does not name the flag and the cause:\n%s", out)
+	}
+}
+
+func TestEmptyAdminTokenFailsClearly(t *testing.T) {
+	caDir := writeCA(t)
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := runBinary(t, nil, "--ca-dir", caDir, "--admin-token-file", token)
+	if code == 0 || !strings.Contains(out, "--admin-token-file "+token+" is empty") {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+}
+
+func TestUnexpectedArgumentsAreRefused(t *testing.T) {
+	out, code := runBinary(t, nil, "serve")
+	if code != 2 || !strings.Contains(out, "unexpected arguments") {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+}
+
+func TestParseOptionsNamespaceFromEnvironment(t *testing.T) {
+	env := map[string]string{"POD_NAMESPACE": "platform"}
+	o, err := parseOptions(nil, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.namespace != "platform" || o.caDir != "/etc/agentbox/ca" || o.apiListen != ":8443" || o.leaderElect {
+		t.Errorf("options %+v", o)
+	}
+	o, err = parseOptions([]string{"--namespace", "other"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil || o.namespace != "other" {
+		t.Errorf("--namespace does not override POD_NAMESPACE: %+v, %v", o, err)
+	}
+	o, err = parseOptions(nil, func(string) string { return "" }, io.Discard)
+	if err != nil || o.namespace != defaultNamespace {
+		t.Errorf("default namespace: %+v, %v", o, err)
+	}
+}
+
+// writeCA writes a fresh CA in the layout of the mounted agentbox-ca Secret.
+func writeCA(t *testing.T) string {
+	t.Helper()
+	ca, err := pki.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := ca.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+)
+
+const token = "tok-123"
+
+// fakeAPI is a Compute API that answers run_command from a table keyed by
+// the command's first word and records the requests it got.
+type fakeAPI struct {
+	srv      *httptest.Server
+	caFile   string
+	mu       sync.Mutex
+	requests []client.RunCommandRequest
+	paths    []string
+}
+
+func newFakeAPI(t *testing.T) *fakeAPI {
+	t.Helper()
+	f := &fakeAPI{}
+	f.srv = httptest.NewTLSServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	f.caFile = filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(f.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if r.Header.Get("Authorization") != "Bearer "+token {
+		w.WriteHeader(http.StatusUnauthorized)
+		_ = json.NewEncoder(w).Encode(client.ErrorBody{Error: client.Errorf(client.CodeUnauthenticated, "invalid bearer token")})
+		return
+	}
+	var req client.RunCommandRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	f.requests = append(f.requests, req)
+	f.paths = append(f.paths, r.URL.Path)
+	f.mu.Unlock()
+	if strings.HasPrefix(r.URL.Path, "/v1/agents/nobody/") {
+		w.WriteHeader(http.StatusNotFound)
+		_ = json.NewEncoder(w).Encode(client.ErrorBody{Error: client.Errorf(client.CodeSandboxNotFound, `agent "nobody" has no sandbox`)})
+		return
+	}
+	var res client.CommandResult
+	switch req.Command[0] {
+	case "exit3":
+		res = client.CommandResult{Stdout: "out\nno newline at end", Stderr: "err\n", ExitCode: 3, DurationMS: 1500}
+	case "sleep":
+		res = client.CommandResult{ExitCode: -1, Signal: "SIGKILL", TimedOut: true, DurationMS: 2000}
+	case "killed":
+		res = client.CommandResult{ExitCode: -1, Signal: "SIGKILL", DurationMS: 5}
+	default:
+		res = client.CommandResult{Stdout: strings.Join(req.Command, " ") + "\n", DurationMS: 12}
+	}
+	_ = json.NewEncoder(w).Encode(res)
+}
+
+func (f *fakeAPI) last(t *testing.T) (client.RunCommandRequest, string) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.requests) == 0 {
+		t.Fatal("the API got no request")
+	}
+	return f.requests[len(f.requests)-1], f.paths[len(f.paths)-1]
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCLI(t *testing.T, env map[string]string, stdin string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(stdin), &out, &errOut)
+	return result{code, out.String(), errOut.String()}
+}
+
+func writeToken(t *testing.T, tok string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestRunCommandPrintsOutputAndExitsWithTheCommandsCode(t *testing.T) {
+	api := newFakeAPI(t)
+	r := runCLI(t, nil, "", "run-command", "--endpoint", api.srv.URL, "--token-file", writeToken(t, token),
+		"--ca-file", api.caFile, "agent-1", "--", "exit3", "-x")
+	if r.code != 3 {
+		t.Errorf("exit code %d, want 3; stderr:\n%s", r.code, r.stderr)
+	}
+	if r.stdout != "out\nno newline at end" {
+		t.Errorf("stdout %q: must be the command's, unchanged", r.stdout)
+	}
+	if r.stderr != "err\nexit_code=3 duration=1.5s\n" {
+		t.Errorf("stderr %q", r.stderr)
+	}
+	req, path := api.last(t)
+	if path != "/v1/agents/agent-1/run_command" || strings.Join(req.Command, " ") != "exit3 -x" {
+		t.Errorf("request %s %+v", path, req)
+	}
+}
+
+func TestFlagsAfterAgentIDAndEnvironmentToken(t *testing.T) {
+	api := newFakeAPI(t)
+	env := map[string]string{"AGENTBOX_TOKEN": token, "AGENTBOX_ENDPOINT": api.srv.URL, "AGENTBOX_CA_FILE": api.caFile}
+	r := runCLI(t, env, "some input", "run-command", "user@example.com", "--cwd", "/workspace/x", "--env", "A=1",
+		"--env", "B=x=y", "--timeout", "9", "--stdin", "--", "python3", "-c", "print(1)")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if r.stdout != "python3 -c print(1)\n" || !strings.HasSuffix(r.stderr, "exit_code=0 duration=12ms\n") {
+		t.Errorf("stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	req, path := api.last(t)
+	if path != "/v1/agents/user@example.com/run_command" || req.Cwd != "/workspace/x" || req.Env["A"] != "1" ||
+		req.Env["B"] != "x=y" || req.TimeoutSeconds != 9 || req.Stdin != "some input" {
+		t.Errorf("request %s %+v", path, req)
+	}
+}
+
+func TestTimeoutAndSignalExitCodes(t *testing.T) {
+	api := newFakeAPI(t)
+	env := map[string]string{"AGENTBOX_TOKEN": token}
+	r := runCLI(t, env, "", "run-command", "--endpoint", api.srv.URL, "--ca-file", api.caFile, "a", "--", "sleep", "100")
+	if r.code != 124 || !strings.Contains(r.stderr, "exit_code=-1 duration=2s signal=SIGKILL timed_out=true") {
+		t.Errorf("timed out: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "", "run-command", "--endpoint", api.srv.URL, "--ca-file", api.caFile, "a", "--", "killed")
+	if r.code != 137 {
+		t.Errorf("killed: exit %d, want 137", r.code)
+	}
+}
+
+func TestAPIErrorsExitOneWithAMessage(t *testing.T) {
+	api := newFakeAPI(t)
+	r := runCLI(t, nil, "", "run-command", "--endpoint", api.srv.URL, "--token-file", writeToken(t, "wrong"),
+		"--ca-file", api.caFile, "a", "--", "true")
+	if r.code != 1 || !strings.Contains(r.stderr, "unauthenticated") || !strings.Contains(r.stderr, "check the token") || r.stdout != "" {
+		t.Errorf("wrong token: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, map[string]string{"AGENTBOX_TOKEN": token}, "", "run-command", "--endpoint", api.srv.URL,
+		"--ca-file", api.caFile, "nobody", "--", "true")
+	if r.code != 1 || !strings.Contains(r.stderr, `agent "nobody" has no sandbox (sandbox_not_found, HTTP 404)`) {
+		t.Errorf("unknown agent: exit %d, stderr %q", r.code, r.stderr)
+	}
+	// Without the CA the server's certificate is not trusted.
+	r = runCLI(t, map[string]string{"AGENTBOX_TOKEN": token}, "", "run-command", "--endpoint", api.srv.URL, "a", "--", "true")
+	if r.code != 1 || !strings.Contains(r.stderr, "certificate") {
+		t.Errorf("untrusted server: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	api := newFakeAPI(t)
+	env := map[string]string{"AGENTBOX_TOKEN": token}
+	for name, tc := range map[string]struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		"no command":     {env, []string{}, "usage: agentbox"},
+		"unknown":        {env, []string{"frobnicate"}, `unknown command "frobnicate"`},
+		"no agent":       {env, []string{"run-command", "--endpoint", api.srv.URL}, "missing AGENT_ID"},
+		"no argv":        {env, []string{"run-command", "--endpoint", api.srv.URL, "a", "--"}, "missing the command"},
+		"no endpoint":    {env, []string{"run-command", "a", "--", "true"}, "--endpoint"},
+		"no token":       {nil, []string{"run-command", "--endpoint", api.srv.URL, "a", "--", "true"}, "no token"},
+		"bad env":        {env, []string{"run-command", "--env", "novalue", "a", "--", "true"}, "want NAME=VALUE"},
+		"bad token file": {nil, []string{"run-command", "--endpoint", api.srv.URL, "--token-file", "/nonexistent", "a", "--", "true"}, "read --token-file"},
+	} {
+		r := runCLI(t, tc.env, "", tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q, want 2 and %q", name, r.code, r.stderr, tc.want)
+		}
+	}
+	if r := runCLI(t, nil, "", "run-command", "-h"); r.code != 0 || !strings.Contains(r.stderr, "AGENT_ID -- CMD") {
+		t.Errorf("-h: exit %d, stderr %q", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,149 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// DefaultMaxResponseBytes bounds how much of a response the client reads.
+// JSON escaping can make a capped 1 MiB of output several times larger, so
+// the bound is generous; it exists so a broken peer cannot exhaust memory.
+const DefaultMaxResponseBytes = 64 << 20
+
+// Client calls one Compute API endpoint with one token.
+type Client struct {
+	// endpoint has no trailing slash; paths are appended to it as they
+	// are, so an API behind a path prefix works and escaping survives.
+	endpoint   string
+	token      string
+	httpClient *http.Client
+	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+}
+
+// New returns a client for the API at endpoint (e.g.
+// "https://agentbox-api.agentbox-system.svc"), authenticating with token.
+// caPEM is the platform CA that issued the API's serving certificate; with
+// none, the system roots are used, for an API behind a publicly trusted
+// front end.
+func New(endpoint, token string, caPEM []byte) (*Client, error) {
+	endpoint = strings.TrimSuffix(endpoint, "/")
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %q: %w", endpoint, err)
+	}
+	if u.Scheme != "https" && u.Scheme != "http" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("endpoint %q: want https://host[:port]", endpoint)
+	}
+	if token == "" {
+		return nil, errors.New("empty token")
+	}
+	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
+	if len(caPEM) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(caPEM) {
+			return nil, errors.New("no CA certificate found in the CA PEM data")
+		}
+		tlsConfig.RootCAs = pool
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tlsConfig
+	// No http.Client timeout: a command may legitimately run for minutes,
+	// so calls are bounded by the caller's context.
+	return &Client{endpoint: endpoint, token: token, httpClient: &http.Client{Transport: tr}}, nil
+}
+
+// RunCommand runs a command in the agent's sandbox and returns its result.
+// A command that exits non-zero, is killed or times out is a result, not an
+// error; errors the API reports are *Error.
+func (c *Client) RunCommand(ctx context.Context, agentID string, req RunCommandRequest) (*CommandResult, error) {
+	if agentID == "" {
+		return nil, errors.New("empty agent ID")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode run_command request: %w", err)
+	}
+	var res CommandResult
+	if err := c.do(ctx, http.MethodPost, PathRunCommand(agentID), body, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// CloseIdleConnections closes connections kept for reuse.
+func (c *Client) CloseIdleConnections() { c.httpClient.CloseIdleConnections() }
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.endpoint+path, rd)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.httpClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	limit := c.MaxResponseBytes
+	if limit <= 0 {
+		limit = DefaultMaxResponseBytes
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return fmt.Errorf("%s %s: read response: %w", method, path, err)
+	}
+	if int64(len(data)) > limit {
+		return fmt.Errorf("%s %s: response larger than %d bytes", method, path, limit)
+	}
+	if resp.StatusCode/100 != 2 {
+		return decodeError(resp.StatusCode, data)
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
+	}
+	return nil
+}
+
+func decodeError(status int, data []byte) *Error {
+	var body ErrorBody
+	if err := json.Unmarshal(data, &body); err == nil && body.Error != nil && body.Error.Code != "" {
+		body.Error.Status = status
+		return body.Error
+	}
+	msg := strings.TrimSpace(string(data))
+	if len(msg) > 512 {
+		msg = strings.ToValidUTF8(msg[:512], "") + "..."
+	}
+	if msg == "" {
+		msg = http.StatusText(status)
+	}
+	return &Error{Code: CodeUnknown, Message: msg, Status: status}
+}
+
+// CodeOf returns the code of the *Error in err's chain, or "" if there is
+// none (a transport failure, for example).
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}

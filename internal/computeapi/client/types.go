@@ -1,0 +1,159 @@
+// Package client is the wire contract of the agentbox Compute API and a Go
+// client for it. It depends on the standard library only, so that tools
+// (the agentbox CLI, the Terraform provider, agents written in Go) can call
+// the API without linking the control plane; the server imports these types
+// so that both sides share one definition.
+//
+// The API is served over HTTPS by the control plane:
+//
+//	POST /v1/agents/{agent_id}/run_command  RunCommandRequest -> CommandResult
+//
+// Every call carries "Authorization: Bearer <token>". Errors are JSON bodies
+// {"error": {"code": ..., "message": ...}} whose HTTP status follows from
+// the code (see Code.HTTPStatus).
+package client
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+)
+
+// PathRunCommand returns the path of run_command for an agent. The agent ID
+// is escaped because it may contain characters such as ":" and "@".
+func PathRunCommand(agentID string) string {
+	return "/v1/agents/" + url.PathEscape(agentID) + "/run_command"
+}
+
+// RunCommandRequest runs Command[0] with arguments Command[1:] in the
+// agent's sandbox. No shell is involved unless the caller runs one, e.g.
+// ["sh", "-c", "..."].
+type RunCommandRequest struct {
+	Command []string `json:"command"`
+	// Cwd must be an existing directory; empty means /workspace, and a
+	// relative path is taken relative to it.
+	Cwd string `json:"cwd,omitempty"`
+	// Env is merged over the sandbox's minimal base environment.
+	Env map[string]string `json:"env,omitempty"`
+	// Stdin is written to the command's standard input, which is then
+	// closed.
+	Stdin string `json:"stdin,omitempty"`
+	// TimeoutSeconds: 0 means the supervisor's default (60 s). A command
+	// that runs out of time is killed with its whole process group and
+	// returns a result with TimedOut set; that is not an error.
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+	// MaxOutputBytes caps stdout and stderr combined; 0 means 1 MiB.
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+}
+
+// CommandResult is the outcome of a command that was started. A non-zero
+// exit, a signal or a timeout is a result, not an error.
+type CommandResult struct {
+	// Stdout and Stderr are UTF-8; invalid bytes are replaced by U+FFFD.
+	Stdout string `json:"stdout"`
+	Stderr string `json:"stderr"`
+	// ExitCode is -1 when the process was ended by a signal.
+	ExitCode int `json:"exit_code"`
+	// Signal names the signal that ended the process, e.g. "SIGKILL".
+	Signal     string `json:"signal"`
+	TimedOut   bool   `json:"timed_out"`
+	Truncated  bool   `json:"truncated"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// Code classifies an error. Callers branch on it, never on the message.
+type Code string
+
+const (
+	CodeInvalidArgument  Code = "invalid_argument"
+	CodeUnauthenticated  Code = "unauthenticated"
+	CodePermissionDenied Code = "permission_denied"
+	// CodeNotFound is for paths the API does not serve; a missing sandbox
+	// is CodeSandboxNotFound, so that clients can tell the two apart.
+	CodeNotFound         Code = "not_found"
+	CodeSandboxNotFound  Code = "sandbox_not_found"
+	CodeMethodNotAllowed Code = "method_not_allowed"
+	// CodeSandboxNotReady: the sandbox exists but cannot take calls now;
+	// Details carry its "phase" and Ready "reason".
+	CodeSandboxNotReady Code = "sandbox_not_ready"
+	CodePayloadTooLarge Code = "payload_too_large"
+	// CodeResourceExhausted: the sandbox is already running as many
+	// commands as it allows; retry later.
+	CodeResourceExhausted Code = "resource_exhausted"
+	CodeInternal          Code = "internal"
+	// CodeSupervisorUnavailable: the sandbox's supervisor could not be
+	// reached, failed its identity check or failed the call.
+	CodeSupervisorUnavailable Code = "supervisor_unavailable"
+	// CodeTimeout: the call ran out of time before the supervisor
+	// answered. A command that times out is not one (see
+	// CommandResult.TimedOut).
+	CodeTimeout Code = "timeout"
+	// CodeUnknown is what the client reports when a response carries no
+	// recognisable error body, e.g. from a proxy in between.
+	CodeUnknown Code = "unknown"
+)
+
+// HTTPStatus is the status the API sends with the code.
+func (c Code) HTTPStatus() int {
+	switch c {
+	case CodeInvalidArgument:
+		return http.StatusBadRequest
+	case CodeUnauthenticated:
+		return http.StatusUnauthorized
+	case CodePermissionDenied:
+		return http.StatusForbidden
+	case CodeNotFound, CodeSandboxNotFound:
+		return http.StatusNotFound
+	case CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
+	case CodeSandboxNotReady:
+		return http.StatusConflict
+	case CodePayloadTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case CodeResourceExhausted:
+		return http.StatusTooManyRequests
+	case CodeSupervisorUnavailable:
+		return http.StatusBadGateway
+	case CodeTimeout:
+		return http.StatusGatewayTimeout
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// Error is an error the API reported. Use errors.As to get it from a Client
+// method's error; transport failures (refused connections, TLS failures,
+// cancelled contexts) are returned wrapped as they are, not as *Error.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+	// Details carry machine-readable context for some codes, e.g. "phase"
+	// and "reason" for CodeSandboxNotReady.
+	Details map[string]string `json:"details,omitempty"`
+	// Status is the HTTP status the response carried; it is not sent in
+	// the body.
+	Status int `json:"-"`
+}
+
+func (e *Error) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("agentbox: %s (%d): %s", e.Code, e.Status, e.Message)
+	}
+	return fmt.Sprintf("agentbox: %s: %s", e.Code, e.Message)
+}
+
+// Is makes errors.Is(err, &Error{Code: c}) match any error with code c.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code && t.Message == "" && t.Status == 0 && t.Details == nil
+}
+
+// Errorf returns an *Error with code and the status that goes with it.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Status: code.HTTPStatus()}
+}
+
+// ErrorBody is the JSON body of every error response.
+type ErrorBody struct {
+	Error *Error `json:"error"`
+}

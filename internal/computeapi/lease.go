@@ -1,0 +1,112 @@
+package computeapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+// DefaultLeaseRenewInterval throttles activity renewals. The idle timeout
+// is measured in tens of minutes, so a renewal every 30 s loses nothing,
+// while renewing on every call would put one API write behind each command.
+const DefaultLeaseRenewInterval = 30 * time.Second
+
+// LeaseKey names the Lease that is a sandbox's activity clock. The
+// controller creates it beside the Sandbox, with the Sandbox's name.
+func LeaseKey(sb *v1alpha1.Sandbox) types.NamespacedName {
+	return types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}
+}
+
+// leaseRenewer records activity on sandboxes by moving their Lease's
+// renewTime, at most once per interval per sandbox. The throttle is in
+// memory: after a restart, or on another replica, the first call renews
+// again, which is harmless.
+type leaseRenewer struct {
+	client   client.Client
+	clock    clock.PassiveClock
+	interval time.Duration
+	log      logr.Logger
+
+	mu        sync.Mutex
+	last      map[types.NamespacedName]time.Time
+	lastSweep time.Time
+}
+
+func newLeaseRenewer(c client.Client, clk clock.PassiveClock, interval time.Duration, log logr.Logger) *leaseRenewer {
+	return &leaseRenewer{client: c, clock: clk, interval: interval, log: log, last: map[types.NamespacedName]time.Time{}}
+}
+
+// renew moves the sandbox's Lease renewTime to now unless that was done
+// less than the interval ago. Failures are logged, not returned: losing
+// one activity mark is far less harmful than failing the agent's call, and
+// the next call after the interval tries again.
+func (r *leaseRenewer) renew(ctx context.Context, sb *v1alpha1.Sandbox) {
+	key := LeaseKey(sb)
+	now := r.clock.Now()
+	r.mu.Lock()
+	if t, ok := r.last[key]; ok && now.Sub(t) < r.interval {
+		r.mu.Unlock()
+		return
+	}
+	// Claimed before the write so concurrent calls do not all renew.
+	r.last[key] = now
+	r.sweepLocked(now)
+	r.mu.Unlock()
+
+	err := r.patch(ctx, key, now)
+	if err == nil {
+		return
+	}
+	r.mu.Lock()
+	if r.last[key].Equal(now) {
+		delete(r.last, key)
+	}
+	r.mu.Unlock()
+	if apierrors.IsNotFound(err) {
+		// The controller has not created it yet (or the sandbox is being
+		// deleted); it starts the clock itself when it does.
+		r.log.V(1).Info("sandbox lease not found; activity not recorded", "lease", key.String())
+		return
+	}
+	r.log.Error(err, "renew sandbox lease", "lease", key.String())
+}
+
+func (r *leaseRenewer) patch(ctx context.Context, key types.NamespacedName, now time.Time) error {
+	// A merge patch of renewTime alone: no read first, and no conflict with
+	// the controller, which owns the Lease's other fields.
+	body, err := json.Marshal(map[string]any{"spec": map[string]any{"renewTime": metav1.NewMicroTime(now)}})
+	if err != nil {
+		return fmt.Errorf("encode lease patch: %w", err)
+	}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	if err := r.client.Patch(ctx, lease, client.RawPatch(types.MergePatchType, body)); err != nil {
+		return fmt.Errorf("patch lease %s: %w", key, err)
+	}
+	return nil
+}
+
+// sweepLocked forgets entries older than the interval, which would renew
+// anyway, so sandboxes that are gone do not accumulate.
+func (r *leaseRenewer) sweepLocked(now time.Time) {
+	if now.Sub(r.lastSweep) < r.interval {
+		return
+	}
+	r.lastSweep = now
+	for k, t := range r.last {
+		if now.Sub(t) >= r.interval {
+			delete(r.last, k)
+		}
+	}
+}

@@ -1,0 +1,426 @@
+// Package computeapi is the control plane's HTTP API: it authenticates a
+// caller, finds the caller's agent's Sandbox, and forwards the operation to
+// that sandbox's supervisor over mutual TLS, recording the activity on the
+// sandbox's Lease.
+//
+// The wire types and a Go client live in the client subpackage, which
+// depends on the standard library only.
+package computeapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+const (
+	// DefaultMaxRequestBytes bounds a request body. Stdin travels inline,
+	// so the bound is a few MiB rather than a few KiB.
+	DefaultMaxRequestBytes = 8 << 20
+
+	// supervisorGrace is how much longer than the command's own timeout
+	// the API waits for the supervisor: after a timeout the supervisor
+	// still kills the process group and sends the partial output.
+	supervisorGrace = 30 * time.Second
+
+	// leaseWriteTimeout keeps a slow API server from holding up the
+	// agent's command for long; a lost renewal is retried on a later call.
+	leaseWriteTimeout = 5 * time.Second
+)
+
+// Options configure a Server.
+type Options struct {
+	// Sandboxes finds Sandboxes by agent; in the control plane it is the
+	// manager's cache, so lookups do not load the API server.
+	Sandboxes client.Reader
+	// Leases writes the activity renewals to sandbox Leases. It must write
+	// directly, not through a cache.
+	Leases client.Client
+	// Supervisors dials sandbox supervisors; see SupervisorPool.
+	Supervisors SupervisorDialer
+	// Authenticator decides who a bearer token belongs to.
+	Authenticator Authenticator
+	// TrustDomain of the sandboxes' SPIFFE IDs; empty means
+	// pki.DefaultTrustDomain.
+	TrustDomain string
+	// Clock defaults to the real clock.
+	Clock clock.PassiveClock
+	// Logger defaults to a logger that discards.
+	Logger logr.Logger
+	// LeaseRenewInterval defaults to DefaultLeaseRenewInterval.
+	LeaseRenewInterval time.Duration
+	// MaxRequestBytes defaults to DefaultMaxRequestBytes.
+	MaxRequestBytes int64
+}
+
+// Server serves the Compute API.
+type Server struct {
+	sandboxes       client.Reader
+	supervisors     SupervisorDialer
+	auth            Authenticator
+	trustDomain     string
+	clock           clock.PassiveClock
+	log             logr.Logger
+	leases          *leaseRenewer
+	maxRequestBytes int64
+	handler         http.Handler
+}
+
+// NewServer checks opts and returns a Server.
+func NewServer(opts Options) (*Server, error) {
+	switch {
+	case opts.Sandboxes == nil:
+		return nil, errors.New("computeapi: Options.Sandboxes is required")
+	case opts.Leases == nil:
+		return nil, errors.New("computeapi: Options.Leases is required")
+	case opts.Supervisors == nil:
+		return nil, errors.New("computeapi: Options.Supervisors is required")
+	case opts.Authenticator == nil:
+		return nil, errors.New("computeapi: Options.Authenticator is required")
+	}
+	s := &Server{
+		sandboxes:       opts.Sandboxes,
+		supervisors:     opts.Supervisors,
+		auth:            opts.Authenticator,
+		trustDomain:     opts.TrustDomain,
+		clock:           opts.Clock,
+		log:             opts.Logger,
+		maxRequestBytes: opts.MaxRequestBytes,
+	}
+	if s.trustDomain == "" {
+		s.trustDomain = pki.DefaultTrustDomain
+	}
+	if s.clock == nil {
+		s.clock = clock.RealClock{}
+	}
+	if s.log.GetSink() == nil {
+		s.log = logr.Discard()
+	}
+	if s.maxRequestBytes <= 0 {
+		s.maxRequestBytes = DefaultMaxRequestBytes
+	}
+	interval := opts.LeaseRenewInterval
+	if interval <= 0 {
+		interval = DefaultLeaseRenewInterval
+	}
+	s.leases = newLeaseRenewer(opts.Leases, s.clock, interval, s.log.WithName("lease"))
+
+	mux := http.NewServeMux()
+	const runCommand = "/v1/agents/{agent_id}/run_command"
+	mux.Handle("POST "+runCommand, s.authenticated(s.runCommand))
+	mux.Handle(runCommand, s.authenticated(methodNotAllowed(http.MethodPost)))
+	// Unknown paths get the same JSON error shape as everything else, and
+	// only after authentication, so the route table is not probeable
+	// anonymously.
+	mux.Handle("/", s.authenticated(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+	}))
+	s.handler = mux
+	return s, nil
+}
+
+// Handler returns the API's HTTP handler. Health endpoints are not part of
+// it: they are served on the separate health port.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// authenticated runs next only for a request with a valid bearer token.
+func (s *Server) authenticated(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearerToken(r)
+		if !ok {
+			unauthenticated(w, "missing bearer token", false)
+			return
+		}
+		p, err := s.auth.Authenticate(r.Context(), token)
+		if errors.Is(err, ErrInvalidToken) {
+			unauthenticated(w, "invalid bearer token", true)
+			return
+		}
+		if err != nil {
+			s.log.Error(err, "authenticate request")
+			writeError(w, api.Errorf(api.CodeInternal, "could not check the token"))
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+	})
+}
+
+func unauthenticated(w http.ResponseWriter, msg string, invalid bool) {
+	challenge := `Bearer realm="agentbox"`
+	if invalid {
+		challenge += `, error="invalid_token"`
+	}
+	w.Header().Set("WWW-Authenticate", challenge)
+	writeError(w, api.Errorf(api.CodeUnauthenticated, "%s", msg))
+}
+
+func methodNotAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+	}
+}
+
+func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
+	start := s.clock.Now()
+	agentID := r.PathValue("agent_id")
+	log := s.log.WithValues("op", "run_command", "agent", agentID)
+	if apiErr := s.authorize(r, agentID); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	var req api.RunCommandRequest
+	if apiErr := s.decode(w, r, &req); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	if len(req.Command) == 0 {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "command must not be empty"))
+		return
+	}
+	if req.TimeoutSeconds < 0 {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds))
+		return
+	}
+
+	sb, apiErr := s.readySandbox(r.Context(), agentID)
+	if apiErr != nil {
+		s.logFailure(log, apiErr, nil)
+		writeError(w, apiErr)
+		return
+	}
+	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
+	s.recordActivity(r.Context(), sb)
+
+	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.Name).String())
+	if err != nil {
+		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	timeout := req.TimeoutSeconds
+	if timeout == 0 {
+		timeout = supervisorapi.DefaultTimeoutSeconds
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout)*time.Second+supervisorGrace)
+	defer cancel()
+	res, err := sup.RunCommand(ctx, supervisorapi.CommandRequest{
+		Command:        req.Command,
+		Cwd:            req.Cwd,
+		Env:            req.Env,
+		Stdin:          req.Stdin,
+		TimeoutSeconds: req.TimeoutSeconds,
+		MaxOutputBytes: req.MaxOutputBytes,
+	})
+	if err != nil {
+		apiErr := supervisorError(ctx, err)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	log.V(1).Info("command ran", "exit_code", res.ExitCode, "timed_out", res.TimedOut,
+		"duration", s.clock.Since(start).String())
+	writeJSON(w, http.StatusOK, api.CommandResult{
+		Stdout:     res.Stdout,
+		Stderr:     res.Stderr,
+		ExitCode:   res.ExitCode,
+		Signal:     res.Signal,
+		TimedOut:   res.TimedOut,
+		Truncated:  res.Truncated,
+		DurationMS: res.DurationMS,
+	})
+}
+
+// recordActivity renews the sandbox's Lease before the command runs, so
+// that a long command counts as activity from its start.
+func (s *Server) recordActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
+	// The renewal must not be cut short when a client disconnects right
+	// after sending, nor hold the call up for long.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	defer cancel()
+	s.leases.renew(ctx, sb)
+}
+
+// authorize checks that the caller may address agentID. It runs before
+// the sandbox lookup, so a caller learns nothing about other agents'
+// sandboxes, not even whether they exist.
+func (s *Server) authorize(r *http.Request, agentID string) *api.Error {
+	if agentID == "" {
+		return api.Errorf(api.CodeInvalidArgument, "agent ID must not be empty")
+	}
+	if !PrincipalFrom(r.Context()).MayAccessAgent(agentID) {
+		return api.Errorf(api.CodePermissionDenied, "this token may not act on agent %q", agentID)
+	}
+	return nil
+}
+
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.Error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct)
+		}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxRequestBytes))
+	// Unknown fields are refused so that a misspelt option (say
+	// "timeout") fails loudly instead of silently running with defaults.
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
+			return api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit)
+		case errors.Is(err, io.EOF):
+			return api.Errorf(api.CodeInvalidArgument, "empty request body")
+		default:
+			return api.Errorf(api.CodeInvalidArgument, "invalid JSON body: %v", err)
+		}
+	}
+	if dec.More() {
+		return api.Errorf(api.CodeInvalidArgument, "invalid JSON body: more than one value")
+	}
+	return nil
+}
+
+// readySandbox returns agentID's Sandbox if it can take calls now.
+func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
+	var list v1alpha1.SandboxList
+	// The label narrows the search to the agent's sandboxes; it holds a
+	// hash, so spec.agentID is compared too.
+	if err := s.sandboxes.List(ctx, &list, client.MatchingLabels{v1alpha1.LabelAgentIDHash: v1alpha1.AgentIDHash(agentID)}); err != nil {
+		s.log.Error(err, "list sandboxes", "agent", agentID)
+		return nil, api.Errorf(api.CodeInternal, "could not look up the sandbox of agent %q", agentID)
+	}
+	var live, deleting []*v1alpha1.Sandbox
+	for i := range list.Items {
+		sb := &list.Items[i]
+		if sb.Spec.AgentID != agentID {
+			continue
+		}
+		if sb.DeletionTimestamp != nil {
+			deleting = append(deleting, sb)
+		} else {
+			live = append(live, sb)
+		}
+	}
+	switch {
+	case len(live) == 1:
+	case len(live) > 1:
+		names := make([]string, len(live))
+		for i, sb := range live {
+			names[i] = sb.Namespace + "/" + sb.Name
+		}
+		return nil, api.Errorf(api.CodeInternal, "agent %q has %d sandboxes (%s); an agent must have exactly one",
+			agentID, len(live), strings.Join(names, ", "))
+	case len(deleting) > 0:
+		e := api.Errorf(api.CodeSandboxNotReady, "the sandbox of agent %q is being deleted", agentID)
+		e.Details = map[string]string{"phase": string(deleting[0].Status.Phase), "reason": "Deleting"}
+		return nil, e
+	default:
+		// Only the requested ID is named: which other sandboxes exist is
+		// none of the caller's business.
+		return nil, api.Errorf(api.CodeSandboxNotFound, "agent %q has no sandbox", agentID)
+	}
+
+	sb := live[0]
+	ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+	if sb.Status.Phase == v1alpha1.SandboxPhaseRunning && ready != nil && ready.Status == metav1.ConditionTrue &&
+		sb.Status.ServiceEndpoint != "" {
+		return sb, nil
+	}
+	phase, reason := string(sb.Status.Phase), ""
+	if phase == "" {
+		phase = string(v1alpha1.SandboxPhasePending)
+	}
+	msg := fmt.Sprintf("the sandbox of agent %q is not ready: phase %s", agentID, phase)
+	if ready != nil {
+		reason = ready.Reason
+		msg += ", reason " + ready.Reason
+		if ready.Message != "" {
+			msg += ": " + ready.Message
+		}
+	}
+	e := api.Errorf(api.CodeSandboxNotReady, "%s", msg)
+	e.Details = map[string]string{"phase": phase, "reason": reason}
+	return nil, e
+}
+
+// supervisorError turns a failed supervisor call into the API's error.
+// Codes describing the request (bad cwd, unknown executable) keep the
+// supervisor's message as invalid_argument, so they cannot be confused with
+// the API's own not-found and permission errors; failures of the supervisor
+// itself become supervisor_unavailable.
+func supervisorError(ctx context.Context, err error) *api.Error {
+	var se *supervisorapi.Error
+	if !errors.As(err, &se) {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return api.Errorf(api.CodeTimeout, "the sandbox did not answer in time")
+		}
+		return api.Errorf(api.CodeSupervisorUnavailable, "the sandbox's supervisor could not be reached: %v", err)
+	}
+	switch se.Code {
+	case supervisorapi.CodeInvalidArgument, supervisorapi.CodeNotFound, supervisorapi.CodePermissionDenied:
+		return api.Errorf(api.CodeInvalidArgument, "%s", se.Message)
+	case supervisorapi.CodePayloadTooLarge:
+		return api.Errorf(api.CodePayloadTooLarge, "%s", se.Message)
+	case supervisorapi.CodeResourceExhausted:
+		return api.Errorf(api.CodeResourceExhausted, "%s", se.Message)
+	case supervisorapi.CodeTimeout:
+		return api.Errorf(api.CodeTimeout, "%s", se.Message)
+	default:
+		return api.Errorf(api.CodeSupervisorUnavailable, "the sandbox's supervisor failed: %s: %s", se.Code, se.Message)
+	}
+}
+
+// logFailure logs server-side failures as errors and caller mistakes at a
+// debug level, so that the error log means something is wrong with the
+// platform.
+func (s *Server) logFailure(log logr.Logger, apiErr *api.Error, cause error) {
+	if apiErr.Status >= 500 {
+		if cause == nil {
+			cause = apiErr
+		}
+		log.Error(cause, "call failed", "code", string(apiErr.Code))
+		return
+	}
+	log.V(1).Info("call refused", "code", string(apiErr.Code), "message", apiErr.Message)
+}
+
+func writeError(w http.ResponseWriter, e *api.Error) {
+	status := e.Status
+	if status == 0 {
+		status = e.Code.HTTPStatus()
+	}
+	writeJSON(w, status, api.ErrorBody{Error: e})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		// Only a programming error can get here: every value written is a
+		// plain struct.
+		status = http.StatusInternalServerError
+		data = []byte(`{"error":{"code":"internal","message":"could not encode the response"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}

@@ -1,0 +1,128 @@
+package computeapi
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// SupervisorDialer returns a client for the supervisor at endpoint that
+// accepts only a server proving identity id (a SPIFFE ID).
+type SupervisorDialer interface {
+	Supervisor(endpoint, id string) (*supervisorapi.Client, error)
+}
+
+// SupervisorDialerFunc adapts a function to SupervisorDialer.
+type SupervisorDialerFunc func(endpoint, id string) (*supervisorapi.Client, error)
+
+// Supervisor calls f.
+func (f SupervisorDialerFunc) Supervisor(endpoint, id string) (*supervisorapi.Client, error) {
+	return f(endpoint, id)
+}
+
+// supervisorPoolIdle is how long an unused entry stays in a SupervisorPool.
+// Sandboxes come and go (and their pod IPs are reused), so entries must not
+// accumulate; an hour matches the default idle timeout after which a
+// sandbox is stopped anyway.
+const supervisorPoolIdle = time.Hour
+
+// SupervisorPool is the SupervisorDialer of the control plane. It keeps one
+// HTTP transport per (endpoint, identity), so consecutive calls to a
+// sandbox reuse a verified connection instead of paying a TLS handshake
+// each time. The identity is part of the key because a pod IP can be reused
+// by another sandbox: a connection verified for one sandbox must never
+// carry another's calls.
+type SupervisorPool struct {
+	clientCert func() (*tls.Certificate, error)
+	roots      *x509.CertPool
+
+	mu        sync.Mutex
+	entries   map[poolKey]*poolEntry
+	lastSweep time.Time
+	now       func() time.Time
+}
+
+type poolKey struct{ endpoint, id string }
+
+type poolEntry struct {
+	client   *supervisorapi.Client
+	lastUsed time.Time
+}
+
+// NewSupervisorPool returns a pool that presents the certificate
+// clientCert returns (the control plane's) and verifies supervisors against
+// roots (the platform CA). clientCert is asked on every handshake, so a
+// certificate renewed in the meantime is used without a restart.
+func NewSupervisorPool(clientCert func() (*tls.Certificate, error), roots *x509.CertPool) (*SupervisorPool, error) {
+	if clientCert == nil {
+		return nil, errors.New("supervisor pool: no client certificate")
+	}
+	if roots == nil {
+		return nil, errors.New("supervisor pool: no CA")
+	}
+	return &SupervisorPool{clientCert: clientCert, roots: roots, entries: map[poolKey]*poolEntry{}, now: time.Now}, nil
+}
+
+// StaticCertificate returns a certificate source for NewSupervisorPool
+// that never changes.
+func StaticCertificate(cert tls.Certificate) func() (*tls.Certificate, error) {
+	return func() (*tls.Certificate, error) { return &cert, nil }
+}
+
+// Supervisor implements SupervisorDialer.
+func (p *SupervisorPool) Supervisor(endpoint, id string) (*supervisorapi.Client, error) {
+	if _, err := pki.ParseID(id); err != nil {
+		return nil, err
+	}
+	now := p.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sweepLocked(now)
+	key := poolKey{endpoint, id}
+	e := p.entries[key]
+	if e == nil {
+		cfg := pki.ClientTLS(tls.Certificate{}, p.roots, id)
+		cfg.Certificates = nil
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return p.clientCert() }
+		// Resumption saves the public-key work when a connection is
+		// re-established after the transport dropped an idle one; pki's
+		// VerifyConnection checks resumed sessions too.
+		cfg.ClientSessionCache = tls.NewLRUClientSessionCache(4)
+		e = &poolEntry{client: supervisorapi.NewClient(endpoint, supervisorapi.NewHTTPClient(cfg))}
+		p.entries[key] = e
+	}
+	e.lastUsed = now
+	return e.client, nil
+}
+
+// sweepLocked drops entries unused for supervisorPoolIdle. It runs at most
+// once a minute so lookups stay cheap.
+func (p *SupervisorPool) sweepLocked(now time.Time) {
+	if now.Sub(p.lastSweep) < time.Minute {
+		return
+	}
+	p.lastSweep = now
+	for k, e := range p.entries {
+		if now.Sub(e.lastUsed) > supervisorPoolIdle {
+			e.client.HTTPClient.CloseIdleConnections()
+			delete(p.entries, k)
+		}
+	}
+}
+
+// Close closes every idle connection; calls in flight finish normally.
+func (p *SupervisorPool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, e := range p.entries {
+		e.client.HTTPClient.CloseIdleConnections()
+		delete(p.entries, k)
+	}
+}
+
+var _ SupervisorDialer = (*SupervisorPool)(nil)
