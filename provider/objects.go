@@ -11,10 +11,13 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/tfsdk"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+	"github.com/hashicorp/terraform-plugin-framework/types/basetypes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -61,15 +64,15 @@ func objectID(namespace, name string) string { return namespace + "/" + name }
 
 // parseImportID accepts "<namespace>/<name>" or, for objects in the
 // provider's default namespace, "<name>".
-func parseImportID(id, defaultNamespace string) (types.NamespacedName, error) {
+func parseImportID(id, defaultNamespace string) (k8stypes.NamespacedName, error) {
 	parts := strings.Split(id, "/")
 	switch {
 	case len(parts) == 1 && parts[0] != "" && defaultNamespace != "":
-		return types.NamespacedName{Namespace: defaultNamespace, Name: parts[0]}, nil
+		return k8stypes.NamespacedName{Namespace: defaultNamespace, Name: parts[0]}, nil
 	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
-		return types.NamespacedName{Namespace: parts[0], Name: parts[1]}, nil
+		return k8stypes.NamespacedName{Namespace: parts[0], Name: parts[1]}, nil
 	}
-	return types.NamespacedName{}, fmt.Errorf("import ID %q is not \"<namespace>/<name>\" or \"<name>\"", id)
+	return k8stypes.NamespacedName{}, fmt.Errorf("import ID %q is not \"<namespace>/<name>\" or \"<name>\"", id)
 }
 
 // importObject sets the identifying attributes of an imported object; Read
@@ -106,7 +109,7 @@ func objectsOrDiag(d *providerData, diags *diag.Diagnostics) client.Client {
 
 // apiErrorDiag turns an API error into a diagnostic a person can act on; a
 // missing CRD is the common case when the platform is not installed.
-func apiErrorDiag(diags *diag.Diagnostics, action string, key types.NamespacedName, kind string, err error) {
+func apiErrorDiag(diags *diag.Diagnostics, action string, key k8stypes.NamespacedName, kind string, err error) {
 	detail := err.Error()
 	var noMatch *meta.NoKindMatchError
 	switch {
@@ -123,7 +126,7 @@ func apiErrorDiag(diags *diag.Diagnostics, action string, key types.NamespacedNa
 
 // waitGone waits until the object no longer exists, so that a destroy
 // followed by a create of the same name does not collide with finalizers.
-func waitGone(ctx context.Context, c client.Client, key types.NamespacedName, obj client.Object, timeout time.Duration) error {
+func waitGone(ctx context.Context, c client.Client, key k8stypes.NamespacedName, obj client.Object, timeout time.Duration) error {
 	return wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		err := c.Get(ctx, key, obj)
 		if apierrors.IsNotFound(err) {
@@ -144,4 +147,41 @@ func ignoreTransient(err error) error {
 		return nil
 	}
 	return err
+}
+
+// defaultNamespace plans the provider's namespace for a resource whose
+// configuration names none. It belongs in ModifyPlan: only the resource
+// instance serving a request is configured, and plan modifiers in a schema
+// may come from another instance that never sees the provider's settings.
+func defaultNamespace(ctx context.Context, d *providerData, config tfsdk.Config, planned *types.String, diags *diag.Diagnostics) {
+	if !planned.IsUnknown() || d == nil {
+		return
+	}
+	var configured basetypes.StringValue
+	diags.Append(config.GetAttribute(ctx, path.Root("namespace"), &configured)...)
+	if !configured.IsNull() {
+		return
+	}
+	if ns, ok := d.Namespace(); ok {
+		*planned = basetypes.NewStringValue(ns)
+	}
+}
+
+// planObjectID plans the namespace and, with it, the ID of a resource that
+// wraps one namespaced object, so plans show where the object will live.
+func planObjectID(ctx context.Context, d *providerData, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
+	if req.Plan.Raw.IsNull() {
+		return
+	}
+	var ns, name basetypes.StringValue
+	resp.Diagnostics.Append(req.Plan.GetAttribute(ctx, path.Root("namespace"), &ns)...)
+	resp.Diagnostics.Append(req.Plan.GetAttribute(ctx, path.Root("name"), &name)...)
+	defaultNamespace(ctx, d, req.Config, &ns, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	resp.Diagnostics.Append(resp.Plan.SetAttribute(ctx, path.Root("namespace"), ns)...)
+	if !ns.IsUnknown() && !name.IsUnknown() {
+		resp.Diagnostics.Append(resp.Plan.SetAttribute(ctx, path.Root("id"), objectID(ns.ValueString(), name.ValueString()))...)
+	}
 }

@@ -481,6 +481,7 @@ func namespaceOf(vs values) string {
 
 func (p *AgentboxProvider) Resources(_ context.Context) []func() resource.Resource {
 	return []func() resource.Resource{
+		NewPlatformResource,
 		NewSandboxTemplateResource,
 		NewSandboxResource,
 	}

@@ -30,6 +30,7 @@ var (
 	_ resource.Resource                = (*sandboxResource)(nil)
 	_ resource.ResourceWithConfigure   = (*sandboxResource)(nil)
 	_ resource.ResourceWithImportState = (*sandboxResource)(nil)
+	_ resource.ResourceWithModifyPlan  = (*sandboxResource)(nil)
 )
 
 // NewSandboxResource manages one agent's Sandbox.
@@ -102,6 +103,11 @@ func (r *sandboxResource) Schema(ctx context.Context, _ resource.SchemaRequest, 
 
 func (r *sandboxResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
 	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
+}
+
+// ModifyPlan plans the namespace and ID, known before apply.
+func (r *sandboxResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
+	planObjectID(ctx, r.data, req, resp)
 }
 
 func (r *sandboxResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {

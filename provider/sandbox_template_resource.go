@@ -27,6 +27,7 @@ var (
 	_ resource.Resource                = (*sandboxTemplateResource)(nil)
 	_ resource.ResourceWithConfigure   = (*sandboxTemplateResource)(nil)
 	_ resource.ResourceWithImportState = (*sandboxTemplateResource)(nil)
+	_ resource.ResourceWithModifyPlan  = (*sandboxTemplateResource)(nil)
 )
 
 // NewSandboxTemplateResource manages a SandboxTemplate.
@@ -240,6 +241,11 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 
 func (r *sandboxTemplateResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
 	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
+}
+
+// ModifyPlan plans the namespace and ID, known before apply.
+func (r *sandboxTemplateResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
+	planObjectID(ctx, r.data, req, resp)
 }
 
 func (r *sandboxTemplateResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {

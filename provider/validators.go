@@ -35,7 +35,6 @@ func (c stringCheck) ValidateString(_ context.Context, req validator.StringReque
 	}
 }
 
-
 var (
 	durationCheck = stringCheck{
 		description: "a positive Go duration such as `30s`, `15m` or `1h`",

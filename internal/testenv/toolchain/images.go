@@ -22,7 +22,7 @@ const (
 	// LocalPathProvisioner serves the test cluster's default StorageClass.
 	LocalPathProvisioner = "agentbox-local-path"
 	localPathPackage     = "github.com/agentbox/terraform-provider-agentbox/internal/testenv/localpath"
-	busyboxPath  = "/bin/busybox"
+	busyboxPath          = "/bin/busybox"
 )
 
 // ImageDir holds the OCI archives the test node imports at start.

@@ -1,0 +1,81 @@
+# The agentbox quickstart: the platform, a Python sandbox template and one
+# agent's sandbox, in a single apply. `make quickstart` runs it against the
+# local test cluster; point `kubeconfig` at any cluster with gVisor to run it
+# elsewhere.
+terraform {
+  required_version = ">= 1.5"
+  required_providers {
+    agentbox = {
+      source = "agentbox/agentbox"
+    }
+  }
+}
+
+variable "kubeconfig" {
+  description = "Path of the kubeconfig of the cluster to install into."
+  type        = string
+}
+
+variable "image_tag" {
+  description = "Tag of the agentbox images (the quickstart builds and imports \"dev\")."
+  type        = string
+  default     = "dev"
+}
+
+variable "agent_id" {
+  description = "The agent that gets a sandbox."
+  type        = string
+  default     = "quickstart-agent"
+}
+
+provider "agentbox" {
+  kubernetes = {
+    config_path = var.kubeconfig
+  }
+  namespace = "agentbox-system"
+}
+
+# The control plane: CRDs, controllers, the Compute API, RBAC and a Service,
+# installed from the chart embedded in the provider.
+resource "agentbox_platform" "this" {
+  image_tag = var.image_tag
+}
+
+# A Python sandbox under gVisor, with restricted pod security and a 1Gi
+# workspace at /workspace.
+resource "agentbox_sandbox_template" "python" {
+  name               = "python"
+  runtime_class_name = "gvisor"
+  workspace = {
+    size = "1Gi"
+  }
+
+  # The template's kind exists once the platform's CRDs are installed.
+  depends_on = [agentbox_platform.this]
+}
+
+resource "agentbox_sandbox" "agent" {
+  name     = "quickstart-agent"
+  agent_id = var.agent_id
+  template = agentbox_sandbox_template.python.name
+}
+
+output "api_endpoint" {
+  description = "The Compute API."
+  value       = agentbox_platform.this.api_endpoint
+}
+
+output "ca_certificate" {
+  description = "The platform CA, which signs the Compute API's certificate."
+  value       = agentbox_platform.this.ca_certificate
+}
+
+output "admin_token" {
+  description = "The first admin token of the Compute API."
+  value       = agentbox_platform.this.admin_token
+  sensitive   = true
+}
+
+output "agent_id" {
+  value = agentbox_sandbox.agent.agent_id
+}

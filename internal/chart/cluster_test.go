@@ -1,0 +1,275 @@
+package chart
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+)
+
+// testNamespaceFor gives each test its own namespace on the shared cluster
+// and deletes it afterwards (the kept CA Secret included).
+func testNamespaceFor(t *testing.T, cs kubernetes.Interface, prefix string) string {
+	t.Helper()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	ns := prefix + "-" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("deleting namespace %s: %v", ns, err)
+		}
+	})
+	return ns
+}
+
+func clusterClients(t *testing.T) (*rest.Config, kubernetes.Interface) {
+	t.Helper()
+	cfg, _ := testenv.Shared(t)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, cs
+}
+
+func testClient(t *testing.T, cfg *rest.Config) *Client {
+	c := New(cfg)
+	c.Log = func(format string, args ...any) { t.Logf("helm: "+format, args...) }
+	return c
+}
+
+// TestLifecycleWithoutWait installs, repairs, upgrades and uninstalls a
+// release without waiting for the control plane, so it needs no images.
+//
+// No test here runs the real control plane: it watches every namespace and
+// would reconcile the objects of packages testing their own controllers at
+// the same time. The provider's TestAccPlatform_basic does, once those have
+// finished (see test-on-cluster in GNUmakefile).
+func TestLifecycleWithoutWait(t *testing.T) {
+	cfg, cs := clusterClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ns := testNamespaceFor(t, cs, "chart-lifecycle")
+	c := testClient(t, cfg)
+	// Never: nothing may be pulled from the internet by a test.
+	opts := Options{Namespace: ns, ReleaseName: DefaultReleaseName, Values: Values{ImageTag: "absent", ImagePullPolicy: "Never"}}
+
+	rel, err := c.Install(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel.Revision != 1 || rel.Status != "deployed" || rel.ChartVersion != Version() || rel.AppVersion != AppVersion() {
+		t.Errorf("release %+v", rel)
+	}
+	if len(rel.CRDs) != 5 {
+		t.Errorf("CRDs %v", rel.CRDs)
+	}
+	if _, err := c.Install(ctx, opts); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Errorf("second install: %v", err)
+	}
+
+	drift, err := LiveDrift(ctx, cfg, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drift) != 0 {
+		t.Errorf("drift right after install: %v", drift)
+	}
+
+	access, err := ReadAccess(ctx, cs, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(access.Endpoint, "https://") || !strings.HasSuffix(access.Endpoint, ":443") ||
+		access.ServiceDNS != "agentbox-api."+ns+".svc" || !strings.HasPrefix(access.CACertificate, "-----BEGIN CERTIFICATE-----") ||
+		len(access.AdminToken) != 48 {
+		t.Errorf("access %+v", access)
+	}
+
+	// Out-of-band deletions show up as drift, and an upgrade repairs them.
+	if err := cs.AppsV1().Deployments(ns).Delete(ctx, ControlPlaneDeployment, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoreV1().Secrets(ns).Delete(ctx, DefaultAdminTokenSecret, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, ctx, func() error {
+		_, err := cs.AppsV1().Deployments(ns).Get(ctx, ControlPlaneDeployment, metav1.GetOptions{})
+		return err
+	})
+	drift, err = LiveDrift(ctx, cfg, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range drift {
+		got = append(got, d.String())
+	}
+	want := []string{"Deployment " + ns + "/agentbox-controlplane is missing", "Secret " + ns + "/agentbox-admin-token is missing"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("drift\n got %q\nwant %q", got, want)
+	}
+
+	rel, err = c.Upgrade(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel.Revision != 2 || rel.Status != "deployed" {
+		t.Errorf("after upgrade: %+v", rel)
+	}
+	if drift, err := LiveDrift(ctx, cfg, rel); err != nil || len(drift) != 0 {
+		t.Errorf("drift after repair: %v %v", drift, err)
+	}
+	repaired, err := ReadAccess(ctx, cs, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if repaired.CACertificate != access.CACertificate {
+		t.Error("the CA changed on upgrade")
+	}
+	if len(repaired.AdminToken) != 48 || repaired.AdminToken == access.AdminToken {
+		t.Errorf("the deleted admin token was not generated again: %q", repaired.AdminToken)
+	}
+
+	// A changed value reaches the cluster; generated secrets stay.
+	opts.Values.Raw = "trustDomain: example.org\n"
+	rel, err = c.Upgrade(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := cs.AppsV1().Deployments(ns).Get(ctx, ControlPlaneDeployment, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(d.Spec.Template.Spec.Containers[0].Args, " "), "--trust-domain=example.org") {
+		t.Errorf("args %q", d.Spec.Template.Spec.Containers[0].Args)
+	}
+	again, err := ReadAccess(ctx, cs, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.CACertificate != access.CACertificate || again.AdminToken != repaired.AdminToken {
+		t.Error("an upgrade rotated the generated secrets")
+	}
+	back, err := ValuesFromConfig(rel.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.ImageTag != "absent" || back.ImagePullPolicy != "Never" || back.Raw != "trustDomain: example.org\n" {
+		t.Errorf("values from the release: %+v", back)
+	}
+
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Status(ctx, ns, DefaultReleaseName); !errors.Is(err, ErrNotFound) {
+		t.Errorf("status after uninstall: %v", err)
+	}
+	if _, err := cs.CoreV1().Secrets(ns).Get(ctx, DefaultCASecret, metav1.GetOptions{}); err != nil {
+		t.Errorf("the CA Secret did not survive uninstall: %v", err)
+	}
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+		t.Errorf("uninstalling twice: %v", err)
+	}
+	// The kept CA is adopted by a new release of the same name.
+	rel, err = c.Install(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reinstalled, err := ReadAccess(ctx, cs, rel); err != nil || reinstalled.CACertificate != access.CACertificate {
+		t.Errorf("reinstall did not reuse the kept CA: %v", err)
+	}
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInstallNotReadyIsUndone waits for a control plane whose image cannot
+// be pulled: the error says why, and the release is gone.
+func TestInstallNotReadyIsUndone(t *testing.T) {
+	cfg, cs := clusterClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ns := testNamespaceFor(t, cs, "chart-notready")
+	c := testClient(t, cfg)
+	opts := Options{
+		Namespace: ns, ReleaseName: DefaultReleaseName, Wait: true, Timeout: 2 * time.Minute,
+		Values: Values{ImageTag: "absent", ImagePullPolicy: "Never"},
+	}
+	_, err := c.Install(ctx, opts)
+	if err == nil {
+		t.Fatal("install of an absent image succeeded")
+	}
+	t.Log(err)
+	// The image can never appear, so the wait gives up before the timeout.
+	for _, want := range []string{"did not become ready: pod agentbox-controlplane-", "cannot start: ErrImageNeverPull"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q", want)
+		}
+	}
+	if _, err := c.Status(ctx, ns, DefaultReleaseName); !errors.Is(err, ErrNotFound) {
+		t.Errorf("failed install left a release: %v", err)
+	}
+}
+
+// TestUpgradeNotReadyRollsBack upgrades to a control plane that cannot
+// start: the release returns to the revision before.
+func TestUpgradeNotReadyRollsBack(t *testing.T) {
+	cfg, cs := clusterClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ns := testNamespaceFor(t, cs, "chart-rollback")
+	c := testClient(t, cfg)
+	opts := Options{Namespace: ns, ReleaseName: DefaultReleaseName, Values: Values{ImageTag: "absent", ImagePullPolicy: "Never"}}
+	if _, err := c.Install(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	bad := opts
+	bad.Wait, bad.Timeout = true, 2*time.Minute
+	bad.Values.ImageTag = "absent-too"
+	if _, err := c.Upgrade(ctx, bad); err == nil || !strings.Contains(err.Error(), "ErrImageNeverPull") {
+		t.Fatalf("upgrade: %v", err)
+	}
+	rel, err := c.Status(ctx, ns, DefaultReleaseName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ValuesFromConfig(rel.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Revision 3 is the rollback to revision 1's values.
+	if rel.Revision != 3 || rel.Status != "deployed" || back.ImageTag != "absent" {
+		t.Errorf("after the failed upgrade: revision %d, status %s, tag %s", rel.Revision, rel.Status, back.ImageTag)
+	}
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitGone(t *testing.T, ctx context.Context, get func() error) {
+	t.Helper()
+	for {
+		err := get()
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("object not gone: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,557 @@
+package chart
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/agentbox/terraform-provider-agentbox/charts"
+)
+
+const testNamespace = "agentbox-system"
+
+// rendered holds the typed objects of a rendered release.
+type rendered struct {
+	t       *testing.T
+	objects []runtime.Object
+}
+
+func render(t *testing.T, v Values) *rendered {
+	t.Helper()
+	rel, err := Template(testNamespace, DefaultReleaseName, v)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	objs, err := manifestObjects(rel.Manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rendered{t: t}
+	for _, o := range objs {
+		b, err := o.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		typed, _, err := scheme.Codecs.UniversalDeserializer().Decode(b, nil, nil)
+		if err != nil {
+			t.Fatalf("decoding %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		r.objects = append(r.objects, typed)
+	}
+	return r
+}
+
+func renderRaw(t *testing.T, raw string) *rendered {
+	t.Helper()
+	return render(t, Values{Raw: raw})
+}
+
+func find[T runtime.Object](r *rendered, name string) (T, bool) {
+	for _, o := range r.objects {
+		if typed, ok := o.(T); ok {
+			if acc, ok := any(typed).(interface{ GetName() string }); ok && acc.GetName() == name {
+				return typed, true
+			}
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+func must[T runtime.Object](r *rendered, name string) T {
+	r.t.Helper()
+	o, ok := find[T](r, name)
+	if !ok {
+		r.t.Fatalf("no %T named %q rendered", o, name)
+	}
+	return o
+}
+
+func (r *rendered) deployment() *appsv1.Deployment {
+	r.t.Helper()
+	return must[*appsv1.Deployment](r, ControlPlaneDeployment)
+}
+
+func container(t *testing.T, d *appsv1.Deployment) corev1.Container {
+	t.Helper()
+	if n := len(d.Spec.Template.Spec.Containers); n != 1 {
+		t.Fatalf("%d containers", n)
+	}
+	return d.Spec.Template.Spec.Containers[0]
+}
+
+func envValue(c corev1.Container, name string) (corev1.EnvVar, bool) {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e, true
+		}
+	}
+	return corev1.EnvVar{}, false
+}
+
+func volume(d *appsv1.Deployment, name string) (corev1.Volume, bool) {
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return corev1.Volume{}, false
+}
+
+func mountPath(c corev1.Container, name string) string {
+	for _, m := range c.VolumeMounts {
+		if m.Name == name {
+			return m.MountPath
+		}
+	}
+	return ""
+}
+
+func TestEmbeddedChartMetadata(t *testing.T) {
+	ch, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := ch.Metadata
+	if md.APIVersion != "v2" || md.Name != "agentbox" || md.Version != "0.1.0" || md.AppVersion != "dev" || md.KubeVersion != ">=1.31.0-0" {
+		t.Errorf("metadata %+v", md)
+	}
+	if Version() != "0.1.0" || AppVersion() != "dev" {
+		t.Errorf("Version() %q, AppVersion() %q", Version(), AppVersion())
+	}
+	var names []string
+	for _, f := range ch.Templates {
+		names = append(names, f.Name)
+	}
+	// The all: embed prefix is what keeps the underscore file.
+	for _, want := range []string{"templates/_helpers.tpl", "templates/deployment.yaml", "templates/NOTES.txt"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("templates %v lack %s", names, want)
+		}
+	}
+	if ch.Schema == nil {
+		t.Error("values.schema.json was not loaded")
+	}
+	if n := len(ch.CRDObjects()); n != 5 {
+		t.Errorf("%d CRDs, want 5", n)
+	}
+	// No Go source may end up in the chart.
+	for _, f := range append(ch.Raw, ch.Files...) {
+		if strings.HasSuffix(f.Name, ".go") {
+			t.Errorf("chart holds Go file %s", f.Name)
+		}
+	}
+}
+
+func TestLint(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), ChartName)
+	sub, err := fs.Sub(charts.FS, ChartName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(dir, sub); err != nil {
+		t.Fatal(err)
+	}
+	l := lint.AllWithKubeVersion(dir, nil, testNamespace, &chartutil.KubeVersion{Version: "v1.31.0", Major: "1", Minor: "31"})
+	for _, m := range l.Messages {
+		// Info messages (a missing icon) are advice, not defects.
+		if m.Severity > support.InfoSev {
+			t.Errorf("lint: %s", m)
+		}
+	}
+}
+
+func TestDeploymentArgs(t *testing.T) {
+	d := render(t, Values{}).deployment()
+	c := container(t, d)
+	want := []string{
+		"--namespace=agentbox-system",
+		"--ca-dir=/etc/agentbox/ca",
+		"--admin-token-file=/etc/agentbox/admin/token",
+		"--api-listen=:8443",
+		"--metrics-listen=:8080",
+		"--health-listen=:8081",
+		"--api-service=agentbox-api",
+		"--sandbox-image=agentbox/agentbox-sandbox:dev",
+		"--trust-domain=agentbox.local",
+		"--leader-elect=false",
+	}
+	if !slices.Equal(c.Args, want) {
+		t.Errorf("args\n got %q\nwant %q", c.Args, want)
+	}
+	if c.Image != "agentbox/agentbox-controlplane:dev" || c.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("image %q %q", c.Image, c.ImagePullPolicy)
+	}
+	if d.Spec.Template.Spec.ServiceAccountName != "agentbox-controlplane" {
+		t.Errorf("service account %q", d.Spec.Template.Spec.ServiceAccountName)
+	}
+	if *d.Spec.Replicas != 1 {
+		t.Errorf("replicas %d", *d.Spec.Replicas)
+	}
+
+	withArgs := renderRaw(t, "trustDomain: example.org\nextraArgs: [\"--verbose\"]\n").deployment()
+	args := container(t, withArgs).Args
+	if !slices.Contains(args, "--trust-domain=example.org") || args[len(args)-1] != "--verbose" {
+		t.Errorf("args %q", args)
+	}
+}
+
+func TestProbesPortsAndMounts(t *testing.T) {
+	d := render(t, Values{}).deployment()
+	c := container(t, d)
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["https"] != 8443 || ports["metrics"] != 8080 || ports["health"] != 8081 {
+		t.Errorf("ports %v", ports)
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "health" {
+		t.Errorf("readiness probe %+v", p)
+	}
+	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.String() != "health" {
+		t.Errorf("liveness probe %+v", p)
+	}
+	for name, want := range map[string]string{"ca": "/etc/agentbox/ca", "admin-token": "/etc/agentbox/admin", "tmp": "/tmp", "store": "/var/lib/agentbox"} {
+		if got := mountPath(c, name); got != want {
+			t.Errorf("volume %s mounted at %q, want %q", name, got, want)
+		}
+	}
+	if v, _ := volume(d, "ca"); v.Secret == nil || v.Secret.SecretName != "agentbox-ca" {
+		t.Errorf("ca volume %+v", v)
+	}
+	if v, _ := volume(d, "admin-token"); v.Secret == nil || v.Secret.SecretName != "agentbox-admin-token" ||
+		len(v.Secret.Items) != 1 || v.Secret.Items[0].Key != "token" || v.Secret.Items[0].Path != "token" {
+		t.Errorf("admin-token volume %+v", v)
+	}
+}
+
+func TestSecurityContext(t *testing.T) {
+	d := render(t, Values{}).deployment()
+	ps := d.Spec.Template.Spec.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser != 65532 ||
+		ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context %+v", ps)
+	}
+	sc := container(t, d).SecurityContext
+	switch {
+	case sc == nil:
+		t.Fatal("no container security context")
+	case sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser != 65532:
+		t.Errorf("runAsNonRoot/runAsUser %v %v", sc.RunAsNonRoot, sc.RunAsUser)
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Error("root filesystem is writable")
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Error("privilege escalation allowed")
+	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0:
+		t.Errorf("capabilities %+v", sc.Capabilities)
+	case sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Errorf("seccomp %+v", sc.SeccompProfile)
+	}
+}
+
+func TestServices(t *testing.T) {
+	r := render(t, Values{})
+	svc := must[*corev1.Service](r, APIService)
+	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 {
+		t.Fatalf("service %+v", svc.Spec)
+	}
+	p := svc.Spec.Ports[0]
+	// The named target resolves to the container's https port, 8443.
+	if p.Name != "https" || p.Port != 443 || p.TargetPort.String() != "https" {
+		t.Errorf("port %+v", p)
+	}
+	d := r.deployment()
+	for k, v := range svc.Spec.Selector {
+		if d.Spec.Template.Labels[k] != v {
+			t.Errorf("service selector %s=%s does not match the pods' labels %v", k, v, d.Spec.Template.Labels)
+		}
+	}
+	if _, ok := find[*corev1.Service](r, "agentbox-controlplane-metrics"); !ok {
+		t.Error("no metrics Service by default")
+	}
+	if _, ok := find[*corev1.Service](renderRaw(t, "metrics: {enabled: false}"), "agentbox-controlplane-metrics"); ok {
+		t.Error("metrics Service rendered with metrics.enabled=false")
+	}
+}
+
+func TestRBAC(t *testing.T) {
+	r := render(t, Values{})
+	cr := must[*rbacv1.ClusterRole](r, "agentbox-controlplane-"+testNamespace)
+	can := func(group, resource, verb string) bool {
+		for _, rule := range cr.Rules {
+			if slices.Contains(rule.APIGroups, group) && slices.Contains(rule.Resources, resource) && slices.Contains(rule.Verbs, verb) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, rule := range cr.Rules {
+		if slices.Contains(rule.Verbs, "*") || slices.Contains(rule.Resources, "*") || slices.Contains(rule.APIGroups, "*") {
+			t.Errorf("wildcard rule %+v", rule)
+		}
+	}
+	for _, res := range []string{"sandboxes", "sandboxtemplates", "sandboxwarmpools", "egressproxies", "gvisornodepools"} {
+		if !can("agentbox.dev", res, "watch") || !can("agentbox.dev", res+"/status", "update") {
+			t.Errorf("cannot watch %s or update its status", res)
+		}
+	}
+	if !can("agentbox.dev", "sandboxwarmpools/scale", "update") {
+		t.Error("cannot scale warm pools")
+	}
+	if can("agentbox.dev", "sandboxtemplates", "create") || can("agentbox.dev", "sandboxtemplates", "delete") {
+		t.Error("may create or delete templates, which Terraform owns")
+	}
+	for _, res := range []string{"pods", "persistentvolumeclaims", "secrets", "services", "configmaps"} {
+		if !can("", res, "create") || !can("", res, "watch") {
+			t.Errorf("cannot create or watch %s", res)
+		}
+	}
+	if can("", "pods/exec", "create") || can("", "pods/exec", "get") {
+		t.Error("may exec into pods")
+	}
+	if !can("", "events", "create") || !can("networking.k8s.io", "networkpolicies", "create") || !can("coordination.k8s.io", "leases", "update") {
+		t.Error("missing events, networkpolicies or leases")
+	}
+	if !can("node.k8s.io", "runtimeclasses", "watch") || can("node.k8s.io", "runtimeclasses", "create") {
+		t.Error("runtimeclasses must be read-only")
+	}
+	if !can("snapshot.storage.k8s.io", "volumesnapshots", "create") {
+		t.Error("volumesnapshot driver without VolumeSnapshot rights")
+	}
+
+	crb := must[*rbacv1.ClusterRoleBinding](r, cr.Name)
+	if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "agentbox-controlplane" || crb.Subjects[0].Namespace != testNamespace {
+		t.Errorf("cluster role binding %+v", crb)
+	}
+	role := must[*rbacv1.Role](r, "agentbox-controlplane-leader-election")
+	if role.Namespace != testNamespace || len(role.Rules) == 0 || !slices.Contains(role.Rules[0].Resources, "leases") {
+		t.Errorf("leader election role %+v", role)
+	}
+	must[*rbacv1.RoleBinding](r, "agentbox-controlplane-leader-election")
+	sa := must[*corev1.ServiceAccount](r, "agentbox-controlplane")
+	if sa.Namespace != testNamespace {
+		t.Errorf("service account namespace %q", sa.Namespace)
+	}
+
+	archive := renderRaw(t, "snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b}}")
+	for _, rule := range must[*rbacv1.ClusterRole](archive, cr.Name).Rules {
+		if slices.Contains(rule.APIGroups, "snapshot.storage.k8s.io") {
+			t.Error("archive driver still gets VolumeSnapshot rights")
+		}
+	}
+}
+
+func TestStoreVolume(t *testing.T) {
+	t.Run("pvc by default", func(t *testing.T) {
+		r := render(t, Values{})
+		pvc := must[*corev1.PersistentVolumeClaim](r, "agentbox-store")
+		if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != "1Gi" {
+			t.Errorf("size %s", q.String())
+		}
+		if pvc.Spec.StorageClassName != nil {
+			t.Errorf("storage class %q, want the cluster default", *pvc.Spec.StorageClassName)
+		}
+		d := r.deployment()
+		if v, _ := volume(d, "store"); v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != "agentbox-store" {
+			t.Errorf("store volume %+v", v)
+		}
+		if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("strategy %q: two pods would open one SQLite file", d.Spec.Strategy.Type)
+		}
+		if e, _ := envValue(container(t, d), "AGENTBOX_DATA_DIR"); e.Value != "/var/lib/agentbox" {
+			t.Errorf("AGENTBOX_DATA_DIR %+v", e)
+		}
+	})
+	t.Run("emptyDir without persistence", func(t *testing.T) {
+		r := renderRaw(t, "store: {persistence: {enabled: false}}")
+		if _, ok := find[*corev1.PersistentVolumeClaim](r, "agentbox-store"); ok {
+			t.Error("PVC rendered with persistence disabled")
+		}
+		if v, _ := volume(r.deployment(), "store"); v.EmptyDir == nil {
+			t.Errorf("store volume %+v, want emptyDir", v)
+		}
+	})
+	t.Run("existing claim", func(t *testing.T) {
+		r := renderRaw(t, "store: {persistence: {existingClaim: mine, storageClassName: fast}}")
+		if _, ok := find[*corev1.PersistentVolumeClaim](r, "agentbox-store"); ok {
+			t.Error("PVC rendered with an existing claim")
+		}
+		if v, _ := volume(r.deployment(), "store"); v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != "mine" {
+			t.Errorf("store volume %+v", v)
+		}
+	})
+	t.Run("postgres", func(t *testing.T) {
+		r := renderRaw(t, "replicaCount: 2\nstore: {dsn: 'postgres://u:p@db/agentbox'}")
+		if _, ok := find[*corev1.PersistentVolumeClaim](r, "agentbox-store"); ok {
+			t.Error("PVC rendered with a PostgreSQL store")
+		}
+		d := r.deployment()
+		c := container(t, d)
+		if _, ok := volume(d, "store"); ok || mountPath(c, "store") != "" {
+			t.Error("store volume rendered with a PostgreSQL store")
+		}
+		e, _ := envValue(c, "AGENTBOX_STORE_DSN")
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != "agentbox-store" || e.ValueFrom.SecretKeyRef.Key != "dsn" {
+			t.Errorf("AGENTBOX_STORE_DSN %+v", e)
+		}
+		if e.Value != "" {
+			t.Error("the DSN is in the pod spec in clear")
+		}
+		s := must[*corev1.Secret](r, "agentbox-store")
+		if string(s.Data["dsn"]) != "postgres://u:p@db/agentbox" {
+			t.Errorf("store secret %q", s.Data["dsn"])
+		}
+		if d.Spec.Strategy.Type == appsv1.RecreateDeploymentStrategyType {
+			t.Error("Recreate strategy without SQLite")
+		}
+		if !slices.Contains(c.Args, "--leader-elect=true") {
+			t.Errorf("two replicas without leader election: %q", c.Args)
+		}
+	})
+}
+
+func TestSecrets(t *testing.T) {
+	r := render(t, Values{})
+	ca := must[*corev1.Secret](r, "agentbox-ca")
+	if ca.Type != corev1.SecretTypeTLS || ca.Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("CA secret type %q annotations %v", ca.Type, ca.Annotations)
+	}
+	block, _ := pem.Decode(ca.Data["tls.crt"])
+	if block == nil {
+		t.Fatal("tls.crt is not PEM")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		t.Errorf("CA certificate IsCA=%v usage=%v", cert.IsCA, cert.KeyUsage)
+	}
+	if k, _ := pem.Decode(ca.Data["tls.key"]); k == nil {
+		t.Error("tls.key is not PEM")
+	}
+	tok := must[*corev1.Secret](r, "agentbox-admin-token")
+	if !regexp.MustCompile(`^[A-Za-z0-9]{48}$`).Match(tok.Data["token"]) {
+		t.Errorf("admin token %q", tok.Data["token"])
+	}
+
+	own := renderRaw(t, "adminToken: {existingSecret: my-token}\nca: {existingSecret: my-ca}")
+	for _, name := range []string{"agentbox-admin-token", "agentbox-ca"} {
+		if _, ok := find[*corev1.Secret](own, name); ok {
+			t.Errorf("%s rendered although an existing Secret is named", name)
+		}
+	}
+	d := own.deployment()
+	if v, _ := volume(d, "admin-token"); v.Secret == nil || v.Secret.SecretName != "my-token" {
+		t.Errorf("admin-token volume %+v", v)
+	}
+	if v, _ := volume(d, "ca"); v.Secret == nil || v.Secret.SecretName != "my-ca" {
+		t.Errorf("ca volume %+v", v)
+	}
+}
+
+func TestImageReferences(t *testing.T) {
+	cases := []struct {
+		name                      string
+		values                    Values
+		controlPlane, sandbox, ep string
+	}{
+		{"defaults", Values{}, "agentbox/agentbox-controlplane:dev", "agentbox/agentbox-sandbox:dev", "agentbox/agentbox-egress-proxy:dev"},
+		{"registry and tag", Values{ImageRegistry: "registry.example.com/mirror", ImageTag: "v1.2.3"},
+			"registry.example.com/mirror/agentbox/agentbox-controlplane:v1.2.3",
+			"registry.example.com/mirror/agentbox/agentbox-sandbox:v1.2.3",
+			"registry.example.com/mirror/agentbox/agentbox-egress-proxy:v1.2.3"},
+		{"trailing slash", Values{ImageRegistry: "localhost:5000/"}, "localhost:5000/agentbox/agentbox-controlplane:dev",
+			"localhost:5000/agentbox/agentbox-sandbox:dev", "localhost:5000/agentbox/agentbox-egress-proxy:dev"},
+		{"raw wins", Values{ImageTag: "v1", Raw: "image: {controlPlane: {repository: me/cp, tag: v2}}"},
+			"me/cp:v2", "agentbox/agentbox-sandbox:v1", "agentbox/agentbox-egress-proxy:v1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := container(t, render(t, tc.values).deployment())
+			if c.Image != tc.controlPlane {
+				t.Errorf("control plane image %q, want %q", c.Image, tc.controlPlane)
+			}
+			if !slices.Contains(c.Args, "--sandbox-image="+tc.sandbox) {
+				t.Errorf("args %q lack --sandbox-image=%s", c.Args, tc.sandbox)
+			}
+			if e, _ := envValue(c, "AGENTBOX_EGRESS_PROXY_IMAGE"); e.Value != tc.ep {
+				t.Errorf("egress proxy image %q, want %q", e.Value, tc.ep)
+			}
+		})
+	}
+	c := container(t, render(t, Values{ImagePullPolicy: "Never"}).deployment())
+	if c.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("pull policy %q", c.ImagePullPolicy)
+	}
+	if e, _ := envValue(c, "AGENTBOX_SANDBOX_IMAGE_PULL_POLICY"); e.Value != "Never" {
+		t.Errorf("sandbox pull policy %q", e.Value)
+	}
+}
+
+func TestSchemaRejects(t *testing.T) {
+	cases := map[string]struct{ raw, want string }{
+		"unknown top-level key": {"colour: blue", "colour"},
+		"unknown nested key":    {"service: {typo: 1}", "typo"},
+		"bad snapshot driver":   {"snapshot: {driver: zfs}", "driver"},
+		"bad pull policy":       {"image: {controlPlane: {pullPolicy: Sometimes}}", "pullPolicy"},
+		"negative replicas":     {"replicaCount: -1", "replicaCount"},
+		"string replicas":       {"replicaCount: two", "replicaCount"},
+		"SQLite with replicas":  {"replicaCount: 2", "PostgreSQL"},
+		"archive without store": {"snapshot: {driver: archive}", "snapshot.archive.endpoint"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := Template(testNamespace, DefaultReleaseName, Values{Raw: tc.raw})
+			if err == nil {
+				t.Fatalf("%q rendered", tc.raw)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not mention %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Template(testNamespace, DefaultReleaseName, Values{Raw: "global: {fromParent: x}"}); err != nil {
+		t.Errorf("a parent chart's global key is rejected: %v", err)
+	}
+}
+
+func TestLabelsAndNamespace(t *testing.T) {
+	r := renderRaw(t, "global: {commonLabels: {team: infra}}\npodLabels: {tier: control}")
+	for _, o := range r.objects {
+		acc := o.(interface {
+			GetName() string
+			GetNamespace() string
+			GetLabels() map[string]string
+		})
+		if acc.GetLabels()["team"] != "infra" || acc.GetLabels()["app.kubernetes.io/managed-by"] != "Helm" {
+			t.Errorf("%T %s labels %v", o, acc.GetName(), acc.GetLabels())
+		}
+		_, clusterScoped := o.(*rbacv1.ClusterRole)
+		if _, ok := o.(*rbacv1.ClusterRoleBinding); ok {
+			clusterScoped = true
+		}
+		if !clusterScoped && acc.GetNamespace() != testNamespace {
+			t.Errorf("%T %s in namespace %q", o, acc.GetName(), acc.GetNamespace())
+		}
+	}
+	if r.deployment().Spec.Template.Labels["tier"] != "control" {
+		t.Error("podLabels not on the pods")
+	}
+}

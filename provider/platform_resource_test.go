@@ -1,0 +1,353 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/terraform-plugin-framework/attr"
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	fwresource "github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+	"github.com/hashicorp/terraform-plugin-testing/helper/resource"
+	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
+	"github.com/hashicorp/terraform-plugin-testing/plancheck"
+	"github.com/hashicorp/terraform-plugin-testing/statecheck"
+	"github.com/hashicorp/terraform-plugin-testing/terraform"
+	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/chart"
+)
+
+const testAccPlatformAddr = "agentbox_platform.test"
+
+func TestPlatformSchema(t *testing.T) {
+	var resp fwresource.SchemaResponse
+	NewPlatformResource().Schema(context.Background(), fwresource.SchemaRequest{}, &resp)
+	if resp.Diagnostics.HasError() {
+		t.Fatal(resp.Diagnostics)
+	}
+	if diags := resp.Schema.ValidateImplementation(context.Background()); diags.HasError() {
+		t.Fatal(diags)
+	}
+	for name, a := range resp.Schema.Attributes {
+		if a.GetMarkdownDescription() == "" {
+			t.Errorf("attribute %s has no description", name)
+		}
+	}
+	if !resp.Schema.Attributes["admin_token"].IsSensitive() {
+		t.Error("admin_token is not sensitive")
+	}
+	if d := resp.Schema.Attributes["image_tag"].(schema.StringAttribute).Default; d == nil {
+		t.Error("image_tag has no default")
+	}
+}
+
+func TestPlatformFromReleaseConfig(t *testing.T) {
+	two := 2
+	v := chart.Values{ImageTag: "v1", ImagePullPolicy: "Never", Replicas: &two, Raw: "metrics:\n  enabled: false\n"}
+	cfg, err := v.Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := &chart.Release{Config: cfg, AppVersion: "dev"}
+
+	// An import knows nothing but the ID: everything comes from the release.
+	var m platformModel
+	m.ImageTag = types.StringNull()
+	var diags diag.Diagnostics
+	m.fromReleaseConfig(rel, &diags)
+	if diags.HasError() {
+		t.Fatal(diags)
+	}
+	if m.ImageTag.ValueString() != "v1" || m.ImagePullPolicy.ValueString() != "Never" || m.Replicas.ValueInt64() != 2 ||
+		m.Values.ValueString() != "metrics:\n  enabled: false\n" || !m.ImageRegistry.IsNull() || !m.Wait.ValueBool() {
+		t.Errorf("imported %+v", m)
+	}
+
+	// Configured values that produce the release's are kept as written.
+	m.Values = types.StringValue("metrics: {enabled: false}")
+	m.fromReleaseConfig(rel, &diags)
+	if m.Values.ValueString() != "metrics: {enabled: false}" {
+		t.Errorf("values rewritten to %q", m.Values.ValueString())
+	}
+
+	// A release changed by hand shows up in the attributes.
+	rel.Config["replicaCount"] = 3
+	m.fromReleaseConfig(rel, &diags)
+	if m.Replicas.ValueInt64() != 3 {
+		t.Errorf("replicas %d, want 3", m.Replicas.ValueInt64())
+	}
+
+	// A release installed without values runs the chart's appVersion.
+	empty := platformModel{ImageTag: types.StringNull()}
+	empty.fromReleaseConfig(&chart.Release{Config: map[string]any{}, AppVersion: "dev"}, &diags)
+	if empty.ImageTag.ValueString() != "dev" || empty.Replicas.ValueInt64() != 1 || !empty.Values.IsNull() {
+		t.Errorf("defaults %+v", empty)
+	}
+}
+
+func TestPlatformNeedsUpgrade(t *testing.T) {
+	base := platformModel{
+		ImageTag: types.StringValue("dev"), Replicas: types.Int64Value(1), Values: types.StringNull(),
+		Status: types.StringValue("deployed"), ChartVersion: types.StringValue(chart.Version()),
+		Drift: types.ListValueMust(types.StringType, nil), Wait: types.BoolValue(true),
+	}
+	same := base
+	same.Wait = types.BoolValue(false)
+	if base.needsUpgrade(same) {
+		t.Error("changing only wait upgrades the release")
+	}
+	spelled := base
+	spelled.Values = types.StringValue("{}")
+	if base.needsUpgrade(spelled) {
+		t.Error("empty values spelled differently upgrade the release")
+	}
+	tag := base
+	tag.ImageTag = types.StringValue("v2")
+	if !base.needsUpgrade(tag) {
+		t.Error("a new tag does not upgrade")
+	}
+	drifted := base
+	drifted.Drift = types.ListValueMust(types.StringType, []attr.Value{types.StringValue("Deployment x/y is missing")})
+	if !drifted.needsUpgrade(base) {
+		t.Error("drift does not upgrade")
+	}
+	failed := base
+	failed.Status = types.StringValue("failed")
+	if !failed.needsUpgrade(base) {
+		t.Error("a failed release does not upgrade")
+	}
+}
+
+func testAccPlatformConfig(ns, tag string, extra ...string) string {
+	return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_platform" "test" {
+  namespace = %q
+  image_tag = %q
+  # Images are imported into the test node; nothing may be pulled.
+  image_pull_policy = "Never"
+%s
+}
+`, ns, tag, strings.Join(extra, "\n"))
+}
+
+// platformChecks are the state checks every successful apply must pass.
+func platformChecks(ns string, revision int64) []statecheck.StateCheck {
+	attr := func(name string, v knownvalue.Check) statecheck.StateCheck {
+		return statecheck.ExpectKnownValue(testAccPlatformAddr, tfjsonpath.New(name), v)
+	}
+	return []statecheck.StateCheck{
+		attr("id", knownvalue.StringExact(ns+"/agentbox")),
+		attr("namespace", knownvalue.StringExact(ns)),
+		attr("release_name", knownvalue.StringExact("agentbox")),
+		attr("revision", knownvalue.Int64Exact(revision)),
+		attr("status", knownvalue.StringExact("deployed")),
+		attr("chart_version", knownvalue.StringExact(chart.Version())),
+		attr("api_service_dns", knownvalue.StringExact("agentbox-api."+ns+".svc")),
+		attr("api_endpoint", knownvalue.StringRegexp(regexp.MustCompile(`^https://[0-9.]+:443$`))),
+		attr("ca_certificate", knownvalue.StringRegexp(regexp.MustCompile(`^-----BEGIN CERTIFICATE-----\n`))),
+		attr("admin_token", knownvalue.StringRegexp(regexp.MustCompile(`^[A-Za-z0-9]{48}$`))),
+		attr("drift", knownvalue.ListExact([]knownvalue.Check{})),
+		attr("replicas", knownvalue.Int64Exact(1)),
+	}
+}
+
+// deleteControlPlane deletes the control plane Deployment out of band and
+// waits until it is gone, so that the next refresh finds it missing.
+func deleteControlPlane(t *testing.T, c client.Client, ns string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	key := k8stypes.NamespacedName{Namespace: ns, Name: chart.ControlPlaneDeployment}
+	if err := c.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitGone(ctx, c, key, &appsv1.Deployment{}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func controlPlaneExists(c client.Client, ns, image string) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		var d appsv1.Deployment
+		key := k8stypes.NamespacedName{Namespace: ns, Name: chart.ControlPlaneDeployment}
+		if err := c.Get(context.Background(), key, &d); err != nil {
+			return err
+		}
+		if got := d.Spec.Template.Spec.Containers[0].Image; got != image {
+			return fmt.Errorf("control plane image %q, want %q", got, image)
+		}
+		return nil
+	}
+}
+
+// platformDestroyed checks that the release and its Deployment are gone.
+func platformDestroyed(c client.Client, ns string) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(testAccKubeconfigEnv))
+		if err != nil {
+			return err
+		}
+		if _, err := chart.New(cfg).Status(context.Background(), ns, chart.DefaultReleaseName); !errors.Is(err, chart.ErrNotFound) {
+			return fmt.Errorf("release still there after destroy: %v", err)
+		}
+		err = c.Get(context.Background(), k8stypes.NamespacedName{Namespace: ns, Name: chart.ControlPlaneDeployment}, &appsv1.Deployment{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("control plane Deployment still there after destroy: %v", err)
+		}
+		return nil
+	}
+}
+
+// TestAccPlatform_basic installs the real control plane and waits for it.
+func TestAccPlatform_basic(t *testing.T) {
+	testAccPreCheck(t)
+	tag := os.Getenv(testAccImageTagEnv)
+	if tag == "" {
+		t.Skip(testAccImageTagEnv + " is not set: the agentbox images were not built and imported into the test node " +
+			"(CI sets it; TestAccPlatform_noWait covers the lifecycle without images)")
+	}
+	c, ns := testAccCluster(t)
+	config := testAccPlatformConfig(ns, tag)
+	image := "agentbox/agentbox-controlplane:" + tag
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		CheckDestroy:             platformDestroyed(c, ns),
+		Steps: []resource.TestStep{
+			{
+				Config:            config,
+				ConfigStateChecks: platformChecks(ns, 1),
+				Check:             controlPlaneExists(c, ns, image),
+			},
+			{
+				Config: config,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()},
+				},
+			},
+			{
+				ResourceName:      testAccPlatformAddr,
+				ImportState:       true,
+				ImportStateId:     ns + "/agentbox",
+				ImportStateVerify: true,
+			},
+			{
+				PreConfig:          func() { deleteControlPlane(t, c, ns) },
+				Config:             config,
+				PlanOnly:           true,
+				ExpectNonEmptyPlan: true,
+			},
+			{
+				Config: config,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{
+						plancheck.ExpectResourceAction(testAccPlatformAddr, plancheck.ResourceActionUpdate),
+						plancheck.ExpectUnknownValue(testAccPlatformAddr, tfjsonpath.New("revision")),
+					},
+				},
+				ConfigStateChecks: platformChecks(ns, 2),
+				Check:             controlPlaneExists(c, ns, image),
+			},
+		},
+	})
+}
+
+// TestAccPlatform_noWait runs the whole lifecycle without waiting for the
+// control plane, so it needs no images: the Deployment exists but its pod
+// never starts.
+func TestAccPlatform_noWait(t *testing.T) {
+	c, ns := testAccCluster(t)
+	values := "values = <<-EOT\n    metrics:\n      enabled: false\n  EOT"
+	config := testAccPlatformConfig(ns, "absent", "  wait = false", "  "+values)
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		CheckDestroy:             platformDestroyed(c, ns),
+		Steps: []resource.TestStep{
+			{
+				Config: config,
+				ConfigStateChecks: append(platformChecks(ns, 1),
+					statecheck.ExpectKnownValue(testAccPlatformAddr, tfjsonpath.New("wait"), knownvalue.Bool(false)),
+					statecheck.ExpectKnownValue(testAccPlatformAddr, tfjsonpath.New("values"), knownvalue.StringExact("metrics:\n  enabled: false\n")),
+				),
+				Check: resource.ComposeTestCheckFunc(
+					controlPlaneExists(c, ns, "agentbox/agentbox-controlplane:absent"),
+					func(*terraform.State) error {
+						err := c.Get(context.Background(), k8stypes.NamespacedName{Namespace: ns, Name: "agentbox-controlplane-metrics"}, &corev1.Service{})
+						if !apierrors.IsNotFound(err) {
+							return fmt.Errorf("metrics Service exists although values disable it: %v", err)
+						}
+						return nil
+					},
+				),
+			},
+			{
+				Config: config,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()},
+				},
+			},
+			{
+				ResourceName:      testAccPlatformAddr,
+				ImportState:       true,
+				ImportStateId:     ns + "/agentbox",
+				ImportStateVerify: true,
+				// How the provider waits is not recorded in the release.
+				ImportStateVerifyIgnore: []string{"wait"},
+			},
+			{
+				PreConfig:          func() { deleteControlPlane(t, c, ns) },
+				Config:             config,
+				PlanOnly:           true,
+				ExpectNonEmptyPlan: true,
+			},
+			{
+				Config: config,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{
+						plancheck.ExpectResourceAction(testAccPlatformAddr, plancheck.ResourceActionUpdate),
+						plancheck.ExpectUnknownValue(testAccPlatformAddr, tfjsonpath.New("revision")),
+						plancheck.ExpectKnownValue(testAccPlatformAddr, tfjsonpath.New("drift"), knownvalue.ListExact([]knownvalue.Check{})),
+					},
+				},
+				ConfigStateChecks: platformChecks(ns, 2),
+				Check:             controlPlaneExists(c, ns, "agentbox/agentbox-controlplane:absent"),
+			},
+			{
+				// An ordinary change upgrades in place and keeps the endpoint,
+				// the CA and the token.
+				Config: testAccPlatformConfig(ns, "absent2", "  wait = false", "  "+values),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{
+						plancheck.ExpectResourceAction(testAccPlatformAddr, plancheck.ResourceActionUpdate),
+						plancheck.ExpectKnownValue(testAccPlatformAddr, tfjsonpath.New("ca_certificate"),
+							knownvalue.StringRegexp(regexp.MustCompile(`^-----BEGIN CERTIFICATE-----`))),
+					},
+				},
+				ConfigStateChecks: platformChecks(ns, 3),
+				Check:             controlPlaneExists(c, ns, "agentbox/agentbox-controlplane:absent2"),
+			},
+			{
+				// Changing only how the provider waits needs no new revision.
+				Config: testAccPlatformConfig(ns, "absent2", "  wait = false", "  "+values, "  timeouts = { update = \"2m\" }"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(testAccPlatformAddr, plancheck.ResourceActionUpdate)},
+				},
+				ConfigStateChecks: platformChecks(ns, 3),
+			},
+		},
+	})
+}
