@@ -23,10 +23,9 @@ import (
 // while renewing on every call would put one API write behind each command.
 const DefaultLeaseRenewInterval = 30 * time.Second
 
-// LeaseKey names the Lease that is a sandbox's activity clock. The
-// controller creates it beside the Sandbox, with the Sandbox's name.
+// LeaseKey names the Lease that is a sandbox's activity clock.
 func LeaseKey(sb *v1alpha1.Sandbox) types.NamespacedName {
-	return types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}
+	return types.NamespacedName{Namespace: sb.Namespace, Name: v1alpha1.LeaseName(sb.Name)}
 }
 
 // leaseRenewer records activity on sandboxes by moving their Lease's

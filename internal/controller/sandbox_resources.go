@@ -30,8 +30,9 @@ import (
 // PodName is the name of a sandbox's pod.
 func PodName(sandbox string) string { return sandbox }
 
-// LeaseName is the name of a sandbox's activity Lease.
-func LeaseName(sandbox string) string { return sandbox }
+// LeaseName is the name of a sandbox's activity Lease; the Compute API
+// renews it, so the rule lives with the API types.
+func LeaseName(sandbox string) string { return v1alpha1.LeaseName(sandbox) }
 
 // TLSSecretName is the name of the Secret holding a sandbox's serving
 // certificate.

@@ -40,9 +40,10 @@ const (
 var All = []string{ControlPlane, EgressProxy, Sandbox}
 
 // DefaultSandboxPackages make the sandbox: python3 rather than
-// python3-minimal, whose standard library lacks json and venv; dash for the
+// python3-minimal, whose standard library lacks json and venv; coreutils
+// because agents expect ls, cat and friends; dash for the
 // /bin/sh that `sh -c` and Python's subprocess(shell=True) expect.
-var DefaultSandboxPackages = []string{"python3", "dash"}
+var DefaultSandboxPackages = []string{"python3", "dash", "coreutils"}
 
 // DefaultSandboxExclude leaves out dpkg (and tar, which only it needs):
 // python3's packages depend on it for their maintainer scripts, which never

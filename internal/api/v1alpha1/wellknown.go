@@ -64,3 +64,8 @@ func AgentIDHash(agentID string) string {
 func SupervisorEndpoint(podIP string) string {
 	return "https://" + net.JoinHostPort(podIP, strconv.Itoa(SupervisorPort))
 }
+
+// LeaseName names a sandbox's coordination.k8s.io Lease, its activity clock:
+// the controller creates it and the Compute API renews it, so both take the
+// name from here.
+func LeaseName(sandbox string) string { return sandbox }
