@@ -44,13 +44,21 @@ func TestAccQuickstart(t *testing.T) {
 		"agent_id":   config.StringVariable(agent),
 	}
 	dir := config.StaticDirectory("../examples/quickstart")
+	// Import steps leave the outputs null, which the framework's state shim
+	// cannot read, so they use the resources without outputs.tf.
+	resources := config.StaticFile("../examples/quickstart/main.tf")
 	sandboxKey := types.NamespacedName{Namespace: DefaultNamespace, Name: "quickstart-agent"}
+	// The example has its own required_providers block, which the testing
+	// framework counts as providers given per step, and whose source is
+	// agentbox/agentbox rather than the framework's default namespace.
+	t.Setenv("TF_ACC_PROVIDER_NAMESPACE", "agentbox")
+	f := testAccProtoV6ProviderFactories
 	resource.Test(t, resource.TestCase{
-		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
 		Steps: []resource.TestStep{
 			{
-				ConfigDirectory: dir,
-				ConfigVariables: vars,
+				ProtoV6ProviderFactories: f,
+				ConfigDirectory:          dir,
+				ConfigVariables:          vars,
 				ConfigStateChecks: []statecheck.StateCheck{
 					statecheck.ExpectKnownValue("agentbox_platform.this", tfjsonpath.New("revision"), knownvalue.Int64Exact(1)),
 					statecheck.ExpectKnownValue("agentbox_platform.this", tfjsonpath.New("status"), knownvalue.StringExact("deployed")),
@@ -61,26 +69,29 @@ func TestAccQuickstart(t *testing.T) {
 				Check: checkRunsInGVisor(t, agent),
 			},
 			{
-				ConfigDirectory:  dir,
-				ConfigVariables:  vars,
-				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+				ProtoV6ProviderFactories: f,
+				ConfigDirectory:          dir,
+				ConfigVariables:          vars,
+				ConfigPlanChecks:         resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
 			},
 			{
-				ConfigDirectory:         dir,
-				ConfigVariables:         vars,
-				ResourceName:            "agentbox_sandbox.agent",
-				ImportState:             true,
-				ImportStateId:           DefaultNamespace + "/quickstart-agent",
-				ImportStateVerify:       true,
-				ImportStateVerifyIgnore: []string{"wait_for_ready", "timeouts"},
+				ProtoV6ProviderFactories: f,
+				ConfigFile:               resources,
+				ConfigVariables:          vars,
+				ResourceName:             "agentbox_sandbox.agent",
+				ImportState:              true,
+				ImportStateId:            DefaultNamespace + "/quickstart-agent",
+				ImportStateVerify:        true,
+				ImportStateVerifyIgnore:  []string{"wait_for_ready", "timeouts"},
 			},
 			{
-				ConfigDirectory:   dir,
-				ConfigVariables:   vars,
-				ResourceName:      "agentbox_sandbox_template.python",
-				ImportState:       true,
-				ImportStateId:     DefaultNamespace + "/python",
-				ImportStateVerify: true,
+				ProtoV6ProviderFactories: f,
+				ConfigFile:               resources,
+				ConfigVariables:          vars,
+				ResourceName:             "agentbox_sandbox_template.python",
+				ImportState:              true,
+				ImportStateId:            DefaultNamespace + "/python",
+				ImportStateVerify:        true,
 			},
 			{
 				// The Sandbox deleted out of band is re-created, and the
@@ -95,8 +106,9 @@ func TestAccQuickstart(t *testing.T) {
 						t.Fatal(err)
 					}
 				},
-				ConfigDirectory: dir,
-				ConfigVariables: vars,
+				ProtoV6ProviderFactories: f,
+				ConfigDirectory:          dir,
+				ConfigVariables:          vars,
 				ConfigPlanChecks: resource.ConfigPlanChecks{
 					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction("agentbox_sandbox.agent", plancheck.ResourceActionCreate)},
 				},

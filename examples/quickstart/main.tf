@@ -59,23 +59,3 @@ resource "agentbox_sandbox" "agent" {
   agent_id = var.agent_id
   template = agentbox_sandbox_template.python.name
 }
-
-output "api_endpoint" {
-  description = "The Compute API."
-  value       = agentbox_platform.this.api_endpoint
-}
-
-output "ca_certificate" {
-  description = "The platform CA, which signs the Compute API's certificate."
-  value       = agentbox_platform.this.ca_certificate
-}
-
-output "admin_token" {
-  description = "The first admin token of the Compute API."
-  value       = agentbox_platform.this.admin_token
-  sensitive   = true
-}
-
-output "agent_id" {
-  value = agentbox_sandbox.agent.agent_id
-}

@@ -68,7 +68,7 @@ start_cluster() {
 
 tf_init() {
 	mkdir -p "$work/tf"
-	cp examples/quickstart/main.tf "$work/tf/"
+	cp examples/quickstart/*.tf "$work/tf/"
 	# The provider binary is rebuilt on every run; its old hash must go.
 	rm -f "$work/tf/.terraform.lock.hcl"
 	terraform -chdir="$work/tf" init -input=false -no-color >/dev/null

@@ -181,7 +181,13 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if err != nil {
 		var conflict *ownershipConflictError
-		if errors.As(err, &conflict) {
+		var leftover *leftoverChildError
+		if errors.As(err, &leftover) {
+			// A Sandbox deleted and re-created under the same name: its old
+			// children are on their way out. Wait for them, not for a person.
+			r.setNotServing(&sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, leftover.Error())
+			result, err = ctrl.Result{RequeueAfter: leftoverRetry}, nil
+		} else if errors.As(err, &conflict) {
 			// Not an error to retry with backoff: it waits for a person.
 			r.setNotServing(&sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonOwnershipConflict, conflict.Error())
 			r.eventOnNewReason(readyReason(base), &sbx, nil, corev1.EventTypeWarning, EventOwnershipConflict, "Wait", conflict.Error())
@@ -306,6 +312,17 @@ func (r *SandboxReconciler) getTemplate(ctx context.Context, sbx *v1alpha1.Sandb
 	return &tpl, nil
 }
 
+// leftoverChildError says that a child's name is still held by the child
+// of an earlier Sandbox with the same name, which is being deleted.
+type leftoverChildError struct{ kind, name string }
+
+func (e *leftoverChildError) Error() string {
+	return fmt.Sprintf("waiting for %s %s of an earlier sandbox of this name to be deleted", e.kind, e.name)
+}
+
+// leftoverRetry is short: garbage collection of a pod takes seconds.
+const leftoverRetry = time.Second
+
 // ownershipConflictError says that a child's name is taken by an object the
 // sandbox does not control. The controller never adopts or overwrites it:
 // it might be a user's Secret or pod that happens to share the name.
@@ -332,6 +349,18 @@ func (r *SandboxReconciler) getChild(ctx context.Context, sbx *v1alpha1.Sandbox,
 			return false, nil
 		}
 		return false, fmt.Errorf("get %s %s: %w", kind, name, err)
+	}
+	if ref := metav1.GetControllerOf(obj); ref != nil && ref.Kind == "Sandbox" && ref.Name == sbx.Name &&
+		ref.UID != sbx.UID && strings.HasPrefix(ref.APIVersion, v1alpha1.GroupName+"/") {
+		// Left by an earlier Sandbox of this name, which no longer exists
+		// (names are unique), so the garbage collector removes it anyway;
+		// deleting it now saves waiting for its next pass.
+		if obj.GetDeletionTimestamp() == nil {
+			if err := r.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+				return true, fmt.Errorf("delete %s %s left by an earlier sandbox: %w", kind, name, err)
+			}
+		}
+		return true, &leftoverChildError{kind: kind, name: name}
 	}
 	if !metav1.IsControlledBy(obj, sbx) {
 		owner := ""

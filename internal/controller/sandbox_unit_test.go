@@ -339,3 +339,35 @@ func TestUnitPodEnvPrecedence(t *testing.T) {
 		t.Errorf("workdir %q, want the template's mount path", env["AGENTBOX_WORKDIR"])
 	}
 }
+
+// A Sandbox deleted and re-created at once (terraform apply after someone
+// deleted it) finds its predecessor's children still waiting for garbage
+// collection. They are cleared and the new sandbox waits; it is no conflict.
+func TestUnitLeftoverFromEarlierSandbox(t *testing.T) {
+	yes := true
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name: PodName("s"), Namespace: unitNS,
+		OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: v1alpha1.GroupVersion.String(), Kind: "Sandbox", Name: "s", UID: "uid-of-the-earlier-sandbox", Controller: &yes,
+		}},
+	}}
+	f := newFakeEnv(t, unitSandbox("s", "t"), unitTemplate("t"), old)
+	res := f.reconcile("s")
+	c := f.ready("s")
+	if c.Reason != v1alpha1.ReasonCreating || f.sandbox("s").Status.Phase != v1alpha1.SandboxPhasePending {
+		t.Errorf("phase %s, Ready %s: %s; want Pending, Creating", f.sandbox("s").Status.Phase, c.Reason, c.Message)
+	}
+	if res.RequeueAfter == 0 {
+		t.Error("the sandbox does not look again once the leftover is gone")
+	}
+	if err := f.c.Get(context.Background(), client.ObjectKeyFromObject(old), &corev1.Pod{}); err == nil {
+		t.Error("the earlier sandbox's pod was not deleted")
+	}
+	// With the leftover gone, the next pass creates the sandbox's own pod.
+	f.reconcile("s")
+	var pod corev1.Pod
+	must(t, f.c.Get(context.Background(), client.ObjectKeyFromObject(old), &pod))
+	if !metav1.IsControlledBy(&pod, f.sandbox("s")) {
+		t.Errorf("pod owners %+v, want the new sandbox", pod.OwnerReferences)
+	}
+}
