@@ -83,8 +83,9 @@ func (r *leaseRenewer) renew(ctx context.Context, sb *v1alpha1.Sandbox) {
 }
 
 func (r *leaseRenewer) patch(ctx context.Context, key types.NamespacedName, now time.Time) error {
-	// A merge patch of renewTime alone: no read first, and no conflict with
-	// the controller, which owns the Lease's other fields.
+	// A merge patch of renewTime alone: no read first, no conflict with the
+	// controller, and the holder and annotations of an exclusive hold,
+	// written by lease calls with resourceVersion checks, stay as they are.
 	body, err := json.Marshal(map[string]any{"spec": map[string]any{"renewTime": metav1.NewMicroTime(now)}})
 	if err != nil {
 		return fmt.Errorf("encode lease patch: %w", err)
@@ -94,6 +95,17 @@ func (r *leaseRenewer) patch(ctx context.Context, key types.NamespacedName, now 
 		return fmt.Errorf("patch lease %s: %w", key, err)
 	}
 	return nil
+}
+
+// noteRenewed records that renewTime was moved to now by another write (a
+// lease acquire or heartbeat), so that the next call does not renew again
+// within the interval.
+func (r *leaseRenewer) noteRenewed(key types.NamespacedName, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.last[key]; !ok || now.After(t) {
+		r.last[key] = now
+	}
 }
 
 // sweepLocked forgets entries older than the interval, which would renew

@@ -1,7 +1,8 @@
 // Package computeapi is the control plane's HTTP API: it authenticates a
 // caller, finds the caller's agent's Sandbox, and forwards the operation to
 // that sandbox's supervisor over mutual TLS, recording the activity on the
-// sandbox's Lease.
+// sandbox's Lease. The same Lease carries the sandbox's exclusive hold
+// (acquire, heartbeat, release).
 //
 // The wire types and a Go client live in the client subpackage, which
 // depends on the standard library only.
@@ -50,9 +51,14 @@ type Options struct {
 	// Sandboxes finds Sandboxes by agent; in the control plane it is the
 	// manager's cache, so lookups do not load the API server.
 	Sandboxes client.Reader
-	// Leases writes the activity renewals to sandbox Leases. It must write
-	// directly, not through a cache.
+	// Leases writes the activity renewals and lease holds to sandbox
+	// Leases. It must write directly, not through a cache.
 	Leases client.Client
+	// LeaseReader reads Leases before a lease call changes them; it
+	// defaults to Leases. A cache works, since writes carry the
+	// resourceVersion read and are retried on conflict, but a direct
+	// reader avoids retrying while the cache catches up.
+	LeaseReader client.Reader
 	// Supervisors dials sandbox supervisors; see SupervisorPool.
 	Supervisors SupervisorDialer
 	// Authenticator decides who a bearer token belongs to.
@@ -79,6 +85,8 @@ type Server struct {
 	clock           clock.PassiveClock
 	log             logr.Logger
 	leases          *leaseRenewer
+	leaseReader     client.Reader
+	leaseWriter     client.Client
 	maxRequestBytes int64
 	handler         http.Handler
 }
@@ -103,6 +111,11 @@ func NewServer(opts Options) (*Server, error) {
 		clock:           opts.Clock,
 		log:             opts.Logger,
 		maxRequestBytes: opts.MaxRequestBytes,
+		leaseReader:     opts.LeaseReader,
+		leaseWriter:     opts.Leases,
+	}
+	if s.leaseReader == nil {
+		s.leaseReader = opts.Leases
 	}
 	if s.trustDomain == "" {
 		s.trustDomain = pki.DefaultTrustDomain
@@ -126,6 +139,12 @@ func NewServer(opts Options) (*Server, error) {
 	const runCommand = "/v1/agents/{agent_id}/run_command"
 	mux.Handle("POST "+runCommand, s.authenticated(s.runCommand))
 	mux.Handle(runCommand, s.authenticated(methodNotAllowed(http.MethodPost)))
+	const lease = "/v1/agents/{agent_id}/lease"
+	mux.Handle("POST "+lease, s.authenticated(s.acquireLease))
+	mux.Handle("DELETE "+lease, s.authenticated(s.releaseLease))
+	mux.Handle(lease, s.authenticated(methodNotAllowed(http.MethodPost+", "+http.MethodDelete)))
+	mux.Handle("POST "+lease+"/heartbeat", s.authenticated(s.heartbeatLease))
+	mux.Handle(lease+"/heartbeat", s.authenticated(methodNotAllowed(http.MethodPost)))
 	// Unknown paths get the same JSON error shape as everything else, and
 	// only after authentication, so the route table is not probeable
 	// anonymously.
@@ -301,6 +320,34 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.E
 
 // readySandbox returns agentID's Sandbox if it can take calls now.
 func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
+	sb, apiErr := s.agentSandbox(ctx, agentID)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+	if sb.Status.Phase == v1alpha1.SandboxPhaseRunning && ready != nil && ready.Status == metav1.ConditionTrue &&
+		sb.Status.ServiceEndpoint != "" {
+		return sb, nil
+	}
+	phase, reason := string(sb.Status.Phase), ""
+	if phase == "" {
+		phase = string(v1alpha1.SandboxPhasePending)
+	}
+	msg := fmt.Sprintf("the sandbox of agent %q is not ready: phase %s", agentID, phase)
+	if ready != nil {
+		reason = ready.Reason
+		msg += ", reason " + ready.Reason
+		if ready.Message != "" {
+			msg += ": " + ready.Message
+		}
+	}
+	e := api.Errorf(api.CodeSandboxNotReady, "%s", msg)
+	e.Details = map[string]string{"phase": phase, "reason": reason}
+	return nil, e
+}
+
+// agentSandbox returns agentID's one live Sandbox, in whatever phase.
+func (s *Server) agentSandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	var list v1alpha1.SandboxList
 	// The label narrows the search to the agent's sandboxes; it holds a
 	// hash, so spec.agentID is compared too.
@@ -339,27 +386,7 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 		return nil, api.Errorf(api.CodeSandboxNotFound, "agent %q has no sandbox", agentID)
 	}
 
-	sb := live[0]
-	ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
-	if sb.Status.Phase == v1alpha1.SandboxPhaseRunning && ready != nil && ready.Status == metav1.ConditionTrue &&
-		sb.Status.ServiceEndpoint != "" {
-		return sb, nil
-	}
-	phase, reason := string(sb.Status.Phase), ""
-	if phase == "" {
-		phase = string(v1alpha1.SandboxPhasePending)
-	}
-	msg := fmt.Sprintf("the sandbox of agent %q is not ready: phase %s", agentID, phase)
-	if ready != nil {
-		reason = ready.Reason
-		msg += ", reason " + ready.Reason
-		if ready.Message != "" {
-			msg += ": " + ready.Message
-		}
-	}
-	e := api.Errorf(api.CodeSandboxNotReady, "%s", msg)
-	e.Details = map[string]string{"phase": phase, "reason": reason}
-	return nil, e
+	return live[0], nil
 }
 
 // supervisorError turns a failed supervisor call into the API's error.

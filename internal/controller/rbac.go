@@ -11,8 +11,9 @@ package controller
 //
 // Pods and workspace claims are only created and deleted: their specs are
 // immutable in practice, so there is nothing to update. Secrets are updated
-// when a serving certificate is re-issued. Leases are only created: the
-// Compute API renews them.
+// when a serving certificate is re-issued. Leases are created, and updated
+// only to remove an expired exclusive hold: the Compute API renews them and
+// writes holds.
 //
 // Events go through the events.k8s.io API; the core group is listed too
 // because client-go falls back to it on servers without events.k8s.io/v1.
@@ -24,6 +25,6 @@ package controller
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch

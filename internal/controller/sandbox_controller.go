@@ -66,7 +66,8 @@ const maxRequeue = 12 * time.Hour
 // SandboxReconciler turns a Sandbox into its pod, workspace claim, serving
 // certificate Secret and activity Lease, all owned by the Sandbox so that
 // deleting it garbage-collects them, and reports their state in the
-// Sandbox's status.
+// Sandbox's status. It also reclaims the Lease's exclusive hold when its
+// holder stops heartbeating.
 type SandboxReconciler struct {
 	client.Client
 	Scheme *runtime.Scheme
@@ -269,8 +270,18 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		return ctrl.Result{}, err
 	}
 	result := ctrl.Result{RequeueAfter: min(renewIn, maxRequeue)}
-	if err := r.ensureLease(ctx, sbx); err != nil {
+	lease, err := r.ensureLease(ctx, sbx)
+	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if lease != nil {
+		holdExpiresIn, err := r.reconcileHold(ctx, sbx, lease)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if holdExpiresIn > 0 {
+			result.RequeueAfter = min(result.RequeueAfter, holdExpiresIn)
+		}
 	}
 	workspaceReady := true
 	if tpl != nil {
@@ -443,16 +454,20 @@ func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.S
 	return renewAt.Sub(now), nil
 }
 
-// ensureLease creates the activity Lease if it is missing. It never
+// ensureLease creates the activity Lease if it is missing, and returns it
+// when it already existed (a new one holds nothing to look at). It never
 // renews it: renewals come from the Compute API on activity, and a renew by
 // the controller would make every sandbox look busy.
-func (r *SandboxReconciler) ensureLease(ctx context.Context, sbx *v1alpha1.Sandbox) error {
+func (r *SandboxReconciler) ensureLease(ctx context.Context, sbx *v1alpha1.Sandbox) (*coordinationv1.Lease, error) {
 	var lease coordinationv1.Lease
 	found, err := r.getChild(ctx, sbx, LeaseName(sbx.Name), &lease)
-	if err != nil || found {
-		return err
+	if err != nil {
+		return nil, err
 	}
-	return r.create(ctx, sbx, desiredLease(sbx, r.now()))
+	if found {
+		return &lease, nil
+	}
+	return nil, r.create(ctx, sbx, desiredLease(sbx, r.now()))
 }
 
 // ensureWorkspace creates the workspace claim if it is missing. It reports

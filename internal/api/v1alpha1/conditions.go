@@ -2,12 +2,37 @@ package v1alpha1
 
 // Condition types. Every agentbox resource reports one summary condition,
 // Ready; its reason, one of the constants below, says why it has the status
-// it has, and its message gives the detail.
+// it has, and its message gives the detail. A Sandbox also reports Leased.
 const (
 	// ConditionReady is True when the object does what its spec asks: a
 	// Sandbox's supervisor answers, a warm pool is full, a proxy has ready
 	// endpoints, a node pool has ready nodes, a template's references resolve.
 	ConditionReady = "Ready"
+
+	// ConditionLeased is True while someone holds the Sandbox's exclusive
+	// lease (seed 003), taken through the Compute API and stored as the
+	// holder of the sandbox's coordination.k8s.io Lease; its message names
+	// the holder. It is independent of Ready: a stopped sandbox can be
+	// leased.
+	ConditionLeased = "Leased"
+)
+
+// Reasons of a Sandbox's Leased condition.
+const (
+	// ReasonLeaseHeld (status True): a holder has the lease and its last
+	// heartbeat (or the sandbox's last activity) is within the lease's TTL.
+	ReasonLeaseHeld = "Held"
+
+	// ReasonLeaseReleased (status False): nobody holds the lease; its last
+	// holder released it, or it was never acquired.
+	ReasonLeaseReleased = "Released"
+
+	// ReasonLeaseExpired (status False): the last holder stopped
+	// heartbeating and the TTL ran out, so the controller removed the hold
+	// and the sandbox is free for the next acquire. It stays until the
+	// lease is acquired again (the Lease's lease-expired-holder annotation
+	// records it until then).
+	ReasonLeaseExpired = "Expired"
 )
 
 // Reasons shared by several kinds.

@@ -114,7 +114,8 @@ type SandboxStatus struct {
 	// +optional
 	Snapshot *SandboxSnapshot `json:"snapshot,omitempty"`
 
-	// conditions hold the Ready condition, whose reason explains the phase.
+	// conditions hold the Ready condition, whose reason explains the phase,
+	// and the Leased condition, which says whether the exclusive lease is held.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

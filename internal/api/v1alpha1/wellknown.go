@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"net"
 	"strconv"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
 )
 
 // Labels the control plane puts on the objects it creates, so that they can
@@ -69,3 +72,38 @@ func SupervisorEndpoint(podIP string) string {
 // the controller creates it and the Compute API renews it, so both take the
 // name from here.
 func LeaseName(sandbox string) string { return sandbox }
+
+// Annotations on a sandbox's Lease that describe the current exclusive
+// hold (seed 003) beside spec.holderIdentity. The Compute API writes them
+// with the holder and the controller removes them when it reclaims an
+// expired hold, so both take the keys from here.
+const (
+	// AnnotationLeaseRequestID is the request ID of the acquire that
+	// started the hold; a retry with the same holder and request ID gets
+	// the same hold back.
+	AnnotationLeaseRequestID = GroupName + "/lease-request-id"
+	// AnnotationLeaseID names the hold; heartbeat and release must present
+	// it.
+	AnnotationLeaseID = GroupName + "/lease-id"
+	// AnnotationLeaseExpiredHolder names the holder whose hold the
+	// controller reclaimed after it expired. It stays until the next
+	// acquire, so that the Sandbox's Leased condition can say Expired from
+	// the Lease alone rather than from its own earlier status, which a
+	// lagging cache may not show yet.
+	AnnotationLeaseExpiredHolder = GroupName + "/lease-expired-holder"
+)
+
+// LeaseHoldExpiry returns the holder of a sandbox Lease and when the hold
+// expires: renewTime plus leaseDurationSeconds, the Kubernetes Lease rule.
+// The holder is empty when nobody holds it. A hold missing its renewTime or
+// duration expires at the zero time, so a malformed hold can never keep a
+// sandbox busy.
+func LeaseHoldExpiry(spec *coordinationv1.LeaseSpec) (holder string, expiry time.Time) {
+	if spec.HolderIdentity == nil || *spec.HolderIdentity == "" {
+		return "", time.Time{}
+	}
+	if spec.RenewTime == nil || spec.LeaseDurationSeconds == nil {
+		return *spec.HolderIdentity, time.Time{}
+	}
+	return *spec.HolderIdentity, spec.RenewTime.Add(time.Duration(*spec.LeaseDurationSeconds) * time.Second)
+}

@@ -17,9 +17,13 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -181,6 +185,49 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	var e *apiclient.Error
 	if errors.As(lastErr, &e) && e.Details["reason"] != v1alpha1.ReasonTemplateNotFound {
 		t.Errorf("not-ready reason %q, want %s", e.Details["reason"], v1alpha1.ReasonTemplateNotFound)
+	}
+
+	// The exclusive lease end to end: a hold taken through the API and
+	// then abandoned is reclaimed by the controller at its expiry, and the
+	// next holder gets the sandbox. Once the template exists the controller
+	// creates the sandbox's Lease (its pod, with no node to run on, stays
+	// pending); the ServiceAccount and RuntimeClass let that pod through
+	// admission on an API server without a controller manager.
+	for _, o := range []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "team-a"}},
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.DefaultRuntimeClassName}, Handler: "runsc"},
+		&v1alpha1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Name: "missing", Namespace: "team-a"}},
+	} {
+		if err := kube.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held *apiclient.Lease
+	waitFor(t, exited, "the sandbox's lease to be acquirable", func() bool {
+		held, lastErr = c.AcquireLease(ctx, "agent-1", apiclient.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1", TTLSeconds: 2})
+		return lastErr == nil
+	})
+	next := apiclient.AcquireLeaseRequest{Holder: "run-2", RequestID: "req-2"}
+	if _, err := c.AcquireLease(ctx, "agent-1", next); !errors.Is(err, apiclient.ErrLeaseHeld) {
+		t.Errorf("acquire while run-1 holds the lease: %v, want lease_held", err)
+	}
+	waitFor(t, exited, "the controller to reclaim the expired hold", func() bool {
+		var l coordinationv1.Lease
+		if err := kube.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: v1alpha1.LeaseName("sb-1")}, &l); err != nil {
+			return false
+		}
+		return l.Spec.HolderIdentity == nil
+	})
+	t.Logf("the expired hold was reclaimed %s after it expired", time.Since(held.ExpiresAt).Round(time.Millisecond))
+	waitFor(t, exited, "the Leased condition to say Expired", func() bool {
+		if err := kube.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+			return false
+		}
+		cond := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionLeased)
+		return cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == v1alpha1.ReasonLeaseExpired
+	})
+	if l, err := c.AcquireLease(ctx, "agent-1", next); err != nil || l.Holder != "run-2" {
+		t.Errorf("acquire after the reclaim: %+v, %v", l, err)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {

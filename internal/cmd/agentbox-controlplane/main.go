@@ -199,6 +199,7 @@ func run(ctx context.Context, o *options) error {
 	api, err := computeapi.NewServer(computeapi.Options{
 		Sandboxes:     mgr.GetCache(),
 		Leases:        mgr.GetClient(),
+		LeaseReader:   mgr.GetAPIReader(),
 		Supervisors:   pool,
 		Authenticator: authn,
 		TrustDomain:   o.trustDomain,

@@ -80,6 +80,49 @@ func (c *Client) RunCommand(ctx context.Context, agentID string, req RunCommandR
 	return &res, nil
 }
 
+// AcquireLease takes the exclusive lease on the agent's sandbox, or returns
+// the lease an earlier call with the same holder and request ID got. When
+// another holder has it, the error matches ErrLeaseHeld and LeaseHeldBy
+// says who until when.
+func (c *Client) AcquireLease(ctx context.Context, agentID string, req AcquireLeaseRequest) (*Lease, error) {
+	return c.leaseCall(ctx, http.MethodPost, agentID, PathLease(agentID), req)
+}
+
+// HeartbeatLease extends a held lease by its TTL from now. An error
+// matching ErrLeaseExpired or ErrLeaseNotHeld means the hold is gone.
+func (c *Client) HeartbeatLease(ctx context.Context, agentID string, req HeartbeatLeaseRequest) (*Lease, error) {
+	return c.leaseCall(ctx, http.MethodPost, agentID, PathLeaseHeartbeat(agentID), req)
+}
+
+// ReleaseLease gives a held lease up. Releasing a lease that nobody holds
+// succeeds, so a retried release is harmless; one that another hold has
+// replaced fails with ErrLeaseNotHeld.
+func (c *Client) ReleaseLease(ctx context.Context, agentID string, req ReleaseLeaseRequest) error {
+	if agentID == "" {
+		return errors.New("empty agent ID")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encode lease request: %w", err)
+	}
+	return c.do(ctx, http.MethodDelete, PathLease(agentID), body, nil)
+}
+
+func (c *Client) leaseCall(ctx context.Context, method, agentID, path string, req any) (*Lease, error) {
+	if agentID == "" {
+		return nil, errors.New("empty agent ID")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode lease request: %w", err)
+	}
+	var l Lease
+	if err := c.do(ctx, method, path, body, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
 // CloseIdleConnections closes connections kept for reuse.
 func (c *Client) CloseIdleConnections() { c.httpClient.CloseIdleConnections() }
 
@@ -115,6 +158,11 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	}
 	if resp.StatusCode/100 != 2 {
 		return decodeError(resp.StatusCode, data)
+	}
+	if out == nil {
+		// Calls without a result (a release answers 204) read the body only
+		// to reuse the connection.
+		return nil
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("%s %s: decode response: %w", method, path, err)

@@ -6,7 +6,10 @@
 //
 // The API is served over HTTPS by the control plane:
 //
-//	POST /v1/agents/{agent_id}/run_command  RunCommandRequest -> CommandResult
+//	POST   /v1/agents/{agent_id}/run_command     RunCommandRequest -> CommandResult
+//	POST   /v1/agents/{agent_id}/lease           AcquireLeaseRequest -> Lease
+//	POST   /v1/agents/{agent_id}/lease/heartbeat HeartbeatLeaseRequest -> Lease
+//	DELETE /v1/agents/{agent_id}/lease           ReleaseLeaseRequest -> 204 No Content
 //
 // Every call carries "Authorization: Bearer <token>". Errors are JSON bodies
 // {"error": {"code": ..., "message": ...}} whose HTTP status follows from
@@ -14,15 +17,76 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"time"
 )
 
 // PathRunCommand returns the path of run_command for an agent. The agent ID
 // is escaped because it may contain characters such as ":" and "@".
 func PathRunCommand(agentID string) string {
 	return "/v1/agents/" + url.PathEscape(agentID) + "/run_command"
+}
+
+// PathLease returns the path of an agent's sandbox lease (acquire with POST,
+// release with DELETE).
+func PathLease(agentID string) string {
+	return "/v1/agents/" + url.PathEscape(agentID) + "/lease"
+}
+
+// PathLeaseHeartbeat returns the path of the lease heartbeat for an agent.
+func PathLeaseHeartbeat(agentID string) string { return PathLease(agentID) + "/heartbeat" }
+
+// Lease TTL bounds. A hold is kept alive by heartbeats, so the TTL is how
+// long a crashed holder can keep the sandbox "busy"; an hour caps that.
+const (
+	DefaultLeaseTTLSeconds = 60
+	MaxLeaseTTLSeconds     = 3600
+)
+
+// AcquireLeaseRequest asks for the exclusive lease on the agent's sandbox
+// (seed 003). Acquiring is idempotent on (Holder, RequestID): retrying a
+// request whose answer was lost returns the same lease instead of failing
+// with CodeLeaseHeld against the caller's own hold.
+type AcquireLeaseRequest struct {
+	// Holder identifies who holds the lease (a user, a run); required.
+	Holder string `json:"holder"`
+	// RequestID makes the acquire idempotent; required.
+	RequestID string `json:"request_id"`
+	// TTLSeconds is how long the lease lasts without a heartbeat: 0 means
+	// DefaultLeaseTTLSeconds; at most MaxLeaseTTLSeconds.
+	TTLSeconds int `json:"ttl_seconds,omitempty"`
+}
+
+// HeartbeatLeaseRequest extends a held lease by its TTL from now.
+type HeartbeatLeaseRequest struct {
+	Holder  string `json:"holder"`
+	LeaseID string `json:"lease_id"`
+}
+
+// ReleaseLeaseRequest gives a held lease up.
+type ReleaseLeaseRequest struct {
+	Holder  string `json:"holder"`
+	LeaseID string `json:"lease_id"`
+}
+
+// Lease is a held lease on an agent's sandbox.
+type Lease struct {
+	// LeaseID names this hold; heartbeat and release must present it, so a
+	// holder whose lease expired and was taken by someone else cannot
+	// touch the new hold even if it reuses its holder name.
+	LeaseID    string    `json:"lease_id"`
+	Holder     string    `json:"holder"`
+	RequestID  string    `json:"request_id"`
+	TTLSeconds int       `json:"ttl_seconds"`
+	AcquiredAt time.Time `json:"acquired_at"`
+	RenewedAt  time.Time `json:"renewed_at"`
+	// ExpiresAt is RenewedAt plus the TTL. Activity on the sandbox (any
+	// Compute API call) also moves RenewedAt, so a hold whose sandbox is in
+	// use does not expire under it.
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // RunCommandRequest runs Command[0] with arguments Command[1:] in the
@@ -88,6 +152,17 @@ const (
 	// answered. A command that times out is not one (see
 	// CommandResult.TimedOut).
 	CodeTimeout Code = "timeout"
+	// CodeLeaseHeld: someone else holds the sandbox's lease (or the same
+	// holder under another request ID). Details carry "holder" and
+	// "expires_at" (RFC 3339); see LeaseHeldBy.
+	CodeLeaseHeld Code = "lease_held"
+	// CodeLeaseNotHeld: the heartbeat or release names a lease that is not
+	// the current one: it was released, reclaimed after expiry, or taken
+	// over by another holder.
+	CodeLeaseNotHeld Code = "lease_not_held"
+	// CodeLeaseExpired: the caller's lease ran out before the heartbeat.
+	// It must acquire again.
+	CodeLeaseExpired Code = "lease_expired"
 	// CodeUnknown is what the client reports when a response carries no
 	// recognisable error body, e.g. from a proxy in between.
 	CodeUnknown Code = "unknown"
@@ -106,7 +181,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusNotFound
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
-	case CodeSandboxNotReady:
+	case CodeSandboxNotReady, CodeLeaseHeld, CodeLeaseNotHeld, CodeLeaseExpired:
 		return http.StatusConflict
 	case CodePayloadTooLarge:
 		return http.StatusRequestEntityTooLarge
@@ -151,6 +226,24 @@ func (e *Error) Is(target error) bool {
 // Errorf returns an *Error with code and the status that goes with it.
 func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Status: code.HTTPStatus()}
+}
+
+// Typed lease errors, for errors.Is. They match on the code alone.
+var (
+	ErrLeaseHeld    error = &Error{Code: CodeLeaseHeld}
+	ErrLeaseNotHeld error = &Error{Code: CodeLeaseNotHeld}
+	ErrLeaseExpired error = &Error{Code: CodeLeaseExpired}
+)
+
+// LeaseHeldBy returns who holds the lease and until when, if err is a
+// CodeLeaseHeld error.
+func LeaseHeldBy(err error) (holder string, expiresAt time.Time, ok bool) {
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeLeaseHeld {
+		return "", time.Time{}, false
+	}
+	expiresAt, _ = time.Parse(time.RFC3339Nano, e.Details["expires_at"])
+	return e.Details["holder"], expiresAt, true
 }
 
 // ErrorBody is the JSON body of every error response.

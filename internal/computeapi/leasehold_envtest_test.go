@@ -1,0 +1,135 @@
+package computeapi
+
+import (
+	"context"
+	"encoding/pem"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
+)
+
+// TestLeaseHoldsAgainstAPIServer runs the lease calls against a real
+// kube-apiserver (envtest: etcd and apiserver on loopback, no node), whose
+// resourceVersion checks are what makes one concurrent acquire win. The
+// sandbox is still looked up in the fake client: only Leases matter here.
+func TestLeaseHoldsAgainstAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: envtestAssets(t)}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.Create(ctx, lease("team-a", "sb-1", time.Now().Add(-time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	getLease := func() *coordinationv1.Lease {
+		var l coordinationv1.Lease
+		if err := kube.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "sb-1"}, &l); err != nil {
+			t.Fatal(err)
+		}
+		return &l
+	}
+
+	f := newFixture(t, "")
+	auth, err := NewAdminTokenAuthenticator(HashToken(adminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(Options{Sandboxes: f.kube, Leases: kube, Supervisors: f.services.supervisors,
+		Authenticator: auth, TrustDomain: testTrustDomain, Clock: clock.RealClock{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	c, err := api.New(ts.URL, adminToken, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.CloseIdleConnections)
+
+	checkOneWinner(t, c, func() string { return ptr.Deref(getLease().Spec.HolderIdentity, "") })
+
+	l := getLease()
+	holder := *l.Spec.HolderIdentity
+	id := l.Annotations[v1alpha1.AnnotationLeaseID]
+	again, err := c.AcquireLease(ctx, "agent-1", api.AcquireLeaseRequest{Holder: holder, RequestID: "req"})
+	if err != nil || again.LeaseID != id {
+		t.Fatalf("re-acquire by the winner: %+v, %v; want lease %s", again, err, id)
+	}
+	// An activity renewal goes in between a heartbeat's read and write
+	// only by chance; here it just must leave the hold alone.
+	if _, err := c.RunCommand(ctx, "agent-1", api.RunCommandRequest{Command: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	hb, err := c.HeartbeatLease(ctx, "agent-1", api.HeartbeatLeaseRequest{Holder: holder, LeaseID: id})
+	if err != nil || hb.Holder != holder {
+		t.Fatalf("heartbeat: %+v, %v", hb, err)
+	}
+	if err := c.ReleaseLease(ctx, "agent-1", api.ReleaseLeaseRequest{Holder: holder, LeaseID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if l := getLease(); l.Spec.HolderIdentity != nil || l.Annotations[v1alpha1.AnnotationLeaseID] != "" {
+		t.Errorf("Lease after release: spec %+v annotations %v", l.Spec, l.Annotations)
+	}
+	if _, err := c.HeartbeatLease(ctx, "agent-1", api.HeartbeatLeaseRequest{Holder: holder, LeaseID: id}); !errors.Is(err, api.ErrLeaseNotHeld) {
+		t.Errorf("heartbeat after release: %v, want lease_not_held", err)
+	}
+}
+
+// envtestAssets returns the folder holding kube-apiserver and etcd:
+// KUBEBUILDER_ASSETS when set, else the toolchain `make testenv` builds.
+// It skips when they are missing, except in CI.
+func envtestAssets(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("KUBEBUILDER_ASSETS")
+	if bin == "" {
+		dir, err := toolchain.DefaultDir()
+		if err != nil {
+			t.Skip(err)
+		}
+		bin = toolchain.BinDir(dir)
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is not built; run `make testenv`", b)
+			}
+			t.Skipf("%s is not built; run `make testenv`", b)
+		}
+	}
+	return bin
+}
