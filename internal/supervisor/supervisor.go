@@ -1,5 +1,6 @@
 // Package supervisor is the HTTP server that runs inside every sandbox pod
-// and executes commands for the control plane. It is served over mutual
+// and executes commands and reads and writes workspace files for the
+// control plane. It is served over mutual
 // TLS by cmd/agentbox-supervisor; this package only knows HTTP.
 //
 // It must stay free of client-go and other control-plane code: it runs next
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -34,6 +36,8 @@ const (
 	DefaultMaxConcurrentCommands = 16
 	DefaultWaitDelay             = time.Second
 	DefaultPath                  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	DefaultWorkspaceCap          = api.DefaultWorkspaceCapBytes
+	DefaultWorkspaceUsageTTL     = time.Second
 )
 
 // DefaultPassEnv lists the variables copied from the supervisor's own
@@ -45,9 +49,23 @@ var DefaultPassEnv = []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_pro
 
 // Config configures a Server. Zero values mean the defaults above.
 type Config struct {
+	// Workspace is the directory the file endpoints serve; no path they
+	// take can leave it. Empty means DefaultWorkspace if it exists, and
+	// otherwise no file endpoints (they answer unavailable). A Workspace
+	// that is set must exist.
+	Workspace string
+	// WorkspaceCap bounds the total size of the regular files in the
+	// workspace; a file write that would pass it fails with
+	// workspace_full. Zero means DefaultWorkspaceCap.
+	WorkspaceCap int64
+	// WorkspaceUsageTTL is how long a walk of the workspace is trusted
+	// before the next write or health check walks it again (the
+	// supervisor's own writes are counted at once; this bounds how late
+	// it sees what commands wrote). Zero means DefaultWorkspaceUsageTTL.
+	WorkspaceUsageTTL time.Duration
 	// DefaultCwd is where commands run when the request names no cwd, and
-	// what a relative cwd is relative to. Empty means /workspace if it
-	// exists, else the supervisor's working directory.
+	// what a relative cwd is relative to. Empty means the workspace if
+	// there is one, else the supervisor's working directory.
 	DefaultCwd string
 	// DefaultTimeout applies to requests without timeout_seconds.
 	DefaultTimeout time.Duration
@@ -89,6 +107,16 @@ type Server struct {
 	baseEnv    map[string]string
 	slots      chan struct{}
 	log        *slog.Logger
+
+	// workspace is the absolute path of the workspace and root the
+	// handle every file operation goes through; nil when there is none.
+	workspace string
+	// workspaceAliases are other absolute spellings of the workspace (the
+	// configured path, when it differs from the resolved one), accepted
+	// in absolute request paths.
+	workspaceAliases []string
+	root             *os.Root
+	usage            *workspaceUsage
 
 	mu      sync.Mutex
 	running int
@@ -132,7 +160,21 @@ func New(cfg Config) (*Server, error) {
 		log = slog.Default()
 	}
 
-	cwd, err := resolveDefaultCwd(cfg.DefaultCwd)
+	if cfg.WorkspaceCap <= 0 {
+		cfg.WorkspaceCap = DefaultWorkspaceCap
+	}
+	if cfg.WorkspaceUsageTTL <= 0 {
+		cfg.WorkspaceUsageTTL = DefaultWorkspaceUsageTTL
+	}
+	workspace, aliases, err := resolveWorkspace(cfg.Workspace)
+	if err != nil {
+		return nil, err
+	}
+	cwdDefault := cfg.DefaultCwd
+	if cwdDefault == "" {
+		cwdDefault = workspace
+	}
+	cwd, err := resolveDefaultCwd(cwdDefault)
 	if err != nil {
 		return nil, err
 	}
@@ -152,14 +194,74 @@ func New(cfg Config) (*Server, error) {
 	if err := validateEnv(env); err != nil {
 		return nil, fmt.Errorf("base environment: %w", err)
 	}
-	return &Server{
+	s := &Server{
 		cfg:        cfg,
 		defaultCwd: cwd,
 		baseEnv:    env,
 		slots:      make(chan struct{}, cfg.MaxConcurrentCommands),
 		log:        log,
-	}, nil
+		workspace:  workspace,
+	}
+	s.workspaceAliases = aliases
+	if workspace != "" {
+		if s.root, err = os.OpenRoot(workspace); err != nil {
+			return nil, fmt.Errorf("workspace: %w", err)
+		}
+		if s.usage, err = newWorkspaceUsage(s.root, cfg.WorkspaceCap, cfg.WorkspaceUsageTTL); err != nil {
+			s.root.Close()
+			return nil, fmt.Errorf("workspace usage: %w", err)
+		}
+	}
+	return s, nil
 }
+
+// Close releases the workspace handle.
+func (s *Server) Close() error {
+	if s.root == nil {
+		return nil
+	}
+	return s.root.Close()
+}
+
+// resolveWorkspace returns the absolute, symlink-free path of the
+// workspace, or "" for none, and the configured absolute path if it
+// differs. Both are resolved once here so that absolute request paths can
+// be matched against them.
+func resolveWorkspace(dir string) (string, []string, error) {
+	explicit := dir != ""
+	if !explicit {
+		dir = DefaultWorkspace
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", nil, fmt.Errorf("workspace: %w", err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		if !explicit && errors.Is(err, fs.ErrNotExist) {
+			return "", nil, nil
+		}
+		return "", nil, fmt.Errorf("workspace: %w", err)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return "", nil, fmt.Errorf("workspace: %w", err)
+	}
+	if !st.IsDir() {
+		if !explicit {
+			return "", nil, nil
+		}
+		return "", nil, fmt.Errorf("workspace %q is not a directory", abs)
+	}
+	var aliases []string
+	if abs != real {
+		aliases = []string{abs}
+	}
+	return real, aliases, nil
+}
+
+// Workspace is the directory the file endpoints serve, or "" if none.
+func (s *Server) Workspace() string { return s.workspace }
 
 func resolveDefaultCwd(dir string) (string, error) {
 	if dir == "" {
@@ -237,7 +339,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			methodNotAllowed(rec, r, "GET, HEAD")
 			break
 		}
-		writeJSON(rec, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
+		h := api.Health{Status: "ok", Version: s.cfg.Version}
+		if s.usage != nil {
+			h.Workspace = &api.WorkspaceUsage{UsedBytes: s.usage.snapshot(), CapBytes: s.usage.cap}
+		}
+		writeJSON(rec, http.StatusOK, h)
 	case api.PathCommands:
 		if r.Method != http.MethodPost {
 			methodNotAllowed(rec, r, "POST")
@@ -245,7 +351,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.handleCommand(rec, r, &info)
 	default:
-		writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+		if !s.serveFiles(rec, r, &info) {
+			writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+		}
 	}
 
 	attrs := []slog.Attr{
@@ -260,6 +368,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Only the program name: arguments and environment may hold secrets.
 	if info.program != "" {
 		attrs = append(attrs, slog.String("program", info.program))
+	}
+	if info.file != "" {
+		attrs = append(attrs, slog.String("file", info.file))
+	}
+	if info.aborted != nil {
+		attrs = append(attrs, slog.String("aborted", info.aborted.Error()))
 	}
 	if info.result != nil {
 		attrs = append(attrs, slog.Int("exit_code", info.result.ExitCode), slog.Bool("timed_out", info.result.TimedOut),
@@ -281,13 +395,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		level = slog.LevelDebug
 	}
 	s.log.LogAttrs(r.Context(), level, "request", attrs...)
+	if info.aborted != nil {
+		// The status and part of the body are sent; cutting the
+		// connection is the only way left to tell the client the body is
+		// incomplete (a chunked body that ends cleanly would look whole).
+		panic(http.ErrAbortHandler)
+	}
 }
 
 type requestInfo struct {
 	program string
+	file    string
 	result  *api.CommandResult
 	err     *api.Error
+	// aborted is set when a streamed response failed after its first
+	// byte.
+	aborted error
 }
+
+func (i *requestInfo) abort(err error) { i.aborted = err }
 
 func (s *Server) handleCommand(w http.ResponseWriter, r *http.Request, info *requestInfo) {
 	fail := func(e *api.Error) {

@@ -1,5 +1,6 @@
 // Command agentbox-supervisor runs inside every sandbox pod and executes
-// commands for the agentbox control plane over mutual TLS.
+// commands and serves the workspace's files for the agentbox control plane
+// over mutual TLS.
 //
 // Configuration comes from flags, each of which defaults to an environment
 // variable:
@@ -8,7 +9,9 @@
 //	-tls-dir             AGENTBOX_TLS_DIR             /etc/agentbox/tls (tls.crt, tls.key, ca.crt)
 //	-trust-domain        AGENTBOX_TRUST_DOMAIN        agentbox.local
 //	-allowed-client-ids  AGENTBOX_ALLOWED_CLIENT_IDS  the control plane's ID in AGENTBOX_NAMESPACE
-//	-workdir             AGENTBOX_WORKDIR             /workspace if it exists, else the current directory
+//	-workdir             AGENTBOX_WORKDIR             the workspace if there is one, else the current directory
+//	-workspace           AGENTBOX_WORKSPACE           -workdir if set, else /workspace (file endpoints are off if it does not exist)
+//	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB
 //
 // AGENTBOX_NAMESPACE is the namespace the control plane runs in (the
 // platform namespace, agentbox-system unless the chart says otherwise), not
@@ -24,11 +27,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -51,6 +56,8 @@ type options struct {
 	trustDomain      string
 	allowedClientIDs []string
 	workdir          string
+	workspace        string
+	workspaceCap     int64
 	maxTimeout       time.Duration
 	maxConcurrent    int
 	passEnv          []string
@@ -95,7 +102,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs := flag.NewFlagSet("agentbox-supervisor", flag.ContinueOnError)
 	fs.SetOutput(out)
 	o := &options{}
-	var allowed, passEnv, logLevel string
+	var allowed, passEnv, logLevel, workspaceCap string
 	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
 	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
 	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /healthz, for kubelet probes (which cannot present a client certificate)")
@@ -103,6 +110,8 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.trustDomain, "trust-domain", env("AGENTBOX_TRUST_DOMAIN", pki.DefaultTrustDomain), "SPIFFE trust domain")
 	fs.StringVar(&allowed, "allowed-client-ids", env("AGENTBOX_ALLOWED_CLIENT_IDS", ""), "comma-separated SPIFFE IDs allowed to call (default: the control plane in AGENTBOX_NAMESPACE)")
 	fs.StringVar(&o.workdir, "workdir", env("AGENTBOX_WORKDIR", ""), "default working directory of commands (default /workspace if it exists, else the current directory)")
+	fs.StringVar(&o.workspace, "workspace", env("AGENTBOX_WORKSPACE", ""), "directory served by the file endpoints; no file path can leave it (default: -workdir if set, else /workspace, and no file endpoints if that does not exist)")
+	fs.StringVar(&workspaceCap, "workspace-cap", env("AGENTBOX_WORKSPACE_CAP", "1GiB"), "largest total size of the files in the workspace, in bytes or with a KiB, MiB, GiB (or KB, MB, GB) suffix; file writes past it fail")
 	fs.DurationVar(&o.maxTimeout, "max-timeout", supervisor.DefaultMaxTimeout, "largest timeout a command may ask for")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", supervisor.DefaultMaxConcurrentCommands, "commands allowed to run at once")
 	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
@@ -118,6 +127,16 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	var err error
+	if o.workspace == "" {
+		// The controller sets AGENTBOX_WORKDIR to the template's workspace
+		// mount, which need not be /workspace; the files are served from
+		// the same place commands run.
+		o.workspace = o.workdir
+	}
+	if o.workspaceCap, err = parseSize(workspaceCap); err != nil {
+		return nil, fmt.Errorf("-workspace-cap: %w", err)
 	}
 	o.passEnv = splitList(passEnv)
 	if o.passEnv == nil {
@@ -142,6 +161,33 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 		o.insecureListen = addr
 	}
 	return o, nil
+}
+
+// parseSize parses a byte count such as "1073741824", "1GiB" or "500MB".
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+	}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
+	}
+	if n <= 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q is out of range", s)
+	}
+	return n * mult, nil
 }
 
 func splitList(s string) []string {
@@ -180,6 +226,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	handler, err := supervisor.New(supervisor.Config{
 		DefaultCwd:            o.workdir,
+		Workspace:             o.workspace,
+		WorkspaceCap:          o.workspaceCap,
 		MaxTimeout:            o.maxTimeout,
 		MaxConcurrentCommands: o.maxConcurrent,
 		PassEnv:               o.passEnv,
@@ -189,6 +237,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	defer handler.Close()
 
 	var tlsConfig *tls.Config
 	addr := o.listen
@@ -231,7 +280,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			serveErr <- srv.Serve(ln)
 		}
 	}()
-	log.Info("listening", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "version", version, "workdir", handler.DefaultCwd())
+	log.Info("listening", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "version", version, "workdir", handler.DefaultCwd(),
+		"workspace", handler.Workspace(), "workspace_cap", o.workspaceCap)
 
 	var health *http.Server
 	if o.healthListen != "" {

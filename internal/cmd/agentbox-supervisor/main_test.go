@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"debug/elf"
 	"encoding/json"
@@ -60,6 +62,23 @@ func TestParseOptions(t *testing.T) {
 		t.Error("accepted an allowed ID that is not a SPIFFE ID")
 	}
 
+	if o.workspaceCap != 1<<30 || o.workspace != "" {
+		t.Errorf("workspace defaults: %q %d", o.workspace, o.workspaceCap)
+	}
+	if o, err := parseOptions([]string{"-workdir", "/srv/ws"}, getenv, io.Discard); err != nil || o.workspace != "/srv/ws" {
+		t.Errorf("workspace follows -workdir: %+v, %v", o, err)
+	}
+	for in, want := range map[string]int64{"1GiB": 1 << 30, "500MB": 500e6, "4096": 4096, "2 KiB": 2048, "7B": 7} {
+		o, err := parseOptions([]string{"-workspace-cap", in}, getenv, io.Discard)
+		if err != nil || o.workspaceCap != want {
+			t.Errorf("-workspace-cap %s: %v, %v; want %d", in, o, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1GiB", "1.5GiB", "lots", "9999999999GiB"} {
+		if _, err := parseOptions([]string{"-workspace-cap", in}, getenv, io.Discard); err == nil {
+			t.Errorf("-workspace-cap %q was accepted", in)
+		}
+	}
 	for _, addr := range []string{"127.0.0.1:0", "[::1]:8080", "localhost:8080", "127.1.2.3:80"} {
 		if _, err := parseOptions([]string{"-insecure-listen", addr}, getenv, io.Discard); err != nil {
 			t.Errorf("-insecure-listen %s: %v", addr, err)
@@ -210,14 +229,14 @@ func TestSupervisorProcess(t *testing.T) {
 	workdir := t.TempDir()
 
 	p := startSupervisor(t, bin,
-		[]string{"-listen", "127.0.0.1:0", "-tls-dir", tlsDir, "-workdir", workdir, "-shutdown-grace", "20s"},
+		[]string{"-listen", "127.0.0.1:0", "-tls-dir", tlsDir, "-workdir", workdir, "-workspace", workdir, "-workspace-cap", "16MiB", "-shutdown-grace", "20s"},
 		[]string{"AGENTBOX_NAMESPACE=platform", "AGENTBOX_TEST_SECRET=s3cret-value", "PATH=" + os.Getenv("PATH")})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	client := clientFor(t, p.addr, controlPlane, ca, sandboxID)
 
 	h, err := client.Health(ctx)
-	if err != nil || h.Status != "ok" || h.Version != "test-build" {
+	if err != nil || h.Status != "ok" || h.Version != "test-build" || h.Workspace == nil || h.Workspace.CapBytes != 16<<20 {
 		t.Fatalf("Health = %+v, %v", h, err)
 	}
 
@@ -246,6 +265,8 @@ func TestSupervisorProcess(t *testing.T) {
 	if strings.Contains(res.Stdout, "s3cret-value") || strings.Contains(res.Stdout, "AGENTBOX_") {
 		t.Fatalf("the supervisor's environment reached the command:\n%s", res.Stdout)
 	}
+
+	testFilesOverMTLS(ctx, t, client, workdir)
 
 	_, err = client.RunCommand(ctx, api.CommandRequest{Command: []string{"true"}, TimeoutSeconds: 3600})
 	if api.CodeOf(err) != api.CodeInvalidArgument {
@@ -374,6 +395,66 @@ func TestSupervisorProcessGraceExpires(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("background process %d survived the supervisor", pid)
 		}
+	}
+}
+
+// testFilesOverMTLS puts and gets a 10 MiB binary file through the real
+// process, and checks the cap and confinement over the same connection.
+func testFilesOverMTLS(ctx context.Context, t *testing.T, client *api.Client, workdir string) {
+	t.Helper()
+	data := make([]byte, 10<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	fi, err := client.PutFile(ctx, "dir/blob.bin", bytes.NewReader(data), 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := time.Since(start)
+	if fi.Size != int64(len(data)) || fi.Mode != "0640" {
+		t.Fatalf("PutFile = %+v", fi)
+	}
+	start = time.Now()
+	rc, err := client.GetFile(ctx, "dir/blob.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := time.Since(start)
+	if !bytes.Equal(got, data) {
+		t.Fatalf("GetFile returned %d bytes that differ from the %d put", len(got), len(data))
+	}
+	if onDisk, err := os.ReadFile(filepath.Join(workdir, "dir", "blob.bin")); err != nil || !bytes.Equal(onDisk, data) {
+		t.Fatalf("file on disk differs (%v)", err)
+	}
+	t.Logf("10 MiB over mTLS: put %s (%.0f MB/s), get %s (%.0f MB/s)", put, 10.48576/put.Seconds(), get, 10.48576/get.Seconds())
+
+	if h, err := client.Health(ctx); err != nil || h.Workspace.UsedBytes != int64(len(data)) {
+		t.Fatalf("Health after the put = %+v, %v", h, err)
+	}
+	// Another 10 MiB would pass the 16 MiB cap; the refusal arrives while
+	// the client is still sending, and it still gets the typed error.
+	_, err = client.PutFile(ctx, "dir/blob2.bin", io.MultiReader(bytes.NewReader(data)), 0)
+	if api.CodeOf(err) != api.CodeWorkspaceFull {
+		t.Fatalf("put past the cap: %v, want workspace_full", err)
+	}
+	_, err = client.PutFile(ctx, "dir/blob.bin", io.MultiReader(bytes.NewReader(data), bytes.NewReader(data)), 0)
+	if api.CodeOf(err) != api.CodeWorkspaceFull {
+		t.Fatalf("replacement past the cap: %v, want workspace_full", err)
+	}
+	if onDisk, err := os.ReadFile(filepath.Join(workdir, "dir", "blob.bin")); err != nil || !bytes.Equal(onDisk, data) {
+		t.Fatalf("a refused replacement changed the file (%v)", err)
+	}
+	if _, err := client.GetFile(ctx, "../../etc/passwd"); api.CodeOf(err) != api.CodePathEscapesWorkspace {
+		t.Fatalf("GetFile(../../etc/passwd): %v, want path_escapes_workspace", err)
+	}
+	if err := client.Delete(ctx, "dir", true); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -100,9 +100,24 @@ func TestCodeHTTPStatus(t *testing.T) {
 		api.CodeInvalidArgument: 400, api.CodePermissionDenied: 403, api.CodeNotFound: 404,
 		api.CodeMethodNotAllowed: 405, api.CodePayloadTooLarge: 413, api.CodeResourceExhausted: 429,
 		api.CodeInternal: 500, api.CodeUnavailable: 503, api.CodeTimeout: 504,
+		api.CodePathEscapesWorkspace: 403, api.CodeIsADirectory: 409, api.CodeNotADirectory: 409,
+		api.CodeWorkspaceFull: 507,
 	} {
 		if got := code.HTTPStatus(); got != status {
 			t.Errorf("%s.HTTPStatus() = %d, want %d", code, got, status)
+		}
+	}
+	if got := api.FilePath(api.PathFiles, "a dir/x?y#z%/../b"); got != "/v1/files/a%20dir/x%3Fy%23z%25/../b" {
+		t.Errorf("FilePath = %s", got)
+	}
+	for in, want := range map[string]int{"0644": 0o644, "755": 0o755, "0": 0} {
+		if got, err := api.ParseMode(in); err != nil || int(got) != want {
+			t.Errorf("ParseMode(%q) = %o, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"", "0x1ff", "4755", "999", "-1"} {
+		if _, err := api.ParseMode(in); err == nil {
+			t.Errorf("ParseMode(%q) accepted", in)
 		}
 	}
 	if got := api.PodURL("fd00::7"); got != "https://[fd00::7]:8443" {

@@ -5,8 +5,19 @@
 //
 // The supervisor serves HTTPS with mutual TLS on port 8443:
 //
-//	GET  /healthz     -> Health
-//	POST /v1/commands  CommandRequest -> CommandResult
+//	GET    /healthz                -> Health
+//	POST   /v1/commands            CommandRequest -> CommandResult
+//	PUT    /v1/files/{path}        file bytes -> FileInfo (?mode=0644)
+//	PUT    /v1/files/{dir}?format=tar  tar stream -> TarResult
+//	GET    /v1/files/{path}        -> file bytes, or a tar of a directory
+//	                                  (?format=tar or Accept: application/x-tar)
+//	DELETE /v1/files/{path}        (?recursive=true for a directory)
+//	GET    /v1/stat/{path}         -> FileInfo
+//	GET    /v1/list/{path}         -> ListResult
+//
+// File paths are relative to the workspace (/workspace in a sandbox); an
+// absolute path is accepted only when it lies under the workspace. Each
+// segment is percent-escaped in the URL; see FilePath.
 //
 // Errors are JSON bodies {"error": {"code": ..., "message": ...}} with the
 // HTTP status that matches the code.
@@ -15,6 +26,7 @@ package supervisorapi
 import (
 	"fmt"
 	"net/http"
+	"time"
 )
 
 const (
@@ -23,6 +35,21 @@ const (
 
 	PathHealth   = "/healthz"
 	PathCommands = "/v1/commands"
+	// The file endpoints take the workspace path after the prefix.
+	PathFiles = "/v1/files/"
+	PathStat  = "/v1/stat/"
+	PathList  = "/v1/list/"
+
+	// ContentTypeTar asks GET /v1/files for a tar of a directory, and
+	// labels tar bodies.
+	ContentTypeTar = "application/x-tar"
+	// FormatTar is the value of the format query parameter for tar.
+	FormatTar = "tar"
+	// DefaultFileMode applies to files written without a mode.
+	DefaultFileMode = 0o644
+	// DefaultWorkspaceCapBytes is the workspace cap when none is configured
+	// (the design's 1 GB).
+	DefaultWorkspaceCapBytes = 1 << 30
 
 	// DefaultTimeoutSeconds applies when a request gives no timeout.
 	DefaultTimeoutSeconds = 60
@@ -79,6 +106,49 @@ type CommandResult struct {
 type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version"`
+	// Workspace is absent when the supervisor serves no workspace.
+	Workspace *WorkspaceUsage `json:"workspace,omitempty"`
+}
+
+// WorkspaceUsage reports how much of the workspace cap is used. UsedBytes
+// is the sum of the apparent sizes of the regular files under the
+// workspace, which is what the cap is enforced against.
+type WorkspaceUsage struct {
+	UsedBytes int64 `json:"used_bytes"`
+	CapBytes  int64 `json:"cap_bytes"`
+}
+
+// FileInfo describes one file in the workspace. It describes a symbolic
+// link itself, not its target.
+type FileInfo struct {
+	// Name is the last element of the path ("." for the workspace).
+	Name string `json:"name"`
+	// Path is the workspace-relative path, with slashes.
+	Path string `json:"path,omitempty"`
+	Size int64  `json:"size"`
+	// Mode is the permission bits in octal, e.g. "0644" (with setuid,
+	// setgid and sticky as the leading digit when set).
+	Mode      string    `json:"mode"`
+	ModTime   time.Time `json:"mod_time"`
+	IsDir     bool      `json:"is_dir"`
+	IsSymlink bool      `json:"is_symlink"`
+	// LinkTarget is the target of a symbolic link, as stored.
+	LinkTarget string `json:"link_target,omitempty"`
+}
+
+// ListResult is the body of GET /v1/list/{path}: the directory's entries,
+// sorted by name.
+type ListResult struct {
+	Path    string     `json:"path"`
+	Entries []FileInfo `json:"entries"`
+}
+
+// TarResult is the body of a successful tar extraction.
+type TarResult struct {
+	Files    int   `json:"files"`
+	Dirs     int   `json:"dirs"`
+	Symlinks int   `json:"symlinks"`
+	Bytes    int64 `json:"bytes"`
 }
 
 // Code classifies an error. Callers branch on it, never on the message.
@@ -97,6 +167,24 @@ const (
 	// of time. A command that times out is not one: it returns a result
 	// with TimedOut set, because its partial output is still useful.
 	CodeTimeout Code = "timeout"
+	// CodePathEscapesWorkspace refuses a path that would leave the
+	// workspace: a ".." that climbs out of it, an absolute path elsewhere,
+	// or a symbolic link (at any component) that points outside or is
+	// absolute. It is distinct from permission_denied, which is the file
+	// system refusing access to a path that is inside, so that a caller
+	// can tell a bad path from a bad permission.
+	CodePathEscapesWorkspace Code = "path_escapes_workspace"
+	// CodeIsADirectory and CodeNotADirectory report a path of the wrong
+	// kind: a directory where a file is needed, or a file (or missing
+	// parent) where a directory is needed. They are conflicts with the
+	// workspace's current state, hence 409.
+	CodeIsADirectory  Code = "is_a_directory"
+	CodeNotADirectory Code = "not_a_directory"
+	// CodeWorkspaceFull is a write that would take the workspace past its
+	// cap, or a disk that is full. It is 507 Insufficient Storage rather
+	// than resource_exhausted's 429, because waiting does not help: space
+	// has to be freed first.
+	CodeWorkspaceFull Code = "workspace_full"
 	// CodeUnknown is what the client reports when a response carries no
 	// recognisable error body, e.g. from something between it and the
 	// supervisor.
@@ -112,6 +200,12 @@ func (c Code) HTTPStatus() int {
 		return http.StatusForbidden
 	case CodeNotFound:
 		return http.StatusNotFound
+	case CodePathEscapesWorkspace:
+		return http.StatusForbidden
+	case CodeIsADirectory, CodeNotADirectory:
+		return http.StatusConflict
+	case CodeWorkspaceFull:
+		return http.StatusInsufficientStorage
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
 	case CodePayloadTooLarge:

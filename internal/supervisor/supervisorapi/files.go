@@ -1,0 +1,197 @@
+package supervisorapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// FilePath returns the URL path of endpoint prefix (PathFiles, PathStat or
+// PathList) for the workspace path p. Each segment is percent-escaped, so
+// names with "?", "#" or "%" survive; ".." is sent as it is, for the
+// supervisor to refuse.
+func FilePath(prefix, p string) string {
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return prefix + strings.Join(segs, "/")
+}
+
+// PutFile writes body to the workspace file at path, atomically: readers
+// see the old content or the new, never a mix, and a failed write (for
+// example one that would pass the workspace cap, CodeWorkspaceFull) leaves
+// the old content intact. Parent directories are created. mode 0 means
+// DefaultFileMode; only permission bits are accepted.
+func (c *Client) PutFile(ctx context.Context, path string, body io.Reader, mode fs.FileMode) (*FileInfo, error) {
+	q := url.Values{}
+	if mode != 0 {
+		q.Set("mode", fmt.Sprintf("%04o", uint32(mode)))
+	}
+	resp, err := c.stream(ctx, http.MethodPut, FilePath(PathFiles, path), q, body, "application/octet-stream", "application/json")
+	if err != nil {
+		return nil, err
+	}
+	var fi FileInfo
+	if err := c.decodeJSON(resp, &fi); err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}
+
+// GetFile streams the workspace file at path. The caller closes the
+// reader. A directory is CodeIsADirectory; use GetTar for one.
+func (c *Client) GetFile(ctx context.Context, path string) (io.ReadCloser, error) {
+	resp, err := c.stream(ctx, http.MethodGet, FilePath(PathFiles, path), nil, nil, "", "application/octet-stream")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// GetTar streams the directory at path (or a single file) as an
+// uncompressed tar whose names are relative to path. Symbolic links are
+// stored as links, not followed. The caller closes the reader; a read
+// error before the tar's end means the supervisor aborted the stream.
+func (c *Client) GetTar(ctx context.Context, path string) (io.ReadCloser, error) {
+	q := url.Values{"format": {FormatTar}}
+	resp, err := c.stream(ctx, http.MethodGet, FilePath(PathFiles, path), q, nil, "", ContentTypeTar)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// PutTar extracts the tar stream into the directory at dir, creating it.
+// Every entry is confined to the workspace like a PutFile path, and every
+// file is written atomically; an entry that fails stops the extraction,
+// and the entries before it stay.
+func (c *Client) PutTar(ctx context.Context, dir string, tarStream io.Reader) (*TarResult, error) {
+	q := url.Values{"format": {FormatTar}}
+	resp, err := c.stream(ctx, http.MethodPut, FilePath(PathFiles, dir), q, tarStream, ContentTypeTar, "application/json")
+	if err != nil {
+		return nil, err
+	}
+	var res TarResult
+	if err := c.decodeJSON(resp, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// Delete removes the file or symbolic link at path; a directory needs
+// recursive. A missing path is CodeNotFound.
+func (c *Client) Delete(ctx context.Context, path string, recursive bool) error {
+	var q url.Values
+	if recursive {
+		q = url.Values{"recursive": {"true"}}
+	}
+	resp, err := c.stream(ctx, http.MethodDelete, FilePath(PathFiles, path), q, nil, "", "application/json")
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	return resp.Body.Close()
+}
+
+// Stat describes the workspace path, without following a final symbolic
+// link.
+func (c *Client) Stat(ctx context.Context, path string) (*FileInfo, error) {
+	var fi FileInfo
+	if err := c.getJSON(ctx, FilePath(PathStat, path), &fi); err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}
+
+// List returns the entries of the workspace directory at path.
+func (c *Client) List(ctx context.Context, path string) (*ListResult, error) {
+	var res ListResult
+	if err := c.getJSON(ctx, FilePath(PathList, path), &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+func (c *Client) getJSON(ctx context.Context, path string, out any) error {
+	resp, err := c.stream(ctx, http.MethodGet, path, nil, nil, "", "application/json")
+	if err != nil {
+		return err
+	}
+	return c.decodeJSON(resp, out)
+}
+
+// stream sends a request whose body (if any) is streamed, and returns the
+// response of a 2xx status with its body unread; any other status is
+// returned as *Error.
+func (c *Client) stream(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType, accept string) (*http.Response, error) {
+	u := strings.TrimSuffix(c.BaseURL, "/") + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor request: %w", err)
+	}
+	if body != nil && contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	req.Header.Set("Accept", accept)
+	hc := c.HTTPClient
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		// Error bodies are small JSON; the bound only guards against a
+		// broken peer.
+		data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if err != nil {
+			return nil, fmt.Errorf("supervisor %s %s: status %d: read response: %w", method, path, resp.StatusCode, err)
+		}
+		return nil, decodeError(resp.StatusCode, data)
+	}
+	return resp, nil
+}
+
+func (c *Client) decodeJSON(resp *http.Response, out any) error {
+	defer resp.Body.Close()
+	limit := c.MaxResponseBytes
+	if limit <= 0 {
+		limit = DefaultMaxResponseBytes
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return fmt.Errorf("supervisor %s %s: read response: %w", resp.Request.Method, resp.Request.URL.Path, err)
+	}
+	if int64(len(data)) > limit {
+		return fmt.Errorf("supervisor %s %s: response larger than %d bytes", resp.Request.Method, resp.Request.URL.Path, limit)
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("supervisor %s %s: decode response: %w", resp.Request.Method, resp.Request.URL.Path, err)
+	}
+	return nil
+}
+
+// ParseMode parses an octal permission string such as "0644" or "755".
+// Only permission bits (0777) are accepted.
+func ParseMode(s string) (fs.FileMode, error) {
+	v, err := strconv.ParseUint(s, 8, 32)
+	if err != nil {
+		return 0, fmt.Errorf("mode %q is not an octal number: %w", s, err)
+	}
+	if v > 0o777 {
+		return 0, fmt.Errorf("mode %q has bits other than permissions (0777)", s)
+	}
+	return fs.FileMode(v), nil
+}
