@@ -148,7 +148,12 @@ const (
 	ReasonDeniedIP     = "denied_ip"     // every address of the host is in a denied CIDR
 	ReasonBadRequest   = "bad_request"   // not a proxy request this proxy understands
 	ReasonResolveError = "resolve_error" // DNS failed
-	ReasonDialError    = "dial_error"    // the upstream refused or timed out
+	ReasonDialError    = "dial_error"    // the destination (or upstream proxy) refused or timed out
+	// With an upstream proxy: it refused our credentials (407) or the
+	// CONNECT (any other non-2xx). The client gets 502 either way, never
+	// the upstream's 407, which would invite it to send credentials.
+	ReasonUpstreamAuth    = "upstream_auth"
+	ReasonUpstreamRefused = "upstream_refused"
 )
 
 // DeniedError is returned when policy refuses a destination. It is kept
@@ -170,4 +175,64 @@ func isDenied(err error) (*DeniedError, bool) {
 	var d *DeniedError
 	ok := errors.As(err, &d)
 	return d, ok
+}
+
+// Policy is what decides which requests pass: the name rules and the denied
+// address ranges. It is the part of the configuration that can change while
+// the proxy runs.
+type Policy struct {
+	// Allow and Deny are host patterns; see Config.
+	Allow, Deny []string
+	// DeniedCIDRs: nil means DefaultDeniedCIDRs, empty denies no address.
+	DeniedCIDRs []netip.Prefix
+}
+
+// policy is a Policy compiled for matching. It is never modified once
+// built, so requests can share it without locks.
+type policy struct {
+	src         Policy
+	allow, deny domainList
+	denied      []netip.Prefix
+}
+
+func compilePolicy(src Policy) (*policy, error) {
+	allow, err := newDomainList(src.Allow)
+	if err != nil {
+		return nil, fmt.Errorf("allow: %w", err)
+	}
+	deny, err := newDomainList(src.Deny)
+	if err != nil {
+		return nil, fmt.Errorf("deny: %w", err)
+	}
+	p := &policy{src: src, allow: allow, deny: deny, denied: src.DeniedCIDRs}
+	if p.denied == nil {
+		p.denied = DefaultDeniedCIDRs
+		p.src.DeniedCIDRs = DefaultDeniedCIDRs
+	}
+	return p, nil
+}
+
+// checkHost applies the name rules, before any DNS lookup or connection.
+func (p *policy) checkHost(host string) *DeniedError {
+	if host == "" {
+		return &DeniedError{Host: host, Reason: ReasonBadRequest, Detail: "no host"}
+	}
+	if p.deny.match(host) {
+		return &DeniedError{Host: host, Reason: ReasonDenylisted}
+	}
+	if !p.allow.match(host) {
+		return &DeniedError{Host: host, Reason: ReasonNotAllowed}
+	}
+	return nil
+}
+
+// deniedAddr reports the denied prefix containing a, if any.
+func (p *policy) deniedAddr(a netip.Addr) (netip.Prefix, bool) {
+	a = a.Unmap()
+	for _, pr := range p.denied {
+		if pr.Contains(a) {
+			return pr, true
+		}
+	}
+	return netip.Prefix{}, false
 }

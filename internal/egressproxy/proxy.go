@@ -17,6 +17,12 @@
 // upgrades) and CONNECT is a hijacked connection joined with io.Copy. No
 // proxy library is among the module's dependencies, and the policy hooks
 // needed here (the dialer and the resolver) are plain net/http ones.
+//
+// With an upstream proxy configured (Config.Upstream), allowed requests
+// leave through it instead of directly; see upstream.go for what is checked
+// where. The policy can be replaced while the proxy runs (SetPolicy, and
+// Reloader for files); each request uses the policy current when it
+// arrived, and open tunnels are left alone.
 package egressproxy
 
 import (
@@ -30,8 +36,10 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,7 +49,9 @@ type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
-// DialFunc opens a connection; address is always an IP and port.
+// DialFunc opens a connection. address is an IP and port, except for the
+// connection to the configured upstream proxy, which is dialled by the name
+// the operator gave.
 type DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
 
 // Config configures a Proxy.
@@ -64,12 +74,31 @@ type Config struct {
 	DialTimeout time.Duration
 	// Logger receives one access-log line per request; default slog.Default().
 	Logger *slog.Logger
+	// Agent names the agent this proxy serves, for the access log.
+	Agent string
+	// Upstream, if set, is an http:// proxy that allowed requests are sent
+	// through ("http://host:port", no credentials in it).
+	Upstream string
+	// UpstreamUser and UpstreamPassword are sent to Upstream as Basic
+	// Proxy-Authorization; empty user sends none. SetUpstreamCredentials
+	// replaces them later.
+	UpstreamUser, UpstreamPassword string
+	// ClientCredentials, if non-nil, are the user:password pairs clients
+	// must send as Basic Proxy-Authorization; the user name is logged as
+	// the agent. See clientauth.go.
+	ClientCredentials map[string]string
 }
 
 // Proxy is an http.Handler serving forward-proxy requests.
 type Proxy struct {
-	allow, deny domainList
-	denied      []netip.Prefix
+	// policy is swapped whole by SetPolicy, so a request never sees half
+	// of an old policy and half of a new one.
+	policy      atomic.Pointer[policy]
+	agent       string
+	metrics     *metrics
+	upstream    *url.URL                    // nil: connect directly
+	upAuth      atomic.Pointer[string]      // the Proxy-Authorization value, nil for none
+	clientAuth  atomic.Pointer[clientCreds] // nil: clients need no credentials
 	resolver    Resolver
 	dial        DialFunc
 	dialTimeout time.Duration
@@ -80,25 +109,25 @@ type Proxy struct {
 
 // New checks cfg and returns a Proxy.
 func New(cfg Config) (*Proxy, error) {
-	allow, err := newDomainList(cfg.Allow)
+	pol, err := compilePolicy(Policy{Allow: cfg.Allow, Deny: cfg.Deny, DeniedCIDRs: cfg.DeniedCIDRs})
 	if err != nil {
-		return nil, fmt.Errorf("allow: %w", err)
-	}
-	deny, err := newDomainList(cfg.Deny)
-	if err != nil {
-		return nil, fmt.Errorf("deny: %w", err)
+		return nil, err
 	}
 	p := &Proxy{
-		allow:       allow,
-		deny:        deny,
-		denied:      cfg.DeniedCIDRs,
+		agent:       cfg.Agent,
+		metrics:     newMetrics(),
 		resolver:    cfg.Resolver,
 		dial:        cfg.Dial,
 		dialTimeout: cfg.DialTimeout,
 		log:         cfg.Logger,
 	}
-	if p.denied == nil {
-		p.denied = DefaultDeniedCIDRs
+	p.policy.Store(pol)
+	p.SetClientCredentials(cfg.ClientCredentials)
+	if cfg.Upstream != "" {
+		if p.upstream, err = parseUpstream(cfg.Upstream); err != nil {
+			return nil, err
+		}
+		p.SetUpstreamCredentials(cfg.UpstreamUser, cfg.UpstreamPassword)
 	}
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
@@ -113,9 +142,10 @@ func New(cfg Config) (*Proxy, error) {
 		p.log = slog.Default()
 	}
 	p.transport = &http.Transport{
-		// Proxy stays nil: this process is the last hop, and honouring
-		// HTTP_PROXY from its own environment would send traffic around
-		// the policy. Upstream chaining is a deliberate, later feature.
+		// Proxy stays nil: honouring HTTP_PROXY from this process's
+		// environment would send traffic around the policy. Chaining is
+		// configured explicitly (Config.Upstream) and uses
+		// newUpstreamTransport instead.
 		Proxy:       nil,
 		DialContext: p.dialChecked,
 		// Bodies pass through as the origin sent them.
@@ -124,6 +154,10 @@ func New(cfg Config) (*Proxy, error) {
 		MaxIdleConnsPerHost: 10,
 		IdleConnTimeout:     90 * time.Second,
 	}
+	transport := http.RoundTripper(p.transport)
+	if p.upstream != nil {
+		transport = p.newUpstreamTransport()
+	}
 	p.forward = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// Out.URL is already the absolute URL the policy checked. The
@@ -131,17 +165,61 @@ func New(cfg Config) (*Proxy, error) {
 			// cannot pick a virtual host the policy never saw (RFC 9112,
 			// 3.2.2).
 			pr.Out.Host = ""
+			// The client's own Proxy-Authorization is hop-by-hop and
+			// already gone from Out; only the upstream's is added.
+			if p.upstream != nil {
+				if a := p.upAuth.Load(); a != nil {
+					pr.Out.Header.Set("Proxy-Authorization", *a)
+				}
+			}
 		},
-		Transport:     p.transport,
-		FlushInterval: -1, // stream: server-sent events and long polls must not wait for a buffer
-		ErrorHandler:  p.forwardError,
-		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+		ModifyResponse: p.checkUpstreamResponse,
+		Transport:      transport,
+		FlushInterval:  -1, // stream: server-sent events and long polls must not wait for a buffer
+		ErrorHandler:   p.forwardError,
+		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
 	}
 	return p, nil
 }
 
 // Close drops idle upstream connections.
-func (p *Proxy) Close() { p.transport.CloseIdleConnections() }
+func (p *Proxy) Close() {
+	p.transport.CloseIdleConnections()
+	if t, ok := p.forward.Transport.(*http.Transport); ok {
+		t.CloseIdleConnections()
+	}
+}
+
+// SetPolicy replaces the allowlist, denylist and denied CIDRs for requests
+// that arrive from now on. An invalid policy is refused and the old one
+// stays. Requests in flight and open tunnels keep the policy they started
+// with.
+func (p *Proxy) SetPolicy(pol Policy) error {
+	c, err := compilePolicy(pol)
+	if err != nil {
+		return err
+	}
+	p.policy.Store(c)
+	// A pooled keep-alive connection was checked against the old denied
+	// CIDRs; dropping idle ones makes the next request dial, and so check,
+	// again. Busy connections finish their current request first.
+	p.Close()
+	return nil
+}
+
+// CurrentPolicy returns the policy new requests are checked against.
+func (p *Proxy) CurrentPolicy() Policy { return p.policy.Load().src }
+
+type policyKey struct{}
+
+// policyFor returns the policy a request started with; the transport's
+// dialer finds it in the request's context.
+func (p *Proxy) policyFor(ctx context.Context) *policy {
+	if pol, ok := ctx.Value(policyKey{}).(*policy); ok {
+		return pol
+	}
+	return p.policy.Load()
+}
 
 // entry collects what the access log reports about one request.
 type entry struct {
@@ -172,10 +250,29 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	e := &entry{}
 	cw := &countingWriter{ResponseWriter: w}
-	r = r.WithContext(context.WithValue(r.Context(), entryKey{}, e))
+	pol := p.policy.Load()
+	ctx := context.WithValue(r.Context(), entryKey{}, e)
+	r = r.WithContext(context.WithValue(ctx, policyKey{}, pol))
 
+	agent := p.agent
+	isProxy := r.Method == http.MethodConnect || r.URL.IsAbs()
+	user, authed := "", true
+	if isProxy {
+		user, authed = p.authenticate(r)
+	}
+	if user != "" {
+		agent = user
+	}
 	var host, port string
 	switch {
+	case !authed:
+		host, port = normalizeHost(r.URL.Hostname()), r.URL.Port()
+		if r.Method == http.MethodConnect {
+			if h, pt, err := net.SplitHostPort(r.Host); err == nil {
+				host, port = normalizeHost(h), pt
+			}
+		}
+		askForAuth(cw, e)
 	case r.Method == http.MethodConnect:
 		host, port = p.serveConnect(cw, r, e)
 	case r.URL.IsAbs():
@@ -204,7 +301,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.decision != "allow" {
 		level = slog.LevelWarn
 	}
+	duration := time.Since(start)
+	p.metrics.observe(r.Method, e.decision, e.reason, e.bytesIn, bytesOut, duration)
+	via := ""
+	if p.upstream != nil && e.decision == "allow" {
+		via = p.upstream.Host
+	}
+	// Request headers are never logged: Proxy-Authorization from the
+	// client and the upstream's credentials must not reach the log.
 	p.log.LogAttrs(r.Context(), level, "egress",
+		slog.String("agent", agent),
 		slog.String("method", r.Method),
 		slog.String("host", host),
 		slog.String("port", port),
@@ -213,8 +319,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		slog.Int("status", status),
 		slog.Int64("bytes_in", e.bytesIn),
 		slog.Int64("bytes_out", bytesOut),
-		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+		slog.Float64("duration_ms", float64(duration.Microseconds())/1000),
 		slog.String("upstream", e.upstream),
+		slog.String("via", via),
 		slog.String("client", r.RemoteAddr),
 	)
 }
@@ -239,9 +346,18 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, e *entry) (
 	if port == "" {
 		port = "80"
 	}
-	if d := p.checkHost(host); d != nil {
+	pol := p.policyFor(r.Context())
+	if d := pol.checkHost(host); d != nil {
 		deny(w, e, d)
 		return host, port
+	}
+	if p.upstream != nil {
+		// The transport dials the upstream proxy, not the target, so the
+		// address check happens here instead of in dialChecked.
+		if _, err := p.resolveChecked(r.Context(), pol, host); err != nil {
+			p.forwardError(w, r, err)
+			return host, port
+		}
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &e.bytesIn, mu: &e.mu}
@@ -263,8 +379,12 @@ func (p *Proxy) forwardError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	reason := ReasonDialError
 	var dnsErr *net.DNSError
-	if errors.As(err, &dnsErr) {
+	var upErr *UpstreamError
+	switch {
+	case errors.As(err, &dnsErr):
 		reason = ReasonResolveError
+	case errors.As(err, &upErr):
+		reason = upErr.reason()
 	}
 	if errors.Is(err, context.Canceled) {
 		// The client went away; there is no one to answer.
@@ -284,11 +404,18 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, e *entry) (
 		return r.Host, ""
 	}
 	host = normalizeHost(h)
-	if d := p.checkHost(host); d != nil {
+	if d := p.policyFor(r.Context()).checkHost(host); d != nil {
 		deny(w, e, d)
 		return host, port
 	}
-	upstream, err := p.dialChecked(r.Context(), "tcp", net.JoinHostPort(host, port))
+	var upstream net.Conn
+	var fromUpstream io.Reader
+	if p.upstream != nil {
+		upstream, fromUpstream, err = p.connectViaUpstream(r.Context(), host, port)
+	} else {
+		upstream, err = p.dialChecked(r.Context(), "tcp", net.JoinHostPort(host, port))
+		fromUpstream = upstream
+	}
 	if err != nil {
 		p.forwardError(w, r, err)
 		return host, port
@@ -318,12 +445,14 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, e *entry) (
 	if n := buf.Reader.Buffered(); n > 0 {
 		fromClient = io.MultiReader(io.LimitReader(buf.Reader, int64(n)), client)
 	}
+	p.metrics.tunnels.Inc()
+	defer p.metrics.tunnels.Dec()
 	var wg sync.WaitGroup
 	var up, down int64
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		down = pipe(client, upstream, upstream)
+		down = pipe(client, fromUpstream, upstream)
 	}()
 	up = pipe(upstream, fromClient, client)
 	wg.Wait()
@@ -351,52 +480,51 @@ func pipe(dst net.Conn, src io.Reader, srcConn net.Conn) int64 {
 	return n
 }
 
-// checkHost applies the name rules, before any DNS lookup or connection.
-func (p *Proxy) checkHost(host string) *DeniedError {
-	if host == "" {
-		return &DeniedError{Host: host, Reason: ReasonBadRequest, Detail: "no host"}
-	}
-	if p.deny.match(host) {
-		return &DeniedError{Host: host, Reason: ReasonDenylisted}
-	}
-	if !p.allow.match(host) {
-		return &DeniedError{Host: host, Reason: ReasonNotAllowed}
-	}
-	return nil
-}
-
-// deniedAddr reports the denied prefix containing a, if any.
-func (p *Proxy) deniedAddr(a netip.Addr) (netip.Prefix, bool) {
-	a = a.Unmap()
-	for _, pr := range p.denied {
-		if pr.Contains(a) {
-			return pr, true
-		}
-	}
-	return netip.Prefix{}, false
-}
-
 // dialChecked resolves host once, drops addresses in denied ranges and
-// dials what remains by IP. It is also the forwarding transport's dialer,
-// so no connection of this proxy is ever made to an unchecked address.
+// dials what remains by IP. It is also the direct transport's dialer, so no
+// connection of this proxy is ever made to an unchecked address.
 func (p *Proxy) dialChecked(ctx context.Context, network, address string) (net.Conn, error) {
 	h, portStr, err := net.SplitHostPort(address)
 	if err != nil {
 		return nil, err
 	}
 	host := normalizeHost(h)
-	// Checked again here because the transport dials on its own; a
-	// request that got past serveForward has already passed it.
-	if d := p.checkHost(host); d != nil {
-		return nil, d
-	}
+	pol := p.policyFor(ctx)
 	port, err := strconv.ParseUint(portStr, 10, 16)
 	if err != nil {
 		return nil, fmt.Errorf("port %q: %w", portStr, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
 	defer cancel()
+	allowed, err := p.resolveChecked(ctx, pol, host)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, a := range allowed {
+		c, err := p.dial(ctx, network, netip.AddrPortFrom(a, uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
 
+// resolveChecked applies the name rules, resolves host once (an IP literal
+// is not resolved) and returns its addresses outside the denied ranges, or
+// a DeniedError when none is left.
+func (p *Proxy) resolveChecked(ctx context.Context, pol *policy, host string) ([]netip.Addr, error) {
+	// Checked again here because the transport dials on its own; a
+	// request that got this far has normally passed it already.
+	if d := pol.checkHost(host); d != nil {
+		return nil, d
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
+	defer cancel()
 	var addrs []netip.Addr
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
@@ -410,7 +538,7 @@ func (p *Proxy) dialChecked(ctx context.Context, network, address string) (net.C
 	var refused []string
 	for _, a := range addrs {
 		a = a.Unmap()
-		if pr, bad := p.deniedAddr(a); bad {
+		if pr, bad := pol.deniedAddr(a); bad {
 			refused = append(refused, a.String()+" in "+pr.String())
 			continue
 		}
@@ -426,18 +554,7 @@ func (p *Proxy) dialChecked(ctx context.Context, network, address string) (net.C
 	if len(refused) > 0 {
 		p.log.Warn("egress host resolves partly to denied addresses; using the others", "host", host, "denied", refused)
 	}
-	var errs []error
-	for _, a := range allowed {
-		c, err := p.dial(ctx, network, netip.AddrPortFrom(a, uint16(port)).String())
-		if err == nil {
-			return c, nil
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, errors.Join(errs...)
+	return allowed, nil
 }
 
 // countingWriter records the status and body bytes sent to the client; it

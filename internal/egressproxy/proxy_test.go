@@ -279,12 +279,12 @@ func TestDefaultDeniedCIDRs(t *testing.T) {
 		"100.64.0.1", "100.100.100.200", "169.254.169.254", "198.18.0.1", "198.19.255.255",
 		"0.0.0.0", "::1", "::", "fe80::1", "fd00:ec2::254", "::ffff:127.0.0.1", "255.255.255.255",
 	} {
-		if _, bad := p.deniedAddr(netip.MustParseAddr(a)); !bad {
+		if _, bad := p.policy.Load().deniedAddr(netip.MustParseAddr(a)); !bad {
 			t.Errorf("%s is not denied by default", a)
 		}
 	}
 	for _, a := range []string{"203.0.113.1", "2001:db8::1", "172.32.0.1", "198.20.0.1", "100.128.0.1"} {
-		if _, bad := p.deniedAddr(netip.MustParseAddr(a)); bad {
+		if _, bad := p.policy.Load().deniedAddr(netip.MustParseAddr(a)); bad {
 			t.Errorf("%s is denied by default, but is a public address", a)
 		}
 	}

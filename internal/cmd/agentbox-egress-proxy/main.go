@@ -4,11 +4,23 @@
 //
 // Flags, each defaulting to an environment variable:
 //
-//	-listen      AGENTBOX_EGRESS_LISTEN      :3128
-//	-allow       AGENTBOX_EGRESS_ALLOW       hosts allowed, repeatable or comma-separated; "*.example.com" for subdomains; empty allows nothing
-//	-deny        AGENTBOX_EGRESS_DENY        hosts refused even if allowed
-//	-deny-cidrs  AGENTBOX_EGRESS_DENY_CIDRS  replaces the default denied ranges (private, loopback, link-local, CGNAT, 198.18.0.0/15, metadata); '' denies no address
-//	-log-level   AGENTBOX_LOG_LEVEL          info
+//	-listen                     AGENTBOX_EGRESS_LISTEN                     :3128
+//	-allow                      AGENTBOX_EGRESS_ALLOW                      hosts allowed, repeatable or comma-separated; "*.example.com" for subdomains; empty allows nothing
+//	-deny                       AGENTBOX_EGRESS_DENY                       hosts refused even if allowed
+//	-deny-cidrs                 AGENTBOX_EGRESS_DENY_CIDRS                 replaces the default denied ranges (private, loopback, link-local, CGNAT, 198.18.0.0/15, metadata); '' denies no address
+//	-config                     AGENTBOX_EGRESS_CONFIG                     policy file (YAML or JSON: allowedDomains, deniedDomains, deniedCIDRs), added to the flags' lists and reloaded
+//	-config-poll                AGENTBOX_EGRESS_CONFIG_POLL                how often the files are checked for changes, 5s
+//	-upstream                   AGENTBOX_EGRESS_UPSTREAM                   http://host:port of a proxy to chain to
+//	-upstream-credentials-file  AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE  file holding user:password for the upstream, reloaded
+//	-agent                      AGENTBOX_EGRESS_AGENT                      the agent served, for the access log
+//	-client-credentials-file    AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE    Shared mode: user:password per line; clients must authenticate and the user is logged as the agent; reloaded
+//	-metrics-listen             AGENTBOX_EGRESS_METRICS_LISTEN             address for Prometheus /metrics; empty (the default) serves none
+//	-log-level                  AGENTBOX_LOG_LEVEL                         info
+//
+// SIGHUP, or a change to the content of -config or either credentials
+// file, reloads all three (polled by content hash; see egressproxy.Reloader
+// for why not inotify). A file that fails to load keeps what is in force
+// and is logged; at startup it is fatal.
 package main
 
 import (
@@ -34,12 +46,19 @@ import (
 var version = "dev"
 
 type options struct {
-	listen        string
-	allow, deny   []string
-	deniedCIDRs   []netip.Prefix // nil: the defaults
-	shutdownGrace time.Duration
-	logLevel      slog.Level
-	showVersion   bool
+	listen          string
+	allow, deny     []string
+	deniedCIDRs     []netip.Prefix // nil: the defaults
+	configFile      string
+	configPoll      time.Duration
+	upstream        string
+	credentialsFile string
+	clientCredsFile string
+	agent           string
+	metricsListen   string
+	shutdownGrace   time.Duration
+	logLevel        slog.Level
+	showVersion     bool
 }
 
 func main() {
@@ -116,6 +135,14 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool), out io.W
 		cidrs, cidrsSet = splitList(s), true
 		return nil
 	})
+	fs.StringVar(&o.configFile, "config", env("AGENTBOX_EGRESS_CONFIG", ""), "policy file (YAML or JSON with allowedDomains, deniedDomains, deniedCIDRs), added to the flags' lists; reloaded on SIGHUP and on change")
+	poll := env("AGENTBOX_EGRESS_CONFIG_POLL", "5s")
+	fs.StringVar(&poll, "config-poll", poll, "how often the config and credentials files are checked for changes")
+	fs.StringVar(&o.upstream, "upstream", env("AGENTBOX_EGRESS_UPSTREAM", ""), "http://host:port of an upstream proxy that allowed requests go through")
+	fs.StringVar(&o.credentialsFile, "upstream-credentials-file", env("AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE", ""), "file holding user:password for the upstream proxy (a mounted Secret); reloaded like -config")
+	fs.StringVar(&o.clientCredsFile, "client-credentials-file", env("AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE", ""), "file of user:password lines clients must authenticate with (Shared mode); the user is logged as the agent; reloaded like -config")
+	fs.StringVar(&o.agent, "agent", env("AGENTBOX_EGRESS_AGENT", ""), "the agent this proxy serves, for the access log")
+	fs.StringVar(&o.metricsListen, "metrics-listen", env("AGENTBOX_EGRESS_METRICS_LISTEN", ""), "address serving Prometheus /metrics (e.g. :9090); empty serves none")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long open requests and tunnels may continue after SIGTERM")
 	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -127,6 +154,13 @@ func parseOptions(args []string, lookupEnv func(string) (string, bool), out io.W
 	}
 	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	var err error
+	if o.configPoll, err = time.ParseDuration(poll); err != nil || o.configPoll <= 0 {
+		return nil, fmt.Errorf("-config-poll %q: want a positive duration", poll)
+	}
+	if o.credentialsFile != "" && o.upstream == "" {
+		return nil, fmt.Errorf("-upstream-credentials-file needs -upstream")
 	}
 	if cidrsSet {
 		p, err := egressproxy.ParseCIDRs(cidrs)
@@ -154,11 +188,29 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Deny:        o.deny,
 		DeniedCIDRs: o.deniedCIDRs,
 		Logger:      log,
+		Agent:       o.agent,
+		Upstream:    o.upstream,
 	})
 	if err != nil {
 		return err
 	}
 	defer proxy.Close()
+	reloader := &egressproxy.Reloader{
+		Proxy:                 proxy,
+		Base:                  egressproxy.Policy{Allow: o.allow, Deny: o.deny, DeniedCIDRs: o.deniedCIDRs},
+		ConfigFile:            o.configFile,
+		CredentialsFile:       o.credentialsFile,
+		ClientCredentialsFile: o.clientCredsFile,
+		Log:                   log,
+	}
+	watched := o.configFile != "" || o.credentialsFile != "" || o.clientCredsFile != ""
+	if watched {
+		// At startup a broken file is fatal: there is no earlier policy
+		// to fall back on, and the pod should not become ready.
+		if err := reloader.Reload(); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -171,15 +223,56 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		IdleTimeout: 2 * time.Minute,
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	denied := o.deniedCIDRs
-	if denied == nil {
-		denied = egressproxy.DefaultDeniedCIDRs
-	}
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "version", version,
-		"allow", o.allow, "deny", o.deny, "denied_cidrs", len(denied))
-	if len(o.allow) == 0 {
+
+	// Metrics get their own listener so that the port sandboxes can reach
+	// serves proxying only, and NetworkPolicy can open the two separately.
+	var metricsSrv *http.Server
+	metricsAddr := ""
+	if o.metricsListen != "" {
+		mln, err := net.Listen("tcp", o.metricsListen)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("metrics listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", proxy.MetricsHandler())
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		metricsAddr = mln.Addr().String()
+		go func() { serveErr <- fmt.Errorf("metrics: %w", metricsSrv.Serve(mln)) }()
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reloadNow := make(chan struct{}, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				select {
+				case reloadNow <- struct{}{}:
+				default: // one is already pending
+				}
+			}
+		}
+	}()
+	if watched {
+		go reloader.Run(ctx, o.configPoll, reloadNow)
+	}
+
+	pol := proxy.CurrentPolicy()
+	// The upstream URL carries no credentials (they are refused there),
+	// so it can be logged.
+	log.Info("listening", "addr", ln.Addr().String(), "version", version, "agent", o.agent,
+		"allow", pol.Allow, "deny", pol.Deny, "denied_cidrs", len(pol.DeniedCIDRs),
+		"upstream", o.upstream, "config", o.configFile, "client_auth", o.clientCredsFile != "",
+		"metrics_addr", metricsAddr)
+	if len(pol.Allow) == 0 {
 		log.Warn("the allowlist is empty: every request will be denied")
 	}
 
@@ -191,6 +284,9 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	log.Info("shutting down", "grace", o.shutdownGrace.String())
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
+	if metricsSrv != nil {
+		metricsSrv.Close()
+	}
 	// Shutdown does not wait for hijacked CONNECT tunnels; they end with
 	// the process.
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {

@@ -47,8 +47,10 @@ func TestMain(m *testing.M) {
 
 type proxyProc struct {
 	url  *url.URL
+	cmd  *exec.Cmd
 	mu   sync.Mutex
 	logs []map[string]any
+	raw  strings.Builder // every line, to search for what must not be logged
 }
 
 // startProxy runs the binary on a free loopback port and collects its JSON
@@ -70,11 +72,14 @@ func startProxy(t *testing.T, args ...string) *proxyProc {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	p := &proxyProc{}
+	p := &proxyProc{cmd: cmd}
 	addr := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			p.mu.Lock()
+			p.raw.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
 			var m map[string]any
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				t.Logf("proxy: %s", sc.Text())
@@ -304,5 +309,33 @@ func TestParseOptions(t *testing.T) {
 	}
 	if _, err := parseOptions([]string{"-deny-cidrs", "nope"}, noEnv, io.Discard); err == nil {
 		t.Error("bad CIDR accepted")
+	}
+	if o.configPoll != 5*time.Second || o.metricsListen != "" || o.upstream != "" {
+		t.Errorf("defaults for reload, metrics, upstream: %+v", o)
+	}
+	chainEnv := func(k string) (string, bool) {
+		v, ok := map[string]string{
+			"AGENTBOX_EGRESS_UPSTREAM":                  "http://up.example:3128",
+			"AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE": "/secret/credentials",
+			"AGENTBOX_EGRESS_AGENT":                     "agent-1",
+			"AGENTBOX_EGRESS_METRICS_LISTEN":            ":9090",
+			"AGENTBOX_EGRESS_CONFIG":                    "/config/policy.yaml",
+			"AGENTBOX_EGRESS_CONFIG_POLL":               "2s",
+		}[k]
+		return v, ok
+	}
+	o, err = parseOptions(nil, chainEnv, io.Discard)
+	if err != nil || o.upstream != "http://up.example:3128" || o.credentialsFile != "/secret/credentials" ||
+		o.agent != "agent-1" || o.metricsListen != ":9090" || o.configFile != "/config/policy.yaml" || o.configPoll != 2*time.Second {
+		t.Fatalf("env for chaining, metrics, reload: %+v, %v", o, err)
+	}
+	for _, bad := range [][]string{
+		{"-config-poll", "0s"},
+		{"-config-poll", "soon"},
+		{"-upstream-credentials-file", "/secret/credentials"}, // without -upstream
+	} {
+		if _, err := parseOptions(bad, noEnv, io.Discard); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }

@@ -1,0 +1,203 @@
+package egressproxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// FileConfig is the reloadable policy file: the policy fields of the
+// EgressProxy resource (internal/api/v1alpha1), in YAML or JSON.
+type FileConfig struct {
+	AllowedDomains []string `json:"allowedDomains,omitempty"`
+	DeniedDomains  []string `json:"deniedDomains,omitempty"`
+	// DeniedCIDRs are denied in addition to the base ranges, as the CRD
+	// documents; the file cannot make an address reachable.
+	DeniedCIDRs []string `json:"deniedCIDRs,omitempty"`
+}
+
+// ParseFileConfig reads a policy file. Unknown fields are errors: a typo
+// such as "allowDomains" would otherwise load as an empty allowlist.
+func ParseFileConfig(b []byte) (*FileConfig, error) {
+	var c FileConfig
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		return nil, fmt.Errorf("policy file: %w", err)
+	}
+	return &c, nil
+}
+
+// Reloader keeps a Proxy's policy and upstream credentials in step with
+// their files.
+//
+// The files are polled by content hash rather than watched with inotify.
+// Kubernetes updates a mounted ConfigMap or Secret by writing a new
+// timestamped directory and swapping the "..data" symlink; the file's own
+// path never sees a write event, watches on it go stale after the swap,
+// and editors that write a temporary file and rename it behave much the
+// same. Reading a few small files every few seconds is cheap and notices
+// every one of these, and a hash ignores touches that change nothing.
+type Reloader struct {
+	Proxy *Proxy
+	// Base is the policy from flags. The file's domain lists are added to
+	// its lists and the file's CIDRs to its denied ranges (nil meaning the
+	// defaults).
+	Base Policy
+	// ConfigFile and CredentialsFile are optional.
+	ConfigFile      string
+	CredentialsFile string
+	// ClientCredentialsFile, optional, lists the clients' user:password
+	// pairs (see ParseClientCredentials).
+	ClientCredentialsFile string
+	Log                   *slog.Logger
+
+	applied [32]byte // hash of the contents last applied
+	failed  [32]byte // hash of the contents last refused, to log it once
+}
+
+// Reload reads the files and applies them. If either is missing or invalid
+// nothing changes: the policy and credentials in force stay, the error is
+// logged and returned. Reload is not safe for concurrent use; Run calls it
+// from one goroutine.
+func (r *Reloader) Reload() error { return r.reload(true) }
+
+func (r *Reloader) reload(force bool) error {
+	cfg, creds, clients, sum, err := r.read()
+	if err == nil && !force && sum == r.applied {
+		return nil
+	}
+	if err == nil {
+		err = r.apply(cfg, creds, clients)
+	}
+	if err != nil {
+		if force || sum != r.failed {
+			r.Proxy.metrics.reloads.WithLabelValues("failure").Inc()
+			r.log().Error("egress config not applied; the previous policy stays in force", "error", err.Error())
+		}
+		r.failed = sum
+		return err
+	}
+	r.applied, r.failed = sum, [32]byte{}
+	r.Proxy.metrics.reloads.WithLabelValues("success").Inc()
+	pol := r.Proxy.CurrentPolicy()
+	r.log().Info("egress config applied", "allow", pol.Allow, "deny", pol.Deny,
+		"denied_cidrs", len(pol.DeniedCIDRs), "sha256", fmt.Sprintf("%x", sum[:6]))
+	return nil
+}
+
+func (r *Reloader) log() *slog.Logger {
+	if r.Log != nil {
+		return r.Log
+	}
+	return r.Proxy.log
+}
+
+// read returns the files' contents and a hash over both. On an error the
+// hash still covers what was read, so a broken file is reported once.
+func (r *Reloader) read() (cfg, creds, clients []byte, sum [32]byte, err error) {
+	h := sha256.New()
+	var errs []error
+	if r.ConfigFile != "" {
+		cfg, err = os.ReadFile(r.ConfigFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read policy file: %w", err))
+		}
+		h.Write(cfg)
+	}
+	h.Write([]byte{0})
+	if r.CredentialsFile != "" {
+		creds, err = os.ReadFile(r.CredentialsFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read upstream credentials file: %w", err))
+		}
+		h.Write(creds)
+	}
+	h.Write([]byte{0})
+	if r.ClientCredentialsFile != "" {
+		clients, err = os.ReadFile(r.ClientCredentialsFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read client credentials file: %w", err))
+		}
+		h.Write(clients)
+	}
+	h.Sum(sum[:0])
+	return cfg, creds, clients, sum, errors.Join(errs...)
+}
+
+// apply validates everything first and only then swaps, so that a bad
+// credentials file cannot leave a new policy with old credentials.
+func (r *Reloader) apply(cfg, creds, clients []byte) error {
+	pol := Policy{
+		Allow:       slices.Clone(r.Base.Allow),
+		Deny:        slices.Clone(r.Base.Deny),
+		DeniedCIDRs: r.Base.DeniedCIDRs,
+	}
+	if r.ConfigFile != "" {
+		fc, err := ParseFileConfig(cfg)
+		if err != nil {
+			return err
+		}
+		cidrs, err := ParseCIDRs(fc.DeniedCIDRs)
+		if err != nil {
+			return fmt.Errorf("policy file deniedCIDRs: %w", err)
+		}
+		pol.Allow = append(pol.Allow, fc.AllowedDomains...)
+		pol.Deny = append(pol.Deny, fc.DeniedDomains...)
+		if len(cidrs) > 0 {
+			base := pol.DeniedCIDRs
+			if base == nil {
+				base = DefaultDeniedCIDRs
+			}
+			pol.DeniedCIDRs = append(slices.Clone(base), cidrs...)
+		}
+	}
+	compiled, err := compilePolicy(pol)
+	if err != nil {
+		return fmt.Errorf("policy file: %w", err)
+	}
+	var user, password string
+	if r.CredentialsFile != "" {
+		if user, password, err = ParseCredentials(creds); err != nil {
+			return fmt.Errorf("upstream credentials file %s: %w", r.CredentialsFile, err)
+		}
+	}
+	var users map[string]string
+	if r.ClientCredentialsFile != "" {
+		if users, err = ParseClientCredentials(clients); err != nil {
+			return fmt.Errorf("client credentials file %s: %w", r.ClientCredentialsFile, err)
+		}
+	}
+	r.Proxy.policy.Store(compiled)
+	r.Proxy.Close() // see SetPolicy
+	if r.CredentialsFile != "" {
+		r.Proxy.SetUpstreamCredentials(user, password)
+	}
+	if r.ClientCredentialsFile != "" {
+		r.Proxy.SetClientCredentials(users)
+	}
+	return nil
+}
+
+// Run reloads whenever the files' contents change, checked every interval,
+// and unconditionally on each value from hup (SIGHUP), until ctx ends.
+func (r *Reloader) Run(ctx context.Context, interval time.Duration, hup <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			r.log().Info("reloading egress config on SIGHUP")
+			r.reload(true)
+		case <-t.C:
+			r.reload(false)
+		}
+	}
+}
