@@ -349,10 +349,47 @@ func TestRBAC(t *testing.T) {
 		t.Errorf("service account namespace %q", sa.Namespace)
 	}
 
-	archive := renderRaw(t, "snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b}}")
+	archive := renderRaw(t, "snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b, credentialsSecret: s3}}")
 	for _, rule := range must[*rbacv1.ClusterRole](archive, cr.Name).Rules {
 		if slices.Contains(rule.APIGroups, "snapshot.storage.k8s.io") {
 			t.Error("archive driver still gets VolumeSnapshot rights")
+		}
+	}
+}
+
+// The archive driver's keys reach the control plane as files under the
+// directory its flag names, mapped from the Secret's AWS_* keys.
+func TestArchiveCredentials(t *testing.T) {
+	r := renderRaw(t, "snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b, credentialsSecret: s3, compression: none}}")
+	d := r.deployment()
+	c := d.Spec.Template.Spec.Containers[0]
+	dir, _ := envValue(c, "AGENTBOX_ARCHIVE_CREDENTIALS_DIR")
+	if e, _ := envValue(c, "AGENTBOX_ARCHIVE_COMPRESSION"); e.Value != "none" {
+		t.Errorf("compression %q", e.Value)
+	}
+	var mounted bool
+	for _, m := range c.VolumeMounts {
+		if m.Name == "archive-credentials" && m.MountPath == dir.Value && m.ReadOnly {
+			mounted = true
+		}
+	}
+	if !mounted || dir.Value == "" {
+		t.Errorf("credentials dir %q not mounted read-only: %+v", dir.Value, c.VolumeMounts)
+	}
+	var paths []string
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == "archive-credentials" && v.Secret != nil && v.Secret.SecretName == "s3" {
+			for _, it := range v.Secret.Items {
+				paths = append(paths, it.Key+"="+it.Path)
+			}
+		}
+	}
+	if want := []string{"AWS_ACCESS_KEY_ID=access-key-id", "AWS_SECRET_ACCESS_KEY=secret-access-key"}; !slices.Equal(paths, want) {
+		t.Errorf("secret items %v, want %v", paths, want)
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "AWS_") {
+			t.Errorf("credentials in the environment: %s", e.Name)
 		}
 	}
 }
@@ -515,6 +552,7 @@ func TestSchemaRejects(t *testing.T) {
 		"string replicas":       {"replicaCount: two", "replicaCount"},
 		"SQLite with replicas":  {"replicaCount: 2", "PostgreSQL"},
 		"archive without store": {"snapshot: {driver: archive}", "snapshot.archive.endpoint"},
+		"archive without keys":  {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b}}", "snapshot.archive.credentialsSecret"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

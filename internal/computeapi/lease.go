@@ -82,6 +82,20 @@ func (r *leaseRenewer) renew(ctx context.Context, sb *v1alpha1.Sandbox) {
 	r.log.Error(err, "renew sandbox lease", "lease", key.String())
 }
 
+// wake renews the Lease of a sandbox that is not running, whatever the
+// throttle says: on a stopped sandbox the renewal is the signal that
+// resumes it, and must not be skipped because a call half a minute ago
+// already renewed (that renewal may have landed before the stop began).
+func (r *leaseRenewer) wake(ctx context.Context, sb *v1alpha1.Sandbox) {
+	key := LeaseKey(sb)
+	now := r.clock.Now()
+	if err := r.patch(ctx, key, now); err != nil {
+		r.log.Error(err, "renew the lease of a sandbox to wake it", "lease", key.String())
+		return
+	}
+	r.noteRenewed(key, now)
+}
+
 func (r *leaseRenewer) patch(ctx context.Context, key types.NamespacedName, now time.Time) error {
 	// A merge patch of renewTime alone: no read first, no conflict with the
 	// controller, and the holder and annotations of an exclusive hold,

@@ -44,6 +44,15 @@ const (
 	// leaseWriteTimeout keeps a slow API server from holding up the
 	// agent's command for long; a lost renewal is retried on a later call.
 	leaseWriteTimeout = 5 * time.Second
+
+	// DefaultResumeTimeout covers restoring a workspace of a few GiB and
+	// starting a pod on a busy node. A call that waits longer gets
+	// sandbox_not_ready and may simply retry: the resume goes on.
+	DefaultResumeTimeout = 3 * time.Minute
+
+	// resumePoll is how often a waiting call looks at the sandbox again.
+	// It reads the manager's cache, so polling costs no API requests.
+	resumePoll = 100 * time.Millisecond
 )
 
 // Options configure a Server.
@@ -72,6 +81,9 @@ type Options struct {
 	Logger logr.Logger
 	// LeaseRenewInterval defaults to DefaultLeaseRenewInterval.
 	LeaseRenewInterval time.Duration
+	// ResumeTimeout bounds how long a call waits for a stopped or starting
+	// sandbox to become ready; it defaults to DefaultResumeTimeout.
+	ResumeTimeout time.Duration
 	// MaxRequestBytes defaults to DefaultMaxRequestBytes.
 	MaxRequestBytes int64
 }
@@ -87,6 +99,7 @@ type Server struct {
 	leases          *leaseRenewer
 	leaseReader     client.Reader
 	leaseWriter     client.Client
+	resumeTimeout   time.Duration
 	maxRequestBytes int64
 	handler         http.Handler
 }
@@ -113,6 +126,10 @@ func NewServer(opts Options) (*Server, error) {
 		maxRequestBytes: opts.MaxRequestBytes,
 		leaseReader:     opts.LeaseReader,
 		leaseWriter:     opts.Leases,
+		resumeTimeout:   opts.ResumeTimeout,
+	}
+	if s.resumeTimeout <= 0 {
+		s.resumeTimeout = DefaultResumeTimeout
 	}
 	if s.leaseReader == nil {
 		s.leaseReader = opts.Leases
@@ -318,17 +335,79 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.E
 	return nil
 }
 
-// readySandbox returns agentID's Sandbox if it can take calls now.
+// readySandbox returns agentID's Sandbox once it can take calls. A sandbox
+// that is stopped, stopping or starting is waited for: the call renews its
+// Lease, which is what wakes a stopped sandbox, and is served when the
+// controller reports it running, so the caller sees one slower call rather
+// than an error. A sandbox in a state that needs a person fails at once.
 func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	sb, apiErr := s.agentSandbox(ctx, agentID)
 	if apiErr != nil {
 		return nil, apiErr
 	}
-	ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
-	if sb.Status.Phase == v1alpha1.SandboxPhaseRunning && ready != nil && ready.Status == metav1.ConditionTrue &&
-		sb.Status.ServiceEndpoint != "" {
+	if serving(sb) {
 		return sb, nil
 	}
+	if !starting(sb) {
+		return nil, notReady(agentID, sb)
+	}
+	wakeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	s.leases.wake(wakeCtx, sb)
+	cancel()
+
+	// Wall-clock time, not s.clock: the wait is for another process.
+	timeout := time.NewTimer(s.resumeTimeout)
+	defer timeout.Stop()
+	tick := time.NewTicker(resumePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, notReady(agentID, sb)
+		case <-timeout.C:
+			e := notReady(agentID, sb)
+			e.Message += fmt.Sprintf(" (waited %s; the sandbox is still starting, retry the call)", s.resumeTimeout)
+			return nil, e
+		case <-tick.C:
+		}
+		if sb, apiErr = s.agentSandbox(ctx, agentID); apiErr != nil {
+			return nil, apiErr
+		}
+		if serving(sb) {
+			return sb, nil
+		}
+		if !starting(sb) {
+			return nil, notReady(agentID, sb)
+		}
+	}
+}
+
+// serving reports whether the sandbox takes calls now.
+func serving(sb *v1alpha1.Sandbox) bool {
+	ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+	return sb.Status.Phase == v1alpha1.SandboxPhaseRunning && ready != nil && ready.Status == metav1.ConditionTrue &&
+		sb.Status.ServiceEndpoint != ""
+}
+
+// starting reports whether the sandbox will take calls without anyone's
+// help: it is stopped (and the call wakes it), being stopped (the resume
+// follows), resuming, or its pod is being created.
+func starting(sb *v1alpha1.Sandbox) bool {
+	switch sb.Status.Phase {
+	case v1alpha1.SandboxPhaseStopped, v1alpha1.SandboxPhaseIdleStopping, v1alpha1.SandboxPhaseResuming:
+		return true
+	case v1alpha1.SandboxPhasePending, "":
+		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+		return ready == nil || ready.Reason == v1alpha1.ReasonCreating || ready.Reason == v1alpha1.ReasonAdoptedFromWarmPool
+	case v1alpha1.SandboxPhaseRunning:
+		// Running but the Ready condition or endpoint lags a moment.
+		return true
+	}
+	return false
+}
+
+func notReady(agentID string, sb *v1alpha1.Sandbox) *api.Error {
+	ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
 	phase, reason := string(sb.Status.Phase), ""
 	if phase == "" {
 		phase = string(v1alpha1.SandboxPhasePending)
@@ -343,7 +422,7 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 	}
 	e := api.Errorf(api.CodeSandboxNotReady, "%s", msg)
 	e.Details = map[string]string{"phase": phase, "reason": reason}
-	return nil, e
+	return e
 }
 
 // agentSandbox returns agentID's one live Sandbox, in whatever phase.

@@ -203,6 +203,9 @@ func newFixture(t *testing.T, supervisorIdentity string, extra ...client.Object)
 		Authenticator: auth,
 		TrustDomain:   testTrustDomain,
 		Clock:         f.clock,
+		// Long enough for TestStoppedSandboxIsWokenAndServed's stand-in
+		// controller, short enough for the tests that expect not_ready.
+		ResumeTimeout: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -359,6 +362,74 @@ func TestNotReady(t *testing.T) {
 	if e.Details["phase"] != "Pending" || e.Details["reason"] != v1alpha1.ReasonCreating ||
 		!strings.Contains(e.Message, "Pending") || !strings.Contains(e.Message, "Creating") {
 		t.Errorf("error = %+v", e)
+	}
+}
+
+// A call on a stopped sandbox renews its Lease even within the renewal
+// throttle (the wake-up signal), waits while the controller resumes it, and
+// is served: the caller sees a slower call, not an error.
+func TestStoppedSandboxIsWokenAndServed(t *testing.T) {
+	f := newFixture(t, "")
+	ctx := context.Background()
+	c := f.client(t, adminToken)
+	if _, err := c.RunCommand(ctx, "agent-1", api.RunCommandRequest{Command: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKey{Namespace: "team-a", Name: "sb-1"}
+	var sb v1alpha1.Sandbox
+	if err := f.kube.Get(ctx, key, &sb); err != nil {
+		t.Fatal(err)
+	}
+	running := *sb.Status.DeepCopy()
+	sb.Status.Phase = v1alpha1.SandboxPhaseStopped
+	sb.Status.Conditions[0].Status = metav1.ConditionFalse
+	sb.Status.Conditions[0].Reason = v1alpha1.ReasonStopped
+	sb.Status.ServiceEndpoint = ""
+	if err := f.kube.Status().Update(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	var before coordinationv1.Lease
+	if err := f.kube.Get(ctx, key, &before); err != nil {
+		t.Fatal(err)
+	}
+	// The fake clock has not moved since the first call's renewal, so
+	// only the wake-up bypasses the throttle; move it a little anyway so
+	// the renewal is visible as a new renewTime.
+	f.clock.Step(time.Second)
+
+	// The stand-in controller: it resumes the sandbox when the Lease moves.
+	resumed := make(chan error, 1)
+	go func() {
+		deadline := time.Now().Add(2 * time.Second)
+		for time.Now().Before(deadline) {
+			var l coordinationv1.Lease
+			if err := f.kube.Get(ctx, key, &l); err != nil {
+				resumed <- err
+				return
+			}
+			if l.Spec.RenewTime.After(before.Spec.RenewTime.Time) {
+				var cur v1alpha1.Sandbox
+				if err := f.kube.Get(ctx, key, &cur); err != nil {
+					resumed <- err
+					return
+				}
+				cur.Status = running
+				resumed <- f.kube.Status().Update(ctx, &cur)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		resumed <- errors.New("the call never renewed the stopped sandbox's Lease")
+	}()
+	res, err := c.RunCommand(ctx, "agent-1", api.RunCommandRequest{Command: []string{"true"}})
+	if rerr := <-resumed; rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
+		t.Fatalf("call on a stopped sandbox: %v; want it served after the resume", err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("result = %+v", res)
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
 )
 
 // SandboxControllerName names the controller, and its events' reporter.
@@ -87,6 +88,13 @@ type SandboxReconciler struct {
 	// Clock is the controller's notion of now (conditions, leases,
 	// certificate checks); nil means the real clock.
 	Clock clock.PassiveClock
+	// Snapshots keeps the workspaces of idle sandboxes. Nil disables idle
+	// stops of sandboxes that are not ephemeral: with nowhere to keep the
+	// workspace, a sandbox keeps running.
+	Snapshots snapshot.Driver
+	// Supervisors dials the sandboxes' supervisors, to flush the workspace
+	// before a snapshot and to restore it on resume.
+	Supervisors SupervisorDialer
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -162,11 +170,14 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sbx.DeletionTimestamp.IsZero() {
-		// Owner references delete the children; there is nothing else to
-		// clean up yet, so there is no finalizer either.
-		return ctrl.Result{}, nil
+		// Owner references delete the children in the cluster; the
+		// finalizer is there for the snapshots, which may live outside it.
+		return ctrl.Result{}, r.finalize(ctx, &sbx)
 	}
 	if err := r.ensureSandboxLabels(ctx, &sbx); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.ensureFinalizer(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
 	}
 
@@ -254,7 +265,11 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if tpl == nil && !havePod {
+	var podOrNil *corev1.Pod
+	if havePod {
+		podOrNil = &pod
+	}
+	if tpl == nil && !havePod && sbx.Status.Phase != v1alpha1.SandboxPhaseIdleStopping {
 		// The template is needed only to make a pod; a running pod whose
 		// template was deleted keeps serving. The template watch brings the
 		// sandbox back here when the template appears.
@@ -283,9 +298,28 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 			result.RequeueAfter = min(result.RequeueAfter, holdExpiresIn)
 		}
 	}
+
+	act := r.activityOf(sbx, tpl, lease)
+	prevPhase := sbx.Status.Phase
+	defer func() { recordActivity(prevPhase, sbx, act) }()
+	if d := act.untilIdle(); d > 0 {
+		result.RequeueAfter = min(result.RequeueAfter, d)
+	}
+	if r.stopping(sbx, tpl, act, havePod) {
+		res, err := r.idleStop(ctx, prevReason, sbx, tpl, act, podOrNil)
+		if res.RequeueAfter > 0 {
+			result.RequeueAfter = min(result.RequeueAfter, res.RequeueAfter)
+		}
+		return result, err
+	}
+	if parked(sbx, act) {
+		return result, r.stayStopped(ctx, sbx, podOrNil)
+	}
+
+	var claim *corev1.PersistentVolumeClaim
 	workspaceReady := true
 	if tpl != nil {
-		if workspaceReady, err = r.ensureWorkspace(ctx, sbx, tpl); err != nil {
+		if claim, workspaceReady, err = r.ensureWorkspace(ctx, prevReason, sbx, tpl); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -299,13 +333,18 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		if err := r.createPod(ctx, sbx, tpl); err != nil {
 			return ctrl.Result{}, err
 		}
-		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
-			fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(sbx.Name)))
+		msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(sbx.Name))
+		if snap := restoring(claim); snap != "" {
+			r.setNotServing(sbx, v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming,
+				fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, msg))
+		} else {
+			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, msg)
+		}
 		sbx.Status.PodName = PodName(sbx.Name)
 		return result, nil
 	}
 
-	if err := r.observePod(ctx, prevReason, sbx, &pod); err != nil {
+	if err := r.observePod(ctx, prevReason, sbx, &pod, claim, act); err != nil {
 		return ctrl.Result{}, err
 	}
 	return result, nil
@@ -470,26 +509,33 @@ func (r *SandboxReconciler) ensureLease(ctx context.Context, sbx *v1alpha1.Sandb
 	return nil, r.create(ctx, sbx, desiredLease(sbx, r.now()))
 }
 
-// ensureWorkspace creates the workspace claim if it is missing. It reports
-// false while an old claim is still being deleted: a pod must not be bound
-// to a claim that is going away.
-func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) (bool, error) {
+// ensureWorkspace creates the workspace claim if it is missing, from the
+// latest snapshot when there is one, and returns it. It reports false while
+// an old claim is still being deleted: a pod must not be bound to a claim
+// that is going away.
+func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) (*corev1.PersistentVolumeClaim, bool, error) {
 	var pvc corev1.PersistentVolumeClaim
 	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(sbx.Name), &pvc)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	if found {
-		return pvc.DeletionTimestamp.IsZero(), nil
+		return &pvc, pvc.DeletionTimestamp.IsZero(), nil
 	}
 	want := desiredWorkspaceClaim(sbx, tpl)
+	r.prepareRestore(sbx, want)
 	if err := r.create(ctx, sbx, want); err != nil {
-		return false, err
+		return nil, false, err
 	}
 	size := want.Spec.Resources.Requests[corev1.ResourceStorage]
-	r.event(sbx, want, corev1.EventTypeNormal, EventWorkspaceCreated, "Create",
-		fmt.Sprintf("created workspace claim %s (%s)", want.Name, size.String()))
-	return true, nil
+	if snap := restoring(want); snap != "" {
+		r.event(sbx, want, corev1.EventTypeNormal, EventResuming, "Resume",
+			fmt.Sprintf("activity on the stopped sandbox: created workspace claim %s (%s) to restore snapshot %s into", want.Name, size.String(), snap))
+	} else {
+		r.event(sbx, want, corev1.EventTypeNormal, EventWorkspaceCreated, "Create",
+			fmt.Sprintf("created workspace claim %s (%s)", want.Name, size.String()))
+	}
+	return want, true, nil
 }
 
 func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) error {
@@ -512,7 +558,7 @@ func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox
 
 // observePod sets the status from the pod, and removes a pod that has
 // stopped for good so that the next pass replaces it.
-func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod) error {
+func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod, claim *corev1.PersistentVolumeClaim, act activity) error {
 	sbx.Status.PodName = pod.Name
 	switch {
 	case !pod.DeletionTimestamp.IsZero():
@@ -541,9 +587,26 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 	if pod.Status.PodIP != "" {
 		sbx.Status.ServiceEndpoint = v1alpha1.SupervisorEndpoint(pod.Status.PodIP)
 	}
+	snap := restoring(claim)
 	if podReady(pod) {
+		if snap != "" {
+			ok, err := r.finishRestore(ctx, sbx, pod, claim)
+			if err != nil || !ok {
+				return err
+			}
+			took := ""
+			if !act.last.IsZero() {
+				took = fmt.Sprintf(" %s after the activity that woke it", r.now().Sub(act.last).Round(time.Millisecond))
+			}
+			r.event(sbx, pod, corev1.EventTypeNormal, EventResumed, "Resume",
+				fmt.Sprintf("resumed from snapshot %s%s", snap, took))
+			metricResumes.Inc()
+		}
 		r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, v1alpha1.ReasonRunning,
 			fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
+		if prevReason != v1alpha1.ReasonRunning {
+			metricPodStartSeconds.Observe(r.now().Sub(pod.CreationTimestamp.Time).Seconds())
+		}
 		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventSandboxReady, "Start",
 			fmt.Sprintf("sandbox is running in pod %s at %s", pod.Name, sbx.Status.ServiceEndpoint))
 		return nil
@@ -551,6 +614,11 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 	if msg, failed := containerProblem(pod); failed {
 		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonPodFailed, msg)
 		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Start", msg)
+		return nil
+	}
+	if snap != "" {
+		r.setPhase(sbx, v1alpha1.SandboxPhaseResuming, metav1.ConditionFalse, v1alpha1.ReasonResuming,
+			fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, podWaitingMessage(pod)))
 		return nil
 	}
 	r.setPhase(sbx, v1alpha1.SandboxPhasePending, metav1.ConditionFalse, v1alpha1.ReasonCreating, podWaitingMessage(pod))

@@ -81,7 +81,9 @@ type clusterEnv struct {
 	r  *SandboxReconciler
 }
 
-func newClusterEnv(t *testing.T) *clusterEnv {
+// newClusterEnv starts a manager for a fresh namespace; configure adds to
+// the reconciler before it starts.
+func newClusterEnv(t *testing.T, configure ...func(*SandboxReconciler)) *clusterEnv {
 	t.Helper()
 	cfg, _ := testenv.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -145,6 +147,9 @@ func newClusterEnv(t *testing.T) *clusterEnv {
 		TrustDomain:  testTrustDomain,
 		DefaultImage: toolchain.BusyboxImage,
 		CA:           ca,
+	}
+	for _, f := range configure {
+		f(r)
 	}
 	must(t, r.SetupWithManager(mgr))
 

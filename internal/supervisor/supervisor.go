@@ -344,6 +344,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.Workspace = &api.WorkspaceUsage{UsedBytes: s.usage.snapshot(), CapBytes: s.usage.cap}
 		}
 		writeJSON(rec, http.StatusOK, h)
+	case api.PathFlush:
+		if r.Method != http.MethodPost {
+			methodNotAllowed(rec, r, "POST")
+			break
+		}
+		if e := s.flush(); e != nil {
+			info.err = e
+			writeError(rec, e)
+			break
+		}
+		rec.WriteHeader(http.StatusNoContent)
 	case api.PathCommands:
 		if r.Method != http.MethodPost {
 			methodNotAllowed(rec, r, "POST")

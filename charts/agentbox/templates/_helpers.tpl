@@ -89,5 +89,8 @@ express with a message a person can act on.
 {{- if not .Values.snapshot.archive.bucket }}
 {{- fail "snapshot.driver \"archive\" needs snapshot.archive.bucket" }}
 {{- end }}
+{{- if not .Values.snapshot.archive.credentialsSecret }}
+{{- fail "snapshot.driver \"archive\" needs snapshot.archive.credentialsSecret (a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)" }}
+{{- end }}
 {{- end }}
 {{- end }}

@@ -91,11 +91,18 @@ const (
 	ReasonResuming = "Resuming"
 
 	// ReasonSnapshotFailed (phase Error): the snapshot taken at idle stop
-	// failed. The pod stays stopped and the last good snapshot is kept.
+	// failed. The pod stays stopped, the workspace claim is kept (it holds
+	// the only copy of the newest data) and so is the last good snapshot.
+	// The next activity starts the pod again on the kept claim, and the
+	// next idle stop tries a new snapshot.
 	ReasonSnapshotFailed = "SnapshotFailed"
 
 	// ReasonRestoreFailed (phase Error): the workspace could not be restored
-	// from the snapshot on resume.
+	// from the snapshot on resume because the snapshot is gone from its
+	// store. The pod runs but the sandbox takes no calls: serving an empty
+	// workspace in place of the agent's would lose data silently. Delete
+	// the Sandbox to start afresh. Transient restore errors are retried
+	// and reported as ReconcileError instead.
 	ReasonRestoreFailed = "RestoreFailed"
 
 	// ReasonSyncFailed (phase Error): syncing the workspace with the agent's

@@ -110,9 +110,17 @@ type SandboxStatus struct {
 	// +optional
 	LastActivityTime *metav1.Time `json:"lastActivityTime,omitempty"`
 
-	// snapshot is the latest good snapshot of the workspace, if any.
+	// snapshot is the latest good snapshot of the workspace, if any. A
+	// stopped sandbox resumes from it; it is replaced only once a newer one
+	// is ready.
 	// +optional
 	Snapshot *SandboxSnapshot `json:"snapshot,omitempty"`
+
+	// pendingSnapshot names the snapshot the idle stop in progress is
+	// taking. It becomes status.snapshot when ready, and is cleared if it
+	// fails.
+	// +optional
+	PendingSnapshot string `json:"pendingSnapshot,omitempty"`
 
 	// conditions hold the Ready condition, whose reason explains the phase,
 	// and the Leased condition, which says whether the exclusive lease is held.

@@ -38,6 +38,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/volumesnapshot"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -66,6 +67,8 @@ type options struct {
 	leaderElect    bool
 	showVersion    bool
 	zap            zap.Options
+	// snapshot selects the snapshot driver; see snapshot_flags.go.
+	snapshot *snapshotFlags
 }
 
 func main() {
@@ -109,6 +112,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.trustDomain, "trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of the platform's identities")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader to run the controllers (needed with more than one replica); the API serves on every replica")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -153,6 +157,12 @@ func run(ctx context.Context, o *options) error {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("register agentbox types: %w", err)
 	}
+	// Registered whatever the driver: the types are only used when the
+	// volumesnapshot driver creates VolumeSnapshots, and registering them
+	// costs nothing on a cluster without the CRDs.
+	if err := volumesnapshot.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("register VolumeSnapshot types: %w", err)
+	}
 	managerGrace := shutdownGrace + 5*time.Second
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                        scheme,
@@ -182,20 +192,32 @@ func run(ctx context.Context, o *options) error {
 		return fmt.Errorf("API serving certificate: %w", err)
 	}
 
-	if err := (&controller.SandboxReconciler{
-		Namespace:    o.namespace,
-		TrustDomain:  o.trustDomain,
-		DefaultImage: o.sandboxImage,
-		CA:           ca,
-	}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the sandbox controller: %w", err)
-	}
-
+	// One pool for the controller and the API, so a sandbox's verified
+	// connection serves both the agent's calls and the flush before a stop.
 	pool, err := computeapi.NewSupervisorPool(clientCert.getClient, ca.Pool())
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	snapshots, err := o.snapshot.newSnapshotDriver(mgr.GetClient())
+	if err != nil {
+		return fmt.Errorf("snapshot driver: %w", err)
+	}
+	// The archive driver uploads in the background; stopping it cancels
+	// uploads in flight, which the next Take on a new leader finds and redoes.
+	if c, ok := snapshots.(interface{ Close() }); ok {
+		defer c.Close()
+	}
+	if err := (&controller.SandboxReconciler{
+		Namespace:    o.namespace,
+		TrustDomain:  o.trustDomain,
+		DefaultImage: o.sandboxImage,
+		CA:           ca,
+		Supervisors:  pool,
+		Snapshots:    snapshots,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the sandbox controller: %w", err)
+	}
 	api, err := computeapi.NewServer(computeapi.Options{
 		Sandboxes:     mgr.GetCache(),
 		Leases:        mgr.GetClient(),
@@ -220,7 +242,7 @@ func run(ctx context.Context, o *options) error {
 	}
 
 	log.Info("starting", "version", version, "namespace", o.namespace, "identity", selfID.String(),
-		"api", o.apiListen, "apiCertificateIPs", fmt.Sprint(servingOpts.IPAddresses), "leaderElection", o.leaderElect)
+		"api", o.apiListen, "snapshotDriver", snapshots.Name(), "apiCertificateIPs", fmt.Sprint(servingOpts.IPAddresses), "leaderElection", o.leaderElect)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}

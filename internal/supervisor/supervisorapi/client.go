@@ -76,6 +76,12 @@ func (c *Client) RunCommand(ctx context.Context, req CommandRequest) (*CommandRe
 	return &res, nil
 }
 
+// Flush makes the workspace durable on its volume; the controller calls it
+// before snapshotting the volume at idle stop.
+func (c *Client) Flush(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, PathFlush, nil, nil)
+}
+
 // Health reports whether the supervisor is serving, and its version.
 func (c *Client) Health(ctx context.Context) (*Health, error) {
 	var h Health
@@ -120,6 +126,9 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	}
 	if resp.StatusCode/100 != 2 {
 		return decodeError(resp.StatusCode, data)
+	}
+	if out == nil {
+		return nil
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("supervisor %s %s: decode response: %w", method, path, err)

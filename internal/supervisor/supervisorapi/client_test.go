@@ -124,3 +124,34 @@ func TestCodeHTTPStatus(t *testing.T) {
 		t.Errorf("PodURL = %s", got)
 	}
 }
+
+func TestClientFlush(t *testing.T) {
+	ctx := context.Background()
+	s, err := supervisor.New(supervisor.Config{
+		Workspace: t.TempDir(),
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	if err := api.NewClient(srv.URL, srv.Client()).Flush(ctx); err != nil {
+		t.Fatalf("Flush with a workspace: %v", err)
+	}
+	// Without a workspace there is nothing to flush, and saying so beats
+	// a silent success the controller would take for a durable volume.
+	err = newClient(t).Flush(ctx)
+	if api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("Flush without a workspace = %v, want code %s", err, api.CodeNotFound)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+api.PathFlush, nil)
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("GET %s = %d, want 405", api.PathFlush, resp.StatusCode)
+	}
+}

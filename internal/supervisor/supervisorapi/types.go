@@ -35,6 +35,9 @@ const (
 
 	PathHealth   = "/healthz"
 	PathCommands = "/v1/commands"
+	// PathFlush (POST) writes the workspace's dirty data to its volume, so
+	// that a volume snapshot taken next sees every completed write.
+	PathFlush = "/v1/flush"
 	// The file endpoints take the workspace path after the prefix.
 	PathFiles = "/v1/files/"
 	PathStat  = "/v1/stat/"

@@ -84,6 +84,11 @@ func components() []component {
 			{"runsc", "gvisor.dev/gvisor/runsc"},
 			{"containerd-shim-runsc-v1", "gvisor.dev/gvisor/shim"},
 		}, ldflags: "-s -w", vendor: true, patch: patchGVisorShimOOM},
+		// The S3-compatible store the archive snapshot driver is tested
+		// against.
+		{name: "versitygw", binary: []binary{
+			{"versitygw", "github.com/versity/versitygw/cmd/versitygw"},
+		}, ldflags: "-s -w"},
 	}
 }
 

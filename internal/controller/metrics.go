@@ -1,0 +1,44 @@
+package controller
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metrics of the sandbox lifecycle, served on the control plane's metrics
+// endpoint with controller-runtime's own. Durations are histograms so that
+// an operator can read percentiles of what agents wait for.
+var (
+	metricPodStartSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "agentbox_sandbox_pod_start_seconds",
+		Help:    "Time from creating a sandbox's pod to the sandbox taking calls, restore included.",
+		Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
+	})
+	metricSnapshotSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "agentbox_sandbox_snapshot_seconds",
+		Help:    "Time from the start of an idle stop to its snapshot being ready, by snapshot driver.",
+		Buckets: prometheus.ExponentialBuckets(0.25, 2, 14),
+	}, []string{"driver"})
+	metricRestoreSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "agentbox_sandbox_restore_seconds",
+		Help:    "Time the snapshot driver took to fill a resumed sandbox's workspace through its supervisor, by driver.",
+		Buckets: prometheus.ExponentialBuckets(0.05, 2, 14),
+	}, []string{"driver"})
+	metricSnapshots = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentbox_sandbox_snapshots_total",
+		Help: "Idle-stop snapshots by driver and result (ready, failed).",
+	}, []string{"driver", "result"})
+	metricIdleStops = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_sandbox_idle_stops_total",
+		Help: "Sandboxes stopped after their idle timeout.",
+	})
+	metricResumes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_sandbox_resumes_total",
+		Help: "Stopped sandboxes resumed by activity.",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(metricPodStartSeconds, metricSnapshotSeconds, metricRestoreSeconds,
+		metricSnapshots, metricIdleStops, metricResumes)
+}

@@ -1,0 +1,221 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/archive"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
+)
+
+// failableDriver passes every call to a real driver, except that Take
+// reports a failed snapshot while fail is set: a real store does not fail
+// on cue, and the controller's answer to a failure is what is under test.
+type failableDriver struct {
+	snapshot.Driver
+	fail atomic.Bool
+}
+
+func (d *failableDriver) Take(ctx context.Context, req snapshot.Request) (snapshot.State, error) {
+	if d.fail.Load() {
+		return snapshot.State{Failed: "forced by the test"}, nil
+	}
+	return d.Driver.Take(ctx, req)
+}
+
+// withSnapshots gives the reconciler a snapshot driver and, as in the
+// control plane, the Compute API's supervisor pool with the control plane's
+// client certificate.
+func withSnapshots(t *testing.T, d snapshot.Driver) func(*SandboxReconciler) {
+	return func(r *SandboxReconciler) {
+		leaf, err := r.CA.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, testPlatformNamespace), Usage: pki.UsageClient})
+		must(t, err)
+		cert, err := leaf.TLSCertificate()
+		must(t, err)
+		pool, err := computeapi.NewSupervisorPool(func() (*tls.Certificate, error) { return &cert, nil }, r.CA.Pool())
+		must(t, err)
+		t.Cleanup(pool.Close)
+		r.Supervisors = pool
+		r.Snapshots = d
+	}
+}
+
+// setActivity moves the sandbox's activity clock, the Lease's renewTime,
+// as the Compute API does on every call: into the past to make the sandbox
+// idle now, or to now to wake it.
+func (e *clusterEnv) setActivity(name string, at time.Time) {
+	e.t.Helper()
+	var lease coordinationv1.Lease
+	must(e.t, e.get(LeaseName(name), &lease))
+	patch := client.MergeFrom(lease.DeepCopy())
+	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(at))
+	must(e.t, e.c.Patch(e.ctx, &lease, patch))
+}
+
+// waitPhase waits for the sandbox to reach phase with the Ready reason
+// reason, and returns it with how long that took.
+func (e *clusterEnv) waitPhase(name string, phase v1alpha1.SandboxPhase, reason string) (*v1alpha1.Sandbox, time.Duration) {
+	e.t.Helper()
+	start := time.Now()
+	var sbx v1alpha1.Sandbox
+	e.eventually(fmt.Sprintf("sandbox %s to be %s/%s", name, phase, reason), func() error {
+		if err := e.get(name, &sbx); err != nil {
+			return err
+		}
+		if got := readyReason(&sbx); sbx.Status.Phase != phase || got != reason {
+			return fmt.Errorf("%s/%s", sbx.Status.Phase, got)
+		}
+		return nil
+	})
+	return &sbx, time.Since(start)
+}
+
+func (e *clusterEnv) gone(obj client.Object, name string) {
+	e.t.Helper()
+	e.eventually(fmt.Sprintf("%T %s to be deleted", obj, name), func() error {
+		if err := e.get(name, obj); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (get: %v)", err)
+		}
+		return nil
+	})
+}
+
+func run(t *testing.T, ctx context.Context, sup *supervisorapi.Client, script string) string {
+	t.Helper()
+	res, err := sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"sh", "-c", script}, Cwd: "/workspace"})
+	must(t, err)
+	if res.ExitCode != 0 {
+		t.Fatalf("%s: exit %d: %s", script, res.ExitCode, res.Stderr)
+	}
+	return strings.TrimSpace(res.Stdout)
+}
+
+// TestIdleStopAndResume runs the whole idle lifecycle on the real cluster:
+// a gVisor pod with the real supervisor, the archive driver against a real
+// S3 store on loopback, and the controller in between. The workspace must
+// survive a stop and resume byte for byte; a failed snapshot must keep both
+// the claim and the last good snapshot, and the sandbox must come back on
+// the kept claim.
+func TestIdleStopAndResume(t *testing.T) {
+	t.Parallel()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: idle stop needs the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	store := s3server.Start(t)
+	arch, err := archive.New(archive.Config{
+		Endpoint: store.Endpoint, Bucket: store.Bucket, Region: store.Region,
+		AccessKeyID: store.AccessKeyID, SecretAccessKey: store.SecretAccessKey,
+	})
+	must(t, err)
+	t.Cleanup(arch.Close)
+	drv := &failableDriver{Driver: arch}
+	e := newClusterEnv(t, withSnapshots(t, drv))
+	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		// Longer than the test: only setActivity makes the sandbox idle.
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+	})
+	e.sandbox("agent", "tpl")
+
+	sbx, firstStart := e.waitPhase("agent", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup := e.supervisor(t, sbx)
+	if !e.workspaceWritable(t, sup) {
+		t.Fatal("the workspace must be writable for this test")
+	}
+	const write = `mkdir -p notes && echo "first words" > notes/a.txt && head -c 4194304 /dev/urandom > blob && ln -s notes/a.txt link && chmod 0600 notes/a.txt`
+	run(t, e.ctx, sup, write)
+	const digest = `sha256sum blob notes/a.txt && stat -c '%a %N' notes/a.txt link`
+	before := run(t, e.ctx, sup, digest)
+
+	// Idle stop: flush, archive, then pod and claim go.
+	e.setActivity("agent", time.Now().Add(-2*time.Hour))
+	sbx, stopTook := e.waitPhase("agent", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	e.gone(&corev1.Pod{}, PodName("agent"))
+	e.gone(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("agent"))
+	first := sbx.Status.Snapshot
+	if first == nil || first.Name == "" || sbx.Status.PendingSnapshot != "" {
+		t.Fatalf("after the stop: snapshot %+v, pending %q", first, sbx.Status.PendingSnapshot)
+	}
+	obj, err := store.Client(t).StatObject(e.ctx, store.Bucket, arch.Key(sbx, first.Name), minio.StatObjectOptions{})
+	if err != nil {
+		t.Fatalf("the archive of %s is not in the store: %v", first.Name, err)
+	}
+
+	// Activity wakes it: a new claim, the archive restored into it before
+	// the sandbox is Ready.
+	e.setActivity("agent", time.Now())
+	sbx, resumeTook := e.waitPhase("agent", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup = e.supervisor(t, sbx)
+	if after := run(t, e.ctx, sup, digest); after != before {
+		t.Errorf("workspace after resume:\n%s\nwant:\n%s", after, before)
+	}
+	var claim corev1.PersistentVolumeClaim
+	must(t, e.get(WorkspaceClaimName("agent"), &claim))
+	if v, ok := claim.Annotations[AnnotationRestoreFrom]; ok {
+		t.Errorf("claim still marked for restore from %q after the sandbox is Ready", v)
+	}
+	t.Logf("archive driver, real cluster: first start %s; idle stop %s (archive %d bytes); resume %s",
+		firstStart.Round(time.Millisecond), stopTook.Round(time.Millisecond), obj.Size, resumeTook.Round(time.Millisecond))
+
+	// A failed snapshot: the pod stops, the claim (the only copy of the
+	// newest data) and the last good snapshot stay.
+	run(t, e.ctx, sup, `echo "second words" > notes/b.txt`)
+	drv.fail.Store(true)
+	e.setActivity("agent", time.Now().Add(-2*time.Hour))
+	sbx, _ = e.waitPhase("agent", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed)
+	e.gone(&corev1.Pod{}, PodName("agent"))
+	if err := e.get(WorkspaceClaimName("agent"), &claim); err != nil {
+		t.Fatalf("the claim went with a failed snapshot: %v", err)
+	}
+	if sbx.Status.Snapshot == nil || sbx.Status.Snapshot.Name != first.Name || sbx.Status.PendingSnapshot != "" {
+		t.Errorf("after the failed snapshot: snapshot %+v, pending %q; want %s kept", sbx.Status.Snapshot, sbx.Status.PendingSnapshot, first.Name)
+	}
+	if _, err := store.Client(t).StatObject(e.ctx, store.Bucket, arch.Key(sbx, first.Name), minio.StatObjectOptions{}); err != nil {
+		t.Errorf("the last good archive is gone after a failed snapshot: %v", err)
+	}
+	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c == nil || !strings.Contains(c.Message, "forced by the test") {
+		t.Errorf("Ready condition %+v does not say why the snapshot failed", c)
+	}
+
+	// Activity brings it back on the kept claim, newest data included.
+	drv.fail.Store(false)
+	e.setActivity("agent", time.Now())
+	sbx, _ = e.waitPhase("agent", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup = e.supervisor(t, sbx)
+	if got := run(t, e.ctx, sup, `cat notes/a.txt notes/b.txt`); got != "first words\nsecond words" {
+		t.Errorf("workspace after the failed stop: %q", got)
+	}
+
+	// Deleting the sandbox takes its archives with it.
+	must(t, e.c.Delete(e.ctx, sbx))
+	e.eventually("the archives to be deleted with the sandbox", func() error {
+		for o := range store.Client(t).ListObjects(e.ctx, store.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+			if o.Err != nil {
+				return o.Err
+			}
+			return fmt.Errorf("%s is still in the store", o.Key)
+		}
+		return nil
+	})
+}

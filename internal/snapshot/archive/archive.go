@@ -1,0 +1,768 @@
+// Package archive is the snapshot driver for clusters without CSI
+// snapshots (k3s local-path, for example): a stopped sandbox's workspace is
+// a tar archive in an S3-compatible object store, and a resumed sandbox's
+// fresh, empty workspace is filled from it.
+//
+// # Why the control plane carries the bytes
+//
+// The archive could be uploaded by the supervisor inside the sandbox pod,
+// but it is not, for two reasons:
+//
+//   - a sandbox has no network egress except through its egress proxy (a
+//     NetworkPolicy enforces it), so the pod cannot reach the store without
+//     opening a hole an agent could use too;
+//   - the store's credentials would have to enter the pod, where the agent's
+//     code runs; an agent could then read, overwrite or delete every other
+//     sandbox's archive.
+//
+// So the control plane pipes the bytes: Take streams the workspace as a tar
+// from the supervisor (GET /v1/files/?format=tar, over the same mTLS
+// channel as every other call) straight into a multipart upload, and
+// Restore streams the object back into the supervisor's tar extraction
+// (PUT /v1/files/?format=tar). Neither buffers the workspace: memory is one
+// multipart part (Config.PartSize) per upload in flight, and nothing touches
+// the control plane's disk.
+//
+// # Objects
+//
+// Snapshot name of sandbox namespace/sandbox is the object
+//
+//	<prefix>/<namespace>/<sandbox>/<name>.tar.gz   (Compression "gzip")
+//	<prefix>/<namespace>/<sandbox>/<name>.tar      (Compression "none")
+//
+// Its metadata records the sandbox's UID. A sandbox deleted and created
+// again under the same name is another sandbox: Restore refuses an archive
+// whose UID is not the sandbox's (snapshot.ErrNotFound), and Take replaces
+// one instead of reporting it ready.
+//
+// # Completeness
+//
+// An archive becomes visible only when its multipart upload completes, and
+// the upload completes only after the whole tar has passed through: every
+// entry read to its end and the end-of-archive marker seen, and the
+// supervisor's response ended cleanly (the supervisor cuts the connection
+// when it cannot finish a tar, so a cut stream is an error, not an early
+// end). A failed upload is aborted; one left behind by a control plane that
+// died half-way is invisible to readers, removed before the next attempt
+// at the same key, and should also be reaped by a bucket lifecycle rule
+// (AbortIncompleteMultipartUpload). So an object that exists is a whole
+// archive, and Take's "ready" is simply "the object exists and is this
+// sandbox's".
+//
+// # Compression
+//
+// Archives are gzip-compressed by default (klauspost/compress, level
+// BestSpeed). Workspaces are mostly source code, dependencies and build
+// output, which shrink several times; BenchmarkArchiveRoundTrip measures
+// what the compression costs on incompressible data (see the README of
+// the benchmark's results in the package test). Compression "none" stores
+// the plain tar, for stores that compress or deduplicate by themselves.
+package archive
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// Name is the driver's name as the chart selects it.
+const Name = "archive"
+
+// Compression of the archives.
+type Compression string
+
+const (
+	CompressionGzip Compression = "gzip"
+	CompressionNone Compression = "none"
+)
+
+func (c Compression) ext() string {
+	if c == CompressionGzip {
+		return ".tar.gz"
+	}
+	return ".tar"
+}
+
+func (c Compression) format() string {
+	if c == CompressionGzip {
+		return "tar+gzip"
+	}
+	return "tar"
+}
+
+func (c Compression) contentType() string {
+	if c == CompressionGzip {
+		// Not Content-Encoding: gzip, which HTTP clients may undo on the
+		// way down without saying so.
+		return "application/gzip"
+	}
+	return supervisorapi.ContentTypeTar
+}
+
+// Defaults for Config.
+const (
+	DefaultPartSize      = 16 << 20
+	MinPartSize          = 5 << 20 // S3's smallest part but the last
+	DefaultTakeWait      = 5 * time.Second
+	DefaultUploadTimeout = time.Hour
+	DefaultRegion        = "us-east-1"
+)
+
+// workspaceRoot is the workspace itself in the supervisor's file API
+// (relative paths; an absolute "/" would be outside the workspace).
+const workspaceRoot = ""
+
+// Object metadata keys (sent as x-amz-meta-<key>).
+const (
+	metaSandboxUID = "Agentbox-Sandbox-Uid"
+	metaSandbox    = "Agentbox-Sandbox"
+	metaSnapshot   = "Agentbox-Snapshot"
+	metaFormat     = "Agentbox-Format"
+)
+
+// Config says where the archives go.
+type Config struct {
+	// Endpoint is the store's URL: https://host[:port], or http:// for a
+	// loopback address or with AllowHTTP. No path, query or user info.
+	Endpoint string
+	// Bucket holds the archives; it must exist.
+	Bucket string
+	// Prefix is put in front of every key; "" means none. Leading and
+	// trailing slashes are ignored.
+	Prefix string
+	// Region of the bucket; DefaultRegion when empty.
+	Region string
+	// AccessKeyID and SecretAccessKey sign the requests (AWS signature v4).
+	AccessKeyID     string
+	SecretAccessKey string
+	// CAPEM holds extra certificate authorities (PEM) trusted for an https
+	// endpoint, on top of the system's; for a store with a private CA.
+	CAPEM []byte
+	// AllowHTTP accepts a plain-http endpoint that is not a loopback
+	// address. Requests are signed, so the secret key never crosses the
+	// wire, but the workspaces do, in clear: use it only on a network you
+	// trust (an in-cluster store behind a NetworkPolicy).
+	AllowHTTP bool
+	// Compression is CompressionGzip (the default) or CompressionNone.
+	Compression Compression
+	// PartSize is the multipart part size in bytes, DefaultPartSize when
+	// 0, at least MinPartSize. Each upload in flight holds one part in
+	// memory, and an archive can have at most 10,000 parts (160 GB with
+	// the default).
+	PartSize int64
+	// MaxRetries of one S3 request; 0 means the client library's default
+	// (10). The controller retries Take and Restore as a whole anyway.
+	MaxRetries int
+	// TakeWait is how long Take waits for an upload it started or found
+	// running before it reports "not ready yet"; DefaultTakeWait when 0.
+	// Small workspaces are then ready on the first call, and large ones do
+	// not hold a reconcile for minutes.
+	TakeWait time.Duration
+	// UploadTimeout bounds one upload; DefaultUploadTimeout when 0.
+	UploadTimeout time.Duration
+}
+
+// Driver stores workspace snapshots as archives in an S3-compatible store.
+// It is safe for concurrent use.
+type Driver struct {
+	cfg    Config
+	client *minio.Client
+	prefix string
+
+	// base is the context of the background uploads; Close cancels it.
+	base   context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	uploads map[string]*upload // by object key
+}
+
+var _ snapshot.Driver = (*Driver)(nil)
+
+// upload is one archive being written in the background.
+type upload struct {
+	uid    string
+	cancel context.CancelFunc
+	done   chan struct{}
+	// Set before done is closed.
+	state snapshot.State
+	err   error
+}
+
+// New checks cfg and returns a driver. It does not contact the store; Check
+// does.
+func New(cfg Config) (*Driver, error) {
+	if cfg.Endpoint == "" {
+		return nil, errors.New("archive: the endpoint URL is required")
+	}
+	u, err := url.Parse(cfg.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("archive: endpoint %q: %w", cfg.Endpoint, err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("archive: endpoint %q must be an http:// or https:// URL", cfg.Endpoint)
+	case u.Host == "":
+		return nil, fmt.Errorf("archive: endpoint %q has no host", cfg.Endpoint)
+	case u.User != nil:
+		return nil, fmt.Errorf("archive: endpoint %q must not carry credentials; set the access key and secret key instead", redact(u))
+	case (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
+		return nil, fmt.Errorf("archive: endpoint %q must be a bare scheme://host[:port], without a path or query (the bucket is configured separately)", cfg.Endpoint)
+	}
+	secure := u.Scheme == "https"
+	if !secure && !cfg.AllowHTTP && !isLoopback(u.Hostname()) {
+		return nil, fmt.Errorf("archive: endpoint %q is plain http to a host that is not loopback: the workspaces would cross the network in clear; use https, or allow http explicitly", cfg.Endpoint)
+	}
+	if !secure && len(cfg.CAPEM) > 0 {
+		return nil, fmt.Errorf("archive: a CA is configured but endpoint %q is not https", cfg.Endpoint)
+	}
+	if cfg.Bucket == "" {
+		return nil, errors.New("archive: the bucket is required")
+	}
+	if err := s3utils.CheckValidBucketNameStrict(cfg.Bucket); err != nil {
+		return nil, fmt.Errorf("archive: bucket %q: %w", cfg.Bucket, err)
+	}
+	if cfg.AccessKeyID == "" || cfg.SecretAccessKey == "" {
+		return nil, errors.New("archive: the access key ID and the secret access key are both required")
+	}
+	switch cfg.Compression {
+	case "":
+		cfg.Compression = CompressionGzip
+	case CompressionGzip, CompressionNone:
+	default:
+		return nil, fmt.Errorf("archive: compression %q is not %q or %q", cfg.Compression, CompressionGzip, CompressionNone)
+	}
+	switch {
+	case cfg.PartSize == 0:
+		cfg.PartSize = DefaultPartSize
+	case cfg.PartSize < MinPartSize:
+		return nil, fmt.Errorf("archive: part size %d is below S3's minimum of %d bytes", cfg.PartSize, MinPartSize)
+	}
+	if cfg.Region == "" {
+		cfg.Region = DefaultRegion
+	}
+	if cfg.TakeWait <= 0 {
+		cfg.TakeWait = DefaultTakeWait
+	}
+	if cfg.UploadTimeout <= 0 {
+		cfg.UploadTimeout = DefaultUploadTimeout
+	}
+	prefix := strings.Trim(cfg.Prefix, "/")
+	if strings.Contains(prefix, "//") || strings.ContainsRune(prefix, 0) {
+		return nil, fmt.Errorf("archive: prefix %q has an empty segment or a NUL byte", cfg.Prefix)
+	}
+
+	transport, err := minio.DefaultTransport(secure)
+	if err != nil {
+		return nil, fmt.Errorf("archive: transport: %w", err)
+	}
+	if secure {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if len(cfg.CAPEM) > 0 && !pool.AppendCertsFromPEM(cfg.CAPEM) {
+			return nil, errors.New("archive: the CA holds no PEM certificate")
+		}
+		transport.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	client, err := minio.New(u.Host, &minio.Options{
+		Creds:      credentials.NewStaticV4(cfg.AccessKeyID, cfg.SecretAccessKey, ""),
+		Secure:     secure,
+		Region:     cfg.Region,
+		Transport:  transport,
+		MaxRetries: cfg.MaxRetries,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("archive: S3 client: %w", err)
+	}
+	base, cancel := context.WithCancel(context.Background())
+	return &Driver{cfg: cfg, client: client, prefix: prefix, base: base, cancel: cancel, uploads: map[string]*upload{}}, nil
+}
+
+func redact(u *url.URL) string {
+	c := *u
+	c.User = nil
+	return c.String()
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Name implements snapshot.Driver.
+func (d *Driver) Name() string { return Name }
+
+// Check verifies that the store answers and the bucket exists, so that a
+// misconfiguration shows at start-up rather than at the first idle stop.
+func (d *Driver) Check(ctx context.Context) error {
+	ok, err := d.client.BucketExists(ctx, d.cfg.Bucket)
+	if err != nil {
+		return fmt.Errorf("archive: bucket %s at %s: %w", d.cfg.Bucket, d.cfg.Endpoint, err)
+	}
+	if !ok {
+		return fmt.Errorf("archive: bucket %s does not exist at %s", d.cfg.Bucket, d.cfg.Endpoint)
+	}
+	return nil
+}
+
+// Close cancels the uploads in flight. Like a crash, it leaves them
+// incomplete and invisible; the next Take of the same snapshot starts
+// again.
+func (d *Driver) Close() {
+	d.cancel()
+}
+
+// Key returns the object key of snapshot name of sandbox with the driver's
+// compression.
+func (d *Driver) Key(sandbox *v1alpha1.Sandbox, name string) string {
+	return d.key(sandbox, name, d.cfg.Compression)
+}
+
+func (d *Driver) key(sandbox *v1alpha1.Sandbox, name string, c Compression) string {
+	return path.Join(d.prefix, sandbox.Namespace, sandbox.Name, name+c.ext())
+}
+
+// Bucket returns the configured bucket.
+func (d *Driver) Bucket() string { return d.cfg.Bucket }
+
+func checkName(sandbox *v1alpha1.Sandbox, name string) error {
+	if sandbox == nil || sandbox.Namespace == "" || sandbox.Name == "" {
+		return errors.New("archive: the sandbox (with its namespace and name) is required")
+	}
+	if sandbox.UID == "" {
+		return fmt.Errorf("archive: sandbox %s/%s has no UID", sandbox.Namespace, sandbox.Name)
+	}
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || len(name) > 253 {
+		return fmt.Errorf("archive: snapshot name %q must be a non-empty path segment of at most 253 bytes", name)
+	}
+	return nil
+}
+
+// Take implements snapshot.Driver. The first call starts the upload in the
+// background and waits up to Config.TakeWait for it; later calls wait for
+// the same upload again, or find the finished object. An upload that
+// failed is reported once, as an error, and the next call starts over.
+func (d *Driver) Take(ctx context.Context, req snapshot.Request) (snapshot.State, error) {
+	if err := checkName(req.Sandbox, req.Name); err != nil {
+		return snapshot.State{}, err
+	}
+	if req.Supervisor == nil {
+		return snapshot.State{}, errors.New("archive: Take needs the sandbox's supervisor")
+	}
+	key := d.Key(req.Sandbox, req.Name)
+	uid := string(req.Sandbox.UID)
+
+	u := d.running(key, uid)
+	if u == nil {
+		st, found, err := d.stat(ctx, key, uid)
+		if err != nil {
+			return snapshot.State{}, err
+		}
+		if found {
+			return st, nil
+		}
+		u = d.start(key, uid, req)
+	}
+
+	timer := time.NewTimer(d.cfg.TakeWait)
+	defer timer.Stop()
+	select {
+	case <-u.done:
+	case <-timer.C:
+		return snapshot.State{}, nil
+	case <-ctx.Done():
+		return snapshot.State{}, fmt.Errorf("archive: waiting for the upload of %s: %w", key, ctx.Err())
+	}
+	d.mu.Lock()
+	if d.uploads[key] == u {
+		delete(d.uploads, key)
+	}
+	d.mu.Unlock()
+	return u.state, u.err
+}
+
+// running returns the upload in flight (or finished, not yet reported) for
+// key, after cancelling one that belongs to another sandbox of the same
+// name.
+func (d *Driver) running(key, uid string) *upload {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	u := d.uploads[key]
+	if u != nil && u.uid != uid {
+		u.cancel()
+		delete(d.uploads, key)
+		return nil
+	}
+	return u
+}
+
+// start begins an upload unless another call just did.
+func (d *Driver) start(key, uid string, req snapshot.Request) *upload {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if u := d.uploads[key]; u != nil && u.uid == uid {
+		return u
+	}
+	ctx, cancel := context.WithTimeout(d.base, d.cfg.UploadTimeout)
+	u := &upload{uid: uid, cancel: cancel, done: make(chan struct{})}
+	d.uploads[key] = u
+	go func() {
+		defer cancel()
+		u.state, u.err = d.upload(ctx, key, req)
+		close(u.done)
+	}()
+	return u
+}
+
+// stat reports whether key holds sandbox uid's complete archive.
+func (d *Driver) stat(ctx context.Context, key, uid string) (snapshot.State, bool, error) {
+	info, err := d.client.StatObject(ctx, d.cfg.Bucket, key, minio.StatObjectOptions{})
+	if isNotFound(err) {
+		return snapshot.State{}, false, nil
+	}
+	if err != nil {
+		return snapshot.State{}, false, fmt.Errorf("archive: stat s3://%s/%s: %w", d.cfg.Bucket, key, err)
+	}
+	if metaValue(info.UserMetadata, metaSandboxUID) != uid {
+		// A predecessor's archive under the same names; it is replaced.
+		return snapshot.State{}, false, nil
+	}
+	return snapshot.State{Ready: true, SizeBytes: info.Size, ReadyTime: info.LastModified}, true, nil
+}
+
+// upload streams the workspace into key and returns the finished object's
+// state.
+func (d *Driver) upload(ctx context.Context, key string, req snapshot.Request) (snapshot.State, error) {
+	// A control plane that died half-way left an incomplete upload behind;
+	// it is invisible, but holds storage until aborted.
+	_ = d.client.RemoveIncompleteUpload(ctx, d.cfg.Bucket, key)
+
+	body, err := req.Supervisor.GetTar(ctx, workspaceRoot)
+	if err != nil {
+		if supervisorapi.CodeOf(err) == supervisorapi.CodeNotFound {
+			// The pod has no workspace: no retry will give it one.
+			return snapshot.State{Failed: fmt.Sprintf("the supervisor has no workspace to archive: %v", err)}, nil
+		}
+		return snapshot.State{}, fmt.Errorf("archive: read the workspace of sandbox %s/%s: %w", req.Sandbox.Namespace, req.Sandbox.Name, err)
+	}
+	defer body.Close()
+
+	pr, pw := io.Pipe()
+	produced := make(chan error, 1)
+	go func() {
+		err := d.encode(pw, body)
+		// nil closes the pipe with io.EOF: only a whole tar completes the
+		// upload.
+		pw.CloseWithError(err)
+		produced <- err
+	}()
+	opts := minio.PutObjectOptions{
+		ContentType: d.cfg.Compression.contentType(),
+		PartSize:    uint64(d.cfg.PartSize),
+		UserMetadata: map[string]string{
+			metaSandboxUID: string(req.Sandbox.UID),
+			metaSandbox:    req.Sandbox.Namespace + "/" + req.Sandbox.Name,
+			metaSnapshot:   req.Name,
+			metaFormat:     d.cfg.Compression.format(),
+		},
+	}
+	_, putErr := d.client.PutObject(ctx, d.cfg.Bucket, key, pr, -1, opts)
+	// Unblock the producer if the upload stopped reading first.
+	pr.CloseWithError(errConsumerDone)
+	prodErr := <-produced
+	switch {
+	case prodErr != nil && !errors.Is(prodErr, errConsumerDone):
+		// The root cause: the upload failed because its input did.
+		return snapshot.State{}, fmt.Errorf("archive: stream the workspace of sandbox %s/%s: %w", req.Sandbox.Namespace, req.Sandbox.Name, prodErr)
+	case putErr != nil:
+		return snapshot.State{}, fmt.Errorf("archive: upload s3://%s/%s: %w", d.cfg.Bucket, key, putErr)
+	case prodErr != nil:
+		return snapshot.State{}, fmt.Errorf("archive: upload s3://%s/%s ended before the workspace's tar did", d.cfg.Bucket, key)
+	}
+	st, found, err := d.stat(ctx, key, string(req.Sandbox.UID))
+	if err != nil {
+		return snapshot.State{}, err
+	}
+	if !found {
+		return snapshot.State{}, fmt.Errorf("archive: s3://%s/%s is missing right after its upload completed", d.cfg.Bucket, key)
+	}
+	return st, nil
+}
+
+// encode copies the supervisor's tar to w, compressed as configured, and
+// fails unless the tar is whole and its HTTP response ended cleanly.
+func (d *Driver) encode(w io.Writer, body io.Reader) error {
+	var zw *gzip.Writer
+	if d.cfg.Compression == CompressionGzip {
+		zw, _ = gzip.NewWriterLevel(w, gzip.BestSpeed) // the level is valid
+		w = zw
+	}
+	if _, err := copyTar(w, body); err != nil {
+		return err
+	}
+	// Nothing meaningful follows the end-of-archive marker, but the
+	// response must still end: a cut connection is an error here, not EOF.
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		return fmt.Errorf("after the end of the tar: %w", err)
+	}
+	if zw != nil {
+		return zw.Close()
+	}
+	return nil
+}
+
+// PrepareClaim implements snapshot.Driver: the claim starts empty and
+// Restore fills it.
+func (d *Driver) PrepareClaim(*v1alpha1.SandboxSnapshot, *corev1.PersistentVolumeClaim) {}
+
+// Restore implements snapshot.Driver: it streams the archive into the
+// workspace through the supervisor. The archive may have been written with
+// either compression (the configuration may have changed since). An archive
+// that is missing, or belongs to another sandbox of the same name, is
+// snapshot.ErrNotFound.
+func (d *Driver) Restore(ctx context.Context, req snapshot.RestoreRequest) error {
+	if req.Snapshot == nil {
+		return errors.New("archive: Restore needs the snapshot")
+	}
+	if err := checkName(req.Sandbox, req.Snapshot.Name); err != nil {
+		return err
+	}
+	if req.Supervisor == nil {
+		return errors.New("archive: Restore needs the sandbox's supervisor")
+	}
+	key, comp, info, err := d.find(ctx, req.Sandbox, req.Snapshot.Name)
+	if err != nil {
+		return err
+	}
+	if got := metaValue(info.UserMetadata, metaSandboxUID); got != string(req.Sandbox.UID) {
+		return fmt.Errorf("archive: s3://%s/%s belongs to sandbox UID %q, not %s/%s (UID %s), an earlier sandbox of the same name: %w",
+			d.cfg.Bucket, key, got, req.Sandbox.Namespace, req.Sandbox.Name, req.Sandbox.UID, snapshot.ErrNotFound)
+	}
+	getOpts := minio.GetObjectOptions{}
+	// The object read is the one just checked, not one replaced since.
+	if err := getOpts.SetMatchETag(info.ETag); err != nil {
+		return fmt.Errorf("archive: %w", err)
+	}
+	obj, err := d.client.GetObject(ctx, d.cfg.Bucket, key, getOpts)
+	if err != nil {
+		return fmt.Errorf("archive: read s3://%s/%s: %w", d.cfg.Bucket, key, err)
+	}
+	defer obj.Close()
+
+	pr, pw := io.Pipe()
+	produced := make(chan error, 1)
+	go func() {
+		err := decode(pw, obj, comp)
+		pw.CloseWithError(err)
+		produced <- err
+	}()
+	_, putErr := req.Supervisor.PutTar(ctx, workspaceRoot, pr)
+	pr.CloseWithError(errConsumerDone)
+	prodErr := <-produced
+	switch {
+	case prodErr != nil && !errors.Is(prodErr, errConsumerDone):
+		// The root cause: the extraction failed because its input did,
+		// or the archive's checksum is wrong.
+		return fmt.Errorf("archive: read s3://%s/%s: %w", d.cfg.Bucket, key, prodErr)
+	case putErr != nil:
+		return fmt.Errorf("archive: extract s3://%s/%s into sandbox %s/%s: %w", d.cfg.Bucket, key, req.Sandbox.Namespace, req.Sandbox.Name, putErr)
+	case prodErr != nil:
+		return fmt.Errorf("archive: the supervisor finished extracting s3://%s/%s before the archive ended", d.cfg.Bucket, key)
+	}
+	return nil
+}
+
+// errConsumerDone closes a pipe whose reader (the upload, the extraction)
+// has returned, so that its writer does not block.
+var errConsumerDone = errors.New("the consumer of the stream has returned")
+
+// decode copies the tar in src, decompressed, to w, and fails unless the
+// tar is whole and, compressed, its checksum is right.
+func decode(w io.Writer, src io.Reader, comp Compression) error {
+	r := src
+	var zr *gzip.Reader
+	if comp == CompressionGzip {
+		var err error
+		if zr, err = gzip.NewReader(src); err != nil {
+			return fmt.Errorf("gzip: %w", err)
+		}
+		r = zr
+	}
+	if _, err := copyTar(w, r); err != nil {
+		return err
+	}
+	// Reading to the end checks the gzip trailer's CRC and length.
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return fmt.Errorf("after the end of the tar: %w", err)
+	}
+	if zr != nil {
+		return zr.Close()
+	}
+	return nil
+}
+
+// find stats the snapshot's object with the configured compression first,
+// then the other.
+func (d *Driver) find(ctx context.Context, sandbox *v1alpha1.Sandbox, name string) (string, Compression, minio.ObjectInfo, error) {
+	comps := []Compression{d.cfg.Compression, CompressionNone}
+	if d.cfg.Compression == CompressionNone {
+		comps[1] = CompressionGzip
+	}
+	for _, c := range comps {
+		key := d.key(sandbox, name, c)
+		info, err := d.client.StatObject(ctx, d.cfg.Bucket, key, minio.StatObjectOptions{})
+		if isNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return "", "", minio.ObjectInfo{}, fmt.Errorf("archive: stat s3://%s/%s: %w", d.cfg.Bucket, key, err)
+		}
+		return key, c, info, nil
+	}
+	// A HEAD on a missing bucket looks like a missing key; a missing bucket
+	// is a configuration problem to fix and retry, not a lost snapshot.
+	if err := d.Check(ctx); err != nil {
+		return "", "", minio.ObjectInfo{}, err
+	}
+	return "", "", minio.ObjectInfo{}, fmt.Errorf("archive: no archive of snapshot %s of sandbox %s/%s at s3://%s/%s: %w",
+		name, sandbox.Namespace, sandbox.Name, d.cfg.Bucket, d.key(sandbox, name, d.cfg.Compression), snapshot.ErrNotFound)
+}
+
+// Delete implements snapshot.Driver: it cancels an upload in flight and
+// removes the archive in either compression, and any incomplete upload.
+func (d *Driver) Delete(ctx context.Context, sandbox *v1alpha1.Sandbox, name string) error {
+	if sandbox == nil || sandbox.Namespace == "" || sandbox.Name == "" {
+		return errors.New("archive: the sandbox (with its namespace and name) is required")
+	}
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("archive: snapshot name %q is not a path segment", name)
+	}
+	var errs []error
+	for _, c := range []Compression{CompressionGzip, CompressionNone} {
+		key := d.key(sandbox, name, c)
+		d.mu.Lock()
+		if u := d.uploads[key]; u != nil {
+			u.cancel()
+			delete(d.uploads, key)
+			d.mu.Unlock()
+			<-u.done // so that it cannot complete after the removal
+		} else {
+			d.mu.Unlock()
+		}
+		// Removing a missing key succeeds in S3.
+		if err := d.client.RemoveObject(ctx, d.cfg.Bucket, key, minio.RemoveObjectOptions{}); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("archive: delete s3://%s/%s: %w", d.cfg.Bucket, key, err))
+		}
+		if err := d.client.RemoveIncompleteUpload(ctx, d.cfg.Bucket, key); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("archive: abort incomplete uploads of s3://%s/%s: %w", d.cfg.Bucket, key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isNotFound(err error) bool {
+	if err == nil {
+		return false
+	}
+	switch minio.ToErrorResponse(err).Code {
+	case minio.NoSuchKey, "NotFound", "NoSuchUpload":
+		return true
+	}
+	return false
+}
+
+func metaValue(m map[string]string, key string) string {
+	for k, v := range m {
+		if strings.EqualFold(k, key) || strings.EqualFold(k, "X-Amz-Meta-"+key) {
+			return v
+		}
+	}
+	return ""
+}
+
+// tarStats describes a tar that went through copyTar.
+type tarStats struct {
+	Entries int
+	Bytes   int64
+}
+
+// copyTar copies one tar stream from src to dst, byte for byte, and fails
+// unless it is whole: every entry read to its end and the end-of-archive
+// marker (two zero blocks) present. It stops right after the marker.
+func copyTar(dst io.Writer, src io.Reader) (tarStats, error) {
+	tw := &tailWriter{w: dst}
+	tr := tar.NewReader(io.TeeReader(src, tw))
+	// Larger reads than io.Copy's 32 KiB make fewer, larger writes to the
+	// compressor and the pipe; the struct hides io.Discard's ReadFrom,
+	// which would use its own small buffer.
+	buf := make([]byte, 256<<10)
+	var st tarStats
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return st, fmt.Errorf("tar stream after %d entries: %w", st.Entries, err)
+		}
+		st.Entries++
+		if _, err := io.CopyBuffer(struct{ io.Writer }{io.Discard}, tr, buf); err != nil {
+			return st, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		}
+	}
+	st.Bytes = tw.n
+	// tar.Reader also reports EOF for a stream that stops cleanly between
+	// two entries; only the marker tells a whole tar from a cut one.
+	if tw.zeros < 2*512 {
+		return st, fmt.Errorf("tar stream ended after %d entries without its end-of-archive marker", st.Entries)
+	}
+	return st, nil
+}
+
+// tailWriter counts what it passes on and how many zero bytes end it.
+type tailWriter struct {
+	w     io.Writer
+	n     int64
+	zeros int64
+}
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	n, err := t.w.Write(p)
+	t.n += int64(n)
+	q := p[:n]
+	i := len(q)
+	for i > 0 && q[i-1] == 0 {
+		i--
+	}
+	if i == 0 {
+		t.zeros += int64(n)
+	} else {
+		t.zeros = int64(n - i)
+	}
+	return n, err
+}
