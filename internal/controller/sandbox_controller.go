@@ -302,7 +302,8 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	act := r.activityOf(sbx, tpl, lease)
 	prevPhase := sbx.Status.Phase
 	defer func() { recordActivity(prevPhase, sbx, act) }()
-	if d := act.untilIdle(); d > 0 {
+	// Only a sandbox that can be stopped needs waking when it turns idle.
+	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) {
 		result.RequeueAfter = min(result.RequeueAfter, d)
 	}
 	if r.stopping(sbx, tpl, act, havePod) {

@@ -28,6 +28,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -78,7 +79,13 @@ type clusterEnv struct {
 	c  client.Client
 	ns string
 	ca *pki.CA
-	r  *SandboxReconciler
+	// r is the reconciler of the manager started last, and stop ends
+	// that manager.
+	r    *SandboxReconciler
+	stop func()
+
+	cfg    *rest.Config
+	scheme *k8sruntime.Scheme
 }
 
 // newClusterEnv starts a manager for a fresh namespace; configure adds to
@@ -117,6 +124,16 @@ func newClusterEnv(t *testing.T, configure ...func(*SandboxReconciler)) *cluster
 	ca, err := pki.NewCA("agentbox test CA")
 	must(t, err)
 
+	e := &clusterEnv{t: t, ctx: ctx, c: c, ns: ns, ca: ca, cfg: cfg, scheme: scheme}
+	e.startManager(configure...)
+	return e
+}
+
+// startManager runs a manager with a SandboxReconciler for the test's
+// namespace until the test ends or the returned stop is called; stop
+// returns once the manager has, as a killed control plane would be gone.
+func (e *clusterEnv) startManager(configure ...func(*SandboxReconciler)) (stop func()) {
+	t := e.t
 	// The manager's log goes to a buffer that is printed only when the test
 	// fails: controller goroutines may log after the test has returned,
 	// which t.Log does not allow.
@@ -128,12 +145,12 @@ func newClusterEnv(t *testing.T, configure ...func(*SandboxReconciler)) *cluster
 		fmt.Fprintln(&logBuf, time.Now().Format("15:04:05.000"), prefix, args)
 	}, funcr.Options{Verbosity: 1})
 
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: scheme,
+	mgr, err := ctrl.NewManager(e.cfg, ctrl.Options{
+		Scheme: e.scheme,
 		Logger: logger,
 		// Each test's manager watches only its namespace, so parallel tests
 		// do not reconcile each other's sandboxes.
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		// Several managers in one process register the same controller.
@@ -142,32 +159,40 @@ func newClusterEnv(t *testing.T, configure ...func(*SandboxReconciler)) *cluster
 	must(t, err)
 	r := &SandboxReconciler{
 		Client:       mgr.GetClient(),
-		Scheme:       scheme,
+		Scheme:       e.scheme,
 		Namespace:    testPlatformNamespace,
 		TrustDomain:  testTrustDomain,
 		DefaultImage: toolchain.BusyboxImage,
-		CA:           ca,
+		CA:           e.ca,
 	}
 	for _, f := range configure {
 		f(r)
 	}
 	must(t, r.SetupWithManager(mgr))
+	e.r = r
 
-	mgrCtx, stop := context.WithCancel(ctx)
+	mgrCtx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mgrCtx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
 	t.Cleanup(func() {
 		stop()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
 		if t.Failed() {
 			logMu.Lock()
 			t.Logf("controller log:\n%s", logBuf.String())
 			logMu.Unlock()
 		}
 	})
-	return &clusterEnv{t: t, ctx: ctx, c: c, ns: ns, ca: ca, r: r}
+	e.stop = stop
+	return stop
 }
 
 func must(t testing.TB, err error) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
+	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/archive"
@@ -46,17 +49,18 @@ func (d *failableDriver) Take(ctx context.Context, req snapshot.Request) (snapsh
 // withSnapshots gives the reconciler a snapshot driver and, as in the
 // control plane, the Compute API's supervisor pool with the control plane's
 // client certificate.
-func withSnapshots(t *testing.T, d snapshot.Driver) func(*SandboxReconciler) {
+func withSnapshots(t *testing.T, d snapshot.Driver, pool **computeapi.SupervisorPool) func(*SandboxReconciler) {
 	return func(r *SandboxReconciler) {
 		leaf, err := r.CA.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, testPlatformNamespace), Usage: pki.UsageClient})
 		must(t, err)
 		cert, err := leaf.TLSCertificate()
 		must(t, err)
-		pool, err := computeapi.NewSupervisorPool(func() (*tls.Certificate, error) { return &cert, nil }, r.CA.Pool())
+		p, err := computeapi.NewSupervisorPool(func() (*tls.Certificate, error) { return &cert, nil }, r.CA.Pool())
 		must(t, err)
-		t.Cleanup(pool.Close)
-		r.Supervisors = pool
+		t.Cleanup(p.Close)
+		r.Supervisors = p
 		r.Snapshots = d
+		*pool = p
 	}
 }
 
@@ -70,6 +74,25 @@ func (e *clusterEnv) setActivity(name string, at time.Time) {
 	patch := client.MergeFrom(lease.DeepCopy())
 	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(at))
 	must(e.t, e.c.Patch(e.ctx, &lease, patch))
+}
+
+// computeAPI serves the Compute API on loopback, as the control plane does
+// beside the controller: same cluster, same supervisor pool.
+func (e *clusterEnv) computeAPI(pool *computeapi.SupervisorPool) *apiclient.Client {
+	e.t.Helper()
+	const token = "lifecycle-test-token"
+	auth, err := computeapi.NewAdminTokenAuthenticator(computeapi.HashToken(token))
+	must(e.t, err)
+	srv, err := computeapi.NewServer(computeapi.Options{
+		Sandboxes: e.c, Leases: e.c, Supervisors: pool, Authenticator: auth, TrustDomain: testTrustDomain,
+		ResumeTimeout: waitTimeout,
+	})
+	must(e.t, err)
+	hs := httptest.NewServer(srv.Handler())
+	e.t.Cleanup(hs.Close)
+	c, err := apiclient.New(hs.URL, token, nil)
+	must(e.t, err)
+	return c
 }
 
 // waitPhase waits for the sandbox to reach phase with the Ready reason
@@ -130,15 +153,17 @@ func TestIdleStopAndResume(t *testing.T) {
 	must(t, err)
 	t.Cleanup(arch.Close)
 	drv := &failableDriver{Driver: arch}
-	e := newClusterEnv(t, withSnapshots(t, drv))
+	var pool *computeapi.SupervisorPool
+	e := newClusterEnv(t, withSnapshots(t, drv, &pool))
+	api := e.computeAPI(pool)
 	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
 		tpl.Spec.Image = image
 		// Longer than the test: only setActivity makes the sandbox idle.
 		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
 	})
-	e.sandbox("agent", "tpl")
+	e.sandbox("idler", "tpl")
 
-	sbx, firstStart := e.waitPhase("agent", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sbx, firstStart := e.waitPhase("idler", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 	sup := e.supervisor(t, sbx)
 	if !e.workspaceWritable(t, sup) {
 		t.Fatal("the workspace must be writable for this test")
@@ -149,10 +174,10 @@ func TestIdleStopAndResume(t *testing.T) {
 	before := run(t, e.ctx, sup, digest)
 
 	// Idle stop: flush, archive, then pod and claim go.
-	e.setActivity("agent", time.Now().Add(-2*time.Hour))
-	sbx, stopTook := e.waitPhase("agent", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
-	e.gone(&corev1.Pod{}, PodName("agent"))
-	e.gone(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("agent"))
+	e.setActivity("idler", time.Now().Add(-2*time.Hour))
+	sbx, stopTook := e.waitPhase("idler", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	e.gone(&corev1.Pod{}, PodName("idler"))
+	e.gone(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("idler"))
 	first := sbx.Status.Snapshot
 	if first == nil || first.Name == "" || sbx.Status.PendingSnapshot != "" {
 		t.Fatalf("after the stop: snapshot %+v, pending %q", first, sbx.Status.PendingSnapshot)
@@ -162,30 +187,36 @@ func TestIdleStopAndResume(t *testing.T) {
 		t.Fatalf("the archive of %s is not in the store: %v", first.Name, err)
 	}
 
-	// Activity wakes it: a new claim, the archive restored into it before
-	// the sandbox is Ready.
-	e.setActivity("agent", time.Now())
-	sbx, resumeTook := e.waitPhase("agent", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
-	sup = e.supervisor(t, sbx)
-	if after := run(t, e.ctx, sup, digest); after != before {
-		t.Errorf("workspace after resume:\n%s\nwant:\n%s", after, before)
+	// The next call wakes it: a new claim, the archive restored into it
+	// before the sandbox is Ready, and the call served then, one slower
+	// call rather than an error.
+	callStart := time.Now()
+	res, err := api.RunCommand(e.ctx, sbx.Spec.AgentID, apiclient.RunCommandRequest{Command: []string{"sh", "-c", digest}})
+	resumeTook := time.Since(callStart)
+	if err != nil {
+		t.Fatalf("run_command on the stopped sandbox: %v", err)
 	}
+	if after := strings.TrimSpace(res.Stdout); res.ExitCode != 0 || after != before {
+		t.Errorf("workspace after resume (exit %d, %s):\n%s\nwant:\n%s", res.ExitCode, res.Stderr, after, before)
+	}
+	sbx, _ = e.waitPhase("idler", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup = e.supervisor(t, sbx)
 	var claim corev1.PersistentVolumeClaim
-	must(t, e.get(WorkspaceClaimName("agent"), &claim))
+	must(t, e.get(WorkspaceClaimName("idler"), &claim))
 	if v, ok := claim.Annotations[AnnotationRestoreFrom]; ok {
 		t.Errorf("claim still marked for restore from %q after the sandbox is Ready", v)
 	}
-	t.Logf("archive driver, real cluster: first start %s; idle stop %s (archive %d bytes); resume %s",
+	t.Logf("archive driver, real cluster: first start %s; idle stop %s (archive %d bytes); run_command on the stopped sandbox %s",
 		firstStart.Round(time.Millisecond), stopTook.Round(time.Millisecond), obj.Size, resumeTook.Round(time.Millisecond))
 
 	// A failed snapshot: the pod stops, the claim (the only copy of the
 	// newest data) and the last good snapshot stay.
 	run(t, e.ctx, sup, `echo "second words" > notes/b.txt`)
 	drv.fail.Store(true)
-	e.setActivity("agent", time.Now().Add(-2*time.Hour))
-	sbx, _ = e.waitPhase("agent", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed)
-	e.gone(&corev1.Pod{}, PodName("agent"))
-	if err := e.get(WorkspaceClaimName("agent"), &claim); err != nil {
+	e.setActivity("idler", time.Now().Add(-2*time.Hour))
+	sbx, _ = e.waitPhase("idler", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed)
+	e.gone(&corev1.Pod{}, PodName("idler"))
+	if err := e.get(WorkspaceClaimName("idler"), &claim); err != nil {
 		t.Fatalf("the claim went with a failed snapshot: %v", err)
 	}
 	if sbx.Status.Snapshot == nil || sbx.Status.Snapshot.Name != first.Name || sbx.Status.PendingSnapshot != "" {
@@ -200,8 +231,8 @@ func TestIdleStopAndResume(t *testing.T) {
 
 	// Activity brings it back on the kept claim, newest data included.
 	drv.fail.Store(false)
-	e.setActivity("agent", time.Now())
-	sbx, _ = e.waitPhase("agent", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	e.setActivity("idler", time.Now())
+	sbx, _ = e.waitPhase("idler", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 	sup = e.supervisor(t, sbx)
 	if got := run(t, e.ctx, sup, `cat notes/a.txt notes/b.txt`); got != "first words\nsecond words" {
 		t.Errorf("workspace after the failed stop: %q", got)
@@ -218,4 +249,100 @@ func TestIdleStopAndResume(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// stallingDriver passes every call to a real driver, except that its first
+// Take starts the real snapshot and then does not return until its context
+// ends: the control plane is killed in the middle of the stop.
+type stallingDriver struct {
+	snapshot.Driver
+	once    sync.Once
+	stalled chan struct{}
+	name    string // of the snapshot the stalled Take started
+}
+
+func (d *stallingDriver) Take(ctx context.Context, req snapshot.Request) (snapshot.State, error) {
+	first := false
+	d.once.Do(func() { first = true })
+	if !first {
+		return d.Driver.Take(ctx, req)
+	}
+	_, _ = d.Driver.Take(ctx, req)
+	d.name = req.Name
+	close(d.stalled)
+	<-ctx.Done()
+	return snapshot.State{}, ctx.Err()
+}
+
+// TestControlPlaneKilledMidStop kills the controller (and with it the
+// archive driver's uploads) while a stop is taking its snapshot. Nothing
+// may be deleted before a snapshot is ready, and a new control plane must
+// finish the same stop, with the same snapshot name, and lose no file.
+func TestControlPlaneKilledMidStop(t *testing.T) {
+	t.Parallel()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: idle stop needs the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	store := s3server.Start(t)
+	newArchive := func() *archive.Driver {
+		d, err := archive.New(archive.Config{
+			Endpoint: store.Endpoint, Bucket: store.Bucket, Region: store.Region,
+			AccessKeyID: store.AccessKeyID, SecretAccessKey: store.SecretAccessKey,
+		})
+		must(t, err)
+		t.Cleanup(d.Close)
+		return d
+	}
+	first := newArchive()
+	stall := &stallingDriver{Driver: first, stalled: make(chan struct{})}
+	var pool *computeapi.SupervisorPool
+	e := newClusterEnv(t, withSnapshots(t, stall, &pool))
+	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+	})
+	e.sandbox("crash", "tpl")
+	sbx, _ := e.waitPhase("crash", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup := e.supervisor(t, sbx)
+	if !e.workspaceWritable(t, sup) {
+		t.Fatal("the workspace must be writable for this test")
+	}
+	run(t, e.ctx, sup, `head -c 8388608 /dev/urandom > big && echo kept > small`)
+	const digest = `sha256sum big small`
+	before := run(t, e.ctx, sup, digest)
+
+	e.setActivity("crash", time.Now().Add(-2*time.Hour))
+	select {
+	case <-stall.stalled:
+	case <-time.After(waitTimeout):
+		t.Fatal("the stop never reached the snapshot")
+	}
+	e.stop()
+	first.Close()
+
+	// The killed pass may or may not have written IdleStopping; either way
+	// the snapshot's name is derived from the activity it follows, so the
+	// next control plane takes up the same one.
+	pending := stall.name
+	if err := e.get(PodName("crash"), &corev1.Pod{}); err != nil {
+		t.Errorf("the pod went before a snapshot was ready: %v", err)
+	}
+	if err := e.get(WorkspaceClaimName("crash"), &corev1.PersistentVolumeClaim{}); err != nil {
+		t.Errorf("the claim went before a snapshot was ready: %v", err)
+	}
+
+	restarted := time.Now()
+	e.startManager(withSnapshots(t, newArchive(), &pool))
+	sbx, _ = e.waitPhase("crash", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	converged := time.Since(restarted)
+	if sbx.Status.Snapshot == nil || sbx.Status.Snapshot.Name != pending {
+		t.Errorf("the new control plane recorded snapshot %+v; want the interrupted stop's %s", sbx.Status.Snapshot, pending)
+	}
+	e.setActivity("crash", time.Now())
+	sbx, _ = e.waitPhase("crash", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if after := run(t, e.ctx, e.supervisor(t, sbx), digest); after != before {
+		t.Errorf("workspace after the interrupted stop and resume:\n%s\nwant:\n%s", after, before)
+	}
+	t.Logf("control plane killed mid-stop: the next one finished the stop in %s", converged.Round(time.Millisecond))
 }

@@ -371,9 +371,6 @@ func (d *Driver) Take(ctx context.Context, req snapshot.Request) (snapshot.State
 	if err := checkName(req.Sandbox, req.Name); err != nil {
 		return snapshot.State{}, err
 	}
-	if req.Supervisor == nil {
-		return snapshot.State{}, errors.New("archive: Take needs the sandbox's supervisor")
-	}
 	key := d.Key(req.Sandbox, req.Name)
 	uid := string(req.Sandbox.UID)
 
@@ -384,7 +381,14 @@ func (d *Driver) Take(ctx context.Context, req snapshot.Request) (snapshot.State
 			return snapshot.State{}, err
 		}
 		if found {
+			// Checked before the supervisor: a pass that repeats a finished
+			// stop (after a restart, or from a cache that has not seen the
+			// stop's status yet) finds the pod gone, and must still see the
+			// snapshot ready rather than fail for want of a pod.
 			return st, nil
+		}
+		if req.Supervisor == nil {
+			return snapshot.State{}, errors.New("archive: Take needs the sandbox's supervisor: the pod is not serving and the archive does not exist yet")
 		}
 		u = d.start(key, uid, req)
 	}

@@ -203,6 +203,17 @@ func TestTakeIsIdempotent(t *testing.T) {
 			t.Fatalf("second Take = %+v, %v; first was %+v", again, err, first)
 		}
 	}
+	// A repeat after the pod is gone (a restarted control plane, a stale
+	// cache) has no supervisor and must still find the snapshot ready.
+	noPod := req
+	noPod.Supervisor = nil
+	if again, err := newDriver(t, s3, nil).Take(ctx, noPod); err != nil || !again.Ready {
+		t.Fatalf("Take without a supervisor after the upload = %+v, %v; want ready", again, err)
+	}
+	noPod.Name = "never-taken"
+	if _, err := d.Take(ctx, noPod); err == nil || !strings.Contains(err.Error(), "supervisor") {
+		t.Errorf("Take without a supervisor of a missing archive: %v; want an error naming the supervisor", err)
+	}
 	if n := sup.getTars.Load(); n != 1 {
 		t.Errorf("the workspace was read %d times, want once", n)
 	}
