@@ -56,6 +56,12 @@ type component struct {
 	// a dependency without committing any of its source.
 	vendor bool
 	patch  func(dir string) error
+	// files copies what the component ships besides binaries (CRDs) out of
+	// its resolved modules into the cache, after the build; produces lists
+	// those files, relative to the cache, so that a missing one is rebuilt
+	// and reported.
+	files    func(ctx context.Context, b *Builder, src string) error
+	produces []string
 }
 
 func components() []component {
@@ -89,6 +95,7 @@ func components() []component {
 		{name: "versitygw", binary: []binary{
 			{"versitygw", "github.com/versity/versitygw/cmd/versitygw"},
 		}, ldflags: "-s -w"},
+		snapshotController(),
 	}
 }
 
@@ -214,6 +221,9 @@ func (c component) stamp() (string, error) {
 	for _, bin := range c.binary {
 		fmt.Fprintf(h, "%s=%s\n", bin.out, bin.pkg)
 	}
+	for _, f := range c.produces {
+		fmt.Fprintf(h, "file:%s\n", f)
+	}
 	if c.patch != nil {
 		// The patch is code; its identity is the function's name plus the
 		// layout version, bumped by hand when the patch changes.
@@ -279,6 +289,11 @@ func (b *Builder) component(ctx context.Context, c component) error {
 		}
 		b.logf("%s: built %s in %s", c.name, bin.out, time.Since(bt).Round(time.Second))
 	}
+	if c.files != nil {
+		if err := c.files(ctx, b, src); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(stampFile), 0o755); err != nil {
 		return err
 	}
@@ -292,6 +307,11 @@ func (b *Builder) component(ctx context.Context, c component) error {
 func (b *Builder) allPresent(c component) bool {
 	for _, bin := range c.binary {
 		if fi, err := os.Stat(filepath.Join(BinDir(b.Dir), bin.out)); err != nil || fi.Size() == 0 {
+			return false
+		}
+	}
+	for _, f := range c.produces {
+		if !fileExists(filepath.Join(b.Dir, f)) {
 			return false
 		}
 	}
@@ -341,6 +361,11 @@ func Missing(dir string) []string {
 		for _, bin := range c.binary {
 			if !fileExists(filepath.Join(BinDir(dir), bin.out)) {
 				missing = append(missing, bin.out)
+			}
+		}
+		for _, f := range c.produces {
+			if !fileExists(filepath.Join(dir, f)) {
+				missing = append(missing, f)
 			}
 		}
 	}
