@@ -34,9 +34,10 @@ type commandSpec struct {
 // time, which tells a timeout apart from a client that went away.
 var errCommandTimeout = errors.New("command timed out")
 
-// prepare validates req against the server's limits and resolves the
+// prepare validates req against the server's limits, with the timeout
+// limits given since they differ between endpoints, and resolves the
 // working directory and executable.
-func (s *Server) prepare(req *api.CommandRequest) (*commandSpec, *api.Error) {
+func (s *Server) prepare(req *api.CommandRequest, defaultTimeout, maxTimeout time.Duration) (*commandSpec, *api.Error) {
 	if len(req.Command) == 0 {
 		return nil, api.Errorf(api.CodeInvalidArgument, "command must not be empty")
 	}
@@ -49,8 +50,8 @@ func (s *Server) prepare(req *api.CommandRequest) (*commandSpec, *api.Error) {
 		}
 	}
 
-	timeout := s.cfg.DefaultTimeout
-	switch maxSec := int64(s.cfg.MaxTimeout / time.Second); {
+	timeout := defaultTimeout
+	switch maxSec := int64(maxTimeout / time.Second); {
 	case req.TimeoutSeconds < 0:
 		return nil, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds)
 	case int64(req.TimeoutSeconds) > maxSec:
@@ -212,7 +213,9 @@ func (s *Server) run(parent context.Context, spec *commandSpec) (*api.CommandRes
 		return nil, startError(spec, err)
 	}
 	pid := cmd.Process.Pid
+	s.track(pid)
 	waitErr := cmd.Wait()
+	s.untrack(pid)
 	children.done(pid)
 	elapsed := time.Since(start)
 

@@ -3,12 +3,17 @@
 // control plane. It is served over mutual
 // TLS by cmd/agentbox-supervisor; this package only knows HTTP.
 //
+// Every call can be recorded in an audit log (see AuditLog), and
+// NewRedactingHandler keeps known secret formats out of the slog output.
+//
 // It must stay free of client-go and other control-plane code: it runs next
 // to untrusted code, so its attack surface is kept small.
 package supervisor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +25,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
@@ -38,6 +44,9 @@ const (
 	DefaultPath                  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	DefaultWorkspaceCap          = api.DefaultWorkspaceCapBytes
 	DefaultWorkspaceUsageTTL     = time.Second
+	DefaultPython                = "python3"
+	DefaultPythonTimeout         = api.DefaultPythonTimeoutSeconds * time.Second
+	DefaultPythonMaxTimeout      = api.MaxPythonTimeoutSeconds * time.Second
 )
 
 // DefaultPassEnv lists the variables copied from the supervisor's own
@@ -94,6 +103,20 @@ type Config struct {
 	// into BaseEnv when set there. Nil means DefaultPassEnv; use an empty
 	// slice to pass nothing.
 	PassEnv []string
+	// Python is the interpreter python_exec runs: a name looked up in the
+	// command's PATH, as a shell would, or a path. Empty means
+	// DefaultPython.
+	Python string
+	// PythonDefaultTimeout applies to python_exec requests without
+	// timeout_seconds; PythonMaxTimeout is the largest they may ask for.
+	// Zero means DefaultPythonTimeout and DefaultPythonMaxTimeout. Neither
+	// may exceed MaxTimeout, which bounds how long the server waits to
+	// write any response.
+	PythonDefaultTimeout time.Duration
+	PythonMaxTimeout     time.Duration
+	// Audit, when set, gets one line per call (health checks excepted).
+	// The caller owns it and closes it after Wait.
+	Audit *AuditLog
 	// Version is reported by /healthz.
 	Version string
 	// Logger defaults to slog.Default().
@@ -118,9 +141,15 @@ type Server struct {
 	root             *os.Root
 	usage            *workspaceUsage
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// running counts requests being served, so that Wait also covers
+	// their audit lines.
 	running int
 	idle    chan struct{} // closed when running drops to 0; nil if nobody waits
+	// groups holds the process group of every command running now, for
+	// Terminate; terminating is set once it has been called.
+	groups      map[int]struct{}
+	terminating bool
 }
 
 // New checks cfg, fills in defaults and returns a Server.
@@ -154,6 +183,19 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.PassEnv == nil {
 		cfg.PassEnv = DefaultPassEnv
+	}
+	if cfg.Python == "" {
+		cfg.Python = DefaultPython
+	}
+	if cfg.PythonMaxTimeout <= 0 {
+		cfg.PythonMaxTimeout = DefaultPythonMaxTimeout
+	}
+	cfg.PythonMaxTimeout = min(cfg.PythonMaxTimeout, cfg.MaxTimeout)
+	if cfg.PythonDefaultTimeout <= 0 {
+		cfg.PythonDefaultTimeout = min(DefaultPythonTimeout, cfg.PythonMaxTimeout)
+	}
+	if cfg.PythonDefaultTimeout > cfg.PythonMaxTimeout {
+		return nil, fmt.Errorf("default python timeout %s exceeds the maximum %s", cfg.PythonDefaultTimeout, cfg.PythonMaxTimeout)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -201,6 +243,7 @@ func New(cfg Config) (*Server, error) {
 		slots:      make(chan struct{}, cfg.MaxConcurrentCommands),
 		log:        log,
 		workspace:  workspace,
+		groups:     make(map[int]struct{}),
 	}
 	s.workspaceAliases = aliases
 	if workspace != "" {
@@ -291,9 +334,10 @@ func resolveDefaultCwd(dir string) (string, error) {
 // DefaultCwd is the directory commands run in when they name none.
 func (s *Server) DefaultCwd() string { return s.defaultCwd }
 
-// Wait blocks until no command is running or ctx is done. A server that is
-// shutting down calls it after cancelling the requests' contexts, so that
-// every process group has been killed before the supervisor exits.
+// Wait blocks until no request is being served, commands included, or ctx
+// is done. A server that is shutting down calls it after Terminate or
+// after cancelling the requests' contexts, so that every process group has
+// ended and every audit line is written before the supervisor exits.
 func (s *Server) Wait(ctx context.Context) error {
 	s.mu.Lock()
 	if s.running == 0 {
@@ -313,6 +357,41 @@ func (s *Server) Wait(ctx context.Context) error {
 	}
 }
 
+// Terminate sends SIGTERM to the process group of every running command,
+// and of every command started from now on, so that they can exit cleanly
+// before the supervisor does. It returns how many groups it signalled.
+// Killing those that ignore it is left to the caller: cancelling the
+// requests' contexts sends SIGKILL.
+func (s *Server) Terminate() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.terminating = true
+	n := 0
+	for pgid := range s.groups {
+		if syscall.Kill(-pgid, syscall.SIGTERM) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// track records a started command's process group. A command that starts
+// after Terminate is told to stop at once rather than left to be killed.
+func (s *Server) track(pgid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.groups[pgid] = struct{}{}
+	if s.terminating {
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	}
+}
+
+func (s *Server) untrack(pgid int) {
+	s.mu.Lock()
+	delete(s.groups, pgid)
+	s.mu.Unlock()
+}
+
 func (s *Server) begin() {
 	s.mu.Lock()
 	s.running++
@@ -328,11 +407,25 @@ func (s *Server) end() {
 	}
 }
 
-// ServeHTTP routes the request and logs one line about it.
+// ServeHTTP routes the request, logs one line about it and records it in
+// the audit log.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.begin()
+	defer s.end()
 	start := time.Now()
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	var info requestInfo
+	params := sha256.New()
+	switch r.URL.Path {
+	case api.PathCommands, api.PathPython:
+		// The parameters are the JSON body as sent, whether or not it
+		// turns out to be valid.
+		r.Body = &hashingBody{ReadCloser: r.Body, w: params}
+	default:
+		// The file endpoints' parameters are the path and query; the
+		// bytes of a file are data, not parameters.
+		fmt.Fprintf(params, "%s %s?%s", r.Method, r.URL.EscapedPath(), r.URL.RawQuery)
+	}
 	switch r.URL.Path {
 	case api.PathHealth:
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -361,6 +454,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		s.handleCommand(rec, r, &info)
+	case api.PathPython:
+		if r.Method != http.MethodPost {
+			methodNotAllowed(rec, r, "POST")
+			break
+		}
+		s.handlePython(rec, r, &info)
 	default:
 		if !s.serveFiles(rec, r, &info) {
 			writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
@@ -406,6 +505,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		level = slog.LevelDebug
 	}
 	s.log.LogAttrs(r.Context(), level, "request", attrs...)
+	if s.cfg.Audit != nil && r.URL.Path != api.PathHealth {
+		// Health checks are the kubelet's probes, not calls anyone makes
+		// on the sandbox.
+		e := AuditEntry{
+			Time:         start.UTC(),
+			Tool:         toolName(r),
+			ParamsSHA256: hex.EncodeToString(params.Sum(nil)),
+			DurationMS:   time.Since(start).Milliseconds(),
+			HTTPStatus:   rec.status,
+			Peer:         peerID(r),
+		}
+		if res := info.result; res != nil {
+			e.ExitCode = &res.ExitCode
+			e.Signal, e.TimedOut, e.Truncated = res.Signal, res.TimedOut, res.Truncated
+		}
+		if info.err != nil {
+			e.ErrorCode = string(info.err.Code)
+		}
+		if info.aborted != nil {
+			e.Aborted = true
+		}
+		if err := s.cfg.Audit.Record(e); err != nil {
+			s.log.Error("audit log write failed", "tool", e.Tool, "error", err.Error())
+		}
+	}
 	if info.aborted != nil {
 		// The status and part of the body are sent; cutting the
 		// connection is the only way left to tell the client the body is
@@ -426,20 +550,70 @@ type requestInfo struct {
 
 func (i *requestInfo) abort(err error) { i.aborted = err }
 
-func (s *Server) handleCommand(w http.ResponseWriter, r *http.Request, info *requestInfo) {
-	fail := func(e *api.Error) {
-		info.err = e
-		writeError(w, e)
+// toolName is the name of the call in the audit log, in the terms of the
+// tools an agent calls rather than of HTTP.
+func toolName(r *http.Request) string {
+	p := r.URL.Path
+	switch {
+	case p == api.PathCommands:
+		return "run_command"
+	case p == api.PathPython:
+		return "python_exec"
+	case p == api.PathFlush:
+		return "flush"
+	case p == api.PathHealth:
+		return "health"
+	case strings.HasPrefix(p, api.PathStat):
+		return "stat_file"
+	case strings.HasPrefix(p, api.PathList):
+		return "list_files"
+	case strings.HasPrefix(p, api.PathFiles):
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+			return "read_file"
+		case http.MethodPut:
+			return "write_file"
+		case http.MethodDelete:
+			return "delete_file"
+		}
 	}
-	req, apiErr := s.decodeCommand(w, r)
-	if apiErr != nil {
-		fail(apiErr)
+	return "unknown"
+}
+
+// hashingBody feeds what the handler reads of the body to the parameter
+// hash, so the body need not be buffered twice.
+type hashingBody struct {
+	io.ReadCloser
+	w io.Writer
+}
+
+func (b *hashingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.w.Write(p[:n])
+	return n, err
+}
+
+func (s *Server) handleCommand(w http.ResponseWriter, r *http.Request, info *requestInfo) {
+	var req api.CommandRequest
+	if apiErr := s.decodeJSON(w, r, &req); apiErr != nil {
+		info.err = apiErr
+		writeError(w, apiErr)
 		return
 	}
 	if len(req.Command) > 0 {
 		info.program = req.Command[0]
 	}
-	spec, apiErr := s.prepare(req)
+	spec, apiErr := s.prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
+	s.execute(w, r, info, spec, apiErr)
+}
+
+// execute runs a prepared command and writes its result; apiErr is a
+// failure to prepare it.
+func (s *Server) execute(w http.ResponseWriter, r *http.Request, info *requestInfo, spec *commandSpec, apiErr *api.Error) {
+	fail := func(e *api.Error) {
+		info.err = e
+		writeError(w, e)
+	}
 	if apiErr != nil {
 		fail(apiErr)
 		return
@@ -451,8 +625,6 @@ func (s *Server) handleCommand(w http.ResponseWriter, r *http.Request, info *req
 		fail(api.Errorf(api.CodeResourceExhausted, "%d commands are already running", cap(s.slots)))
 		return
 	}
-	s.begin()
-	defer s.end()
 
 	res, apiErr := s.run(r.Context(), spec)
 	if apiErr != nil {
@@ -463,13 +635,14 @@ func (s *Server) handleCommand(w http.ResponseWriter, r *http.Request, info *req
 	writeJSON(w, http.StatusOK, res)
 }
 
-func (s *Server) decodeCommand(w http.ResponseWriter, r *http.Request) (*api.CommandRequest, *api.Error) {
+// decodeJSON decodes the body, which must be exactly one JSON value, into
+// v.
+func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *api.Error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return nil, api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct)
+		return api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct)
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxRequestBytes))
-	var req api.CommandRequest
-	err := dec.Decode(&req)
+	err := dec.Decode(v)
 	if err == nil {
 		// A second value, even a valid one, means the body is not what the
 		// client meant to send.
@@ -483,14 +656,14 @@ func (s *Server) decodeCommand(w http.ResponseWriter, r *http.Request) (*api.Com
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return nil, api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit)
+			return api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit)
 		}
 		if errors.Is(err, io.EOF) {
-			return nil, api.Errorf(api.CodeInvalidArgument, "empty request body")
+			return api.Errorf(api.CodeInvalidArgument, "empty request body")
 		}
-		return nil, api.Errorf(api.CodeInvalidArgument, "invalid JSON body: %v", err)
+		return api.Errorf(api.CodeInvalidArgument, "invalid JSON body: %v", err)
 	}
-	return &req, nil
+	return nil
 }
 
 func isSyntaxError(err error) bool {

@@ -12,6 +12,21 @@
 //	-workdir             AGENTBOX_WORKDIR             the workspace if there is one, else the current directory
 //	-workspace           AGENTBOX_WORKSPACE           -workdir if set, else /workspace (file endpoints are off if it does not exist)
 //	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB
+//	-audit-log           AGENTBOX_AUDIT_LOG           off
+//	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
+//
+// The audit log is off unless a path is given. Its obvious default place,
+// /tmp, is the worst one in a sandbox: it is writable by the very code
+// being audited, so the log could be edited or filled, and it grows
+// unbounded on the pod's ephemeral storage. An operator who wants the log
+// points it at a volume the sandboxed code cannot write and that something
+// collects.
+//
+// On SIGTERM the supervisor stops accepting calls and lets running
+// commands finish for -shutdown-grace; then it sends SIGTERM to the
+// process groups of those still running, SIGKILL after -kill-grace, closes
+// the audit log and exits 0. The defaults (25s + 3s) fit in Kubernetes'
+// default 30s termination grace period.
 //
 // AGENTBOX_NAMESPACE is the namespace the control plane runs in (the
 // platform namespace, agentbox-system unless the chart says otherwise), not
@@ -62,6 +77,9 @@ type options struct {
 	maxConcurrent    int
 	passEnv          []string
 	shutdownGrace    time.Duration
+	killGrace        time.Duration
+	auditLog         string
+	python           string
 	reapOrphans      bool
 	logLevel         slog.Level
 	showVersion      bool
@@ -80,7 +98,7 @@ func main() {
 		fmt.Println(version)
 		return
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: opts.logLevel}))
+	log := slog.New(supervisor.NewRedactingHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: opts.logLevel})))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// Once shutdown has begun, a second SIGINT or SIGTERM ends the process
@@ -115,7 +133,10 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.DurationVar(&o.maxTimeout, "max-timeout", supervisor.DefaultMaxTimeout, "largest timeout a command may ask for")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", supervisor.DefaultMaxConcurrentCommands, "commands allowed to run at once")
 	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are killed")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
+	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown may take to exit before they are killed")
+	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
+	fs.StringVar(&o.python, "python", env("AGENTBOX_PYTHON", supervisor.DefaultPython), "interpreter for python_exec: a name looked up in the commands' PATH, or a path")
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -124,6 +145,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.shutdownGrace < 0 || o.killGrace <= 0 {
+		return nil, fmt.Errorf("-shutdown-grace must not be negative and -kill-grace must be positive")
 	}
 	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		return nil, fmt.Errorf("-log-level: %w", err)
@@ -224,6 +248,22 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			return err
 		}
 	}
+	var audit *supervisor.AuditLog
+	if o.auditLog != "" {
+		var err error
+		if audit, err = supervisor.OpenAuditLog(o.auditLog); err != nil {
+			return err
+		}
+		// Runs after every other deferred step of the shutdown below, once
+		// no request can still be recording.
+		defer func() {
+			if err := audit.Close(); err != nil {
+				log.Error("closing the audit log failed", "error", err.Error())
+				return
+			}
+			log.Info("audit log closed", "path", o.auditLog)
+		}()
+	}
 	handler, err := supervisor.New(supervisor.Config{
 		DefaultCwd:            o.workdir,
 		Workspace:             o.workspace,
@@ -231,6 +271,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		MaxTimeout:            o.maxTimeout,
 		MaxConcurrentCommands: o.maxConcurrent,
 		PassEnv:               o.passEnv,
+		Python:                o.python,
+		Audit:                 audit,
 		Version:               version,
 		Logger:                log,
 	})
@@ -305,23 +347,51 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	case <-ctx.Done():
 	}
 
-	log.Info("shutting down", "grace", o.shutdownGrace.String())
+	log.Info("shutting down", "grace", o.shutdownGrace.String(), "kill_grace", o.killGrace.String())
 	if health != nil {
 		_ = health.Close()
 	}
-	graceCtx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
-	defer cancel()
-	if err := srv.Shutdown(graceCtx); err != nil {
-		log.Warn("commands still running after the grace period; killing them", "error", err.Error())
-		cancelBase()
-		_ = srv.Close()
-		killCtx, cancelKill := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancelKill()
-		if err := handler.Wait(killCtx); err != nil {
-			return fmt.Errorf("commands did not stop: %w", err)
-		}
+	if err := stop(srv, handler, cancelBase, o.shutdownGrace, o.killGrace, log); err != nil {
+		return err
 	}
 	log.Info("stopped")
+	return nil
+}
+
+// stop lets the calls in flight finish for grace, then asks the commands
+// still running to exit with SIGTERM to their process groups, and kills
+// the groups with SIGKILL (by cancelling the requests' contexts) if they
+// have not exited killGrace later. It returns once no request is being
+// served, so that every audit line has been written.
+func stop(srv *http.Server, handler *supervisor.Server, cancelBase context.CancelFunc, grace, killGrace time.Duration, log *slog.Logger) error {
+	graceCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if srv.Shutdown(graceCtx) == nil {
+		return nil
+	}
+	n := handler.Terminate()
+	log.Warn("calls still running after the grace period; sent SIGTERM to their commands", "process_groups", n)
+	termCtx, cancelTerm := context.WithTimeout(context.Background(), killGrace)
+	defer cancelTerm()
+	if handler.Wait(termCtx) == nil {
+		// The handlers have returned, but net/http may still be flushing
+		// their responses; closing at once could cut off the result of a
+		// command that exited cleanly on SIGTERM.
+		flushCtx, cancelFlush := context.WithTimeout(context.Background(), time.Second)
+		defer cancelFlush()
+		if srv.Shutdown(flushCtx) != nil {
+			_ = srv.Close()
+		}
+		return nil
+	}
+	log.Warn("calls still running after SIGTERM; killing their commands")
+	cancelBase()
+	_ = srv.Close()
+	killCtx, cancelKill := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelKill()
+	if err := handler.Wait(killCtx); err != nil {
+		return fmt.Errorf("commands did not stop: %w", err)
+	}
 	return nil
 }
 

@@ -351,8 +351,9 @@ func TestSupervisorProcess(t *testing.T) {
 	}
 }
 
-// Commands still running when the grace period ends are killed with their
-// process groups, and the supervisor still exits.
+// Commands still running when the grace period ends are sent SIGTERM with
+// their process groups, the caller gets that result, and the supervisor
+// still exits.
 func TestSupervisorProcessGraceExpires(t *testing.T) {
 	bin := buildSupervisor(t)
 	workdir := t.TempDir()
@@ -363,8 +364,10 @@ func TestSupervisorProcessGraceExpires(t *testing.T) {
 	ctx := context.Background()
 
 	result := make(chan error, 1)
+	var res *api.CommandResult
 	go func() {
-		_, err := client.RunCommand(ctx, api.CommandRequest{Command: []string{"sh", "-c", "sleep 100 & echo $! > pid; sleep 100"}})
+		var err error
+		res, err = client.RunCommand(ctx, api.CommandRequest{Command: []string{"sh", "-c", "sleep 100 & echo $! > pid; sleep 100"}})
 		result <- err
 	}()
 	var pid int
@@ -388,8 +391,8 @@ func TestSupervisorProcessGraceExpires(t *testing.T) {
 		t.Fatal("supervisor did not exit after the grace period")
 	}
 	t.Logf("exited %s after SIGTERM with a 500ms grace period", time.Since(start))
-	if err := <-result; err == nil {
-		t.Error("the killed command's request succeeded")
+	if err := <-result; err != nil || res.Signal != "SIGTERM" {
+		t.Errorf("command stopped at shutdown: %+v, %v; want its result, ended by SIGTERM", res, err)
 	}
 	for deadline := time.Now().Add(3 * time.Second); !gone(pid); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {

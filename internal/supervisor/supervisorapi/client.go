@@ -76,6 +76,20 @@ func (c *Client) RunCommand(ctx context.Context, req CommandRequest) (*CommandRe
 	return &res, nil
 }
 
+// RunPython runs a Python snippet (python_exec). As with RunCommand, an
+// exception, a non-zero exit or a timeout is a result, not an error.
+func (c *Client) RunPython(ctx context.Context, req PythonRequest) (*CommandResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode python request: %w", err)
+	}
+	var res CommandResult
+	if err := c.do(ctx, http.MethodPost, PathPython, body, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
 // Flush makes the workspace durable on its volume; the controller calls it
 // before snapshotting the volume at idle stop.
 func (c *Client) Flush(ctx context.Context) error {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -153,5 +154,36 @@ func TestClientFlush(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Fatalf("GET %s = %d, want 405", api.PathFlush, resp.StatusCode)
+	}
+}
+
+func TestClientRunPython(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is not installed on this host; python_exec cannot be tested")
+	}
+	out, err := exec.Command(python, "-c", "import sys; print(sys.executable)").Output()
+	if err != nil {
+		t.Skipf("python3 at %s does not run: %v", python, err)
+	}
+	s, err := supervisor.New(supervisor.Config{
+		DefaultCwd: t.TempDir(),
+		Python:     strings.TrimSpace(string(out)),
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	c := api.NewClient(srv.URL, srv.Client())
+	ctx := context.Background()
+	res, err := c.RunPython(ctx, api.PythonRequest{Code: "import sys; print(sys.stdin.read()[::-1]); sys.exit(2)", Stdin: "abc"})
+	if err != nil || res.Stdout != "cba\n" || res.ExitCode != 2 {
+		t.Fatalf("RunPython = %+v, %v", res, err)
+	}
+	_, err = c.RunPython(ctx, api.PythonRequest{Code: "pass", TimeoutSeconds: api.MaxPythonTimeoutSeconds + 1})
+	if api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("timeout above the maximum: %v, want invalid_argument", err)
 	}
 }

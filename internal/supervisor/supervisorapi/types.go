@@ -7,6 +7,7 @@
 //
 //	GET    /healthz                -> Health
 //	POST   /v1/commands            CommandRequest -> CommandResult
+//	POST   /v1/python              PythonRequest -> CommandResult (python_exec)
 //	PUT    /v1/files/{path}        file bytes -> FileInfo (?mode=0644)
 //	PUT    /v1/files/{dir}?format=tar  tar stream -> TarResult
 //	GET    /v1/files/{path}        -> file bytes, or a tar of a directory
@@ -35,6 +36,8 @@ const (
 
 	PathHealth   = "/healthz"
 	PathCommands = "/v1/commands"
+	// PathPython (POST) runs a Python snippet: the python_exec tool.
+	PathPython = "/v1/python"
 	// PathFlush (POST) writes the workspace's dirty data to its volume, so
 	// that a volume snapshot taken next sees every completed write.
 	PathFlush = "/v1/flush"
@@ -84,6 +87,42 @@ type CommandRequest struct {
 	// MaxOutputBytes caps stdout and stderr combined. 0 means
 	// DefaultMaxOutputBytes; above the supervisor's limit is an
 	// invalid_argument error.
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+}
+
+// Limits of python_exec. They are tighter than a command's because a
+// snippet is meant to compute something and return, not to run a build.
+const (
+	// DefaultPythonTimeoutSeconds applies when a PythonRequest gives no
+	// timeout.
+	DefaultPythonTimeoutSeconds = 30
+	// MaxPythonTimeoutSeconds is the largest timeout a PythonRequest may
+	// ask for.
+	MaxPythonTimeoutSeconds = 120
+	// MaxPythonCodeBytes is the largest Code the supervisor accepts. The
+	// code is passed to the interpreter as one argument (python3 -c), and
+	// Linux refuses any single argument longer than 128 KiB including its
+	// terminating NUL. Larger programs belong in a file run by a command.
+	MaxPythonCodeBytes = 128<<10 - 1
+)
+
+// PythonRequest runs Code with python3 -u -c. The process is a command
+// like any other: same environment rules, process group, output cap and
+// result; only the timeout limits differ.
+type PythonRequest struct {
+	Code string `json:"code"`
+	// Stdin is the snippet's standard input; empty means /dev/null.
+	Stdin string `json:"stdin,omitempty"`
+	// Env is merged over the base environment, as for CommandRequest.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is as for CommandRequest.
+	Cwd string `json:"cwd,omitempty"`
+	// TimeoutSeconds: 0 means DefaultPythonTimeoutSeconds. A value above
+	// MaxPythonTimeoutSeconds is refused with invalid_argument rather than
+	// clamped: a caller that asked for more time and silently got less
+	// would read the resulting TimedOut as a fault of its code.
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+	// MaxOutputBytes is as for CommandRequest.
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
 }
 

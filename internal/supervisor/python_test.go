@@ -1,0 +1,187 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// pythonInterpreter returns the host's python3 as the interpreter itself,
+// not a wrapper such as a version manager's shim, which would need
+// environment that commands do not get.
+func pythonInterpreter(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is not installed on this host; python_exec cannot be tested")
+	}
+	out, err := exec.Command(p, "-c", "import sys; print(sys.executable)").Output()
+	if err != nil {
+		t.Skipf("python3 at %s does not run: %v", p, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func postPython(t testing.TB, h http.Handler, body any) (int, *api.CommandResult, *api.Error) {
+	t.Helper()
+	raw, ok := body.(string)
+	if !ok {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw = string(b)
+	}
+	req := httptest.NewRequest(http.MethodPost, api.PathPython, strings.NewReader(raw))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return decode(t, rec.Code, rec.Body.Bytes())
+}
+
+func TestPython(t *testing.T) {
+	s := newServer(t, Config{Python: pythonInterpreter(t)})
+	_, res, e := postPython(t, s, api.PythonRequest{
+		Code:  "import os, sys\nprint(sys.stdin.read().upper())\nprint(os.environ['GREETING'], os.getcwd() == os.environ['HOME'])",
+		Stdin: "shout",
+		Env:   map[string]string{"GREETING": "hello"},
+	})
+	if e != nil {
+		t.Fatal(e)
+	}
+	if res.ExitCode != 0 || res.Stdout != "SHOUT\nhello True\n" || res.Stderr != "" {
+		t.Fatalf("unexpected result %+v", res)
+	}
+
+	// An exception is a result: exit status 1 and the traceback, which
+	// names the code as <string> rather than some file on the host.
+	_, res, e = postPython(t, s, api.PythonRequest{Code: "print('before')\nraise ValueError('boom')"})
+	if e != nil {
+		t.Fatal(e)
+	}
+	if res.ExitCode != 1 || res.Stdout != "before\n" || !strings.Contains(res.Stderr, `File "<string>", line 2`) || !strings.Contains(res.Stderr, "ValueError: boom") {
+		t.Fatalf("exception: %+v", res)
+	}
+
+	_, res, e = postPython(t, s, api.PythonRequest{Code: "import sys; sys.exit(5)"})
+	if e != nil || res.ExitCode != 5 {
+		t.Fatalf("sys.exit(5): %+v, %v", res, e)
+	}
+}
+
+func TestPythonOutputCap(t *testing.T) {
+	s := newServer(t, Config{Python: pythonInterpreter(t)})
+	_, res, e := postPython(t, s, api.PythonRequest{Code: "import sys\nfor _ in range(64): sys.stdout.write('x' * 65536)"})
+	if e != nil {
+		t.Fatal(e)
+	}
+	if !res.Truncated || len(res.Stdout) != api.DefaultMaxOutputBytes || res.ExitCode != 0 {
+		t.Fatalf("4 MiB of output: truncated %v, %d bytes kept, exit %d; want the 1 MiB cap", res.Truncated, len(res.Stdout), res.ExitCode)
+	}
+	_, res, e = postPython(t, s, api.PythonRequest{Code: "print('y' * 100)", MaxOutputBytes: 10})
+	if e != nil || !res.Truncated || res.Stdout != strings.Repeat("y", 10) {
+		t.Fatalf("max_output_bytes 10: %+v, %v", res, e)
+	}
+	_, _, e = postPython(t, s, api.PythonRequest{Code: "pass", MaxOutputBytes: api.DefaultMaxOutputBytes + 1})
+	if e == nil || e.Code != api.CodeInvalidArgument {
+		t.Fatalf("max_output_bytes above the limit: %v", e)
+	}
+}
+
+func TestPythonTimeouts(t *testing.T) {
+	py := pythonInterpreter(t)
+	s := newServer(t, Config{Python: py, PythonDefaultTimeout: time.Second})
+	start := time.Now()
+	// Unbuffered output: what was printed before the kill is returned.
+	_, res, e := postPython(t, s, api.PythonRequest{Code: "import time\nprint('started')\ntime.sleep(30)"})
+	if e != nil {
+		t.Fatal(e)
+	}
+	if !res.TimedOut || res.Signal != "SIGKILL" || res.Stdout != "started\n" || time.Since(start) > 10*time.Second {
+		t.Fatalf("default timeout: %+v after %s", res, time.Since(start))
+	}
+
+	// The limits by default: 30 s unless asked, 120 s at most, and a
+	// request for more is refused, not clamped.
+	s = newServer(t, Config{Python: py})
+	if s.cfg.PythonDefaultTimeout != 30*time.Second || s.cfg.PythonMaxTimeout != 120*time.Second {
+		t.Fatalf("python timeouts %s / %s, want 30s / 2m0s", s.cfg.PythonDefaultTimeout, s.cfg.PythonMaxTimeout)
+	}
+	_, res, e = postPython(t, s, api.PythonRequest{Code: "print('ok')", TimeoutSeconds: api.MaxPythonTimeoutSeconds})
+	if e != nil || res.Stdout != "ok\n" {
+		t.Fatalf("timeout at the maximum: %+v, %v", res, e)
+	}
+	_, _, e = postPython(t, s, api.PythonRequest{Code: "print('ok')", TimeoutSeconds: api.MaxPythonTimeoutSeconds + 1})
+	if e == nil || e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, "exceeds the maximum of 120") {
+		t.Fatalf("timeout above the maximum: %v, want invalid_argument", e)
+	}
+	// A supervisor whose commands may run less than 120 s caps python_exec
+	// there too: it would not wait longer to write the response.
+	s = newServer(t, Config{Python: py, DefaultTimeout: 30 * time.Second, MaxTimeout: 45 * time.Second})
+	if s.cfg.PythonMaxTimeout != 45*time.Second {
+		t.Fatalf("python max timeout %s with a 45s command maximum", s.cfg.PythonMaxTimeout)
+	}
+	if _, err := New(Config{DefaultCwd: t.TempDir(), PythonDefaultTimeout: time.Minute, PythonMaxTimeout: 30 * time.Second}); err == nil {
+		t.Fatal("New accepted a python default timeout above the maximum")
+	}
+}
+
+func TestPythonInvalidRequests(t *testing.T) {
+	s := newServer(t, Config{Python: pythonInterpreter(t)})
+	for name, body := range map[string]any{
+		"empty code":       api.PythonRequest{Code: " \n"},
+		"NUL in code":      api.PythonRequest{Code: "print(1)\x00"},
+		"code too long":    api.PythonRequest{Code: strings.Repeat("#", api.MaxPythonCodeBytes+1)},
+		"negative timeout": api.PythonRequest{Code: "pass", TimeoutSeconds: -1},
+		"bad env":          api.PythonRequest{Code: "pass", Env: map[string]string{"A=B": "c"}},
+		"not JSON":         "print(1)",
+		"two values":       `{"code":"pass"} {}`,
+		"wrong type":       `{"code":1}`,
+	} {
+		status, _, e := postPython(t, s, body)
+		if e == nil || e.Code != api.CodeInvalidArgument || status != http.StatusBadRequest {
+			t.Errorf("%s: status %d, %v; want invalid_argument", name, status, e)
+		}
+	}
+	// The longest code accepted does reach the interpreter.
+	code := "print('edge')#" + strings.Repeat("#", api.MaxPythonCodeBytes-len("print('edge')#"))
+	if _, res, e := postPython(t, s, api.PythonRequest{Code: code}); e != nil || res.Stdout != "edge\n" {
+		t.Fatalf("code of exactly %d bytes: %+v, %v", len(code), res, e)
+	}
+	if _, _, e := postPython(t, s, api.PythonRequest{Code: "pass", Cwd: "no-such-dir"}); e == nil || e.Code != api.CodeNotFound {
+		t.Errorf("missing cwd: %v, want not_found", e)
+	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, api.PathPython, nil))
+	if rec.Code != http.StatusMethodNotAllowed || rec.Header().Get("Allow") != "POST" {
+		t.Errorf("GET %s: %d", api.PathPython, rec.Code)
+	}
+
+	noPython := newServer(t, Config{Python: "agentbox-no-such-python"})
+	if _, _, e := postPython(t, noPython, api.PythonRequest{Code: "pass"}); e == nil || e.Code != api.CodeNotFound {
+		t.Errorf("missing interpreter: %v, want not_found", e)
+	}
+}
+
+// python_exec shares the command slots: it cannot be used to run more
+// processes at once than the supervisor allows.
+func TestPythonSharesCommandSlots(t *testing.T) {
+	s := newServer(t, Config{Python: pythonInterpreter(t), MaxConcurrentCommands: 1})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		mustRun(t, s, api.CommandRequest{Command: []string{"sleep", "1"}})
+	}()
+	time.Sleep(200 * time.Millisecond)
+	_, _, e := postPython(t, s, api.PythonRequest{Code: "pass"})
+	<-done
+	if e == nil || e.Code != api.CodeResourceExhausted {
+		t.Fatalf("python_exec while the only slot is taken: %v, want resource_exhausted", e)
+	}
+}
