@@ -168,8 +168,13 @@ func TestSupervisorProcessSIGTERMStopsCommands(t *testing.T) {
 	}()
 	politePID := waitForPIDFile(t, filepath.Join(workdir, "pid-polite"))
 	stubbornPID := waitForPIDFile(t, filepath.Join(workdir, "pid-stubborn"))
-	if len(groupMembers(politePID)) < 2 || len(groupMembers(stubbornPID)) < 1 {
-		t.Fatalf("process groups before SIGTERM: %v, %v", groupMembers(politePID), groupMembers(stubbornPID))
+	// The polite shell writes its pid file before it starts its
+	// background sleep; wait for the sleep, or SIGTERM could come before
+	// the group has a member other than the shell.
+	for deadline := time.Now().Add(10 * time.Second); len(groupMembers(politePID)) < 2 || len(groupMembers(stubbornPID)) < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process groups before SIGTERM: %v, %v", groupMembers(politePID), groupMembers(stubbornPID))
+		}
 	}
 
 	start := time.Now()
