@@ -5,6 +5,7 @@ import (
 	"encoding/pem"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/agentbox/terraform-provider-agentbox/charts"
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
 
 const testNamespace = "agentbox-system"
@@ -328,8 +330,14 @@ func TestRBAC(t *testing.T) {
 	if !can("", "events", "create") || !can("networking.k8s.io", "networkpolicies", "create") || !can("coordination.k8s.io", "leases", "update") {
 		t.Error("missing events, networkpolicies or leases")
 	}
-	if !can("node.k8s.io", "runtimeclasses", "watch") || can("node.k8s.io", "runtimeclasses", "create") {
-		t.Error("runtimeclasses must be read-only")
+	// Managed node pools create their own RuntimeClass and label and taint
+	// their nodes, through patches only.
+	if !can("node.k8s.io", "runtimeclasses", "watch") || !can("node.k8s.io", "runtimeclasses", "create") ||
+		can("node.k8s.io", "runtimeclasses", "update") {
+		t.Error("runtimeclasses: want watch and create, and patch rather than update")
+	}
+	if !can("", "nodes", "patch") || can("", "nodes", "update") || can("", "nodes", "create") || can("", "nodes/status", "patch") {
+		t.Error("nodes: want patch only, and nothing on their status")
 	}
 	if !can("snapshot.storage.k8s.io", "volumesnapshots", "create") {
 		t.Error("volumesnapshot driver without VolumeSnapshot rights")
@@ -591,5 +599,207 @@ func TestLabelsAndNamespace(t *testing.T) {
 	}
 	if r.deployment().Spec.Template.Labels["tier"] != "control" {
 		t.Error("podLabels not on the pods")
+	}
+}
+
+// TestRBACCoversControllerMarkers keeps the chart's ClusterRole in line with
+// the controllers' kubebuilder RBAC markers, the one list of what they use:
+// a marker the chart does not grant would fail only on a real cluster, at
+// the first API call that needs it.
+func TestRBACCoversControllerMarkers(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "controller", "rbac.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := must[*rbacv1.ClusterRole](render(t, Values{}), "agentbox-controlplane-"+testNamespace)
+	markers := 0
+	for _, line := range strings.Split(string(src), "\n") {
+		spec, ok := strings.CutPrefix(strings.TrimSpace(line), "// +kubebuilder:rbac:")
+		if !ok {
+			continue
+		}
+		markers++
+		fields := map[string][]string{}
+		for _, kv := range strings.Split(spec, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			fields[k] = strings.Split(strings.Trim(v, `"`), ";")
+		}
+		for _, group := range fields["groups"] {
+			for _, res := range fields["resources"] {
+				for _, verb := range fields["verbs"] {
+					granted := slices.ContainsFunc(cr.Rules, func(r rbacv1.PolicyRule) bool {
+						return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, res) && slices.Contains(r.Verbs, verb)
+					})
+					if !granted {
+						t.Errorf("rbac.go asks for %s on %q/%s; the chart's ClusterRole does not grant it", verb, group, res)
+					}
+				}
+			}
+		}
+	}
+	if markers < 10 {
+		t.Fatalf("found only %d RBAC markers in rbac.go; has the marker format changed?", markers)
+	}
+}
+
+// TestRunscInstaller renders the runsc installer DaemonSet and runs its
+// install script, as rendered, against folders standing in for the image's
+// and the host's: the script is the part of the installer that can go wrong
+// without a cluster noticing.
+func TestRunscInstaller(t *testing.T) {
+	if _, ok := find[*appsv1.DaemonSet](render(t, Values{}), "agentbox-runsc-installer"); ok {
+		t.Fatal("runsc installer rendered by default")
+	}
+
+	r := renderRaw(t, "runscInstaller:\n  enabled: true\n  hostBinDir: /opt/bin\n  priorityClassName: system-node-critical\n"+
+		"  nodeSelector: {pool-kind: gvisor}\n  resources: {requests: {cpu: 10m}}\n")
+	ds := must[*appsv1.DaemonSet](r, "agentbox-runsc-installer")
+	pod := ds.Spec.Template.Spec
+	if ds.Namespace != testNamespace {
+		t.Errorf("namespace %q", ds.Namespace)
+	}
+	for k, v := range ds.Spec.Selector.MatchLabels {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("selector %s=%s does not match the pod labels %v", k, v, ds.Spec.Template.Labels)
+		}
+	}
+	if ds.Spec.Selector.MatchLabels["app.kubernetes.io/component"] != "runsc-installer" {
+		t.Errorf("selector %v would also select the control plane", ds.Spec.Selector.MatchLabels)
+	}
+
+	// It must run exactly where the node pool controller puts its label.
+	aff := pod.Affinity
+	if aff == nil || aff.NodeAffinity == nil || aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		t.Fatalf("affinity %+v", aff)
+	}
+	terms := aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 ||
+		terms[0].MatchExpressions[0].Key != v1alpha1.LabelNodePool || terms[0].MatchExpressions[0].Operator != corev1.NodeSelectorOpExists {
+		t.Errorf("node selector terms %+v, want %s Exists", terms, v1alpha1.LabelNodePool)
+	}
+	if pod.NodeSelector["pool-kind"] != "gvisor" || pod.PriorityClassName != "system-node-critical" {
+		t.Errorf("nodeSelector %v priorityClassName %q", pod.NodeSelector, pod.PriorityClassName)
+	}
+	if len(pod.Tolerations) != 1 || pod.Tolerations[0].Operator != corev1.TolerationOpExists || pod.Tolerations[0].Key != "" {
+		t.Errorf("tolerations %+v, want to tolerate every taint (pools taint their nodes)", pod.Tolerations)
+	}
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("the installer gets an API token it does not need")
+	}
+	if len(pod.Volumes) != 1 || pod.Volumes[0].HostPath == nil || pod.Volumes[0].HostPath.Path != "/opt/bin" {
+		t.Fatalf("volumes %+v, want the hostPath /opt/bin", pod.Volumes)
+	}
+
+	if len(pod.InitContainers) != 1 || len(pod.Containers) != 1 {
+		t.Fatalf("%d init containers, %d containers", len(pod.InitContainers), len(pod.Containers))
+	}
+	install, done := pod.InitContainers[0], pod.Containers[0]
+	if install.Image != "agentbox/agentbox-runsc-installer:dev" || done.Image != install.Image {
+		t.Errorf("images %q %q", install.Image, done.Image)
+	}
+	if sc := install.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("install container security context %+v, want privileged", sc)
+	}
+	if got := mountPath(install, "host-bin"); got != "/host/bin" {
+		t.Errorf("host folder mounted at %q", got)
+	}
+	if q := install.Resources.Requests[corev1.ResourceCPU]; q.String() != "10m" {
+		t.Errorf("install resources %+v", install.Resources)
+	}
+	sc := done.SecurityContext
+	if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || len(done.VolumeMounts) != 0 {
+		t.Errorf("the long-running container is not locked down: %+v, mounts %v", sc, done.VolumeMounts)
+	}
+
+	// The tag follows the control plane's, so a release's images match.
+	tagged := must[*appsv1.DaemonSet](render(t, Values{ImageRegistry: "registry.example.com", ImageTag: "v1.2.3", Raw: "runscInstaller: {enabled: true}"}),
+		"agentbox-runsc-installer")
+	if got := tagged.Spec.Template.Spec.InitContainers[0].Image; got != "registry.example.com/agentbox/agentbox-runsc-installer:v1.2.3" {
+		t.Errorf("image %q", got)
+	}
+	if got := tagged.Spec.Template.Spec.Volumes[0].HostPath.Path; got != "/usr/local/bin" {
+		t.Errorf("default host folder %q", got)
+	}
+
+	for raw, want := range map[string]string{
+		"runscInstaller: {enabled: true, typo: 1}":         "typo",
+		"runscInstaller: {enabled: true, hostBinDir: bin}": "hostBinDir",
+	} {
+		if _, err := Template(testNamespace, DefaultReleaseName, Values{Raw: raw}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want one about %s", raw, err, want)
+		}
+	}
+
+	t.Run("script", func(t *testing.T) { runInstallScript(t, install) })
+}
+
+// runInstallScript runs the install container's script with its image and
+// host folders replaced by temporary ones.
+func runInstallScript(t *testing.T, c corev1.Container) {
+	for _, tool := range []string{"sh", "cmp"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s here to run the script with", tool)
+		}
+	}
+	if len(c.Command) != 3 || c.Command[0] != "/bin/sh" || c.Command[1] != "-c" {
+		t.Fatalf("command %q", c.Command)
+	}
+	script := c.Command[2]
+	src, dest := t.TempDir(), t.TempDir()
+	for from, to := range map[string]string{"src=/opt/agentbox/runsc\n": "src=" + src + "\n", "dest=/host/bin\n": "dest=" + dest + "\n"} {
+		if !strings.Contains(script, from) {
+			t.Fatalf("script does not set %q:\n%s", from, script)
+		}
+		script = strings.Replace(script, from, to, 1)
+	}
+	run := func() (string, error) {
+		out, err := exec.Command("sh", "-c", script).CombinedOutput()
+		return string(out), err
+	}
+
+	if out, err := run(); err == nil || !strings.Contains(out, "has no executable") {
+		t.Errorf("an image without the binaries installed: %v\n%s", err, out)
+	}
+	fakeRunsc := "#!/bin/sh\necho runsc version fake-1\n"
+	must0(t, os.WriteFile(filepath.Join(src, "runsc"), []byte(fakeRunsc), 0o755))
+	must0(t, os.WriteFile(filepath.Join(src, "containerd-shim-runsc-v1"), []byte("#!/bin/sh\n"), 0o755))
+	// An older runsc on the host is replaced.
+	must0(t, os.WriteFile(filepath.Join(dest, "runsc"), []byte("#!/bin/sh\necho old\n"), 0o755))
+
+	out, err := run()
+	if err != nil {
+		t.Fatalf("install: %v\n%s", err, out)
+	}
+	for _, want := range []string{"installed " + dest + "/runsc", "installed " + dest + "/containerd-shim-runsc-v1", "runsc version fake-1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, f := range []string{"runsc", "containerd-shim-runsc-v1"} {
+		want, _ := os.ReadFile(filepath.Join(src, f))
+		got, err := os.ReadFile(filepath.Join(dest, f))
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%s on the host: %q %v, want the image's", f, got, err)
+		}
+		if st, err := os.Stat(filepath.Join(dest, f)); err != nil || st.Mode().Perm() != 0o755 {
+			t.Errorf("%s mode %v %v", f, st, err)
+		}
+	}
+	entries, _ := os.ReadDir(dest)
+	if len(entries) != 2 {
+		t.Errorf("host folder holds %d files, want 2 (no temporary files left)", len(entries))
+	}
+
+	out, err = run()
+	if err != nil || strings.Contains(out, "installed") || !strings.Contains(out, "is up to date") {
+		t.Errorf("second run: %v\n%s", err, out)
+	}
+}
+
+func must0(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -28,3 +28,15 @@ package controller
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+//
+// Node pools: the finalizer is a metadata write (patch), status is patched.
+// A Managed pool creates, corrects and deletes its own RuntimeClass, and
+// labels and taints the nodes it selects; nodes are only patched (with
+// optimistic locking), never updated or created, and their status is left
+// to kubelet. Sandboxes read their template's node pool through the same
+// rights.
+// +kubebuilder:rbac:groups=agentbox.dev,resources=gvisornodepools,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=gvisornodepools/status,verbs=get;patch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=gvisornodepools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=node.k8s.io,resources=runtimeclasses,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch

@@ -60,6 +60,10 @@ const (
 // because it is not the sandbox's child.
 const conflictRetry = time.Minute
 
+// nodePoolRetry is how often a sandbox whose template names a missing
+// GVisorNodePool is looked at again; pools are not watched for sandboxes.
+const nodePoolRetry = 30 * time.Second
+
 // maxRequeue bounds the wait for a certificate renewal, so that a clock
 // jump or a long-lived certificate never parks a sandbox for months.
 const maxRequeue = 12 * time.Hour
@@ -331,7 +335,13 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 				fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(sbx.Name)))
 			return result, nil
 		}
-		if err := r.createPod(ctx, sbx, tpl); err != nil {
+		if err := r.createPod(ctx, sbx, tpl); apierrors.IsNotFound(err) && tpl.Spec.NodePoolRef != nil {
+			// Waiting for a person to create the pool, not an error to
+			// back off from.
+			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNodePoolNotFound,
+				fmt.Sprintf("template %s names GVisorNodePool %s, which does not exist", tpl.Name, *tpl.Spec.NodePoolRef))
+			return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
+		} else if err != nil {
 			return ctrl.Result{}, err
 		}
 		msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(sbx.Name))
@@ -541,6 +551,9 @@ func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, prevReason stri
 
 func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) error {
 	pod := r.desiredPod(sbx, tpl)
+	if err := r.scheduleOnNodePool(ctx, tpl, pod); err != nil {
+		return err
+	}
 	if err := r.create(ctx, sbx, pod); err != nil {
 		return err
 	}

@@ -156,8 +156,10 @@ const (
 	// selected node can run gVisor pods.
 	ReasonNodesReady = "NodesReady"
 
-	// ReasonInstalling (Managed mode): the installer DaemonSet is putting
-	// runsc on the selected nodes.
+	// ReasonInstalling (Managed mode): selected nodes are Ready, but none of
+	// them has runsc yet: none lists the runsc runtime handler in
+	// status.runtimeHandlers or carries agentbox.dev/runsc-installed=true.
+	// The runsc installer DaemonSet, when enabled, is putting it there.
 	ReasonInstalling = "Installing"
 
 	// ReasonNoMatchingNodes: spec.nodeSelector selects no node.
@@ -168,6 +170,13 @@ const (
 	ReasonRuntimeClassNotFound = "RuntimeClassNotFound"
 
 	// ReasonRuntimeClassConflict (Managed mode): a RuntimeClass of that name
-	// exists, is not managed by agentbox and has a handler other than runsc.
+	// exists and the pool cannot use it: it is not managed by agentbox and
+	// has a handler other than runsc, or another GVisorNodePool owns it.
+	// The pool touches neither the RuntimeClass nor any node until it is
+	// resolved.
 	ReasonRuntimeClassConflict = "RuntimeClassConflict"
+
+	// ReasonNodesNotReady: the pool selects nodes, but none of them is Ready
+	// (kubelet reports the node NotReady or has stopped reporting).
+	ReasonNodesNotReady = "NodesNotReady"
 )

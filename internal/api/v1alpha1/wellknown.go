@@ -107,3 +107,32 @@ func LeaseHoldExpiry(spec *coordinationv1.LeaseSpec) (holder string, expiry time
 	}
 	return *spec.HolderIdentity, spec.RenewTime.Add(time.Duration(*spec.LeaseDurationSeconds) * time.Second)
 }
+
+// Node pool metadata on nodes. The GVisorNodePool controller writes
+// AnnotationNodePoolTaint (with LabelNodePool) on the nodes it prepares and
+// removes it when a node leaves the pool; LabelRunscInstalled belongs to
+// whoever installed runsc and is only read.
+const (
+	// LabelRunscInstalled, set to "true" on a node, tells the GVisorNodePool
+	// controller that runsc is installed there. It is needed only where the
+	// node does not list runsc among status.runtimeHandlers (container
+	// runtimes older than containerd 2.0 report no handlers); an operator or
+	// an installer of one's own sets it, the controller only reads it.
+	LabelRunscInstalled = GroupName + "/runsc-installed"
+
+	// AnnotationNodePoolTaint records, on a node, the taint a Managed pool
+	// put there, as key=value:effect. It is how the controller tells its own
+	// taint from the ones others (the node lifecycle controller, operators)
+	// put on the node, so that it removes only its own when the pool's taint
+	// changes, the node leaves the pool, or the pool is deleted.
+	AnnotationNodePoolTaint = GroupName + "/node-pool-taint"
+)
+
+// RunscHandler is the CRI runtime handler of gVisor: the handler of the
+// RuntimeClasses Managed pools create, and the name under which nodes list
+// it in status.runtimeHandlers.
+const RunscHandler = "runsc"
+
+// GKESandboxTaintValue is the value of GKE Sandbox's node taint
+// (GKESandboxTaintKey=gvisor:NoSchedule).
+const GKESandboxTaintValue = "gvisor"
