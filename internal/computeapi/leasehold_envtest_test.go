@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -44,7 +45,7 @@ func TestLeaseHoldsAgainstAPIServer(t *testing.T) {
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	kube, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,18 +69,24 @@ func TestLeaseHoldsAgainstAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(Options{Sandboxes: f.kube, Leases: kube, Supervisors: f.services.supervisors,
-		Authenticator: auth, TrustDomain: testTrustDomain, Clock: clock.RealClock{}})
-	if err != nil {
-		t.Fatal(err)
+	// serve starts one control-plane replica's API writing Leases through
+	// leases.
+	serve := func(leases client.Client) *api.Client {
+		srv, err := NewServer(Options{Sandboxes: f.kube, Leases: leases, Supervisors: f.services.supervisors,
+			Authenticator: auth, TrustDomain: testTrustDomain, Clock: clock.RealClock{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewTLSServer(srv.Handler())
+		t.Cleanup(ts.Close)
+		c, err := api.New(ts.URL, adminToken, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.CloseIdleConnections)
+		return c
 	}
-	ts := httptest.NewTLSServer(srv.Handler())
-	t.Cleanup(ts.Close)
-	c, err := api.New(ts.URL, adminToken, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.CloseIdleConnections)
+	c := serve(kube)
 
 	checkOneWinner(t, c, func() string { return ptr.Deref(getLease().Spec.HolderIdentity, "") })
 
@@ -107,6 +114,33 @@ func TestLeaseHoldsAgainstAPIServer(t *testing.T) {
 	}
 	if _, err := c.HeartbeatLease(ctx, "agent-1", api.HeartbeatLeaseRequest{Holder: holder, LeaseID: id}); !errors.Is(err, api.ErrLeaseNotHeld) {
 		t.Errorf("heartbeat after release: %v, want lease_not_held", err)
+	}
+
+	// A replica killed between its write and its answer: the claim is in
+	// the Lease, the agent saw an error, and its retry of the same request
+	// on another replica must get that claim back, not find it taken.
+	killed := serve(interceptor.NewClient(kube, interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if err := c.Update(ctx, obj, opts...); err != nil {
+				return err
+			}
+			return errors.New("control plane killed after its write")
+		},
+	}))
+	claim := api.AcquireLeaseRequest{Holder: "run-9", RequestID: "req-9"}
+	if _, err := killed.AcquireLease(ctx, "agent-1", claim); err == nil {
+		t.Fatal("acquire through the killed replica answered")
+	}
+	written := getLease()
+	if h := ptr.Deref(written.Spec.HolderIdentity, ""); h != "run-9" {
+		t.Fatalf("holder after the killed acquire = %q; the write should have landed", h)
+	}
+	retried, err := c.AcquireLease(ctx, "agent-1", claim)
+	if err != nil || retried.LeaseID != written.Annotations[v1alpha1.AnnotationLeaseID] || retried.Holder != "run-9" {
+		t.Fatalf("retry on another replica: %+v, %v; want the lease the killed one wrote (%s)", retried, err, written.Annotations[v1alpha1.AnnotationLeaseID])
+	}
+	if _, err := c.AcquireLease(ctx, "agent-1", api.AcquireLeaseRequest{Holder: "run-10", RequestID: "req-10"}); !errors.Is(err, api.ErrLeaseHeld) {
+		t.Errorf("another holder's acquire after the retry: %v, want lease_held", err)
 	}
 }
 
