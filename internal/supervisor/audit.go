@@ -18,11 +18,13 @@ import (
 type AuditEntry struct {
 	// Time is when the call arrived.
 	Time time.Time `json:"time"`
-	// Tool is the call in agent terms: run_command, python_exec,
-	// read_file, write_file, delete_file, stat_file, list_files, flush.
+	// Tool is the call in agent terms: run_command, run_command_stream,
+	// python_exec, start_process, list_processes, get_process,
+	// kill_process, read_file, write_file, delete_file, stat_file,
+	// list_files, flush.
 	Tool string `json:"tool"`
 	// ParamsSHA256 is the hex SHA-256 of the JSON body as sent for
-	// run_command and python_exec, and of "METHOD escaped-path?query" for
+	// run_command, run_command_stream, python_exec and start_process, and of "METHOD escaped-path?query" for
 	// the others.
 	ParamsSHA256 string `json:"params_sha256"`
 	DurationMS   int64  `json:"duration_ms"`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -174,29 +175,48 @@ func lookPath(name, pathEnv, dir string) (string, *api.Error) {
 	return "", api.Errorf(api.CodeNotFound, "executable %q not found in PATH %q", name, pathEnv)
 }
 
-// run starts the command in its own process group and waits for it. The
-// whole group is killed when the timeout expires or ctx is done (the client
-// went away or the server is shutting down). A command that exits on its
-// own leaves its background jobs running, as a shell would, so an agent can
-// start a server and talk to it with the next command.
-func (s *Server) run(parent context.Context, spec *commandSpec) (*api.CommandResult, *api.Error) {
+// run starts the command in its own process group and waits for it,
+// sending its output to stdout and stderr. The whole group is killed when
+// the timeout expires or ctx is done (the client went away or the server
+// is shutting down). A command that exits on its own leaves
+// its background jobs running, as a shell would, so an agent can start a
+// server and talk to it with the next command.
+func (s *Server) run(parent context.Context, spec *commandSpec, stdout, stderr io.Writer) (*api.CommandResult, *api.Error) {
 	ctx, cancel := context.WithTimeoutCause(parent, spec.timeout, errCommandTimeout)
 	defer cancel()
+	p, apiErr := s.spawn(ctx, spec, stdout, stderr)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	return s.wait(ctx, p)
+}
 
-	out := newOutput(spec.maxOutput)
+// process is a started command, for wait.
+type process struct {
+	cmd    *exec.Cmd
+	argv0  string
+	start  time.Time
+	killed atomic.Bool // cmd.Cancel ran: ctx, not the command, ended it
+}
+
+// spawn is the one place commands are started, for /v1/commands,
+// /v1/python, streams and background processes alike, so that they share
+// the confinement: own process group, tracked for Terminate and Kill,
+// registered with the reaper, the whole group killed when ctx is done.
+func (s *Server) spawn(ctx context.Context, spec *commandSpec, stdout, stderr io.Writer) (*process, *api.Error) {
 	cmd := exec.CommandContext(ctx, spec.path)
+	p := &process{cmd: cmd, argv0: spec.argv[0]}
 	cmd.Args = spec.argv
 	cmd.Dir = spec.dir
 	cmd.Env = spec.env
 	if spec.stdin != "" {
 		cmd.Stdin = strings.NewReader(spec.stdin)
 	}
-	cmd.Stdout = out.stdout
-	cmd.Stderr = out.stderr
+	cmd.Stdout = stdout
+	cmd.Stderr = stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var killed atomic.Bool
 	cmd.Cancel = func() error {
-		killed.Store(true)
+		p.killed.Store(true)
 		// The group's ID is the leader's PID (Setpgid with Pgid 0).
 		err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		if errors.Is(err, syscall.ESRCH) {
@@ -208,29 +228,36 @@ func (s *Server) run(parent context.Context, spec *commandSpec) (*api.CommandRes
 	// the request open for as long as it runs.
 	cmd.WaitDelay = s.cfg.WaitDelay
 
-	start := time.Now()
+	p.start = time.Now()
 	if err := children.start(cmd); err != nil {
 		return nil, startError(spec, err)
 	}
+	s.track(cmd.Process.Pid)
+	return p, nil
+}
+
+// wait waits for a spawned process and describes how it ended; the
+// output is the caller's. ctx is the one given to spawn, to tell a
+// timeout from a cancellation.
+func (s *Server) wait(ctx context.Context, p *process) (*api.CommandResult, *api.Error) {
+	cmd := p.cmd
 	pid := cmd.Process.Pid
-	s.track(pid)
 	waitErr := cmd.Wait()
 	s.untrack(pid)
 	children.done(pid)
-	elapsed := time.Since(start)
+	elapsed := time.Since(p.start)
 
 	ps := cmd.ProcessState
 	if ps == nil {
-		return nil, api.Errorf(api.CodeInternal, "wait for %s: %v", spec.argv[0], waitErr)
+		return nil, api.Errorf(api.CodeInternal, "wait for %s: %v", p.argv0, waitErr)
 	}
 	res := &api.CommandResult{ExitCode: ps.ExitCode(), DurationMS: elapsed.Milliseconds()}
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		res.Signal = signalName(ws.Signal())
 		// A leader that exited on its own just as the timer fired was not
 		// timed out; one the timeout killed always ends by a signal.
-		res.TimedOut = killed.Load() && errors.Is(context.Cause(ctx), errCommandTimeout)
+		res.TimedOut = p.killed.Load() && errors.Is(context.Cause(ctx), errCommandTimeout)
 	}
-	res.Stdout, res.Stderr, res.Truncated = out.result()
 	return res, nil
 }
 

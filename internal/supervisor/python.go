@@ -13,9 +13,7 @@ import (
 // they run.
 func (s *Server) handlePython(w http.ResponseWriter, r *http.Request, info *requestInfo) {
 	var req api.PythonRequest
-	if apiErr := s.decodeJSON(w, r, &req); apiErr != nil {
-		info.err = apiErr
-		writeError(w, apiErr)
+	if !s.decodeRequest(w, r, info, &req) {
 		return
 	}
 	info.program = s.cfg.Python

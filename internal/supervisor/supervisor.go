@@ -47,6 +47,9 @@ const (
 	DefaultPython                = "python3"
 	DefaultPythonTimeout         = api.DefaultPythonTimeoutSeconds * time.Second
 	DefaultPythonMaxTimeout      = api.MaxPythonTimeoutSeconds * time.Second
+	DefaultMaxProcesses          = 8
+	DefaultProcessOutputBytes    = 64 << 10
+	DefaultProcessKillGrace      = 5 * time.Second
 )
 
 // DefaultPassEnv lists the variables copied from the supervisor's own
@@ -114,6 +117,18 @@ type Config struct {
 	// write any response.
 	PythonDefaultTimeout time.Duration
 	PythonMaxTimeout     time.Duration
+	// MaxProcesses bounds the background processes that exist at once;
+	// exited ones are forgotten, oldest first, to make room, and beyond
+	// it starts fail with resource_exhausted. Zero means
+	// DefaultMaxProcesses.
+	MaxProcesses int
+	// ProcessOutputBytes is how much of each stream of a background
+	// process is kept (the most recent bytes). Zero means
+	// DefaultProcessOutputBytes.
+	ProcessOutputBytes int
+	// ProcessKillGrace is how long DELETE /v1/processes/{id} waits after
+	// SIGTERM before it sends SIGKILL. Zero means DefaultProcessKillGrace.
+	ProcessKillGrace time.Duration
 	// Audit, when set, gets one line per call (health checks excepted).
 	// The caller owns it and closes it after Wait.
 	Audit *AuditLog
@@ -150,6 +165,10 @@ type Server struct {
 	// Terminate; terminating is set once it has been called.
 	groups      map[int]struct{}
 	terminating bool
+	// procs are the background processes, oldest first; procsStarting
+	// counts those being spawned, which already take a place.
+	procs         []*bgProcess
+	procsStarting int
 }
 
 // New checks cfg, fills in defaults and returns a Server.
@@ -196,6 +215,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.PythonDefaultTimeout > cfg.PythonMaxTimeout {
 		return nil, fmt.Errorf("default python timeout %s exceeds the maximum %s", cfg.PythonDefaultTimeout, cfg.PythonMaxTimeout)
+	}
+	if cfg.MaxProcesses <= 0 {
+		cfg.MaxProcesses = DefaultMaxProcesses
+	}
+	if cfg.ProcessOutputBytes <= 0 {
+		cfg.ProcessOutputBytes = DefaultProcessOutputBytes
+	}
+	if cfg.ProcessKillGrace <= 0 {
+		cfg.ProcessKillGrace = DefaultProcessKillGrace
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -334,10 +362,11 @@ func resolveDefaultCwd(dir string) (string, error) {
 // DefaultCwd is the directory commands run in when they name none.
 func (s *Server) DefaultCwd() string { return s.defaultCwd }
 
-// Wait blocks until no request is being served, commands included, or ctx
-// is done. A server that is shutting down calls it after Terminate or
-// after cancelling the requests' contexts, so that every process group has
-// ended and every audit line is written before the supervisor exits.
+// Wait blocks until no request is being served, commands included, and
+// no background process is running, or ctx is done. A server that is
+// shutting down calls it after Terminate, or after cancelling the
+// requests' contexts and Kill, so that every process group has ended and
+// every audit line is written before the supervisor exits.
 func (s *Server) Wait(ctx context.Context) error {
 	s.mu.Lock()
 	if s.running == 0 {
@@ -357,11 +386,12 @@ func (s *Server) Wait(ctx context.Context) error {
 	}
 }
 
-// Terminate sends SIGTERM to the process group of every running command,
-// and of every command started from now on, so that they can exit cleanly
-// before the supervisor does. It returns how many groups it signalled.
-// Killing those that ignore it is left to the caller: cancelling the
-// requests' contexts sends SIGKILL.
+// Terminate sends SIGTERM to the process group of every running command
+// and background process, and of every command started from now on, so
+// that they can exit cleanly before the supervisor does; new background
+// processes are refused. It returns how many groups it signalled. Killing
+// those that ignore it is left to the caller: cancelling the requests'
+// contexts sends SIGKILL to commands, and Kill to everything.
 func (s *Server) Terminate() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -416,8 +446,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	var info requestInfo
 	params := sha256.New()
-	switch r.URL.Path {
-	case api.PathCommands, api.PathPython:
+	switch {
+	case r.URL.Path == api.PathCommands, r.URL.Path == api.PathPython, r.URL.Path == api.PathCommandsStream,
+		r.URL.Path == api.PathProcesses && r.Method == http.MethodPost:
 		// The parameters are the JSON body as sent, whether or not it
 		// turns out to be valid.
 		r.Body = &hashingBody{ReadCloser: r.Body, w: params}
@@ -460,8 +491,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		s.handlePython(rec, r, &info)
+	case api.PathCommandsStream:
+		if r.Method != http.MethodPost {
+			methodNotAllowed(rec, r, "POST")
+			break
+		}
+		s.handleCommand(rec, r, &info)
 	default:
-		if !s.serveFiles(rec, r, &info) {
+		if !s.serveProcesses(rec, r, &info) && !s.serveFiles(rec, r, &info) {
 			writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 		}
 	}
@@ -550,6 +587,19 @@ type requestInfo struct {
 
 func (i *requestInfo) abort(err error) { i.aborted = err }
 
+// fail records e and answers with it.
+func (i *requestInfo) fail(w http.ResponseWriter, e *api.Error) {
+	i.err = e
+	writeError(w, e)
+}
+
+// setProgram records the program a command runs, for the log line.
+func (i *requestInfo) setProgram(argv []string) {
+	if len(argv) > 0 {
+		i.program = argv[0]
+	}
+}
+
 // toolName is the name of the call in the audit log, in the terms of the
 // tools an agent calls rather than of HTTP.
 func toolName(r *http.Request) string {
@@ -559,6 +609,17 @@ func toolName(r *http.Request) string {
 		return "run_command"
 	case p == api.PathPython:
 		return "python_exec"
+	case p == api.PathCommandsStream:
+		return "run_command_stream"
+	case p == api.PathProcesses && r.Method == http.MethodPost:
+		return "start_process"
+	case p == api.PathProcesses:
+		return "list_processes"
+	case strings.HasPrefix(p, api.PathProcesses+"/"):
+		if r.Method == http.MethodDelete {
+			return "kill_process"
+		}
+		return "get_process"
 	case p == api.PathFlush:
 		return "flush"
 	case p == api.PathHealth:
@@ -593,46 +654,72 @@ func (b *hashingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// handleCommand serves /v1/commands and /v1/commands/stream, which differ
+// only in where the output goes.
 func (s *Server) handleCommand(w http.ResponseWriter, r *http.Request, info *requestInfo) {
 	var req api.CommandRequest
-	if apiErr := s.decodeJSON(w, r, &req); apiErr != nil {
-		info.err = apiErr
-		writeError(w, apiErr)
+	if !s.decodeRequest(w, r, info, &req) {
 		return
 	}
-	if len(req.Command) > 0 {
-		info.program = req.Command[0]
-	}
+	info.setProgram(req.Command)
 	spec, apiErr := s.prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
+	if r.URL.Path == api.PathCommandsStream {
+		s.executeStream(w, r, info, spec, apiErr)
+		return
+	}
 	s.execute(w, r, info, spec, apiErr)
+}
+
+// decodeRequest decodes the JSON body into v, answering and recording the
+// error if it cannot.
+func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, info *requestInfo, v any) bool {
+	if apiErr := s.decodeJSON(w, r, v); apiErr != nil {
+		info.fail(w, apiErr)
+		return false
+	}
+	return true
 }
 
 // execute runs a prepared command and writes its result; apiErr is a
 // failure to prepare it.
 func (s *Server) execute(w http.ResponseWriter, r *http.Request, info *requestInfo, spec *commandSpec, apiErr *api.Error) {
-	fail := func(e *api.Error) {
-		info.err = e
-		writeError(w, e)
+	release, ok := s.admit(w, info, apiErr)
+	if !ok {
+		return
 	}
+	defer release()
+	out := newOutput(spec.maxOutput)
+	res, apiErr := s.run(r.Context(), spec, out.stdout, out.stderr)
 	if apiErr != nil {
-		fail(apiErr)
+		info.fail(w, apiErr)
 		return
 	}
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		fail(api.Errorf(api.CodeResourceExhausted, "%d commands are already running", cap(s.slots)))
-		return
-	}
-
-	res, apiErr := s.run(r.Context(), spec)
-	if apiErr != nil {
-		fail(apiErr)
-		return
-	}
+	res.Stdout, res.Stderr, res.Truncated = out.result()
 	info.result = res
 	writeJSON(w, http.StatusOK, res)
+}
+
+// admit answers apiErr, a failure to prepare a command, or takes one of
+// the MaxConcurrentCommands slots for it.
+func (s *Server) admit(w http.ResponseWriter, info *requestInfo, apiErr *api.Error) (release func(), ok bool) {
+	if apiErr == nil {
+		release, apiErr = s.acquire()
+	}
+	if apiErr != nil {
+		info.fail(w, apiErr)
+		return nil, false
+	}
+	return release, true
+}
+
+// acquire takes one of the MaxConcurrentCommands slots.
+func (s *Server) acquire() (release func(), _ *api.Error) {
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, nil
+	default:
+		return nil, api.Errorf(api.CodeResourceExhausted, "%d commands are already running", cap(s.slots))
+	}
 }
 
 // decodeJSON decodes the body, which must be exactly one JSON value, into

@@ -24,8 +24,10 @@
 //
 // On SIGTERM the supervisor stops accepting calls and lets running
 // commands finish for -shutdown-grace; then it sends SIGTERM to the
-// process groups of those still running, SIGKILL after -kill-grace, closes
-// the audit log and exits 0. The defaults (25s + 3s) fit in Kubernetes'
+// process groups of those still running and of every background process,
+// SIGKILL after -kill-grace, closes the audit log and exits 0. Background
+// processes get no -shutdown-grace of their own (they do not finish by
+// themselves), but keep running while calls do, which may need them. The defaults (25s + 3s) fit in Kubernetes'
 // default 30s termination grace period.
 //
 // AGENTBOX_NAMESPACE is the namespace the control plane runs in (the
@@ -75,6 +77,7 @@ type options struct {
 	workspaceCap     int64
 	maxTimeout       time.Duration
 	maxConcurrent    int
+	maxProcesses     int
 	passEnv          []string
 	shutdownGrace    time.Duration
 	killGrace        time.Duration
@@ -132,9 +135,10 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&workspaceCap, "workspace-cap", env("AGENTBOX_WORKSPACE_CAP", "1GiB"), "largest total size of the files in the workspace, in bytes or with a KiB, MiB, GiB (or KB, MB, GB) suffix; file writes past it fail")
 	fs.DurationVar(&o.maxTimeout, "max-timeout", supervisor.DefaultMaxTimeout, "largest timeout a command may ask for")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", supervisor.DefaultMaxConcurrentCommands, "commands allowed to run at once")
+	fs.IntVar(&o.maxProcesses, "max-processes", supervisor.DefaultMaxProcesses, "background processes allowed to exist at once")
 	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
-	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown may take to exit before they are killed")
+	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
 	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
 	fs.StringVar(&o.python, "python", env("AGENTBOX_PYTHON", supervisor.DefaultPython), "interpreter for python_exec: a name looked up in the commands' PATH, or a path")
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
@@ -270,6 +274,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		WorkspaceCap:          o.workspaceCap,
 		MaxTimeout:            o.maxTimeout,
 		MaxConcurrentCommands: o.maxConcurrent,
+		MaxProcesses:          o.maxProcesses,
+		ProcessKillGrace:      o.killGrace,
 		PassEnv:               o.passEnv,
 		Python:                o.python,
 		Audit:                 audit,
@@ -359,21 +365,33 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 }
 
 // stop lets the calls in flight finish for grace, then asks the commands
-// still running to exit with SIGTERM to their process groups, and kills
-// the groups with SIGKILL (by cancelling the requests' contexts) if they
-// have not exited killGrace later. It returns once no request is being
-// served, so that every audit line has been written.
+// still running and the background processes to exit with SIGTERM to
+// their process groups, and kills the groups with SIGKILL (cancelling the
+// requests' contexts and Kill) if they have not exited killGrace later. It
+// returns once no request is being served and no process is left, so that
+// every audit line has been written.
 func stop(srv *http.Server, handler *supervisor.Server, cancelBase context.CancelFunc, grace, killGrace time.Duration, log *slog.Logger) error {
 	graceCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if srv.Shutdown(graceCtx) == nil {
+	drained := srv.Shutdown(graceCtx) == nil
+	n := handler.Terminate()
+	if drained && n == 0 {
 		return nil
 	}
-	n := handler.Terminate()
-	log.Warn("calls still running after the grace period; sent SIGTERM to their commands", "process_groups", n)
+	if drained {
+		log.Info("sent SIGTERM to the background processes", "process_groups", n)
+	} else {
+		log.Warn("calls still running after the grace period; sent SIGTERM to their commands and the background processes", "process_groups", n)
+	}
 	termCtx, cancelTerm := context.WithTimeout(context.Background(), killGrace)
 	defer cancelTerm()
 	if handler.Wait(termCtx) == nil {
+		// Members of a background process's group that ignored SIGTERM
+		// while their leader exited.
+		handler.Kill()
+		if drained {
+			return nil
+		}
 		// The handlers have returned, but net/http may still be flushing
 		// their responses; closing at once could cut off the result of a
 		// command that exited cleanly on SIGTERM.
@@ -384,14 +402,17 @@ func stop(srv *http.Server, handler *supervisor.Server, cancelBase context.Cance
 		}
 		return nil
 	}
-	log.Warn("calls still running after SIGTERM; killing their commands")
+	log.Warn("processes still running after SIGTERM; killing them")
 	cancelBase()
+	handler.Kill()
 	_ = srv.Close()
 	killCtx, cancelKill := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancelKill()
 	if err := handler.Wait(killCtx); err != nil {
 		return fmt.Errorf("commands did not stop: %w", err)
 	}
+	// Leaders killed just now leave their groups' swept members to this.
+	handler.Kill()
 	return nil
 }
 

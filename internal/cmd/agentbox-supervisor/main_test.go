@@ -378,19 +378,7 @@ func TestSupervisorProcessGraceExpires(t *testing.T) {
 			t.Fatal("the command did not start")
 		}
 	}
-	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("supervisor exit: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("supervisor did not exit after the grace period")
-	}
-	t.Logf("exited %s after SIGTERM with a 500ms grace period", time.Since(start))
+	t.Logf("exited %s after SIGTERM with a 500ms grace period", sigterm(t, p, 15*time.Second))
 	if err := <-result; err != nil || res.Signal != "SIGTERM" {
 		t.Errorf("command stopped at shutdown: %+v, %v; want its result, ended by SIGTERM", res, err)
 	}

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -177,19 +176,7 @@ func TestSupervisorProcessSIGTERMStopsCommands(t *testing.T) {
 		}
 	}
 
-	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("supervisor exit: %v, want status 0", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("supervisor did not exit after SIGTERM")
-	}
-	elapsed := time.Since(start)
+	elapsed := sigterm(t, p, 20*time.Second)
 	t.Logf("exited %s after SIGTERM (grace 300ms, kill grace 1s)", elapsed)
 	if elapsed < time.Second {
 		t.Errorf("exited after %s: the stubborn command was not given its kill grace", elapsed)
@@ -205,18 +192,7 @@ func TestSupervisorProcessSIGTERMStopsCommands(t *testing.T) {
 	o = <-stubborn
 	t.Logf("command that ignores SIGTERM: %+v, %v", o.res, o.err)
 	for _, pgid := range []int{politePID, stubbornPID} {
-		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			members := groupMembers(pgid)
-			if len(members) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				for _, m := range members {
-					_ = syscall.Kill(m, syscall.SIGKILL)
-				}
-				t.Fatalf("process group %d outlived the supervisor: %v", pgid, members)
-			}
-		}
+		waitGroupEmpty(t, pgid, 3*time.Second)
 	}
 
 	data, err := os.ReadFile(auditPath)

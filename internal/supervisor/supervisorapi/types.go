@@ -7,7 +7,12 @@
 //
 //	GET    /healthz                -> Health
 //	POST   /v1/commands            CommandRequest -> CommandResult
+//	POST   /v1/commands/stream     CommandRequest -> NDJSON CommandEvent lines
 //	POST   /v1/python              PythonRequest -> CommandResult (python_exec)
+//	POST   /v1/processes           ProcessRequest -> ProcessInfo (background process)
+//	GET    /v1/processes           -> ProcessList
+//	GET    /v1/processes/{id}      -> ProcessInfo with recent output
+//	DELETE /v1/processes/{id}      -> ProcessInfo (stops it, then forgets it)
 //	PUT    /v1/files/{path}        file bytes -> FileInfo (?mode=0644)
 //	PUT    /v1/files/{dir}?format=tar  tar stream -> TarResult
 //	GET    /v1/files/{path}        -> file bytes, or a tar of a directory
@@ -36,6 +41,14 @@ const (
 
 	PathHealth   = "/healthz"
 	PathCommands = "/v1/commands"
+	// PathCommandsStream (POST) runs a command like PathCommands but
+	// answers with its output as it arrives; see CommandEvent.
+	PathCommandsStream = "/v1/commands/stream"
+	// PathProcesses manages background processes; one is addressed as
+	// PathProcesses + "/" + id.
+	PathProcesses = "/v1/processes"
+	// ContentTypeNDJSON labels streamed responses: one JSON value a line.
+	ContentTypeNDJSON = "application/x-ndjson"
 	// PathPython (POST) runs a Python snippet: the python_exec tool.
 	PathPython = "/v1/python"
 	// PathFlush (POST) writes the workspace's dirty data to its volume, so
