@@ -32,3 +32,24 @@ func (c *childSet) done(pid int) {
 	delete(c.pids, pid)
 	c.mu.Unlock()
 }
+
+// ProcessTracker lets code outside this package that starts processes
+// (mcpbridge, for the MCP servers) register them, so that the orphan
+// reaper leaves them to their own Wait. It satisfies mcpbridge.ChildTracker.
+type ProcessTracker struct{}
+
+// Start calls start, which starts one process and returns its PID, with
+// the reaper held off, and registers the PID.
+func (ProcessTracker) Start(start func() (pid int, err error)) error {
+	children.mu.Lock()
+	defer children.mu.Unlock()
+	pid, err := start()
+	if err != nil {
+		return err
+	}
+	children.pids[pid] = struct{}{}
+	return nil
+}
+
+// Done unregisters a process once it has been waited for.
+func (ProcessTracker) Done(pid int) { children.done(pid) }

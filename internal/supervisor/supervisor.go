@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -132,6 +133,10 @@ type Config struct {
 	// Audit, when set, gets one line per call (health checks excepted).
 	// The caller owns it and closes it after Wait.
 	Audit *AuditLog
+	// MCP, when set, serves /mcp and everything under it: the template's
+	// stdio MCP servers (see mcpbridge.Manager). Without it those paths
+	// are not found.
+	MCP http.Handler
 	// Version is reported by /healthz.
 	Version string
 	// Logger defaults to slog.Default().
@@ -448,7 +453,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	params := sha256.New()
 	switch {
 	case r.URL.Path == api.PathCommands, r.URL.Path == api.PathPython, r.URL.Path == api.PathCommandsStream,
-		r.URL.Path == api.PathProcesses && r.Method == http.MethodPost:
+		r.URL.Path == api.PathProcesses && r.Method == http.MethodPost,
+		r.Method == http.MethodPost && isMCPPath(r.URL.Path):
 		// The parameters are the JSON body as sent, whether or not it
 		// turns out to be valid.
 		r.Body = &hashingBody{ReadCloser: r.Body, w: params}
@@ -498,6 +504,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.handleCommand(rec, r, &info)
 	default:
+		if isMCPPath(r.URL.Path) && s.cfg.MCP != nil {
+			s.cfg.MCP.ServeHTTP(rec, r)
+			break
+		}
 		if !s.serveProcesses(rec, r, &info) && !s.serveFiles(rec, r, &info) {
 			writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 		}
@@ -620,6 +630,11 @@ func toolName(r *http.Request) string {
 			return "kill_process"
 		}
 		return "get_process"
+	case isMCPPath(p):
+		if r.Method == http.MethodPost {
+			return "mcp_call"
+		}
+		return "mcp_status"
 	case p == api.PathFlush:
 		return "flush"
 	case p == api.PathHealth:
@@ -639,6 +654,11 @@ func toolName(r *http.Request) string {
 		}
 	}
 	return "unknown"
+}
+
+// isMCPPath reports whether p is served by Config.MCP.
+func isMCPPath(p string) bool {
+	return p == mcpbridge.PathPrefix || strings.HasPrefix(p, mcpbridge.PathPrefix+"/")
 }
 
 // hashingBody feeds what the handler reads of the body to the parameter

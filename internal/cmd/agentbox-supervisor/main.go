@@ -14,6 +14,7 @@
 //	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB
 //	-audit-log           AGENTBOX_AUDIT_LOG           off
 //	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
+//	-mcp-servers         AGENTBOX_MCP_SERVERS         none (a JSON file: [{"name", "command", "args", "env", "dir"}])
 //
 // The audit log is off unless a path is given. Its obvious default place,
 // /tmp, is the worst one in a sandbox: it is writable by the very code
@@ -57,6 +58,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -83,6 +85,7 @@ type options struct {
 	killGrace        time.Duration
 	auditLog         string
 	python           string
+	mcpServers       string
 	reapOrphans      bool
 	logLevel         slog.Level
 	showVersion      bool
@@ -141,6 +144,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
 	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
 	fs.StringVar(&o.python, "python", env("AGENTBOX_PYTHON", supervisor.DefaultPython), "interpreter for python_exec: a name looked up in the commands' PATH, or a path")
+	fs.StringVar(&o.mcpServers, "mcp-servers", env("AGENTBOX_MCP_SERVERS", ""), "JSON file listing the template's stdio MCP servers ([{name, command, args, env, dir}]), started on boot and served at /mcp (default: none)")
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -268,7 +272,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			log.Info("audit log closed", "path", o.auditLog)
 		}()
 	}
+	mcpServers, err := newMCPManager(o, log)
+	if err != nil {
+		return err
+	}
 	handler, err := supervisor.New(supervisor.Config{
+		MCP:                   mcpHandler(mcpServers),
 		DefaultCwd:            o.workdir,
 		Workspace:             o.workspace,
 		WorkspaceCap:          o.workspaceCap,
@@ -286,6 +295,21 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		return err
 	}
 	defer handler.Close()
+	if mcpServers != nil {
+		// Started on boot, not on the first call, so that the tool
+		// catalog is ready when the control plane asks for it. Stopped
+		// once the HTTP server has (defers run in reverse), before the
+		// audit log is closed.
+		mcpServers.Start(context.Background())
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), o.killGrace+5*time.Second)
+			defer cancel()
+			if err := mcpServers.Stop(ctx); err != nil {
+				log.Error("MCP servers did not stop", "error", err.Error())
+			}
+		}()
+		log.Info("starting MCP servers", "servers", mcpServers.Names())
+	}
 
 	var tlsConfig *tls.Config
 	addr := o.listen
@@ -414,6 +438,54 @@ func stop(srv *http.Server, handler *supervisor.Server, cancelBase context.Cance
 	// Leaders killed just now leave their groups' swept members to this.
 	handler.Kill()
 	return nil
+}
+
+// newMCPManager configures the template's MCP servers, or returns nil if
+// there are none. They get the same environment as commands: PATH, LANG,
+// the pass-env variables and HOME (their directory), nothing else of the
+// supervisor's.
+func newMCPManager(o *options, log *slog.Logger) (*mcpbridge.Manager, error) {
+	if o.mcpServers == "" {
+		return nil, nil
+	}
+	servers, err := mcpbridge.LoadServers(o.mcpServers)
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{"PATH": supervisor.DefaultPath, "LANG": "C.UTF-8"}
+	for _, k := range o.passEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			env[k] = v
+		}
+	}
+	dir := o.workdir
+	if dir == "" {
+		if st, err := os.Stat(supervisor.DefaultWorkspace); err == nil && st.IsDir() {
+			dir = supervisor.DefaultWorkspace
+		}
+	}
+	var tracker mcpbridge.ChildTracker
+	if o.reapOrphans {
+		tracker = supervisor.ProcessTracker{}
+	}
+	return mcpbridge.New(mcpbridge.Config{
+		Servers:        servers,
+		BaseEnv:        env,
+		DefaultDir:     dir,
+		CallTimeout:    min(mcpbridge.DefaultCallTimeout, o.maxTimeout),
+		MaxCallTimeout: o.maxTimeout,
+		Tracker:        tracker,
+		Version:        version,
+		Logger:         log,
+	})
+}
+
+// mcpHandler keeps a nil *Manager from becoming a non-nil http.Handler.
+func mcpHandler(m *mcpbridge.Manager) http.Handler {
+	if m == nil {
+		return nil
+	}
+	return m
 }
 
 func loadTLS(dir string, allowed []string) (*tls.Config, string, error) {

@@ -1,0 +1,360 @@
+package mcpbridge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// Paths the Manager serves:
+//
+//	GET  /mcp                 -> ListResponse (every server and its state)
+//	GET  /mcp/{server}        -> Status
+//	POST /mcp/{server}        JSON-RPC request -> JSON-RPC response
+//	GET  /mcp/{server}/tools  -> ToolsResponse (the cached tools/list)
+//
+// Errors outside JSON-RPC (unknown server, server not running, bad body)
+// have the supervisor's shape {"error": {"code", "message"}}; a server
+// that is not running answers 503 with its Status under "server".
+const (
+	PathPrefix = "/mcp"
+	// HeaderTimeout is the optional per-call timeout in seconds.
+	HeaderTimeout = "X-Timeout-Seconds"
+)
+
+// ListResponse is the body of GET /mcp.
+type ListResponse struct {
+	Servers []Status `json:"servers"`
+}
+
+// ToolsResponse is the body of GET /mcp/{server}/tools.
+type ToolsResponse struct {
+	Server    string      `json:"server"`
+	Tools     []*mcp.Tool `json:"tools"`
+	UpdatedAt *time.Time  `json:"updated_at,omitempty"`
+}
+
+// UnavailableBody is the body of a 503: the error and the server's state.
+type UnavailableBody struct {
+	Error  *api.Error `json:"error"`
+	Server Status     `json:"server"`
+}
+
+// rpcRequest is one JSON-RPC 2.0 request as received.
+type rpcRequest struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	Method  string          `json:"method"`
+	Params  json.RawMessage `json:"params,omitempty"`
+}
+
+type rpcResponse struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  any             `json:"result,omitempty"`
+	Error   *jsonrpc.Error  `json:"error,omitempty"`
+}
+
+// Methods bridged; each goes through the SDK's typed call.
+var methods = map[string]func(ctx context.Context, cs *mcp.ClientSession, params json.RawMessage) (any, error){
+	"ping": func(ctx context.Context, cs *mcp.ClientSession, p json.RawMessage) (any, error) {
+		var params mcp.PingParams
+		if err := decodeParams(p, &params); err != nil {
+			return nil, err
+		}
+		return struct{}{}, cs.Ping(ctx, &params)
+	},
+	// initialize answers with the handshake the bridge did: the session
+	// to the server is the bridge's, not the caller's.
+	"initialize": func(_ context.Context, cs *mcp.ClientSession, _ json.RawMessage) (any, error) {
+		return cs.InitializeResult(), nil
+	},
+	"tools/list": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.ListToolsParams) (*mcp.ListToolsResult, error) {
+		return cs.ListTools
+	}),
+	"tools/call": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+		return cs.CallTool
+	}),
+	"resources/list": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.ListResourcesParams) (*mcp.ListResourcesResult, error) {
+		return cs.ListResources
+	}),
+	"resources/templates/list": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.ListResourceTemplatesParams) (*mcp.ListResourceTemplatesResult, error) {
+		return cs.ListResourceTemplates
+	}),
+	"resources/read": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.ReadResourceParams) (*mcp.ReadResourceResult, error) {
+		return cs.ReadResource
+	}),
+	"prompts/list": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.ListPromptsParams) (*mcp.ListPromptsResult, error) {
+		return cs.ListPrompts
+	}),
+	"prompts/get": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.GetPromptParams) (*mcp.GetPromptResult, error) {
+		return cs.GetPrompt
+	}),
+	"completion/complete": typed(func(cs *mcp.ClientSession) func(context.Context, *mcp.CompleteParams) (*mcp.CompleteResult, error) {
+		return cs.Complete
+	}),
+}
+
+func typed[P any, R any](method func(*mcp.ClientSession) func(context.Context, *P) (R, error)) func(context.Context, *mcp.ClientSession, json.RawMessage) (any, error) {
+	return func(ctx context.Context, cs *mcp.ClientSession, raw json.RawMessage) (any, error) {
+		params := new(P)
+		if err := decodeParams(raw, params); err != nil {
+			return nil, err
+		}
+		return method(cs)(ctx, params)
+	}
+}
+
+func decodeParams(raw json.RawMessage, v any) error {
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "invalid params: " + err.Error()}
+	}
+	return nil
+}
+
+// ServeHTTP serves PathPrefix and everything under it.
+func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rest, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
+	if !ok || (rest != "" && rest[0] != '/') {
+		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+		return
+	}
+	rest = strings.Trim(rest, "/")
+	if rest == "" {
+		if !allow(w, r, http.MethodGet, http.MethodHead) {
+			return
+		}
+		writeJSON(w, http.StatusOK, ListResponse{Servers: m.Statuses()})
+		return
+	}
+	name, sub, _ := strings.Cut(rest, "/")
+	s, ok := m.servers[name]
+	if !ok {
+		writeError(w, api.Errorf(api.CodeNotFound, "no MCP server named %q", name))
+		return
+	}
+	switch sub {
+	case "":
+		if r.Method == http.MethodPost {
+			m.serveCall(w, r, s)
+			return
+		}
+		if !allow(w, r, http.MethodGet, http.MethodHead, http.MethodPost) {
+			return
+		}
+		writeJSON(w, http.StatusOK, s.status())
+	case "tools":
+		if !allow(w, r, http.MethodGet, http.MethodHead) {
+			return
+		}
+		if _, st, ok := s.running(); !ok {
+			writeUnavailable(w, st)
+			return
+		}
+		s.mu.Lock()
+		resp := ToolsResponse{Server: name, Tools: s.tools}
+		if !s.toolsAt.IsZero() {
+			t := s.toolsAt.UTC()
+			resp.UpdatedAt = &t
+		}
+		toolsErr := s.toolsErr
+		s.mu.Unlock()
+		if resp.Tools == nil {
+			if toolsErr != "" {
+				writeError(w, api.Errorf(api.CodeUnavailable, "tools/list of %q failed: %s", name, toolsErr))
+				return
+			}
+			resp.Tools = []*mcp.Tool{}
+		}
+		writeJSON(w, http.StatusOK, resp)
+	default:
+		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+	}
+}
+
+func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct))
+		return
+	}
+	timeout := m.cfg.CallTimeout
+	if v := r.Header.Get(HeaderTimeout); v != "" {
+		sec, err := strconv.Atoi(v)
+		if err != nil || sec <= 0 || time.Duration(sec)*time.Second > m.cfg.MaxCallTimeout {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "%s must be a whole number of seconds from 1 to %d", HeaderTimeout,
+				int(m.cfg.MaxCallTimeout/time.Second)))
+			return
+		}
+		timeout = time.Duration(sec) * time.Second
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxRequestBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit))
+			return
+		}
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "reading the body: %v", err))
+		return
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) > 0 && body[0] == '[' {
+		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "batches are not supported"}})
+		return
+	}
+	var req rpcRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&req); err != nil {
+		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeParseError, Message: "parse error: " + err.Error()}})
+		return
+	}
+	if dec.More() {
+		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeParseError, Message: "unexpected data after the JSON-RPC request"}})
+		return
+	}
+	id := req.ID
+	if len(id) == 0 {
+		if strings.HasPrefix(req.Method, "notifications/") {
+			// The bridge owns the session; the caller's notifications
+			// (initialized, cancelled) have nothing to act on.
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "a request needs an id"}})
+		return
+	}
+	if !validID(id) {
+		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "id must be a string or a number"}})
+		return
+	}
+	if req.JSONRPC != "2.0" || req.Method == "" {
+		writeRPC(w, rpcResponse{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: `not a JSON-RPC 2.0 request ("jsonrpc": "2.0" and a method are required)`}})
+		return
+	}
+	call, ok := methods[req.Method]
+	if !ok {
+		writeRPC(w, rpcResponse{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("method %q is not bridged", req.Method)}})
+		return
+	}
+	session, st, ok := s.running()
+	if !ok {
+		writeUnavailable(w, st)
+		return
+	}
+	select {
+	case m.slots <- struct{}{}:
+		defer func() { <-m.slots }()
+	default:
+		writeError(w, api.Errorf(api.CodeResourceExhausted, "%d MCP calls are already in flight", cap(m.slots)))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	result, err := call(ctx, session, req.Params)
+	if err != nil {
+		var wire *jsonrpc.Error
+		switch {
+		case errors.As(err, &wire):
+			writeRPC(w, rpcResponse{ID: id, Error: wire})
+		case connectionLost(err):
+			// The server died (or Stop came) during the call. Its status
+			// may not show it yet, so the message says what happened.
+			e := api.Errorf(api.CodeUnavailable, "MCP server %q went away during %s: %v", s.cfg.Name, req.Method, err)
+			writeJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: s.status()})
+		case ctx.Err() != nil && r.Context().Err() == nil:
+			writeError(w, api.Errorf(api.CodeTimeout, "%s on MCP server %q did not answer within %s", req.Method, s.cfg.Name, timeout))
+		case r.Context().Err() != nil:
+			// The client went away; nobody reads this.
+			writeError(w, api.Errorf(api.CodeUnavailable, "request cancelled"))
+		default:
+			// The SDK refused the call or the server's answer (e.g. a
+			// result that does not match the tool's output schema).
+			writeRPC(w, rpcResponse{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}})
+		}
+		return
+	}
+	writeRPC(w, rpcResponse{ID: id, Result: result})
+}
+
+// connectionLost reports whether err means the session to the server
+// ended, rather than the server answering with an error.
+func connectionLost(err error) bool {
+	return errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EPIPE)
+}
+
+func validID(id json.RawMessage) bool {
+	var v any
+	if json.Unmarshal(id, &v) != nil {
+		return false
+	}
+	switch v.(type) {
+	case string, float64:
+		return true
+	}
+	return false
+}
+
+func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	for _, m := range methods {
+		if r.Method == m {
+			return true
+		}
+	}
+	list := strings.Join(methods, ", ")
+	w.Header().Set("Allow", list)
+	writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, list))
+	return false
+}
+
+func writeRPC(w http.ResponseWriter, resp rpcResponse) {
+	resp.JSONRPC = "2.0"
+	if resp.Error == nil && resp.Result == nil {
+		resp.Result = struct{}{}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func writeUnavailable(w http.ResponseWriter, st Status) {
+	msg := fmt.Sprintf("MCP server %q is not running (state %s)", st.Name, st.State)
+	if st.LastError != "" {
+		msg += "; last error: " + st.LastError
+	}
+	e := api.Errorf(api.CodeUnavailable, "%s", msg)
+	if st.State == StateBackoff && st.NextStartAt != nil {
+		// Rounded up: a client that waits this long finds it restarting.
+		wait := time.Until(*st.NextStartAt)
+		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((wait+time.Second-1)/time.Second)), 10))
+	}
+	writeJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: st})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, e *api.Error) {
+	writeJSON(w, e.HTTPStatus, api.ErrorBody{Error: e})
+}
