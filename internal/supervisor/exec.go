@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/procenv"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -71,7 +71,7 @@ func (s *Server) prepare(req *api.CommandRequest, defaultTimeout, maxTimeout tim
 		maxOutput = req.MaxOutputBytes
 	}
 
-	if err := validateEnv(req.Env); err != nil {
+	if err := procenv.Validate(req.Env); err != nil {
 		return nil, api.Errorf(api.CodeInvalidArgument, "env: %v", err)
 	}
 	env := make(map[string]string, len(s.baseEnv)+len(req.Env))
@@ -94,34 +94,11 @@ func (s *Server) prepare(req *api.CommandRequest, defaultTimeout, maxTimeout tim
 		path:      path,
 		argv:      req.Command,
 		dir:       dir,
-		env:       envList(env),
+		env:       procenv.List(env),
 		stdin:     req.Stdin,
 		timeout:   timeout,
 		maxOutput: maxOutput,
 	}, nil
-}
-
-func validateEnv(env map[string]string) error {
-	for k, v := range env {
-		switch {
-		case k == "":
-			return errors.New("variable name must not be empty")
-		case strings.ContainsAny(k, "=\x00"):
-			return fmt.Errorf("variable name %q must not contain '=' or NUL", k)
-		case strings.IndexByte(v, 0) >= 0:
-			return fmt.Errorf("value of %s contains a NUL byte", k)
-		}
-	}
-	return nil
-}
-
-func envList(env map[string]string) []string {
-	list := make([]string, 0, len(env))
-	for k, v := range env {
-		list = append(list, k+"="+v)
-	}
-	sort.Strings(list)
-	return list
 }
 
 func (s *Server) resolveCwd(cwd string) (string, *api.Error) {
@@ -154,25 +131,11 @@ func (s *Server) resolveCwd(cwd string) (string, *api.Error) {
 // relative to the command's cwd. os/exec would search the supervisor's own
 // PATH instead.
 func lookPath(name, pathEnv, dir string) (string, *api.Error) {
-	if strings.Contains(name, "/") {
-		if !filepath.IsAbs(name) {
-			name = filepath.Join(dir, name)
-		}
-		return name, nil
+	p, err := procenv.LookPath(name, pathEnv, dir)
+	if err != nil {
+		return "", api.Errorf(api.CodeNotFound, "executable %q not found in PATH %q", name, pathEnv)
 	}
-	for _, d := range filepath.SplitList(pathEnv) {
-		if d == "" {
-			d = "."
-		}
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(dir, d)
-		}
-		p := filepath.Join(d, name)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && syscall.Access(p, 0x1 /* X_OK */) == nil {
-			return p, nil
-		}
-	}
-	return "", api.Errorf(api.CodeNotFound, "executable %q not found in PATH %q", name, pathEnv)
+	return p, nil
 }
 
 // run starts the command in its own process group and waits for it,

@@ -30,6 +30,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/procenv"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -266,7 +267,7 @@ func New(cfg Config) (*Server, error) {
 			env[k] = v
 		}
 	}
-	if err := validateEnv(env); err != nil {
+	if err := procenv.Validate(env); err != nil {
 		return nil, fmt.Errorf("base environment: %w", err)
 	}
 	s := &Server{

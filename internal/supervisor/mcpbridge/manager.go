@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/procenv"
 )
 
 // Defaults for Config's zero values.
@@ -230,7 +232,7 @@ func New(cfg Config) (*Manager, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	if err := validateEnv(cfg.BaseEnv); err != nil {
+	if err := procenv.Validate(cfg.BaseEnv); err != nil {
 		return nil, fmt.Errorf("base environment: %w", err)
 	}
 	defDir := cfg.DefaultDir
@@ -274,7 +276,7 @@ func (m *Manager) newServer(sc ServerConfig, defDir string) (*server, error) {
 			return nil, fmt.Errorf("command, dir or argument %d contains a NUL byte", i)
 		}
 	}
-	if err := validateEnv(sc.Env); err != nil {
+	if err := procenv.Validate(sc.Env); err != nil {
 		return nil, fmt.Errorf("env: %w", err)
 	}
 	dir := sc.Dir
@@ -310,46 +312,6 @@ func (m *Manager) newServer(sc ServerConfig, defDir string) (*server, error) {
 		pathEnv: env["PATH"],
 		state:   StateStopped,
 	}, nil
-}
-
-func validateEnv(env map[string]string) error {
-	for k, v := range env {
-		switch {
-		case k == "":
-			return errors.New("variable name must not be empty")
-		case strings.ContainsAny(k, "=\x00"):
-			return fmt.Errorf("variable name %q must not contain '=' or NUL", k)
-		case strings.IndexByte(v, 0) >= 0:
-			return fmt.Errorf("value of %s contains a NUL byte", k)
-		}
-	}
-	return nil
-}
-
-// lookPath finds name in the server's own PATH, relative to its
-// directory, as a shell started there would; os/exec would search the
-// supervisor's PATH. It runs at every start, since the executable may be
-// installed after the supervisor starts.
-func lookPath(name, pathEnv, dir string) (string, error) {
-	if strings.Contains(name, "/") {
-		if !filepath.IsAbs(name) {
-			return filepath.Join(dir, name), nil
-		}
-		return name, nil
-	}
-	for _, d := range filepath.SplitList(pathEnv) {
-		if d == "" {
-			d = "."
-		}
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(dir, d)
-		}
-		p := filepath.Join(d, name)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && syscall.Access(p, 0x1 /* X_OK */) == nil {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("executable %q not found in PATH %q", name, pathEnv)
 }
 
 // Names lists the configured servers, sorted.
@@ -507,7 +469,7 @@ func (s *server) supervise(ctx context.Context) {
 // gone before it returns. The error says why the server ended.
 func (s *server) runOnce(ctx context.Context) error {
 	cfg := &s.m.cfg
-	path, err := lookPath(s.cfg.Command, s.pathEnv, s.dir)
+	path, err := procenv.LookPath(s.cfg.Command, s.pathEnv, s.dir)
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
