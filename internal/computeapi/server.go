@@ -245,7 +245,10 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
 	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
 	s.recordActivity(r.Context(), sb)
 
-	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.Name).String())
+	// The workload name comes from status, which only the controller writes
+	// (RBAC gives clients no status rights), so it can be trusted as the
+	// identity to verify.
+	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
 	if err != nil {
 		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
 		s.logFailure(log, apiErr, err)

@@ -36,9 +36,19 @@ var (
 		Name: "agentbox_sandbox_resumes_total",
 		Help: "Stopped sandboxes resumed by activity.",
 	})
+	// Adoptions and cold starts together count new sandboxes, so their
+	// ratio says how well the warm pools are sized.
+	metricWarmAdoptions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_warm_pool_adoptions_total",
+		Help: "New sandboxes that adopted a ready sandbox from a warm pool.",
+	})
+	metricColdStarts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_sandbox_cold_starts_total",
+		Help: "New sandboxes that started a pod of their own because no warm sandbox of their template was ready.",
+	})
 )
 
 func init() {
 	metrics.Registry.MustRegister(metricPodStartSeconds, metricSnapshotSeconds, metricRestoreSeconds,
-		metricSnapshots, metricIdleStops, metricResumes)
+		metricSnapshots, metricIdleStops, metricResumes, metricWarmAdoptions, metricColdStarts)
 }

@@ -9,23 +9,33 @@ package controller
 // blockOwnerDeletion (SetControllerReference sets it) on clusters that
 // enable the OwnerReferencesPermissionEnforcement admission plugin.
 //
-// Pods and workspace claims are only created and deleted: their specs are
-// immutable in practice, so there is nothing to update. Secrets are updated
-// when a serving certificate is re-issued. Leases are created, and updated
+// Pods and workspace claims are created and deleted; their specs are
+// immutable in practice, so they are patched only to move them, with the
+// TLS Secret, from a warm sandbox to the Sandbox adopting it (owner
+// reference and labels). Secrets are updated when a serving certificate is
+// re-issued. Leases are created, and updated
 // only to remove an expired exclusive hold: the Compute API renews them and
 // writes holds.
 //
 // Events go through the events.k8s.io API; the core group is listed too
 // because client-go falls back to it on servers without events.k8s.io/v1.
 
-// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxes,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxtemplates,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
+//
+// Warm pools: the pool controller creates its unassigned Sandboxes and
+// deletes them on scale-down and template change; an adopter deletes the
+// warm Sandbox it took over. The pool's spec (replicas, also through the
+// scale subresource) is never written, only its status.
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxwarmpools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxwarmpools/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=sandboxwarmpools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 //

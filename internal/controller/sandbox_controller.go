@@ -178,6 +178,13 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		// finalizer is there for the snapshots, which may live outside it.
 		return ctrl.Result{}, r.finalize(ctx, &sbx)
 	}
+	if by := sbx.Annotations[v1alpha1.AnnotationAdoptedBy]; by != "" {
+		// A warm sandbox claimed by a new Sandbox: its children are being
+		// moved to the adopter, which then deletes it. Touching them here
+		// (re-issuing the certificate, replacing the pod) would race the
+		// move.
+		return ctrl.Result{}, nil
+	}
 	if err := r.ensureSandboxLabels(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -264,8 +271,13 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	// Before any child is looked up or created: adoption decides the name
+	// they go by.
+	if err := r.adopt(ctx, sbx, tpl); err != nil {
+		return ctrl.Result{}, err
+	}
 	var pod corev1.Pod
-	havePod, err := r.getChild(ctx, sbx, PodName(sbx.Name), &pod)
+	havePod, err := r.getChild(ctx, sbx, PodName(workloadName(sbx)), &pod)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -307,7 +319,7 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	prevPhase := sbx.Status.Phase
 	defer func() { recordActivity(prevPhase, sbx, act) }()
 	// Only a sandbox that can be stopped needs waking when it turns idle.
-	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) {
+	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
 		result.RequeueAfter = min(result.RequeueAfter, d)
 	}
 	if r.stopping(sbx, tpl, act, havePod) {
@@ -332,7 +344,7 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if !havePod {
 		if !workspaceReady {
 			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
-				fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(sbx.Name)))
+				fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(workloadName(sbx))))
 			return result, nil
 		}
 		if err := r.createPod(ctx, sbx, tpl); apierrors.IsNotFound(err) && tpl.Spec.NodePoolRef != nil {
@@ -344,14 +356,14 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		} else if err != nil {
 			return ctrl.Result{}, err
 		}
-		msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(sbx.Name))
+		msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(workloadName(sbx)))
 		if snap := restoring(claim); snap != "" {
 			r.setNotServing(sbx, v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming,
 				fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, msg))
 		} else {
 			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, msg)
 		}
-		sbx.Status.PodName = PodName(sbx.Name)
+		sbx.Status.PodName = PodName(workloadName(sbx))
 		return result, nil
 	}
 
@@ -450,12 +462,12 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *v1alpha1.Sandbox, o
 // returns how long until it must be re-issued.
 func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.Sandbox) (time.Duration, error) {
 	var secret corev1.Secret
-	name := TLSSecretName(sbx.Name)
+	name := TLSSecretName(workloadName(sbx))
 	found, err := r.getChild(ctx, sbx, name, &secret)
 	if err != nil {
 		return 0, err
 	}
-	id := pki.SandboxID(r.TrustDomain, sbx.Namespace, sbx.Name)
+	id := pki.SandboxID(r.TrustDomain, sbx.Namespace, workloadName(sbx))
 	now := r.now()
 	why := ""
 	if found {
@@ -526,7 +538,7 @@ func (r *SandboxReconciler) ensureLease(ctx context.Context, sbx *v1alpha1.Sandb
 // that is going away.
 func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) (*corev1.PersistentVolumeClaim, bool, error) {
 	var pvc corev1.PersistentVolumeClaim
-	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(sbx.Name), &pvc)
+	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(workloadName(sbx)), &pvc)
 	if err != nil {
 		return nil, false, err
 	}
@@ -564,6 +576,12 @@ func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox
 		r.event(sbx, pod, corev1.EventTypeNormal, EventPodRecreated, "Create",
 			fmt.Sprintf("recreated pod %s (image %s) after the previous one went away; the workspace is kept", pod.Name, image))
 	} else {
+		// A first start, not a resume (which comes from Stopped with
+		// a snapshot) and not a pool filling up.
+		if sbx.Status.Workload == "" && !isWarm(sbx) && sbx.Status.Snapshot == nil &&
+			(sbx.Status.Phase == "" || sbx.Status.Phase == v1alpha1.SandboxPhasePending) {
+			metricColdStarts.Inc()
+		}
 		r.event(sbx, pod, corev1.EventTypeNormal, EventPodCreated, "Create",
 			fmt.Sprintf("created pod %s (image %s, runtime class %s)", pod.Name, image, *pod.Spec.RuntimeClassName))
 	}
@@ -616,9 +634,17 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 				fmt.Sprintf("resumed from snapshot %s%s", snap, took))
 			metricResumes.Inc()
 		}
-		r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, v1alpha1.ReasonRunning,
+		// An adopted sandbox keeps saying so until its pod next changes
+		// (an idle stop, a restart): that is how one tells a fast start
+		// from a cold one. Its pod's start was the warm sandbox's, long
+		// before this one was asked for, so it is not a start time.
+		reason := v1alpha1.ReasonRunning
+		if snap == "" && readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool {
+			reason = v1alpha1.ReasonAdoptedFromWarmPool
+		}
+		r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, reason,
 			fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
-		if prevReason != v1alpha1.ReasonRunning {
+		if prevReason != v1alpha1.ReasonRunning && reason == v1alpha1.ReasonRunning {
 			metricPodStartSeconds.Observe(r.now().Sub(pod.CreationTimestamp.Time).Seconds())
 		}
 		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventSandboxReady, "Start",

@@ -170,6 +170,9 @@ func (e *clusterEnv) startManager(configure ...func(*SandboxReconciler)) (stop f
 	}
 	must(t, r.SetupWithManager(mgr))
 	e.r = r
+	// Every manager runs the warm pool controller too, as the control
+	// plane does; tests without pools never wake it.
+	must(t, (&SandboxWarmPoolReconciler{}).SetupWithManager(mgr))
 
 	mgrCtx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
@@ -638,7 +641,7 @@ func (e *clusterEnv) supervisor(t *testing.T, sbx *v1alpha1.Sandbox) *supervisor
 	must(t, err)
 	cert, err := leaf.TLSCertificate()
 	must(t, err)
-	tlsConf := pki.ClientTLS(cert, e.ca.Pool(), pki.SandboxID(testTrustDomain, sbx.Namespace, sbx.Name).String())
+	tlsConf := pki.ClientTLS(cert, e.ca.Pool(), pki.SandboxID(testTrustDomain, sbx.Namespace, sbx.WorkloadName()).String())
 	sup := supervisorapi.NewClient(sbx.Status.ServiceEndpoint, supervisorapi.NewHTTPClient(tlsConf))
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()

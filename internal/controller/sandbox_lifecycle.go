@@ -141,8 +141,9 @@ func (r *SandboxReconciler) stopping(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sandbo
 		return r.Snapshots != nil || sbx.Spec.Ephemeral
 	}
 	// Without its template a stopped sandbox could not start again; one
-	// that still runs keeps running.
-	if !a.idle() || !havePod || tpl == nil {
+	// that still runs keeps running. A warm sandbox has no agent to be idle
+	// for: it waits to be adopted, and stopping it would defeat the pool.
+	if !a.idle() || !havePod || tpl == nil || isWarm(sbx) {
 		return false
 	}
 	if r.Snapshots == nil && !sbx.Spec.Ephemeral {
@@ -221,7 +222,7 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	}
 
 	state, err := r.Snapshots.Take(ctx, snapshot.Request{
-		Sandbox: sbx, Template: tpl, ClaimName: WorkspaceClaimName(sbx.Name), Name: name, Supervisor: sup,
+		Sandbox: sbx, Template: tpl, ClaimName: WorkspaceClaimName(workloadName(sbx)), Name: name, Supervisor: sup,
 	})
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("snapshot %s: %w", name, err)
@@ -237,10 +238,10 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		}
 		sbx.Status.PendingSnapshot = ""
 		msg := fmt.Sprintf("snapshot %s failed: %s; the pod is stopped, the workspace claim %s and the last good snapshot are kept, and the next activity starts the sandbox again",
-			name, state.Failed, WorkspaceClaimName(sbx.Name))
+			name, state.Failed, WorkspaceClaimName(workloadName(sbx)))
 		if sbx.Status.Snapshot == nil {
 			msg = fmt.Sprintf("snapshot %s failed: %s; the pod is stopped, the workspace claim %s is kept, and the next activity starts the sandbox again",
-				name, state.Failed, WorkspaceClaimName(sbx.Name))
+				name, state.Failed, WorkspaceClaimName(workloadName(sbx)))
 		}
 		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed, msg)
 		r.event(sbx, nil, corev1.EventTypeWarning, EventSnapshotFailed, "Snapshot", msg)
@@ -302,7 +303,7 @@ func (r *SandboxReconciler) deleteWorkload(ctx context.Context, sbx *v1alpha1.Sa
 		return nil
 	}
 	var pvc corev1.PersistentVolumeClaim
-	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(sbx.Name), &pvc)
+	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(workloadName(sbx)), &pvc)
 	if err != nil || !found || !pvc.DeletionTimestamp.IsZero() {
 		return err
 	}
@@ -396,7 +397,7 @@ func (r *SandboxReconciler) supervisor(sbx *v1alpha1.Sandbox, pod *corev1.Pod) (
 		return nil, fmt.Errorf("pod %s has no IP yet", pod.Name)
 	}
 	sup, err := r.Supervisors.Supervisor(v1alpha1.SupervisorEndpoint(pod.Status.PodIP),
-		pki.SandboxID(r.TrustDomain, sbx.Namespace, sbx.Name).String())
+		pki.SandboxID(r.TrustDomain, sbx.Namespace, workloadName(sbx)).String())
 	if err != nil {
 		return nil, fmt.Errorf("dial the supervisor of pod %s: %w", pod.Name, err)
 	}

@@ -23,9 +23,17 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
-// Names of a sandbox's children. They are derived from the Sandbox's name
-// alone, so every component (controller, Compute API, tests) finds them
-// without a lookup.
+// Names of a sandbox's children. They are derived from the sandbox's
+// workload name alone (its own name, or that of the warm sandbox whose pod
+// it adopted), so every component (controller, Compute API, tests) finds
+// them without a lookup beyond the Sandbox itself.
+
+// workloadName is the name the sandbox's pod, workspace claim, serving
+// certificate and supervisor identity derive from; every child name in
+// this package goes through it. The activity Lease is the exception: it is
+// the Sandbox's own, named after it, because the Compute API renews it by
+// the Sandbox's name.
+func workloadName(sbx *v1alpha1.Sandbox) string { return sbx.WorkloadName() }
 
 // PodName is the name of a sandbox's pod.
 func PodName(sandbox string) string { return sandbox }
@@ -95,7 +103,7 @@ func workspaceMountPath(tpl *v1alpha1.SandboxTemplate) string {
 func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 	cp := pki.ControlPlaneID(r.TrustDomain, r.Namespace).String()
 	return []corev1.EnvVar{
-		{Name: "AGENTBOX_SANDBOX", Value: sbx.Name},
+		{Name: "AGENTBOX_SANDBOX", Value: workloadName(sbx)},
 		{Name: "AGENTBOX_SANDBOX_NAMESPACE", Value: sbx.Namespace},
 		{Name: "AGENTBOX_NAMESPACE", Value: r.Namespace},
 		{Name: "AGENTBOX_AGENT_ID", Value: sbx.Spec.AgentID},
@@ -147,15 +155,20 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 	}
 	labels := sandboxLabels(sbx)
 	labels[v1alpha1.LabelTemplate] = sbx.Spec.TemplateRef.Name
+	// The pool's scale selector counts the pods of its unassigned
+	// sandboxes; adoption takes the label off again.
+	if pool := sbx.Labels[v1alpha1.LabelWarmPool]; pool != "" {
+		labels[v1alpha1.LabelWarmPool] = pool
+	}
 
 	volumes := []corev1.Volume{
 		{Name: volumeWorkspace, VolumeSource: corev1.VolumeSource{
-			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: WorkspaceClaimName(sbx.Name)},
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: WorkspaceClaimName(workloadName(sbx))},
 		}},
 		// The root filesystem is read-only; tools expect a writable /tmp.
 		{Name: volumeTmp, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		{Name: volumeTLS, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName: TLSSecretName(sbx.Name),
+			SecretName: TLSSecretName(workloadName(sbx)),
 			// Group-readable only: the files belong to root with group
 			// fsGroup (65532), the supervisor's group.
 			DefaultMode: ptr.To[int32](0o440),
@@ -177,7 +190,7 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      PodName(sbx.Name),
+			Name:      PodName(workloadName(sbx)),
 			Namespace: sbx.Namespace,
 			Labels:    labels,
 		},
@@ -251,7 +264,7 @@ func desiredWorkspaceClaim(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate)
 	}
 	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      WorkspaceClaimName(sbx.Name),
+			Name:      WorkspaceClaimName(workloadName(sbx)),
 			Namespace: sbx.Namespace,
 			Labels:    sandboxLabels(sbx),
 		},

@@ -43,7 +43,7 @@ func newFakeEnv(t *testing.T, objs ...client.Object) *fakeEnv {
 	must(t, clientgoscheme.AddToScheme(scheme))
 	must(t, v1alpha1.AddToScheme(scheme))
 	c := fake.NewClientBuilder().WithScheme(scheme).
-		WithStatusSubresource(&v1alpha1.Sandbox{}, &corev1.Pod{}).
+		WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SandboxWarmPool{}, &corev1.Pod{}).
 		WithObjects(objs...).Build()
 	ca, err := pki.NewCA("unit CA")
 	must(t, err)

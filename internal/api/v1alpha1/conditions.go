@@ -70,7 +70,10 @@ const (
 
 	// ReasonAdoptedFromWarmPool (phase Pending or Running): the sandbox took
 	// over a ready sandbox from a warm pool of its template instead of
-	// starting cold.
+	// starting cold. Pending while the warm sandbox's pod, workspace claim
+	// and certificate are moved over (status.workload names it), Running
+	// (status True) once they are and the pod is ready; it stays until the
+	// pod next changes, such as at an idle stop.
 	ReasonAdoptedFromWarmPool = "AdoptedFromWarmPool"
 
 	// ReasonRunning (phase Running, status True): the pod is ready and the

@@ -116,6 +116,14 @@ type SandboxStatus struct {
 	// +optional
 	Snapshot *SandboxSnapshot `json:"snapshot,omitempty"`
 
+	// workload is the name the sandbox's children (pod, workspace claim,
+	// serving certificate Secret) and its supervisor's identity derive
+	// from. It is set when the sandbox adopted a warm pool's sandbox, whose
+	// running pod it took over under that sandbox's name; empty means the
+	// sandbox's own name.
+	// +optional
+	Workload string `json:"workload,omitempty"`
+
 	// pendingSnapshot names the snapshot the idle stop in progress is
 	// taking. It becomes status.snapshot when ready, and is cleared if it
 	// fails.
@@ -173,4 +181,19 @@ type SandboxList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	// items are the sandboxes.
 	Items []Sandbox `json:"items"`
+}
+
+// WorkloadName is the name the sandbox's pod, workspace claim and serving
+// certificate Secret are called by, and from which its supervisor's SPIFFE
+// identity derives: status.workload once the sandbox has adopted a warm
+// sandbox's running pod (a pod's spec, its certificate included, cannot be
+// renamed), else the sandbox's own name. The controller and the Compute API
+// both take it from here, so that the identity the API verifies is the one
+// the controller issued. Trusting status for identity is sound because only
+// the controller writes status; clients get no rights on sandboxes/status.
+func (s *Sandbox) WorkloadName() string {
+	if s.Status.Workload != "" {
+		return s.Status.Workload
+	}
+	return s.Name
 }

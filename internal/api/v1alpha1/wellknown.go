@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"net"
 	"strconv"
 	"time"
@@ -27,7 +28,8 @@ const (
 	LabelTemplate = GroupName + "/template"
 
 	// LabelWarmPool carries the name of the SandboxWarmPool an unassigned
-	// sandbox belongs to. Adoption removes it.
+	// sandbox (and its pod) belongs to. An adopting Sandbox takes the pod
+	// over without it, and the warm Sandbox is deleted.
 	LabelWarmPool = GroupName + "/warm-pool"
 
 	// LabelEgressProxy carries the name of the EgressProxy that proxy pods and
@@ -37,6 +39,21 @@ const (
 	// LabelNodePool carries, on nodes, the name of the GVisorNodePool that
 	// prepared them; the pool's RuntimeClass schedules onto it.
 	LabelNodePool = GroupName + "/node-pool"
+)
+
+// Annotations of warm-pool sandboxes.
+const (
+	// AnnotationAdoptedBy, on a warm sandbox, names the Sandbox that has
+	// claimed it. It is set with optimistic locking, so of several new
+	// Sandboxes racing for the same warm one exactly one wins; the warm
+	// sandbox's own reconciler leaves its children alone from then on, and
+	// the winner moves them over and deletes it.
+	AnnotationAdoptedBy = GroupName + "/adopted-by"
+
+	// AnnotationTemplateHash, on a warm sandbox, is TemplateHash of the
+	// template spec its pod was made from. The pool replaces warm sandboxes
+	// whose hash is not the template's current one, and adoption skips them.
+	AnnotationTemplateHash = GroupName + "/template-hash"
 )
 
 // Finalizer is put on Sandboxes (and the other kinds whose children live
@@ -136,3 +153,18 @@ const RunscHandler = "runsc"
 // GKESandboxTaintValue is the value of GKE Sandbox's node taint
 // (GKESandboxTaintKey=gvisor:NoSchedule).
 const GKESandboxTaintValue = "gvisor"
+
+// TemplateHash is the value of AnnotationTemplateHash for a template spec:
+// the first 16 hex digits of the SHA-256 of its JSON. A hash rather than
+// metadata.generation, because a template deleted and created again starts
+// over at generation 1 with a possibly different spec.
+func TemplateHash(spec *SandboxTemplateSpec) string {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		// A spec that does not marshal cannot have come from the API; an
+		// empty hash matches no warm sandbox, so they are all replaced.
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}

@@ -218,6 +218,9 @@ func run(ctx context.Context, o *options) error {
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the sandbox controller: %w", err)
 	}
+	if err := (&controller.SandboxWarmPoolReconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the warm pool controller: %w", err)
+	}
 	if err := (&controller.GVisorNodePoolReconciler{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the node pool controller: %w", err)
 	}

@@ -1,0 +1,403 @@
+package controller
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+// WarmPoolControllerName names the warm pool controller, and its events'
+// reporter.
+const WarmPoolControllerName = "agentbox-warmpool"
+
+// Event reasons of the warm pool controller.
+const (
+	EventWarmSandboxCreated = "WarmSandboxCreated"
+	EventWarmSandboxDeleted = "WarmSandboxDeleted"
+	EventPoolFull           = "PoolFull"
+)
+
+// createExpiry bounds how long a created warm sandbox that the cache has
+// not shown yet is counted as present. Without it, a pass that runs before
+// the cache catches up would create the same replicas again.
+const createExpiry = 30 * time.Second
+
+// claimRecheck is how often a pool with claimed sandboxes is looked at
+// again: a claim whose adopter was deleted before finishing is cleaned up
+// by the pool, and nothing about the claimed sandbox changes to wake it.
+const claimRecheck = time.Minute
+
+// SandboxWarmPoolReconciler keeps spec.replicas unassigned, ready Sandboxes
+// of a pool's template. They are ordinary Sandboxes owned by the pool; the
+// Sandbox controller runs them, and a new Sandbox of the same template
+// adopts one (see adopt), after which the pool makes a replacement.
+type SandboxWarmPoolReconciler struct {
+	client.Client
+	Scheme *runtime.Scheme
+	// Recorder receives events about pools; SetupWithManager fills it from
+	// the manager when nil.
+	Recorder events.EventRecorder
+	// Clock is the controller's notion of now; nil means the real clock.
+	Clock clock.PassiveClock
+
+	mu sync.Mutex
+	// created maps a pool's UID to the sandboxes it created that the cache
+	// may not show yet, with when they were created.
+	created map[types.UID]map[string]time.Time
+}
+
+// SetupWithManager registers the reconciler and its watches with mgr.
+func (r *SandboxWarmPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.Scheme == nil {
+		r.Scheme = mgr.GetScheme()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(WarmPoolControllerName)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.SandboxWarmPool{}, templateRefIndex,
+		func(o client.Object) []string {
+			return []string{o.(*v1alpha1.SandboxWarmPool).Spec.TemplateRef.Name}
+		}); err != nil {
+		return fmt.Errorf("index warm pools by template: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(WarmPoolControllerName).
+		For(&v1alpha1.SandboxWarmPool{}).
+		Owns(&v1alpha1.Sandbox{}).
+		// A template change rolls the pool; a template that appears lets a
+		// waiting pool fill.
+		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.poolsForTemplate)).
+		Complete(r)
+}
+
+func (r *SandboxWarmPoolReconciler) poolsForTemplate(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.SandboxWarmPoolList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
+		client.MatchingFields{templateRefIndex: o.GetName()}); err != nil {
+		logf.FromContext(ctx).Error(err, "list warm pools of template", "template", client.ObjectKeyFromObject(o))
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+func (r *SandboxWarmPoolReconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
+}
+
+// Reconcile brings a pool's unassigned sandboxes to spec.replicas, all made
+// from the template as it is now, and reports them in the status.
+func (r *SandboxWarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var pool v1alpha1.SandboxWarmPool
+	if err := r.Get(ctx, req.NamespacedName, &pool); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pool.DeletionTimestamp.IsZero() {
+		// Owner references take the warm sandboxes along.
+		return ctrl.Result{}, nil
+	}
+	base := pool.DeepCopy()
+	result, err := r.reconcilePool(ctx, readyReasonOf(base.Status.Conditions), &pool)
+	if err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
+			result, err = ctrl.Result{RequeueAfter: time.Second}, nil
+		} else {
+			r.setReady(&pool, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
+		}
+	}
+	if !equality.Semantic.DeepEqual(base.Status, pool.Status) {
+		if serr := r.Status().Patch(ctx, &pool, client.MergeFrom(base)); serr != nil {
+			return ctrl.Result{}, errors.Join(err, fmt.Errorf("write status of warm pool %s: %w", pool.Name, serr))
+		}
+	}
+	return result, err
+}
+
+func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReason string, pool *v1alpha1.SandboxWarmPool) (ctrl.Result, error) {
+	pool.Status.ObservedGeneration = pool.Generation
+	pool.Status.Selector = labels.SelectorFromSet(labels.Set{v1alpha1.LabelWarmPool: pool.Name}).String()
+
+	var tpl v1alpha1.SandboxTemplate
+	haveTemplate := true
+	if err := r.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("get SandboxTemplate %s: %w", pool.Spec.TemplateRef.Name, err)
+		}
+		haveTemplate = false
+	}
+	hash := ""
+	if haveTemplate {
+		hash = v1alpha1.TemplateHash(&tpl.Spec)
+	}
+
+	var list v1alpha1.SandboxList
+	if err := r.List(ctx, &list, client.InNamespace(pool.Namespace),
+		client.MatchingLabels{v1alpha1.LabelWarmPool: pool.Name}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("list sandboxes of warm pool %s: %w", pool.Name, err)
+	}
+	var result ctrl.Result
+	var current, outdated []*v1alpha1.Sandbox
+	seen := map[string]bool{}
+	for i := range list.Items {
+		s := &list.Items[i]
+		seen[s.Name] = true
+		if !metav1.IsControlledBy(s, pool) || !s.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if by := s.Annotations[v1alpha1.AnnotationAdoptedBy]; by != "" {
+			// No longer the pool's to count: the adopter deletes it once
+			// it has its children. Unless the adopter went away first.
+			result.RequeueAfter = claimRecheck
+			if err := r.dropAbandonedClaim(ctx, pool, s, by); err != nil {
+				return ctrl.Result{}, err
+			}
+			continue
+		}
+		if haveTemplate && s.Annotations[v1alpha1.AnnotationTemplateHash] != hash {
+			outdated = append(outdated, s)
+			continue
+		}
+		current = append(current, s)
+	}
+	pending := r.pending(pool.UID, seen)
+	if pending > 0 {
+		result.RequeueAfter = minPositive(result.RequeueAfter, createExpiry)
+	}
+
+	// A rolled template replaces every warm sandbox at once: an outdated
+	// one is never adopted, so keeping it serves nobody.
+	for _, s := range outdated {
+		if err := r.deleteWarm(ctx, pool, s, fmt.Sprintf("template %s changed", tpl.Name)); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	want := int(pool.Spec.Replicas)
+	have := len(current) + pending
+	if have > want {
+		// Not-ready ones go first (they serve nobody yet), then the
+		// newest, so the longest-warmed stay.
+		sort.SliceStable(current, func(i, j int) bool {
+			ri, rj := sandboxReady(current[i]), sandboxReady(current[j])
+			if ri != rj {
+				return !ri
+			}
+			return current[j].CreationTimestamp.Before(&current[i].CreationTimestamp)
+		})
+		n := min(have-want, len(current))
+		for _, s := range current[:n] {
+			if err := r.deleteWarm(ctx, pool, s, fmt.Sprintf("the pool is scaled to %d", want)); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+		current = current[n:]
+		have -= n
+	}
+	created := 0
+	if haveTemplate {
+		for ; have+created < want; created++ {
+			if err := r.createWarm(ctx, pool, &tpl, hash); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+	}
+
+	ready := 0
+	for _, s := range current {
+		if sandboxReady(s) {
+			ready++
+		}
+	}
+	pool.Status.Replicas = int32(len(current) + pending + created)
+	pool.Status.ReadyReplicas = int32(ready)
+
+	switch {
+	case !haveTemplate:
+		msg := fmt.Sprintf("SandboxTemplate %q does not exist in namespace %q; the pool fills when it is created",
+			pool.Spec.TemplateRef.Name, pool.Namespace)
+		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonTemplateNotFound, msg)
+		if prevReason != v1alpha1.ReasonTemplateNotFound {
+			r.event(pool, nil, corev1.EventTypeWarning, EventTemplateNotFound, "Wait", msg)
+		}
+	case ready >= want:
+		msg := fmt.Sprintf("%d of %d warm sandboxes are ready", ready, want)
+		r.setReady(pool, metav1.ConditionTrue, v1alpha1.ReasonPoolFull, msg)
+		if prevReason != v1alpha1.ReasonPoolFull {
+			r.event(pool, nil, corev1.EventTypeNormal, EventPoolFull, "Scale", msg)
+		}
+	default:
+		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonScaling,
+			fmt.Sprintf("%d of %d warm sandboxes are ready; %d are starting", ready, want, int(pool.Status.Replicas)-ready))
+	}
+	return result, nil
+}
+
+// createWarm creates one warm sandbox of the pool.
+func (r *SandboxWarmPoolReconciler) createWarm(ctx context.Context, pool *v1alpha1.SandboxWarmPool, tpl *v1alpha1.SandboxTemplate, hash string) error {
+	s := &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: pool.Name + "-",
+			Namespace:    pool.Namespace,
+			Labels: map[string]string{
+				v1alpha1.LabelWarmPool: pool.Name,
+				v1alpha1.LabelTemplate: tpl.Name,
+			},
+			Annotations: map[string]string{v1alpha1.AnnotationTemplateHash: hash},
+		},
+		Spec: v1alpha1.SandboxSpec{
+			AgentID:     warmAgentID(pool.Name),
+			TemplateRef: pool.Spec.TemplateRef,
+		},
+	}
+	if err := controllerutil.SetControllerReference(pool, s, r.Scheme); err != nil {
+		return fmt.Errorf("set owner of warm sandbox: %w", err)
+	}
+	if err := r.Create(ctx, s); err != nil {
+		return fmt.Errorf("create warm sandbox of pool %s: %w", pool.Name, err)
+	}
+	r.expect(pool.UID, s.Name)
+	r.event(pool, s, corev1.EventTypeNormal, EventWarmSandboxCreated, "Create",
+		fmt.Sprintf("created warm sandbox %s of template %s", s.Name, tpl.Name))
+	return nil
+}
+
+// warmAgentID is the placeholder agent of a warm sandbox. The agentID is
+// required, and one no real agent has keeps the Compute API from routing
+// anyone's calls to an unassigned sandbox; the adopter brings its own.
+func warmAgentID(pool string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	const maxAgentID = 253
+	if room := maxAgentID - len("warm..") - 2*len(b); len(pool) > room {
+		pool = pool[:room]
+	}
+	return "warm." + pool + "." + hex.EncodeToString(b)
+}
+
+// deleteWarm deletes an unassigned warm sandbox. The precondition carries
+// the resourceVersion read, so a sandbox claimed in the meantime (the claim
+// bumps it) is left to its adopter.
+func (r *SandboxWarmPoolReconciler) deleteWarm(ctx context.Context, pool *v1alpha1.SandboxWarmPool, s *v1alpha1.Sandbox, why string) error {
+	uid, rv := s.UID, s.ResourceVersion
+	err := r.Delete(ctx, s, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete warm sandbox %s: %w", s.Name, err)
+	}
+	r.event(pool, s, corev1.EventTypeNormal, EventWarmSandboxDeleted, "Delete",
+		fmt.Sprintf("deleted warm sandbox %s: %s", s.Name, why))
+	return nil
+}
+
+// dropAbandonedClaim deletes a claimed warm sandbox whose adopter no longer
+// exists: nobody else would ever finish or undo the claim.
+func (r *SandboxWarmPoolReconciler) dropAbandonedClaim(ctx context.Context, pool *v1alpha1.SandboxWarmPool, s *v1alpha1.Sandbox, adopter string) error {
+	var x v1alpha1.Sandbox
+	err := r.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: adopter}, &x)
+	if err == nil && x.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get adopter %s of warm sandbox %s: %w", adopter, s.Name, err)
+	}
+	return r.deleteWarm(ctx, pool, s, fmt.Sprintf("its adopter %s was deleted before taking it over", adopter))
+}
+
+func (r *SandboxWarmPoolReconciler) expect(pool types.UID, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.created == nil {
+		r.created = map[types.UID]map[string]time.Time{}
+	}
+	if r.created[pool] == nil {
+		r.created[pool] = map[string]time.Time{}
+	}
+	r.created[pool][name] = r.now()
+}
+
+// pending counts the pool's created sandboxes the cache has not shown yet,
+// and forgets those it has shown or that have expired.
+func (r *SandboxWarmPoolReconciler) pending(pool types.UID, seen map[string]bool) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for name, at := range r.created[pool] {
+		if seen[name] || r.now().Sub(at) > createExpiry {
+			delete(r.created[pool], name)
+			continue
+		}
+		n++
+	}
+	if len(r.created[pool]) == 0 {
+		delete(r.created, pool)
+	}
+	return n
+}
+
+func (r *SandboxWarmPoolReconciler) setReady(pool *v1alpha1.SandboxWarmPool, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
+		Type:               v1alpha1.ConditionReady,
+		Status:             status,
+		Reason:             reason,
+		Message:            truncateMessage(msg),
+		ObservedGeneration: pool.Generation,
+		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
+	})
+}
+
+func (r *SandboxWarmPoolReconciler) event(pool *v1alpha1.SandboxWarmPool, related runtime.Object, eventType, reason, action, note string) {
+	if r.Recorder == nil {
+		return
+	}
+	r.Recorder.Eventf(pool, related, eventType, reason, action, "%s", truncateMessage(note))
+}
+
+func readyReasonOf(conds []metav1.Condition) string {
+	if c := meta.FindStatusCondition(conds, v1alpha1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 {
+		return b
+	}
+	return min(a, b)
+}
