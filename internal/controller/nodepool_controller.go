@@ -139,10 +139,7 @@ func (r *GVisorNodePoolReconciler) poolsForRuntimeClass(ctx context.Context, o c
 		logf.FromContext(ctx).Error(err, "list node pools of runtime class", "runtimeClass", o.GetName())
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items)+1)
-	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
-	}
+	reqs := requestsFor(list.Items)
 	if owner := o.GetLabels()[v1alpha1.LabelNodePool]; owner != "" {
 		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: owner}})
 	}
@@ -160,11 +157,7 @@ func (r *GVisorNodePoolReconciler) allPools(ctx context.Context, _ client.Object
 		logf.FromContext(ctx).Error(err, "list node pools")
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
-	}
-	return reqs
+	return requestsFor(list.Items)
 }
 
 // nodeChanged passes node updates that can change a pool's view of the
@@ -186,12 +179,7 @@ var nodeChanged = predicate.Funcs{
 	},
 }
 
-func (r *GVisorNodePoolReconciler) now() time.Time {
-	if r.Clock == nil {
-		return time.Now()
-	}
-	return r.Clock.Now()
-}
+func (r *GVisorNodePoolReconciler) now() time.Time { return nowOf(r.Clock) }
 
 // poolRuntimeClassName is spec.runtimeClassName with the CRD's default for
 // pools stored without defaulting (fake clients).

@@ -144,19 +144,10 @@ func (r *SandboxReconciler) sandboxesForTemplate(ctx context.Context, o client.O
 		logf.FromContext(ctx).Error(err, "list sandboxes of template", "template", client.ObjectKeyFromObject(o))
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-	}
-	return reqs
+	return requestsFor(list.Items)
 }
 
-func (r *SandboxReconciler) now() time.Time {
-	if r.Clock == nil {
-		return time.Now()
-	}
-	return r.Clock.Now()
-}
+func (r *SandboxReconciler) now() time.Time { return nowOf(r.Clock) }
 
 func (r *SandboxReconciler) trustDomain() string {
 	if r.TrustDomain == "" {

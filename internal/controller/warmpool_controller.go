@@ -104,19 +104,10 @@ func (r *SandboxWarmPoolReconciler) poolsForTemplate(ctx context.Context, o clie
 		logf.FromContext(ctx).Error(err, "list warm pools of template", "template", client.ObjectKeyFromObject(o))
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-	}
-	return reqs
+	return requestsFor(list.Items)
 }
 
-func (r *SandboxWarmPoolReconciler) now() time.Time {
-	if r.Clock == nil {
-		return time.Now()
-	}
-	return r.Clock.Now()
-}
+func (r *SandboxWarmPoolReconciler) now() time.Time { return nowOf(r.Clock) }
 
 // Reconcile brings a pool's unassigned sandboxes to spec.replicas, all made
 // from the template as it is now, and reports them in the status.
