@@ -324,6 +324,9 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("cannot create or watch %s", res)
 		}
 	}
+	if !can("", "persistentvolumes", "watch") || can("", "persistentvolumes", "delete") || can("", "persistentvolumes", "patch") {
+		t.Error("persistentvolumes: want read-only (node loss is read from their node affinity)")
+	}
 	if can("", "pods/exec", "create") || can("", "pods/exec", "get") {
 		t.Error("may exec into pods")
 	}

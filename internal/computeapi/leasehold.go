@@ -45,29 +45,47 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 	var req api.AcquireLeaseRequest
 	sb, log, apiErr := s.leaseRequest(w, r, "acquire_lease", &req)
 	if apiErr == nil {
-		apiErr = validateLeaseFields(map[string]string{"holder": req.Holder, "request_id": req.RequestID})
-	}
-	if apiErr == nil && (req.TTLSeconds < 0 || req.TTLSeconds > api.MaxLeaseTTLSeconds) {
-		apiErr = api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 1 and %d (0 means %d), got %d",
-			api.MaxLeaseTTLSeconds, api.DefaultLeaseTTLSeconds, req.TTLSeconds)
+		apiErr = validateAcquire(&req)
 	}
 	if apiErr != nil {
 		s.logFailure(log, apiErr, nil)
 		writeError(w, apiErr)
 		return
 	}
-	ttl := req.TTLSeconds
-	if ttl == 0 {
-		ttl = api.DefaultLeaseTTLSeconds
-	}
-	leaseID, err := newLeaseID()
-	if err != nil {
-		apiErr := api.Errorf(api.CodeInternal, "could not create a lease ID")
-		s.logFailure(log, apiErr, err)
+	l, apiErr := s.hold(r.Context(), sb, req)
+	if apiErr != nil {
+		s.logFailure(log, apiErr, nil)
 		writeError(w, apiErr)
 		return
 	}
-	l, apiErr := s.changeLease(r.Context(), sb, func(l *coordinationv1.Lease, now time.Time) (bool, *api.Error) {
+	log.V(1).Info("lease acquired", "holder", req.Holder, "request_id", req.RequestID)
+	writeJSON(w, http.StatusOK, leaseView(l))
+}
+
+// validateAcquire checks an acquire's fields and fills in the default TTL.
+func validateAcquire(req *api.AcquireLeaseRequest) *api.Error {
+	if apiErr := validateLeaseFields(map[string]string{"holder": req.Holder, "request_id": req.RequestID}); apiErr != nil {
+		return apiErr
+	}
+	if req.TTLSeconds < 0 || req.TTLSeconds > api.MaxLeaseTTLSeconds {
+		return api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 1 and %d (0 means %d), got %d",
+			api.MaxLeaseTTLSeconds, api.DefaultLeaseTTLSeconds, req.TTLSeconds)
+	}
+	if req.TTLSeconds == 0 {
+		req.TTLSeconds = api.DefaultLeaseTTLSeconds
+	}
+	return nil
+}
+
+// hold takes the exclusive hold on sb's Lease for a checked acquire, or
+// returns the hold an earlier try of the same acquire got.
+func (s *Server) hold(ctx context.Context, sb *v1alpha1.Sandbox, req api.AcquireLeaseRequest) (*coordinationv1.Lease, *api.Error) {
+	leaseID, err := newLeaseID()
+	if err != nil {
+		s.log.Error(err, "create lease ID")
+		return nil, api.Errorf(api.CodeInternal, "could not create a lease ID")
+	}
+	return s.changeLease(ctx, sb, func(l *coordinationv1.Lease, now time.Time) (bool, *api.Error) {
 		holder, expiry := v1alpha1.LeaseHoldExpiry(&l.Spec)
 		if holder != "" && now.Before(expiry) {
 			if holder == req.Holder && l.Annotations[v1alpha1.AnnotationLeaseRequestID] == req.RequestID {
@@ -88,7 +106,7 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		}
 		t := metav1.NewMicroTime(now)
 		l.Spec.HolderIdentity = ptr.To(req.Holder)
-		l.Spec.LeaseDurationSeconds = ptr.To(int32(ttl))
+		l.Spec.LeaseDurationSeconds = ptr.To(int32(req.TTLSeconds))
 		l.Spec.AcquireTime = &t
 		// Acquiring is activity too, and starts the TTL.
 		l.Spec.RenewTime = &t
@@ -98,15 +116,9 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		l.Annotations[v1alpha1.AnnotationLeaseRequestID] = req.RequestID
 		l.Annotations[v1alpha1.AnnotationLeaseID] = leaseID
 		delete(l.Annotations, v1alpha1.AnnotationLeaseExpiredHolder)
+		delete(l.Annotations, v1alpha1.AnnotationLeaseReleasedRequestID)
 		return true, nil
 	})
-	if apiErr != nil {
-		s.logFailure(log, apiErr, nil)
-		writeError(w, apiErr)
-		return
-	}
-	log.V(1).Info("lease acquired", "holder", req.Holder, "request_id", req.RequestID)
-	writeJSON(w, http.StatusOK, leaseView(l))
 }
 
 func (s *Server) heartbeatLease(w http.ResponseWriter, r *http.Request) {
@@ -163,7 +175,11 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 		if apiErr := checkHold(sb, l, holder, req.Holder, req.LeaseID); apiErr != nil {
 			return false, apiErr
 		}
+		released := l.Annotations[v1alpha1.AnnotationLeaseRequestID]
 		clearHold(l)
+		// Kept until the next acquire: it tells the controller that a
+		// sandbox leased from its pool has finished its run.
+		l.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] = released
 		// renewTime stays the activity clock: the release is activity.
 		l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now))
 		return true, nil

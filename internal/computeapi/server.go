@@ -162,6 +162,9 @@ func NewServer(opts Options) (*Server, error) {
 	mux.Handle(lease, s.authenticated(methodNotAllowed(http.MethodPost+", "+http.MethodDelete)))
 	mux.Handle("POST "+lease+"/heartbeat", s.authenticated(s.heartbeatLease))
 	mux.Handle(lease+"/heartbeat", s.authenticated(methodNotAllowed(http.MethodPost)))
+	const poolLeases = "/v1/namespaces/{namespace}/warm-pools/{pool}/leases"
+	mux.Handle("POST "+poolLeases, s.authenticated(s.acquirePoolLease))
+	mux.Handle(poolLeases, s.authenticated(methodNotAllowed(http.MethodPost)))
 	// Unknown paths get the same JSON error shape as everything else, and
 	// only after authentication, so the route table is not probeable
 	// anonymously.

@@ -46,9 +46,13 @@ var (
 		Name: "agentbox_sandbox_cold_starts_total",
 		Help: "New sandboxes that started a pod of their own because no warm sandbox of their template was ready.",
 	})
+	metricEphemeralRecycled = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_warm_pool_ephemeral_recycled_total",
+		Help: "Sandboxes leased from a warm pool for one run and deleted when their lease ended.",
+	})
 )
 
 func init() {
 	metrics.Registry.MustRegister(metricPodStartSeconds, metricSnapshotSeconds, metricRestoreSeconds,
-		metricSnapshots, metricIdleStops, metricResumes, metricWarmAdoptions, metricColdStarts)
+		metricSnapshots, metricIdleStops, metricResumes, metricWarmAdoptions, metricColdStarts, metricEphemeralRecycled)
 }

@@ -297,6 +297,13 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		return ctrl.Result{}, err
 	}
 	if lease != nil {
+		deleted, recheck, err := r.recycleEphemeral(ctx, sbx, lease)
+		if err != nil || deleted {
+			return ctrl.Result{}, err
+		}
+		if recheck > 0 {
+			result.RequeueAfter = min(result.RequeueAfter, recheck)
+		}
 		holdExpiresIn, err := r.reconcileHold(ctx, sbx, lease)
 		if err != nil {
 			return ctrl.Result{}, err
@@ -330,6 +337,10 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		if claim, workspaceReady, err = r.ensureWorkspace(ctx, prevReason, sbx, tpl); err != nil {
 			return ctrl.Result{}, err
 		}
+	}
+
+	if lost, err := r.recoverFromNodeLoss(ctx, sbx, podOrNil, claim); err != nil || lost {
+		return result, err
 	}
 
 	if !havePod {

@@ -204,7 +204,7 @@ func (r *SandboxReconciler) claim(ctx context.Context, sbx *v1alpha1.Sandbox, tp
 func (r *SandboxReconciler) adoptable(ctx context.Context, w *v1alpha1.Sandbox, hash string) (bool, error) {
 	owner := metav1.GetControllerOf(w)
 	if owner == nil || owner.Kind != "SandboxWarmPool" || !w.DeletionTimestamp.IsZero() ||
-		w.Annotations[v1alpha1.AnnotationAdoptedBy] != "" || w.Status.Workload != "" ||
+		w.Annotations[v1alpha1.AnnotationAdoptedBy] != "" || v1alpha1.PoolLeased(w) || w.Status.Workload != "" ||
 		w.Annotations[v1alpha1.AnnotationTemplateHash] != hash || !sandboxReady(w) {
 		return false, nil
 	}

@@ -162,11 +162,19 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 	}
 	var result ctrl.Result
 	var current, outdated []*v1alpha1.Sandbox
+	leased := 0
 	seen := map[string]bool{}
 	for i := range list.Items {
 		s := &list.Items[i]
 		seen[s.Name] = true
 		if !metav1.IsControlledBy(s, pool) || !s.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if v1alpha1.PoolLeased(s) {
+			// Out on an ephemeral run, and never back: the Sandbox
+			// controller deletes it when the lease ends, so it is replaced
+			// now, and neither a template roll nor a scale-down touches it.
+			leased++
 			continue
 		}
 		if by := s.Annotations[v1alpha1.AnnotationAdoptedBy]; by != "" {
@@ -235,6 +243,7 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 	}
 	pool.Status.Replicas = int32(len(current) + pending + created)
 	pool.Status.ReadyReplicas = int32(ready)
+	pool.Status.LeasedReplicas = int32(leased)
 
 	switch {
 	case !haveTemplate:

@@ -44,7 +44,7 @@ func (e *clusterEnv) waitPoolFull(name string, n int32) map[string]types.UID {
 		}
 		clear(warm)
 		for _, s := range list.Items {
-			if !s.DeletionTimestamp.IsZero() || s.Annotations[v1alpha1.AnnotationAdoptedBy] != "" || !sandboxReady(&s) {
+			if !s.DeletionTimestamp.IsZero() || s.Annotations[v1alpha1.AnnotationAdoptedBy] != "" || v1alpha1.PoolLeased(&s) || !sandboxReady(&s) {
 				continue
 			}
 			var pod corev1.Pod

@@ -120,6 +120,12 @@ const (
 	// turns Running as soon as the pod is ready.
 	ReasonPodFailed = "PodFailed"
 
+	// ReasonNodeLost (phase Pending): the workspace volume was pinned to a
+	// node that no longer exists; its claim was given up and the sandbox
+	// starts on another node from its last snapshot (or empty, when it has
+	// none, as the message and a NodeLost event say).
+	ReasonNodeLost = "NodeLost"
+
 	// ReasonOwnershipConflict (phase Error): an object the sandbox needs
 	// (its pod, workspace claim, TLS Secret or Lease) exists under the name
 	// the controller gives it but is not controlled by the Sandbox. The

@@ -30,6 +30,12 @@ type SandboxWarmPoolStatus struct {
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 
+	// leasedReplicas is how many of the pool's sandboxes are leased out for
+	// an ephemeral run. They are not counted in replicas (the pool has
+	// replaced them) and are deleted when their lease ends.
+	// +optional
+	LeasedReplicas int32 `json:"leasedReplicas,omitempty"`
+
 	// selector is the label selector, in string form, that matches the pool's
 	// pods; the scale subresource reports it.
 	// +optional
@@ -60,6 +66,7 @@ type SandboxWarmPoolStatus struct {
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
 // +kubebuilder:printcolumn:name="Current",type=integer,JSONPath=`.status.replicas`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Leased",type=integer,JSONPath=`.status.leasedReplicas`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type SandboxWarmPool struct {
 	metav1.TypeMeta `json:",inline"`

@@ -56,6 +56,34 @@ const (
 	AnnotationTemplateHash = GroupName + "/template-hash"
 )
 
+// Annotations of a warm sandbox leased straight from its pool for one
+// ephemeral run (seeds 001 and 003). The Compute API writes them with
+// optimistic locking before it takes the sandbox's Lease hold, so that of
+// the callers and adopters racing for a warm sandbox exactly one wins, and
+// a retried acquire finds its sandbox from the Sandbox list alone. From
+// then on the pool no longer counts the sandbox (it makes a replacement),
+// adoption skips it, and once the hold ends (released, expired, or never
+// taken) the Sandbox controller deletes it: no state survives a run.
+const (
+	// AnnotationPoolLeaseHolder is the holder the lease was acquired for.
+	AnnotationPoolLeaseHolder = GroupName + "/pool-lease-holder"
+	// AnnotationPoolLeaseRequestID is the acquire's request ID; the hold
+	// on the sandbox's Lease carries the same one while it lasts.
+	AnnotationPoolLeaseRequestID = GroupName + "/pool-lease-request-id"
+	// AnnotationPoolLeasedAt is when the sandbox was taken (RFC 3339). A
+	// sandbox taken but never held past PoolLeaseGrace is deleted: the
+	// acquire that took it failed before answering anyone.
+	AnnotationPoolLeasedAt = GroupName + "/pool-leased-at"
+)
+
+// PoolLeaseGrace is how long a sandbox taken from its pool may go without
+// the Lease hold of the acquire that took it. It covers the acquire's two
+// writes, with their retries, many times over.
+const PoolLeaseGrace = time.Minute
+
+// PoolLeased reports whether a warm sandbox has been leased from its pool.
+func PoolLeased(s *Sandbox) bool { return s.Annotations[AnnotationPoolLeaseRequestID] != "" }
+
 // Finalizer is put on Sandboxes (and the other kinds whose children live
 // outside their namespace or need ordered teardown) so the control plane can
 // delete snapshots, leases and proxies before the object goes away.
@@ -108,6 +136,12 @@ const (
 	// the Lease alone rather than from its own earlier status, which a
 	// lagging cache may not show yet.
 	AnnotationLeaseExpiredHolder = GroupName + "/lease-expired-holder"
+	// AnnotationLeaseReleasedRequestID is the request ID of the hold the
+	// holder last released, kept until the next acquire. It is how the
+	// controller tells a sandbox leased from its pool whose run is over
+	// (and which it deletes at once) from one whose acquire has not
+	// written its hold yet.
+	AnnotationLeaseReleasedRequestID = GroupName + "/lease-released-request-id"
 )
 
 // LeaseHoldExpiry returns the holder of a sandbox Lease and when the hold

@@ -108,6 +108,25 @@ func (c *Client) ReleaseLease(ctx context.Context, agentID string, req ReleaseLe
 	return c.do(ctx, http.MethodDelete, PathLease(agentID), body, nil)
 }
 
+// AcquirePoolLease leases a ready sandbox of a warm pool for one run, or
+// returns the lease an earlier call with the same holder and request ID
+// got. When the pool has no ready sandbox free, the error has
+// CodePoolExhausted.
+func (c *Client) AcquirePoolLease(ctx context.Context, namespace, pool string, req AcquireLeaseRequest) (*PoolLease, error) {
+	if namespace == "" || pool == "" {
+		return nil, errors.New("empty namespace or pool")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode lease request: %w", err)
+	}
+	var l PoolLease
+	if err := c.do(ctx, http.MethodPost, PathPoolLeases(namespace, pool), body, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
 func (c *Client) leaseCall(ctx context.Context, method, agentID, path string, req any) (*Lease, error) {
 	if agentID == "" {
 		return nil, errors.New("empty agent ID")

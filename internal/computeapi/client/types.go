@@ -10,6 +10,13 @@
 //	POST   /v1/agents/{agent_id}/lease           AcquireLeaseRequest -> Lease
 //	POST   /v1/agents/{agent_id}/lease/heartbeat HeartbeatLeaseRequest -> Lease
 //	DELETE /v1/agents/{agent_id}/lease           ReleaseLeaseRequest -> 204 No Content
+//	POST   /v1/namespaces/{namespace}/warm-pools/{pool}/leases
+//	                                             AcquireLeaseRequest -> PoolLease
+//
+// A lease from a warm pool (seeds 001 and 003) hands the caller a ready
+// sandbox of the pool for one ephemeral run: heartbeat and release it
+// through the agent paths with PoolLease.AgentID; once released or expired
+// the sandbox is deleted with its workspace and the pool makes a fresh one.
 //
 // Every call carries "Authorization: Bearer <token>". Errors are JSON bodies
 // {"error": {"code": ..., "message": ...}} whose HTTP status follows from
@@ -38,6 +45,11 @@ func PathLease(agentID string) string {
 
 // PathLeaseHeartbeat returns the path of the lease heartbeat for an agent.
 func PathLeaseHeartbeat(agentID string) string { return PathLease(agentID) + "/heartbeat" }
+
+// PathPoolLeases returns the path that leases a sandbox from a warm pool.
+func PathPoolLeases(namespace, pool string) string {
+	return "/v1/namespaces/" + url.PathEscape(namespace) + "/warm-pools/" + url.PathEscape(pool) + "/leases"
+}
 
 // Lease TTL bounds. A hold is kept alive by heartbeats, so the TTL is how
 // long a crashed holder can keep the sandbox "busy"; an hour caps that.
@@ -87,6 +99,16 @@ type Lease struct {
 	// Compute API call) also moves RenewedAt, so a hold whose sandbox is in
 	// use does not expire under it.
 	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// PoolLease is a lease on a sandbox taken from a warm pool. The sandbox is
+// addressed like any agent's, by AgentID (a placeholder the pool gave it),
+// for commands, heartbeats and the release.
+type PoolLease struct {
+	Lease
+	AgentID   string `json:"agent_id"`
+	Namespace string `json:"namespace"`
+	Sandbox   string `json:"sandbox"`
 }
 
 // RunCommandRequest runs Command[0] with arguments Command[1:] in the
@@ -163,6 +185,13 @@ const (
 	// CodeLeaseExpired: the caller's lease ran out before the heartbeat.
 	// It must acquire again.
 	CodeLeaseExpired Code = "lease_expired"
+	// CodePoolNotFound: the warm pool named in the path does not exist.
+	CodePoolNotFound Code = "pool_not_found"
+	// CodePoolExhausted: the warm pool has no ready, unleased sandbox now;
+	// Details carry "retry_after_seconds". The pool replaces leased
+	// sandboxes, so a retry shortly after succeeds unless the pool is too
+	// small for the load.
+	CodePoolExhausted Code = "pool_exhausted"
 	// CodeUnknown is what the client reports when a response carries no
 	// recognisable error body, e.g. from a proxy in between.
 	CodeUnknown Code = "unknown"
@@ -177,7 +206,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusUnauthorized
 	case CodePermissionDenied:
 		return http.StatusForbidden
-	case CodeNotFound, CodeSandboxNotFound:
+	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound:
 		return http.StatusNotFound
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
@@ -191,6 +220,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusBadGateway
 	case CodeTimeout:
 		return http.StatusGatewayTimeout
+	case CodePoolExhausted:
+		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError
 	}

@@ -1,0 +1,189 @@
+package computeapi
+
+import (
+	"context"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+)
+
+// warmSandbox is a ready sandbox of warm pool "p" in team-a, created age
+// ago, with its Lease.
+func warmSandbox(name string, age time.Duration, now time.Time) []client.Object {
+	s := readySandbox("team-a", name, "warm.p."+name, "https://198.18.0.9:8443")
+	s.Labels[v1alpha1.LabelWarmPool] = "p"
+	s.CreationTimestamp = metav1.NewTime(now.Add(-age))
+	s.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "SandboxWarmPool",
+		Name: "p", UID: "uid-p", Controller: ptr.To(true)}}
+	return []client.Object{s, lease("team-a", name, now.Add(-age))}
+}
+
+func poolFixture(t *testing.T, names ...string) *fixture {
+	t.Helper()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
+	objs := []client.Object{&v1alpha1.SandboxWarmPool{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "p", UID: "uid-p"},
+		Spec: v1alpha1.SandboxWarmPoolSpec{TemplateRef: v1alpha1.LocalObjectReference{Name: "python"}, Replicas: int32(len(names))}}}
+	for i, n := range names {
+		objs = append(objs, warmSandbox(n, time.Duration(len(names)-i)*time.Minute, now)...)
+	}
+	return newFixture(t, "", objs...)
+}
+
+func (f *fixture) sandboxNamed(t *testing.T, name string) *v1alpha1.Sandbox {
+	t.Helper()
+	var s v1alpha1.Sandbox
+	if err := f.kube.Get(context.Background(), types.NamespacedName{Namespace: "team-a", Name: name}, &s); err != nil {
+		t.Fatal(err)
+	}
+	return &s
+}
+
+func (f *fixture) leaseNamed(t *testing.T, name string) *coordinationv1.Lease {
+	t.Helper()
+	var l coordinationv1.Lease
+	if err := f.kube.Get(context.Background(), types.NamespacedName{Namespace: "team-a", Name: name}, &l); err != nil {
+		t.Fatal(err)
+	}
+	return &l
+}
+
+func TestPoolLease(t *testing.T) {
+	f := poolFixture(t, "w-old", "w-new")
+	c := f.client(t, adminToken)
+	ctx := context.Background()
+	req := api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1", TTLSeconds: 30}
+
+	got, err := c.AcquirePoolLease(ctx, "team-a", "p", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Oldest first: the longest-warmed sandbox goes out.
+	if got.Sandbox != "w-old" || got.AgentID != "warm.p.w-old" || got.Namespace != "team-a" || got.Holder != "run-1" ||
+		got.TTLSeconds != 30 || len(got.LeaseID) != 32 {
+		t.Fatalf("pool lease = %+v", got)
+	}
+	s := f.sandboxNamed(t, "w-old")
+	if s.Annotations[v1alpha1.AnnotationPoolLeaseHolder] != "run-1" || s.Annotations[v1alpha1.AnnotationPoolLeaseRequestID] != "req-1" ||
+		s.Annotations[v1alpha1.AnnotationPoolLeasedAt] != f.clock.Now().UTC().Format(time.RFC3339Nano) {
+		t.Errorf("taken sandbox annotations %v", s.Annotations)
+	}
+	if l := f.leaseNamed(t, "w-old"); ptr.Deref(l.Spec.HolderIdentity, "") != "run-1" || l.Annotations[v1alpha1.AnnotationLeaseID] != got.LeaseID {
+		t.Errorf("Lease after the pool acquire: %+v %v", l.Spec, l.Annotations)
+	}
+
+	// A retry gets the same sandbox and hold back.
+	f.clock.Step(time.Second)
+	again, err := c.AcquirePoolLease(ctx, "team-a", "p", req)
+	if err != nil || *again != *got {
+		t.Fatalf("retried acquire = %+v, %v; want %+v", again, err, got)
+	}
+
+	second, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-2", RequestID: "req-2"})
+	if err != nil || second.Sandbox != "w-new" {
+		t.Fatalf("second acquire = %+v, %v", second, err)
+	}
+	_, err = c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-3", RequestID: "req-3"})
+	e := wantAPIError(t, err, api.CodePoolExhausted, http.StatusServiceUnavailable)
+	if e.Details["retry_after_seconds"] == "" {
+		t.Errorf("pool_exhausted without retry_after_seconds: %+v", e)
+	}
+
+	// The run ends through the agent path; the release leaves the mark the
+	// controller deletes the sandbox on.
+	if err := c.ReleaseLease(ctx, got.AgentID, api.ReleaseLeaseRequest{Holder: "run-1", LeaseID: got.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if l := f.leaseNamed(t, "w-old"); l.Spec.HolderIdentity != nil || l.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] != "req-1" {
+		t.Errorf("Lease after release: %+v %v", l.Spec, l.Annotations)
+	}
+
+	_, err = c.AcquirePoolLease(ctx, "team-a", "nope", api.AcquireLeaseRequest{Holder: "run-4", RequestID: "req-4"})
+	wantAPIError(t, err, api.CodePoolNotFound, http.StatusNotFound)
+	_, err = c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-4"})
+	wantAPIError(t, err, api.CodeInvalidArgument, http.StatusBadRequest)
+}
+
+// TestPoolLeaseRace sends more concurrent acquires than the pool has
+// sandboxes: each sandbox goes to exactly one caller, the rest are told the
+// pool is exhausted.
+func TestPoolLeaseRace(t *testing.T) {
+	names := []string{"w-0", "w-1", "w-2"}
+	f := poolFixture(t, names...)
+	c := f.client(t, adminToken)
+	const callers = 12
+	var (
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		winners   = map[string]string{}
+		exhausted int
+	)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := c.AcquirePoolLease(context.Background(), "team-a", "p",
+				api.AcquireLeaseRequest{Holder: fmt.Sprintf("run-%d", i), RequestID: "r"})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				if prev, dup := winners[l.Sandbox]; dup {
+					t.Errorf("sandbox %s went to %s and %s", l.Sandbox, prev, l.Holder)
+				}
+				winners[l.Sandbox] = l.Holder
+			case errors.Is(err, &api.Error{Code: api.CodePoolExhausted}):
+				exhausted++
+			default:
+				t.Errorf("acquire: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(winners) != len(names) || exhausted != callers-len(names) {
+		t.Fatalf("%d winners %v, %d exhausted; want %d and %d", len(winners), winners, exhausted, len(names), callers-len(names))
+	}
+	for _, n := range names {
+		s := f.sandboxNamed(t, n)
+		if l := f.leaseNamed(t, n); ptr.Deref(l.Spec.HolderIdentity, "") != winners[n] || s.Annotations[v1alpha1.AnnotationPoolLeaseHolder] != winners[n] {
+			t.Errorf("%s: marked for %q, held by %q, won by %q", n, s.Annotations[v1alpha1.AnnotationPoolLeaseHolder],
+				ptr.Deref(l.Spec.HolderIdentity, ""), winners[n])
+		}
+	}
+}
+
+func TestPoolLeaseNeedsAdmin(t *testing.T) {
+	f := poolFixture(t, "w-0")
+	srv, err := NewServer(Options{Sandboxes: f.kube, Leases: f.kube, Authenticator: agentToken{},
+		Supervisors: f.services.supervisors, Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(srv.Handler())
+	defer ts.Close()
+	c, err := api.New(ts.URL, "agent-token:agent-1", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	for _, pool := range []string{"p", "nope"} {
+		_, err = c.AcquirePoolLease(context.Background(), "team-a", pool, api.AcquireLeaseRequest{Holder: "h", RequestID: "r"})
+		wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+	}
+	if s := f.sandboxNamed(t, "w-0"); v1alpha1.PoolLeased(s) {
+		t.Error("a refused acquire marked the sandbox")
+	}
+}
