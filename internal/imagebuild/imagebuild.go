@@ -40,10 +40,13 @@ const (
 var All = []string{ControlPlane, EgressProxy, Sandbox}
 
 // DefaultSandboxPackages make the sandbox: python3 rather than
-// python3-minimal, whose standard library lacks json and venv; coreutils
-// because agents expect ls, cat and friends; dash for the
-// /bin/sh that `sh -c` and Python's subprocess(shell=True) expect.
-var DefaultSandboxPackages = []string{"python3", "dash", "coreutils"}
+// python3-minimal, whose standard library lacks json and venv;
+// python3-venv for ensurepip and the pip wheel it installs, without which
+// the supervisor cannot build its cached virtual environments (Debian
+// strips ensurepip from python3); coreutils because agents expect ls, cat
+// and friends; dash for the /bin/sh that `sh -c` and Python's
+// subprocess(shell=True) expect.
+var DefaultSandboxPackages = []string{"python3", "python3-venv", "dash", "coreutils"}
 
 // DefaultSandboxExclude leaves out dpkg (and tar, which only it needs):
 // python3's packages depend on it for their maintainer scripts, which never

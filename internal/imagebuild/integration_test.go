@@ -190,6 +190,17 @@ func TestSandboxRootfs(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "True" {
 		t.Errorf("python ssl CA bundle as user 65532: %v %s", err, out)
 	}
+	// The supervisor's environment cache needs venv with ensurepip, which
+	// Debian ships apart from python3: its installer environment gets pip
+	// this way.
+	cmd = exec.Command("chroot", "--userspec=65532:65532", root, "/bin/sh", "-c",
+		"/usr/bin/python3 -m venv /tmp/venv-check && /tmp/venv-check/bin/python -m pip --version")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8"}
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "pip ") {
+		t.Errorf("python3 -m venv with pip as user 65532: %v %s", err, out)
+	} else {
+		t.Logf("venv as user 65532: %s", strings.TrimSpace(string(out)))
+	}
 
 	for _, link := range []string{"bin", "lib", "lib64", "sbin"} {
 		if target, err := os.Readlink(filepath.Join(root, link)); err != nil || target != "usr/"+link {

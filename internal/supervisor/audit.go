@@ -21,11 +21,14 @@ type AuditEntry struct {
 	// Tool is the call in agent terms: run_command, run_command_stream,
 	// python_exec, start_process, list_processes, get_process,
 	// kill_process, read_file, write_file, delete_file, stat_file,
-	// list_files, flush.
+	// list_files, flush, pty_session (one line when the session ends),
+	// list_tools, describe_tool, and for POST /v1/tools/{name} the
+	// tool's name (create_file, edit_file, ...; unknown_tool for a name
+	// that is not one).
 	Tool string `json:"tool"`
 	// ParamsSHA256 is the hex SHA-256 of the JSON body as sent for
-	// run_command, run_command_stream, python_exec and start_process, and of "METHOD escaped-path?query" for
-	// the others.
+	// run_command, run_command_stream, python_exec, start_process and tool
+	// invocations, and of "METHOD escaped-path?query" for the others.
 	ParamsSHA256 string `json:"params_sha256"`
 	DurationMS   int64  `json:"duration_ms"`
 	HTTPStatus   int    `json:"http_status"`

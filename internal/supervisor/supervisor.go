@@ -131,6 +131,15 @@ type Config struct {
 	// ProcessKillGrace is how long DELETE /v1/processes/{id} waits after
 	// SIGTERM before it sends SIGKILL. Zero means DefaultProcessKillGrace.
 	ProcessKillGrace time.Duration
+	// PTYIdleTimeout ends a PTY session (GET /v1/pty) in which nothing
+	// was typed or printed for this long; PTYMaxDuration ends any session
+	// this long after it started. Zero means DefaultPTYIdleTimeout and
+	// DefaultPTYMaxDuration.
+	PTYIdleTimeout time.Duration
+	PTYMaxDuration time.Duration
+	// Execute configures /v1/execute and the cached Python environments of
+	// /v1/envs (see execute.go).
+	Execute ExecuteConfig
 	// Audit, when set, gets one line per call (health checks excepted).
 	// The caller owns it and closes it after Wait.
 	Audit *AuditLog
@@ -175,6 +184,10 @@ type Server struct {
 	// counts those being spawned, which already take a place.
 	procs         []*bgProcess
 	procsStarting int
+
+	px executeState
+	// ptys are the PTY sessions, for Terminate to hang up.
+	ptys map[*ptySession]struct{}
 }
 
 // New checks cfg, fills in defaults and returns a Server.
@@ -289,15 +302,17 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("workspace usage: %w", err)
 		}
 	}
+	s.initExecute()
 	return s, nil
 }
 
-// Close releases the workspace handle.
+// Close releases the workspace handle and stops environment builds.
 func (s *Server) Close() error {
+	err := s.closeExecute()
 	if s.root == nil {
-		return nil
+		return err
 	}
-	return s.root.Close()
+	return errors.Join(err, s.root.Close())
 }
 
 // resolveWorkspace returns the absolute, symlink-free path of the
@@ -408,6 +423,7 @@ func (s *Server) Terminate() int {
 			n++
 		}
 	}
+	s.hangUpPTYsLocked()
 	return n
 }
 
@@ -455,7 +471,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.URL.Path == api.PathCommands, r.URL.Path == api.PathPython, r.URL.Path == api.PathCommandsStream,
 		r.URL.Path == api.PathProcesses && r.Method == http.MethodPost,
-		r.Method == http.MethodPost && isMCPPath(r.URL.Path):
+		r.Method == http.MethodPost && isMCPPath(r.URL.Path),
+		r.URL.Path == api.PathExecute, r.URL.Path == api.PathEnvs && r.Method == http.MethodPost,
+		r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, api.PathTools+"/"):
 		// The parameters are the JSON body as sent, whether or not it
 		// turns out to be valid.
 		r.Body = &hashingBody{ReadCloser: r.Body, w: params}
@@ -465,16 +483,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(params, "%s %s?%s", r.Method, r.URL.EscapedPath(), r.URL.RawQuery)
 	}
 	switch r.URL.Path {
-	case api.PathHealth:
+	case api.PathHealth, api.PathHealthSeed:
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			methodNotAllowed(rec, r, "GET, HEAD")
 			break
 		}
-		h := api.Health{Status: "ok", Version: s.cfg.Version}
-		if s.usage != nil {
-			h.Workspace = &api.WorkspaceUsage{UsedBytes: s.usage.snapshot(), CapBytes: s.usage.cap}
-		}
-		writeJSON(rec, http.StatusOK, h)
+		writeJSON(rec, http.StatusOK, s.health())
 	case api.PathFlush:
 		if r.Method != http.MethodPost {
 			methodNotAllowed(rec, r, "POST")
@@ -498,6 +512,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		s.handlePython(rec, r, &info)
+	case api.PathExecute:
+		if r.Method != http.MethodPost {
+			methodNotAllowed(rec, r, "POST")
+			break
+		}
+		s.handleExecute(rec, r, &info)
 	case api.PathCommandsStream:
 		if r.Method != http.MethodPost {
 			methodNotAllowed(rec, r, "POST")
@@ -509,7 +529,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.cfg.MCP.ServeHTTP(rec, r)
 			break
 		}
-		if !s.serveProcesses(rec, r, &info) && !s.serveFiles(rec, r, &info) {
+		if !s.serveEnvs(rec, r, &info) && !s.serveProcesses(rec, r, &info) && !s.serveFiles(rec, r, &info) && !s.serveTools(rec, r, &info) && !s.servePTY(rec, r, &info) {
 			writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 		}
 	}
@@ -547,13 +567,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		attrs = append(attrs, slog.Bool("cancelled", true))
 	}
 	level := slog.LevelInfo
-	if r.URL.Path == api.PathHealth && rec.status == http.StatusOK {
+	if isHealthPath(r.URL.Path) && rec.status == http.StatusOK {
 		// Kubelet probes would otherwise add a line every few seconds for
 		// the life of the sandbox.
 		level = slog.LevelDebug
 	}
 	s.log.LogAttrs(r.Context(), level, "request", attrs...)
-	if s.cfg.Audit != nil && r.URL.Path != api.PathHealth {
+	if s.cfg.Audit != nil && !isHealthPath(r.URL.Path) {
 		// Health checks are the kubelet's probes, not calls anyone makes
 		// on the sandbox.
 		e := AuditEntry{
@@ -638,7 +658,22 @@ func toolName(r *http.Request) string {
 		return "mcp_status"
 	case p == api.PathFlush:
 		return "flush"
-	case p == api.PathHealth:
+	case p == api.PathPTY:
+		return "pty_session"
+	case p == api.PathTools || strings.HasPrefix(p, api.PathTools+"/"):
+		return toolAuditName(r)
+	case p == api.PathExecute:
+		return "execute"
+	case p == api.PathEnvs && r.Method == http.MethodPost:
+		return "create_env"
+	case p == api.PathEnvs:
+		return "list_envs"
+	case strings.HasPrefix(p, api.PathEnvs+"/"):
+		if r.Method == http.MethodDelete {
+			return "delete_env"
+		}
+		return "get_env"
+	case isHealthPath(p):
 		return "health"
 	case strings.HasPrefix(p, api.PathStat):
 		return "stat_file"

@@ -15,6 +15,12 @@
 //	-audit-log           AGENTBOX_AUDIT_LOG           off
 //	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
 //	-mcp-servers         AGENTBOX_MCP_SERVERS         none (a JSON file: [{"name", "command", "args", "env", "dir"}])
+//	-env-dir             AGENTBOX_ENV_DIR             $TMPDIR/agentbox-envs (cached Python environments; empty: none)
+//	-env-max-size        AGENTBOX_ENV_MAX_SIZE        2GiB (with -env-max-count, 8: LRU eviction past either)
+//	-python-index        AGENTBOX_PYTHON_INDEX        the installer's default (PyPI, through the egress proxy)
+//	-python-extra-indexes AGENTBOX_PYTHON_EXTRA_INDEXES none (comma-separated)
+//	-python-allowed-packages AGENTBOX_PYTHON_ALLOWED_PACKAGES all (comma-separated project names)
+//	-uv                  AGENTBOX_UV                  uv, looked up in the commands' PATH; pip if absent
 //
 // The audit log is off unless a path is given. Its obvious default place,
 // /tmp, is the worst one in a sandbox: it is writable by the very code
@@ -59,6 +65,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/pyenv"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -86,6 +93,14 @@ type options struct {
 	auditLog         string
 	python           string
 	mcpServers       string
+	envDir           string
+	envMaxCount      int
+	envMaxSize       int64
+	envCreateTimeout time.Duration
+	pythonIndex      string
+	pythonExtra      []string
+	pythonAllowed    []string
+	uv               string
 	reapOrphans      bool
 	logLevel         slog.Level
 	showVersion      bool
@@ -126,7 +141,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs := flag.NewFlagSet("agentbox-supervisor", flag.ContinueOnError)
 	fs.SetOutput(out)
 	o := &options{}
-	var allowed, passEnv, logLevel, workspaceCap string
+	var allowed, passEnv, logLevel, workspaceCap, envMaxSize, pythonExtra, pythonAllowed string
 	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
 	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
 	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /healthz, for kubelet probes (which cannot present a client certificate)")
@@ -145,6 +160,14 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
 	fs.StringVar(&o.python, "python", env("AGENTBOX_PYTHON", supervisor.DefaultPython), "interpreter for python_exec: a name looked up in the commands' PATH, or a path")
 	fs.StringVar(&o.mcpServers, "mcp-servers", env("AGENTBOX_MCP_SERVERS", ""), "JSON file listing the template's stdio MCP servers ([{name, command, args, env, dir}]), started on boot and served at /mcp (default: none)")
+	fs.StringVar(&o.envDir, "env-dir", env("AGENTBOX_ENV_DIR", filepath.Join(os.TempDir(), "agentbox-envs")), "directory of the cached Python environments (/v1/envs, /v1/execute); empty turns them off")
+	fs.IntVar(&o.envMaxCount, "env-max-count", pyenv.DefaultMaxEnvs, "cached Python environments kept; past it the least recently used idle one is removed")
+	fs.StringVar(&envMaxSize, "env-max-size", env("AGENTBOX_ENV_MAX_SIZE", "2GiB"), "disk the cached Python environments may use together, as -workspace-cap; past it the least recently used idle ones are removed")
+	fs.DurationVar(&o.envCreateTimeout, "env-create-timeout", pyenv.DefaultCreateTimeout, "longest a Python environment may take to build")
+	fs.StringVar(&o.pythonIndex, "python-index", env("AGENTBOX_PYTHON_INDEX", ""), "package index (PEP 503 simple URL) environments install from (default: the installer's own)")
+	fs.StringVar(&pythonExtra, "python-extra-indexes", env("AGENTBOX_PYTHON_EXTRA_INDEXES", ""), "comma-separated extra package indexes")
+	fs.StringVar(&pythonAllowed, "python-allowed-packages", env("AGENTBOX_PYTHON_ALLOWED_PACKAGES", ""), "comma-separated projects environments may install, dependencies included (default: any)")
+	fs.StringVar(&o.uv, "uv", env("AGENTBOX_UV", "uv"), "uv to build environments with, looked up in the commands' PATH; when absent (or empty) venv and pip are used")
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -170,6 +193,13 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	if o.workspaceCap, err = parseSize(workspaceCap); err != nil {
 		return nil, fmt.Errorf("-workspace-cap: %w", err)
 	}
+	if o.envMaxSize, err = parseSize(envMaxSize); err != nil {
+		return nil, fmt.Errorf("-env-max-size: %w", err)
+	}
+	if o.envMaxCount <= 0 || o.envCreateTimeout <= 0 {
+		return nil, fmt.Errorf("-env-max-count and -env-create-timeout must be positive")
+	}
+	o.pythonExtra, o.pythonAllowed = splitList(pythonExtra), splitList(pythonAllowed)
 	o.passEnv = splitList(passEnv)
 	if o.passEnv == nil {
 		o.passEnv = []string{}
@@ -287,6 +317,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		ProcessKillGrace:      o.killGrace,
 		PassEnv:               o.passEnv,
 		Python:                o.python,
+		Execute:               executeConfig(o),
 		Audit:                 audit,
 		Version:               version,
 		Logger:                log,
@@ -339,7 +370,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		ReadTimeout:       time.Minute,
 		// A response is written after the command ends, so the write
 		// deadline has to outlast the longest command.
-		WriteTimeout: o.maxTimeout + time.Minute,
+		// /v1/execute may build an environment before its run.
+		WriteTimeout: o.maxTimeout + o.envCreateTimeout + time.Minute,
 		IdleTimeout:  2 * time.Minute,
 		BaseContext:  func(net.Listener) context.Context { return base },
 		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -480,6 +512,24 @@ func newMCPManager(o *options, log *slog.Logger) (*mcpbridge.Manager, error) {
 	})
 }
 
+// executeConfig is the configuration of /v1/execute and the environment
+// cache; an empty -env-dir leaves the cache off.
+func executeConfig(o *options) supervisor.ExecuteConfig {
+	c := supervisor.ExecuteConfig{UV: o.uv}
+	if o.envDir != "" {
+		c.Envs = &pyenv.Config{
+			Dir:             o.envDir,
+			IndexURL:        o.pythonIndex,
+			ExtraIndexURLs:  o.pythonExtra,
+			AllowedPackages: o.pythonAllowed,
+			MaxEnvs:         o.envMaxCount,
+			MaxBytes:        o.envMaxSize,
+			CreateTimeout:   o.envCreateTimeout,
+		}
+	}
+	return c
+}
+
 // mcpHandler keeps a nil *Manager from becoming a non-nil http.Handler.
 func mcpHandler(m *mcpbridge.Manager) http.Handler {
 	if m == nil {
@@ -515,7 +565,7 @@ func loadTLS(dir string, allowed []string) (*tls.Config, string, error) {
 
 func healthOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != supervisorapi.PathHealth {
+		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthSeed {
 			http.NotFound(w, r)
 			return
 		}

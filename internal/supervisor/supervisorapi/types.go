@@ -1,7 +1,8 @@
 // Package supervisorapi is the wire contract of the in-sandbox supervisor
-// and a Go client for it. It depends on the standard library only, so the
-// control plane can call the supervisor without importing the server and
-// the supervisor never links control-plane code.
+// and a Go client for it. It depends on the standard library and a
+// WebSocket library (for PTY sessions) only, so the control plane can call
+// the supervisor without importing the server and the supervisor never
+// links control-plane code.
 //
 // The supervisor serves HTTPS with mutual TLS on port 8443:
 //
@@ -20,6 +21,13 @@
 //	DELETE /v1/files/{path}        (?recursive=true for a directory)
 //	GET    /v1/stat/{path}         -> FileInfo
 //	GET    /v1/list/{path}         -> ListResult
+//	GET    /v1/tools               -> ToolCatalog (sandboxed tools; see tools.go)
+//	POST   /v1/tools/{name}        tool input -> tool output
+//	GET    /v1/pty                 WebSocket: interactive terminal (see pty.go)
+//
+// and seed 001's execution and environment endpoints (see execute.go):
+// POST /v1/execute, GET and POST /v1/envs, DELETE /v1/envs/{name}, and
+// GET /health as another name for /healthz.
 //
 // File paths are relative to the workspace (/workspace in a sandbox); an
 // absolute path is accepted only when it lies under the workspace. Each
@@ -157,13 +165,35 @@ type CommandResult struct {
 	DurationMS int64 `json:"duration_ms"`
 }
 
-// Health is the body of GET /healthz.
+// Health is the body of GET /healthz (and /health). The fields after
+// Workspace are seed 001's PodStatus, for routing runs to a sandbox that
+// has their environment cached.
 type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version"`
 	// Workspace is absent when the supervisor serves no workspace.
 	Workspace *WorkspaceUsage `json:"workspace,omitempty"`
+	// State is "busy" while commands run, else "warming" while
+	// environments are being built, else "idle".
+	State string `json:"state"`
+	// Environments are the cached Python environments; null when the
+	// supervisor keeps none.
+	Environments []EnvInfo `json:"environments"`
+	// EnvCache sums the cache up; absent when there is none.
+	EnvCache *EnvCache `json:"env_cache,omitempty"`
+	// Capacity is how many commands (python and execute runs included)
+	// may run at once, CurrentLoad how many do now.
+	Capacity      int   `json:"capacity"`
+	CurrentLoad   int   `json:"current_load"`
+	UptimeSeconds int64 `json:"uptime_seconds"`
 }
+
+// Values of Health.State.
+const (
+	StateIdle    = "idle"
+	StateBusy    = "busy"
+	StateWarming = "warming"
+)
 
 // WorkspaceUsage reports how much of the workspace cap is used. UsedBytes
 // is the sum of the apparent sizes of the regular files under the
@@ -261,6 +291,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusConflict
 	case CodeWorkspaceFull:
 		return http.StatusInsufficientStorage
+	case CodeEnvBuildFailed:
+		return http.StatusUnprocessableEntity
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
 	case CodePayloadTooLarge:

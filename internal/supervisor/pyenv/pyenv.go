@@ -1,0 +1,1062 @@
+// Package pyenv keeps the sandbox's cached Python virtual environments
+// (seed 001's /envs): one per name or per requirement set, built once and
+// reused by every run that asks for the same thing, and evicted least
+// recently used first when there are too many of them or they take too
+// much disk.
+//
+// An environment is built with uv when the supervisor finds it, else with
+// python3 -m venv --without-pip and pip running from outside the
+// environment (pip --python): the environment then holds only what was
+// asked for, which keeps it small and makes its size on disk a fair
+// measure for eviction. Packages come only from the configured indexes;
+// requirements are names with version specifiers, never URLs or paths, and
+// with an allowlist every name is checked before anything is installed
+// and every package that was installed (dependencies too) after.
+//
+// The package starts no process itself: every build step goes through the
+// Runner the supervisor gives it, so builds share the commands'
+// confinement (own process group, killed when the build is cancelled or
+// times out, tracked for shutdown and by the orphan reaper).
+package pyenv
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultMaxEnvs             = 8
+	DefaultMaxBytes            = 2 << 30
+	DefaultCreateTimeout       = 5 * time.Minute
+	DefaultMaxConcurrentBuilds = 2
+)
+
+// metaFile marks a finished environment; a directory without it is a build
+// that did not complete and is removed.
+const metaFile = "agentbox-env.json"
+
+// installerDir holds a pip for building environments when the base
+// interpreter has none (Debian's python3 without python3-pip).
+const installerDir = ".installer"
+
+// Runner runs one build step, argv in dir with exactly env, and waits for
+// it. It kills the step's whole process group when ctx is done. exitCode
+// is -1 when the step was ended by a signal; err is for a step that could
+// not be started or waited for.
+type Runner func(ctx context.Context, argv, env []string, dir string, stdout, stderr io.Writer) (exitCode int, err error)
+
+// Config configures a Manager.
+type Config struct {
+	// Dir holds the environments, one directory each. It is created if
+	// missing. Directories in it that are not finished environments are
+	// removed when the Manager starts: they are builds a crash cut short.
+	Dir string
+	// Python is the base interpreter, a path or a name the Runner looks up.
+	// Empty means "python3".
+	Python string
+	// UV is the path of uv; empty means build with venv and pip.
+	UV string
+	// IndexURL is the package index (PEP 503 "simple" URL); empty means
+	// the installer's default. ExtraIndexURLs are searched too.
+	IndexURL       string
+	ExtraIndexURLs []string
+	// AllowedPackages, when not empty, are the only projects that may be
+	// installed, dependencies included. Names are compared normalised
+	// (PEP 503).
+	AllowedPackages []string
+	// MaxEnvs and MaxBytes bound the environments kept and their total size
+	// on disk; past either the least recently used idle environments are
+	// removed. An environment in use is never removed, so the bounds can
+	// be passed while runs hold environments. Zero means the defaults.
+	MaxEnvs  int
+	MaxBytes int64
+	// CreateTimeout bounds one environment's build. Zero means
+	// DefaultCreateTimeout.
+	CreateTimeout time.Duration
+	// MaxConcurrentBuilds bounds builds running at once; more wait.
+	MaxConcurrentBuilds int
+	// Env is the environment of build steps (PATH, HOME, LANG, proxies);
+	// the manager adds the variables that keep pip and uv from reading
+	// configuration files.
+	Env []string
+	// Run runs build steps. Required.
+	Run    Runner
+	Logger *slog.Logger
+}
+
+// Kind classifies an Error.
+type Kind int
+
+const (
+	// KindInvalid is a request that is malformed.
+	KindInvalid Kind = iota + 1
+	// KindNotAllowed is a package or index outside the configuration.
+	KindNotAllowed
+	// KindNotFound is a named environment that does not exist.
+	KindNotFound
+	// KindBuildFailed is an installer that failed: a requirement that
+	// cannot be satisfied, an index that cannot be reached.
+	KindBuildFailed
+	// KindTimeout is a build that ran out of time.
+	KindTimeout
+	// KindTooLarge is an environment larger than MaxBytes on its own.
+	KindTooLarge
+	// KindBusy is an environment being built when it was to be deleted.
+	KindBusy
+	// KindUnavailable is a manager that is closed or shutting down.
+	KindUnavailable
+)
+
+// Error is an error of the manager, with a message meant for the caller.
+type Error struct {
+	Kind Kind
+	Msg  string
+	Err  error
+}
+
+func (e *Error) Error() string { return e.Msg }
+func (e *Error) Unwrap() error { return e.Err }
+
+func errorf(kind Kind, format string, args ...any) *Error {
+	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+}
+
+// KindOf returns the Kind of the *Error in err's chain, or 0.
+func KindOf(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return 0
+}
+
+// Info describes one environment.
+type Info struct {
+	Name string
+	// Requirements are as asked for, in canonical spelling; Packages are
+	// what is installed, "name==version", dependencies included.
+	Requirements  []string
+	Packages      []string
+	PythonVersion string
+	// SizeBytes is the disk the environment's directory uses, measured
+	// when it was built.
+	SizeBytes  int64
+	CreatedAt  time.Time
+	LastUsedAt time.Time
+	// InUse counts the runs holding the environment now.
+	InUse int
+	// Dir is the environment's directory (its sys.prefix).
+	Dir string
+}
+
+// Stats sums up the cache.
+type Stats struct {
+	Count, MaxCount int
+	Bytes, MaxBytes int64
+	// Building counts environments being built now.
+	Building int
+	// Installer is "uv" or "pip".
+	Installer string
+}
+
+// Request asks for an environment.
+type Request struct {
+	// Name names the environment. Empty means one named after the
+	// requirement set, shared by every request for the same set.
+	Name string
+	// Requirements to install. A named environment that exists with
+	// other requirements is rebuilt with these; without requirements, a
+	// named environment is used as it is.
+	Requirements []string
+	// IndexURL replaces the configured index for this environment. With
+	// indexes configured it must be one of them; without, any http(s) URL
+	// is taken (the sandbox's egress policy then decides).
+	IndexURL string
+	// CreateEmpty builds an empty environment for a Name that does not
+	// exist and comes without requirements; otherwise that is KindNotFound.
+	CreateEmpty bool
+}
+
+// Manager owns the environments in Config.Dir.
+type Manager struct {
+	cfg     Config
+	dir     string
+	allowed map[string]bool
+	log     *slog.Logger
+	lock    *os.File
+
+	ctx    context.Context // cancelled by Close; builds run under it
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sem    chan struct{}
+
+	mu     sync.Mutex
+	envs   map[string]*env
+	builds map[string]*build
+	closed bool
+
+	installerMu sync.Mutex
+	installer   []string // argv prefix that runs pip, once found
+}
+
+type env struct {
+	name      string
+	dir       string
+	spec      spec
+	packages  []string
+	pyVersion string
+	size      int64
+	created   time.Time
+	lastUsed  time.Time
+	users     int
+	// retired: no longer in the index (evicted, deleted or replaced); its
+	// directory goes when the last user releases it.
+	retired bool
+}
+
+type build struct {
+	spec spec
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// meta is the content of metaFile.
+type meta struct {
+	Name          string    `json:"name"`
+	Spec          spec      `json:"spec"`
+	Packages      []string  `json:"packages"`
+	PythonVersion string    `json:"python_version"`
+	SizeBytes     int64     `json:"size_bytes"`
+	CreatedAt     time.Time `json:"created_at"`
+}
+
+// New opens (creating it if needed) the environment directory, takes its
+// lock, removes unfinished builds and loads the finished environments.
+// Only one Manager may use a directory at a time: a second one would
+// remove the first one's builds in progress as unfinished.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("pyenv: no directory")
+	}
+	if cfg.Run == nil {
+		return nil, errors.New("pyenv: no runner")
+	}
+	if cfg.Python == "" {
+		cfg.Python = "python3"
+	}
+	if cfg.MaxEnvs <= 0 {
+		cfg.MaxEnvs = DefaultMaxEnvs
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.CreateTimeout <= 0 {
+		cfg.CreateTimeout = DefaultCreateTimeout
+	}
+	if cfg.MaxConcurrentBuilds <= 0 {
+		cfg.MaxConcurrentBuilds = DefaultMaxConcurrentBuilds
+	}
+	indexes := cfg.ExtraIndexURLs
+	if cfg.IndexURL != "" {
+		indexes = append([]string{cfg.IndexURL}, indexes...)
+	}
+	for _, u := range indexes {
+		if err := checkIndexURL(u); err != nil {
+			return nil, fmt.Errorf("pyenv: %w", err)
+		}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	allowed := map[string]bool{}
+	for _, n := range cfg.AllowedPackages {
+		if n = strings.TrimSpace(n); n != "" {
+			allowed[NormalizeName(n)] = true
+		}
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("pyenv: %w", err)
+	}
+	// Private: the environments are code every run imports.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("pyenv: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("pyenv: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("pyenv: %s is in use by another process", dir)
+		}
+		return nil, fmt.Errorf("pyenv: lock %s: %w", dir, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		cfg: cfg, dir: dir, allowed: allowed, log: log, lock: lock,
+		ctx: ctx, cancel: cancel,
+		sem:    make(chan struct{}, cfg.MaxConcurrentBuilds),
+		envs:   map[string]*env{},
+		builds: map[string]*build{},
+	}
+	m.load()
+	return m, nil
+}
+
+// load takes in the finished environments found in the directory and
+// removes everything else of the manager's.
+func (m *Manager) load() {
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		m.log.Warn("reading the environment directory failed", "dir", m.dir, "error", err.Error())
+		return
+	}
+	var remove []string
+	for _, de := range entries {
+		name := de.Name()
+		if name == ".lock" || name == installerDir {
+			continue
+		}
+		p := filepath.Join(m.dir, name)
+		e, err := readMeta(p)
+		if err != nil {
+			m.log.Info("removing an unfinished environment", "dir", p, "reason", err.Error())
+			remove = append(remove, p)
+			continue
+		}
+		if old := m.envs[e.name]; old != nil {
+			if old.created.After(e.created) {
+				remove = append(remove, p)
+				continue
+			}
+			remove = append(remove, old.dir)
+		}
+		m.envs[e.name] = e
+	}
+	remove = append(remove, m.enforceLocked(nil)...)
+	m.removeDirs(remove)
+	if len(m.envs) > 0 {
+		m.log.Info("loaded cached environments", "count", len(m.envs), "dir", m.dir)
+	}
+}
+
+func readMeta(dir string) (*env, error) {
+	data, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		return nil, fmt.Errorf("no %s", metaFile)
+	}
+	var md meta
+	if err := json.Unmarshal(data, &md); err != nil {
+		return nil, fmt.Errorf("%s: %w", metaFile, err)
+	}
+	if err := ValidName(md.Name); err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(filepath.Base(dir), md.Name+".") {
+		return nil, fmt.Errorf("directory does not match the name %q", md.Name)
+	}
+	return &env{
+		name: md.Name, dir: dir, spec: md.Spec, packages: md.Packages, pyVersion: md.PythonVersion,
+		size: md.SizeBytes, created: md.CreatedAt, lastUsed: md.CreatedAt,
+	}, nil
+}
+
+// Close cancels the builds in progress (their steps are killed and their
+// directories removed), waits for them and releases the directory.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	return m.lock.Close()
+}
+
+// Dir is the directory holding the environments.
+func (m *Manager) Dir() string { return m.dir }
+
+// Lease is an environment held for a run; it is not evicted or removed
+// until released.
+type Lease struct {
+	m    *Manager
+	e    *env
+	once sync.Once
+}
+
+// Dir is the environment's directory, for VIRTUAL_ENV.
+func (l *Lease) Dir() string { return l.e.dir }
+
+// Python is the environment's interpreter.
+func (l *Lease) Python() string { return filepath.Join(l.e.dir, "bin", "python") }
+
+// Name is the environment's name.
+func (l *Lease) Name() string { return l.e.name }
+
+// Info describes the environment.
+func (l *Lease) Info() Info {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	return l.e.info()
+}
+
+// Release gives the environment back; it may be evicted from then on.
+func (l *Lease) Release() {
+	l.once.Do(func() {
+		m := l.m
+		m.mu.Lock()
+		e := l.e
+		e.users--
+		e.lastUsed = time.Now()
+		var remove []string
+		if e.retired {
+			if e.users == 0 {
+				remove = append(remove, e.dir)
+			}
+		} else {
+			// Limits passed while this was in use are enforced now.
+			remove = m.enforceLocked(nil)
+		}
+		m.mu.Unlock()
+		m.removeDirs(remove)
+	})
+}
+
+// Ensure returns a lease on the environment r asks for, building it if
+// needed. created reports whether this call built it. Concurrent calls for
+// the same environment share one build; a caller whose ctx ends stops
+// waiting, but the build goes on for the others and for the cache.
+func (m *Manager) Ensure(ctx context.Context, r Request) (lease *Lease, created bool, err error) {
+	name, sp, asIs, err := m.resolve(r)
+	if err != nil {
+		return nil, false, err
+	}
+	for range 4 {
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			return nil, false, errorf(KindUnavailable, "the environment cache is shutting down")
+		}
+		if e := m.envs[name]; e != nil && (asIs || e.spec.equal(sp)) {
+			e.users++
+			e.lastUsed = time.Now()
+			m.mu.Unlock()
+			return &Lease{m: m, e: e}, created, nil
+		}
+		b := m.builds[name]
+		leader := false
+		if b == nil {
+			if asIs && !r.CreateEmpty {
+				m.mu.Unlock()
+				return nil, false, errorf(KindNotFound, "environment %q does not exist (it may have been evicted); send its requirements to create it", name)
+			}
+			b = m.startBuildLocked(name, sp)
+			leader = true
+		}
+		m.mu.Unlock()
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("waiting for environment %q: %w", name, context.Cause(ctx))
+		}
+		if b.err != nil && (leader || asIs || b.spec.equal(sp)) {
+			return nil, false, b.err
+		}
+		created = created || leader
+	}
+	return nil, false, errorf(KindBusy, "environment %q keeps changing under concurrent requests; try again", name)
+}
+
+// resolve validates r and works out the environment's name and spec; asIs
+// means the request names an environment without saying what it holds.
+func (m *Manager) resolve(r Request) (name string, sp spec, asIs bool, err error) {
+	reqs, perr := ParseRequirements(r.Requirements)
+	if perr != nil {
+		return "", spec{}, false, &Error{Kind: KindInvalid, Msg: perr.Error(), Err: perr}
+	}
+	if len(m.allowed) > 0 {
+		var refused []string
+		for _, q := range reqs {
+			if !m.allowed[q.Name] {
+				refused = append(refused, q.Name)
+			}
+		}
+		if len(refused) > 0 {
+			return "", spec{}, false, errorf(KindNotAllowed, "package %s not on this sandbox's allowlist; nothing was installed", quoteList(refused))
+		}
+	}
+	sp.IndexURL, sp.ExtraIndexes = m.cfg.IndexURL, m.cfg.ExtraIndexURLs
+	if r.IndexURL != "" {
+		if err := checkIndexURL(r.IndexURL); err != nil {
+			return "", spec{}, false, &Error{Kind: KindInvalid, Msg: err.Error(), Err: err}
+		}
+		configured := slices.DeleteFunc(append([]string{m.cfg.IndexURL}, m.cfg.ExtraIndexURLs...), func(u string) bool { return u == "" })
+		if len(configured) > 0 && !slices.Contains(configured, r.IndexURL) {
+			return "", spec{}, false, errorf(KindNotAllowed, "python_index %q is not one of this sandbox's package indexes", r.IndexURL)
+		}
+		sp.IndexURL = r.IndexURL
+		sp.ExtraIndexes = slices.DeleteFunc(slices.Clone(m.cfg.ExtraIndexURLs), func(u string) bool { return u == r.IndexURL })
+	}
+	for _, q := range reqs {
+		sp.Requirements = append(sp.Requirements, q.String)
+	}
+	name = r.Name
+	switch {
+	case name != "":
+		if err := ValidName(name); err != nil {
+			return "", spec{}, false, &Error{Kind: KindInvalid, Msg: err.Error(), Err: err}
+		}
+	case len(reqs) == 0:
+		return "", spec{}, false, errorf(KindInvalid, "an environment needs a name or requirements")
+	default:
+		name = "reqs-" + sp.key()[:16]
+	}
+	// A named environment without requirements is used as it is, whatever
+	// index it came from: an index alone must not rebuild it empty.
+	return name, sp, len(reqs) == 0, nil
+}
+
+func checkIndexURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("package index %q is not an http(s) URL", s)
+	}
+	return nil
+}
+
+func quoteList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	if len(q) == 1 {
+		return q[0] + " is"
+	}
+	return strings.Join(q, ", ") + " are"
+}
+
+func (m *Manager) startBuildLocked(name string, sp spec) *build {
+	b := &build{spec: sp, done: make(chan struct{})}
+	m.builds[name] = b
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		start := time.Now()
+		e, err := m.build(name, sp)
+		m.mu.Lock()
+		delete(m.builds, name)
+		var remove []string
+		if err == nil {
+			remove, err = m.installLocked(e)
+		}
+		m.mu.Unlock()
+		// Evicted and replaced directories are gone before any caller
+		// hears of the result, so that disk use is back under the limit.
+		m.removeDirs(remove)
+		b.err = err
+		close(b.done)
+		if err != nil {
+			m.log.Warn("building a Python environment failed", "env", name, "requirements", sp.Requirements,
+				"duration_ms", time.Since(start).Milliseconds(), "error", err.Error())
+			return
+		}
+		m.log.Info("built a Python environment", "env", name, "requirements", sp.Requirements, "packages", len(e.packages),
+			"size_bytes", e.size, "duration_ms", time.Since(start).Milliseconds())
+	}()
+	return b
+}
+
+// installLocked puts a built environment in the index in place of any of
+// the same name, then evicts to the limits. It returns the directories to
+// remove once the lock is released.
+func (m *Manager) installLocked(e *env) ([]string, error) {
+	if e.size > m.cfg.MaxBytes {
+		return []string{e.dir}, errorf(KindTooLarge, "environment %q takes %d bytes on disk, more than the cache's %d; it was removed", e.name, e.size, m.cfg.MaxBytes)
+	}
+	if m.closed {
+		return []string{e.dir}, errorf(KindUnavailable, "the environment cache is shutting down")
+	}
+	var remove []string
+	if old := m.envs[e.name]; old != nil {
+		remove = append(remove, m.retireLocked(old)...)
+	}
+	e.lastUsed = time.Now()
+	m.envs[e.name] = e
+	return append(remove, m.enforceLocked(e)...), nil
+}
+
+// retireLocked takes e out of the index; its directory is returned for
+// removal now, or removed when its last user releases it.
+func (m *Manager) retireLocked(e *env) []string {
+	delete(m.envs, e.name)
+	e.retired = true
+	if e.users == 0 {
+		return []string{e.dir}
+	}
+	return nil
+}
+
+// enforceLocked evicts idle environments, least recently used first,
+// until the count and size limits hold or only environments in use (and
+// keep, just built) are left.
+func (m *Manager) enforceLocked(keep *env) []string {
+	var remove []string
+	for {
+		var total int64
+		for _, e := range m.envs {
+			total += e.size
+		}
+		if len(m.envs) <= m.cfg.MaxEnvs && total <= m.cfg.MaxBytes {
+			return remove
+		}
+		var victim *env
+		for _, e := range m.envs {
+			if e == keep || e.users > 0 {
+				continue
+			}
+			if victim == nil || e.lastUsed.Before(victim.lastUsed) {
+				victim = e
+			}
+		}
+		if victim == nil {
+			return remove
+		}
+		m.log.Info("evicting a Python environment", "env", victim.name, "size_bytes", victim.size,
+			"last_used", victim.lastUsed, "count", len(m.envs), "total_bytes", total)
+		remove = append(remove, m.retireLocked(victim)...)
+	}
+}
+
+func (m *Manager) removeDirs(dirs []string) {
+	for _, d := range dirs {
+		if err := os.RemoveAll(d); err != nil {
+			m.log.Warn("removing an environment directory failed", "dir", d, "error", err.Error())
+		}
+	}
+}
+
+// Delete removes the named environment. One in use is removed from the
+// index at once and from disk when its runs end.
+func (m *Manager) Delete(name string) (Info, error) {
+	m.mu.Lock()
+	if m.builds[name] != nil {
+		m.mu.Unlock()
+		return Info{}, errorf(KindBusy, "environment %q is being built; delete it when the build has finished", name)
+	}
+	e := m.envs[name]
+	if e == nil {
+		m.mu.Unlock()
+		return Info{}, errorf(KindNotFound, "environment %q does not exist", name)
+	}
+	info := e.info()
+	remove := m.retireLocked(e)
+	m.mu.Unlock()
+	m.removeDirs(remove)
+	return info, nil
+}
+
+// List describes the environments, sorted by name.
+func (m *Manager) List() []Info {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Info, 0, len(m.envs))
+	for _, e := range m.envs {
+		out = append(out, e.info())
+	}
+	slices.SortFunc(out, func(a, b Info) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Stats sums up the cache.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := Stats{Count: len(m.envs), MaxCount: m.cfg.MaxEnvs, MaxBytes: m.cfg.MaxBytes, Building: len(m.builds), Installer: "pip"}
+	if m.cfg.UV != "" {
+		s.Installer = "uv"
+	}
+	for _, e := range m.envs {
+		s.Bytes += e.size
+	}
+	return s
+}
+
+func (e *env) info() Info {
+	return Info{
+		Name: e.name, Requirements: slices.Clone(e.spec.Requirements), Packages: slices.Clone(e.packages),
+		PythonVersion: e.pyVersion, SizeBytes: e.size, CreatedAt: e.created, LastUsedAt: e.lastUsed,
+		InUse: e.users, Dir: e.dir,
+	}
+}
+
+// build makes the environment in a fresh directory. On any failure the
+// directory is removed, so no half-built environment is ever found.
+func (m *Manager) build(name string, sp spec) (_ *env, err error) {
+	select {
+	case m.sem <- struct{}{}:
+		defer func() { <-m.sem }()
+	case <-m.ctx.Done():
+		return nil, errorf(KindUnavailable, "the environment cache is shutting down")
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.CreateTimeout)
+	defer cancel()
+	dir := filepath.Join(m.dir, name+"."+randomSuffix())
+	defer func() {
+		if err != nil {
+			if rmErr := os.RemoveAll(dir); rmErr != nil {
+				m.log.Warn("removing a failed build failed", "dir", dir, "error", rmErr.Error())
+			}
+		}
+	}()
+	stepErr := func(what string, err error) error {
+		switch {
+		case m.ctx.Err() != nil:
+			return errorf(KindUnavailable, "building environment %q was cancelled: the supervisor is shutting down", name)
+		case ctx.Err() != nil:
+			return &Error{Kind: KindTimeout, Msg: fmt.Sprintf("building environment %q timed out after %s (while %s); nothing was kept", name, m.cfg.CreateTimeout, what), Err: err}
+		}
+		return &Error{Kind: KindBuildFailed, Msg: fmt.Sprintf("environment %q: %s failed: %v; nothing was kept", name, what, err), Err: err}
+	}
+
+	python := filepath.Join(dir, "bin", "python")
+	if m.cfg.UV != "" {
+		if err := m.step(ctx, []string{m.cfg.UV, "venv", "--python", m.cfg.Python, dir}); err != nil {
+			return nil, stepErr("creating the virtual environment", err)
+		}
+	} else {
+		if err := m.step(ctx, []string{m.cfg.Python, "-m", "venv", "--without-pip", dir}); err != nil {
+			return nil, stepErr("creating the virtual environment", err)
+		}
+	}
+	if len(sp.Requirements) > 0 {
+		var argv []string
+		if m.cfg.UV != "" {
+			argv = []string{m.cfg.UV, "pip", "install", "--python", python}
+		} else {
+			pip, err := m.pip(ctx)
+			if err != nil {
+				return nil, stepErr("finding pip", err)
+			}
+			argv = append(slices.Clone(pip), "--python", python, "install", "--no-input", "--disable-pip-version-check", "--no-cache-dir")
+		}
+		if sp.IndexURL != "" {
+			argv = append(argv, "--index-url", sp.IndexURL)
+		}
+		for _, u := range sp.ExtraIndexes {
+			argv = append(argv, "--extra-index-url", u)
+		}
+		// Requirements never start with "-" (ParseRequirement), and "--"
+		// makes sure no installer reads one as an option.
+		argv = append(append(argv, "--"), sp.Requirements...)
+		if err := m.step(ctx, argv); err != nil {
+			return nil, stepErr("installing "+strings.Join(sp.Requirements, " "), err)
+		}
+	}
+
+	e := &env{name: name, dir: dir, spec: sp, created: time.Now()}
+	installed, err := installedPackages(dir)
+	if err != nil {
+		return nil, stepErr("listing the installed packages", err)
+	}
+	if len(m.allowed) > 0 {
+		var refused []string
+		for _, p := range installed {
+			if !m.allowed[p.name] {
+				refused = append(refused, p.name)
+			}
+		}
+		if len(refused) > 0 {
+			return nil, errorf(KindNotAllowed, "installing %s pulled in dependencies not on this sandbox's allowlist: %s; the environment was removed",
+				strings.Join(sp.Requirements, " "), strings.Join(refused, ", "))
+		}
+	}
+	for _, p := range installed {
+		e.packages = append(e.packages, p.display+"=="+p.version)
+	}
+	e.pyVersion = pythonVersion(dir)
+	if e.size, err = diskUsage(dir); err != nil {
+		return nil, stepErr("measuring the environment", err)
+	}
+	md, err := json.Marshal(meta{Name: name, Spec: sp, Packages: e.packages, PythonVersion: e.pyVersion, SizeBytes: e.size, CreatedAt: e.created})
+	if err != nil {
+		return nil, stepErr("writing its metadata", err)
+	}
+	// Written last, and atomically: its presence is what marks the build
+	// finished.
+	tmp := filepath.Join(dir, metaFile+".tmp")
+	if err := os.WriteFile(tmp, md, 0o600); err != nil {
+		return nil, stepErr("writing its metadata", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, metaFile)); err != nil {
+		return nil, stepErr("writing its metadata", err)
+	}
+	return e, nil
+}
+
+// buildEnv is the environment of build steps: the configured one, minus
+// whatever could point pip or uv elsewhere, plus settings that make them
+// ignore configuration files so the configured indexes are the only ones.
+func (m *Manager) buildEnv() []string {
+	out := make([]string, 0, len(m.cfg.Env)+8)
+	for _, kv := range m.cfg.Env {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "PIP_") || strings.HasPrefix(k, "UV_") || k == "VIRTUAL_ENV" || k == "PYTHONPATH" || k == "PYTHONHOME" {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out,
+		"PIP_CONFIG_FILE="+os.DevNull,
+		"PIP_NO_INPUT=1",
+		"PIP_DISABLE_PIP_VERSION_CHECK=1",
+		"UV_NO_CONFIG=1",
+		"UV_NO_CACHE=1",
+		"UV_PYTHON_DOWNLOADS=never",
+		"UV_NO_PROGRESS=1",
+	)
+}
+
+// step runs one build step and turns a failure into an error carrying the
+// end of its output, where installers say what went wrong.
+func (m *Manager) step(ctx context.Context, argv []string) error {
+	out := &tailBuffer{max: 16 << 10}
+	code, err := m.cfg.Run(ctx, argv, m.buildEnv(), m.dir, out, out)
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if code != 0 {
+		return fmt.Errorf("%s exited with status %d: %s", filepath.Base(argv[0]), code, out.summary())
+	}
+	return nil
+}
+
+// pip returns the argv prefix that runs a pip able to install into another
+// interpreter's environment (--python, pip 22.3 and later): the base
+// interpreter's own if it has one, else one in an installer environment
+// made once with ensurepip.
+func (m *Manager) pip(ctx context.Context) ([]string, error) {
+	m.installerMu.Lock()
+	defer m.installerMu.Unlock()
+	if m.installer != nil {
+		return m.installer, nil
+	}
+	candidates := [][]string{{m.cfg.Python, "-m", "pip"}}
+	installer := filepath.Join(m.dir, installerDir)
+	ipython := filepath.Join(installer, "bin", "python")
+	if _, err := os.Stat(ipython); err == nil {
+		candidates = append(candidates, []string{ipython, "-m", "pip"})
+	}
+	for _, c := range candidates {
+		if m.pipUsable(ctx, c) {
+			m.installer = c
+			return c, nil
+		}
+	}
+	// A fresh installer environment, built beside and renamed into place
+	// so that a half-made one is never used.
+	tmp := filepath.Join(m.dir, installerDir+"-"+randomSuffix())
+	defer os.RemoveAll(tmp)
+	if err := m.step(ctx, []string{m.cfg.Python, "-m", "venv", tmp}); err != nil {
+		return nil, fmt.Errorf("%s has no pip, and creating one with ensurepip failed (on Debian, install python3-venv): %w", m.cfg.Python, err)
+	}
+	_ = os.RemoveAll(installer)
+	if err := os.Rename(tmp, installer); err != nil {
+		return nil, err
+	}
+	c := []string{ipython, "-m", "pip"}
+	if !m.pipUsable(ctx, c) {
+		return nil, fmt.Errorf("the pip that ensurepip installed is older than 22.3 and cannot install into another environment")
+	}
+	m.installer = c
+	return c, nil
+}
+
+var pipVersionRE = regexp.MustCompile(`^pip (\d+)\.(\d+)`)
+
+func (m *Manager) pipUsable(ctx context.Context, argv []string) bool {
+	out := &tailBuffer{max: 4 << 10}
+	code, err := m.cfg.Run(ctx, append(slices.Clone(argv), "--version"), m.buildEnv(), m.dir, out, io.Discard)
+	if err != nil || code != 0 {
+		return false
+	}
+	v := pipVersionRE.FindStringSubmatch(strings.TrimSpace(out.String()))
+	if v == nil {
+		return false
+	}
+	major, _ := strconv.Atoi(v[1])
+	minor, _ := strconv.Atoi(v[2])
+	return major > 22 || major == 22 && minor >= 3
+}
+
+type installed struct{ name, display, version string }
+
+// installedPackages reads the distributions in the environment's
+// site-packages from their METADATA.
+func installedPackages(dir string) ([]installed, error) {
+	metas, err := filepath.Glob(filepath.Join(dir, "lib", "python*", "site-packages", "*.dist-info", "METADATA"))
+	if err != nil {
+		return nil, err
+	}
+	var out []installed
+	for _, p := range metas {
+		name, version, err := readDistMetadata(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, installed{name: NormalizeName(name), display: name, version: version})
+	}
+	slices.SortFunc(out, func(a, b installed) int { return strings.Compare(a.name, b.name) })
+	return out, nil
+}
+
+func readDistMetadata(path string) (name, version string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			break // the headers end at the first blank line
+		}
+		if v, ok := strings.CutPrefix(line, "Name:"); ok {
+			name = strings.TrimSpace(v)
+		} else if v, ok := strings.CutPrefix(line, "Version:"); ok {
+			version = strings.TrimSpace(v)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", "", err
+	}
+	if name == "" || version == "" {
+		return "", "", fmt.Errorf("%s names no Name or Version", path)
+	}
+	return name, version, nil
+}
+
+// pythonVersion reads the interpreter version venv or uv recorded.
+func pythonVersion(dir string) string {
+	data, err := os.ReadFile(filepath.Join(dir, "pyvenv.cfg"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		if k = strings.TrimSpace(k); k == "version" || k == "version_info" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// diskUsage is the space the files under dir take (allocated blocks, each
+// inode counted once), which is what fills a disk, rather than their
+// apparent sizes.
+func diskUsage(dir string) (int64, error) {
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]bool{}
+	var total int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			total += fi.Size()
+			return nil
+		}
+		k := inode{uint64(st.Dev), st.Ino}
+		if seen[k] {
+			return nil
+		}
+		seen[k] = true
+		total += st.Blocks * 512
+		return nil
+	})
+	return total, err
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
+
+// summary is the end of the output: the lines an installer prints last
+// say what failed, and the lines before are mostly progress.
+func (t *tailBuffer) summary() string {
+	lines := strings.Split(strings.TrimSpace(strings.ToValidUTF8(t.String(), "\uFFFD")), "\n")
+	var errLines []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "ERROR:") || strings.HasPrefix(l, "error:") || strings.HasPrefix(l, "  × ") || strings.HasPrefix(l, "  ╰─▶ ") {
+			errLines = append(errLines, strings.TrimSpace(l))
+		}
+	}
+	if len(errLines) == 0 {
+		errLines = lines[max(0, len(lines)-10):]
+	}
+	s := strings.Join(errLines, "\n")
+	if len(s) > 2000 {
+		s = "..." + strings.ToValidUTF8(s[len(s)-2000:], "")
+	}
+	if s == "" {
+		return "(no output)"
+	}
+	return s
+}

@@ -1,0 +1,331 @@
+package pyenv
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/pyenv/pyenvtest"
+)
+
+func TestParseRequirement(t *testing.T) {
+	for in, want := range map[string]Requirement{
+		"pandas":                               {"pandas", "pandas"},
+		"Pandas >= 2.0":                        {"pandas", "pandas>=2.0"},
+		"numpy==1.26.4":                        {"numpy", "numpy==1.26.4"},
+		"Foo.Bar_baz[Socks, a ,security]~=1.2": {"foo-bar-baz", "foo-bar-baz[a,security,socks]~=1.2"},
+		"x>=1,<2 ; python_version >= '3.8'":    {"x", "x>=1,<2; python_version >= '3.8'"},
+		"a-b":                                  {"a-b", "a-b"},
+		"zope.interface!=5.*":                  {"zope-interface", "zope-interface!=5.*"},
+	} {
+		got, err := ParseRequirement(in)
+		if err != nil || got != want {
+			t.Errorf("ParseRequirement(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{
+		"", " ", "-r requirements.txt", "--index-url=http://x", "-e .", "pkg @ https://example.invalid/pkg.whl",
+		"./local/dir", "/abs/path.whl", "http://example.invalid/x.whl", "pkg>=1 --hash=sha256:00", "a b", "pkg; os.system('x')\n",
+		"pkg==1\nother", "_leading", "trailing-", "pkg[", "pkg>=", "pkg\x00", strings.Repeat("a", MaxRequirementLength+1),
+	} {
+		if r, err := ParseRequirement(in); err == nil {
+			t.Errorf("ParseRequirement(%q) = %+v, want an error", in, r)
+		}
+	}
+	_, err := ParseRequirement("pkg @ https://example.invalid/pkg.whl")
+	if err == nil || !strings.Contains(err.Error(), "not URLs or paths") {
+		t.Errorf("direct reference: %v", err)
+	}
+
+	reqs, err := ParseRequirements([]string{"b", "A>=1", "b", "a >= 1"})
+	if err != nil || len(reqs) != 2 || reqs[0].String != "a>=1" || reqs[1].String != "b" {
+		t.Errorf("ParseRequirements = %+v, %v", reqs, err)
+	}
+	if _, err := ParseRequirements(make([]string, MaxRequirements+1)); err == nil {
+		t.Error("too many requirements accepted")
+	}
+}
+
+func TestValidName(t *testing.T) {
+	for _, ok := range []string{"data-analysis", "a", "A.b_c-1", strings.Repeat("x", MaxNameLength)} {
+		if err := ValidName(ok); err != nil {
+			t.Errorf("ValidName(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", ".installer", ".lock", "-x", "a/b", "..", "a b", "a\x00", strings.Repeat("x", MaxNameLength+1)} {
+		if ValidName(bad) == nil {
+			t.Errorf("ValidName(%q) accepted", bad)
+		}
+	}
+}
+
+// execRunner runs build steps as the supervisor does: own process group,
+// killed whole when ctx ends.
+func execRunner(ctx context.Context, argv, env []string, dir string, stdout, stderr io.Writer) (int, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		return exitErr.ExitCode(), nil
+	}
+	if err != nil {
+		return -1, err
+	}
+	return 0, nil
+}
+
+// hostPython is the system python3 with the venv module, or the test is
+// skipped.
+func hostPython(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/usr/bin/python3", "/usr/local/bin/python3"} {
+		if exec.Command(p, "-c", "import venv, ensurepip").Run() == nil {
+			return p
+		}
+	}
+	t.Skip("no python3 with venv and ensurepip (on Debian: apt-get install python3-venv)")
+	return ""
+}
+
+func newTestManager(t *testing.T, cfg Config) *Manager {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	if cfg.Python == "" {
+		cfg.Python = hostPython(t)
+	}
+	cfg.Run = execRunner
+	cfg.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir(), "LANG=C.UTF-8"}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+var greet = pyenvtest.Package{Name: "agentbox-greet", Version: "1.0", Files: map[string][]byte{
+	"agentbox_greet/__init__.py": []byte("def hello(who):\n    return 'hello ' + who\n"),
+}}
+
+// The manager alone, with a base interpreter that has no pip (a venv made
+// --without-pip): it makes its installer environment once with ensurepip
+// and builds with it; a second manager on the same directory is refused,
+// and a new one after it finds the environment again.
+func TestManagerInstallerEnvironmentAndReload(t *testing.T) {
+	base := hostPython(t)
+	nopip := filepath.Join(t.TempDir(), "nopip")
+	if out, err := exec.Command(base, "-m", "venv", "--without-pip", nopip).CombinedOutput(); err != nil {
+		t.Fatalf("venv: %v\n%s", err, out)
+	}
+	ix := pyenvtest.NewIndex(t, greet)
+	dir := t.TempDir()
+	m := newTestManager(t, Config{Dir: dir, Python: filepath.Join(nopip, "bin", "python"), IndexURL: ix.URL})
+
+	start := time.Now()
+	l, created, err := m.Ensure(context.Background(), Request{Name: "g", Requirements: []string{"agentbox-greet"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first build, installer environment included: %s", time.Since(start))
+	if !created || l.Name() != "g" {
+		t.Fatalf("created %v, name %q", created, l.Name())
+	}
+	out, err := exec.Command(l.Python(), "-c", "import agentbox_greet, sys; print(agentbox_greet.hello('x')); print('pip' in sys.modules)").Output()
+	if err != nil || string(out) != "hello x\nFalse\n" {
+		t.Fatalf("import from the environment: %q, %v", out, err)
+	}
+	if _, err := exec.Command(l.Python(), "-c", "import pip").Output(); err == nil {
+		t.Error("the environment has pip; it should hold only what was asked for")
+	}
+	if _, err := os.Stat(filepath.Join(dir, installerDir, "bin", "python")); err != nil {
+		t.Errorf("no installer environment: %v", err)
+	}
+	info := l.Info()
+	if info.InUse != 1 || len(info.Packages) != 1 || info.Packages[0] != "agentbox-greet==1.0" || info.SizeBytes <= 0 || info.PythonVersion == "" {
+		t.Errorf("info %+v", info)
+	}
+	l.Release()
+	l.Release() // idempotent
+
+	if _, err := New(Config{Dir: dir, Run: execRunner}); err == nil || !strings.Contains(err.Error(), "in use by another process") {
+		t.Fatalf("second manager on the same directory: %v", err)
+	}
+	// An unfinished build left by a crash is removed on start.
+	if err := os.MkdirAll(filepath.Join(dir, "half.1234", "bin"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	m2 := newTestManager(t, Config{Dir: dir, Python: filepath.Join(nopip, "bin", "python"), IndexURL: ix.URL})
+	if list := m2.List(); len(list) != 1 || list[0].Name != "g" || list[0].Packages[0] != "agentbox-greet==1.0" {
+		t.Fatalf("reloaded list %+v", list)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "half.1234")); !os.IsNotExist(err) {
+		t.Errorf("unfinished build left in place: %v", err)
+	}
+	l, created, err = m2.Ensure(context.Background(), Request{Name: "g"})
+	if err != nil || created {
+		t.Fatalf("reloaded environment by name: created %v, %v", created, err)
+	}
+	l.Release()
+	if _, _, err := m2.Ensure(context.Background(), Request{Name: "nope"}); KindOf(err) != KindNotFound {
+		t.Errorf("unknown name without requirements: %v", err)
+	}
+	if downloads := ix.Downloads("agentbox-greet"); downloads != 1 {
+		t.Errorf("%d downloads of the wheel, want 1", downloads)
+	}
+}
+
+// Leases keep environments from eviction and deletion; the limits are
+// enforced again when they are released.
+func TestManagerLeasesHoldOffEviction(t *testing.T) {
+	ix := pyenvtest.NewIndex(t, greet)
+	m := newTestManager(t, Config{IndexURL: ix.URL, MaxEnvs: 1})
+	ctx := context.Background()
+	a, _, err := m.Ensure(ctx, Request{Name: "a", CreateEmpty: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := m.Ensure(ctx, Request{Name: "b", CreateEmpty: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a is in use, so it stays although the limit is one.
+	if n := len(m.List()); n != 2 {
+		t.Fatalf("%d environments while both are held, want 2", n)
+	}
+	info, err := m.Delete("a")
+	if err != nil || info.InUse != 1 {
+		t.Fatalf("Delete in use: %+v, %v", info, err)
+	}
+	if _, err := os.Stat(a.Dir()); err != nil {
+		t.Fatalf("a deleted while in use lost its directory: %v", err)
+	}
+	a.Release()
+	if _, err := os.Stat(a.Dir()); !os.IsNotExist(err) {
+		t.Fatalf("a's directory outlived its last user: %v", err)
+	}
+	b.Release()
+	c, _, err := m.Ensure(ctx, Request{Name: "c", CreateEmpty: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Release()
+	if list := m.List(); len(list) != 1 || list[0].Name != "c" {
+		t.Fatalf("after c: %+v, want only c", list)
+	}
+	if _, err := os.Stat(b.Dir()); !os.IsNotExist(err) {
+		t.Fatalf("evicted b's directory remains: %v", err)
+	}
+}
+
+// The uv path, where uv is installed (it is not a Debian package, so the
+// project's machines usually lack it).
+func TestManagerWithUV(t *testing.T) {
+	uv, err := exec.LookPath("uv")
+	if err != nil {
+		t.Skip("uv is not installed; environments are built with venv and pip")
+	}
+	ix := pyenvtest.NewIndex(t, greet)
+	m := newTestManager(t, Config{UV: uv, IndexURL: ix.URL})
+	l, created, err := m.Ensure(context.Background(), Request{Requirements: []string{"agentbox-greet"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	out, err := exec.Command(l.Python(), "-c", "import agentbox_greet; print(agentbox_greet.hello('uv'))").Output()
+	if !created || err != nil || string(out) != "hello uv\n" || m.Stats().Installer != "uv" {
+		t.Fatalf("created %v, output %q, %v, stats %+v", created, out, err, m.Stats())
+	}
+}
+
+// Requests are checked against the configuration before anything runs.
+func TestManagerRefusesBeforeBuilding(t *testing.T) {
+	m := newTestManager(t, Config{
+		Python: "/nonexistent/python3", IndexURL: "http://127.0.0.1:9/simple/", ExtraIndexURLs: []string{"http://127.0.0.1:10/simple/"},
+		AllowedPackages: []string{"Numpy", "pandas"},
+	})
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		r    Request
+		kind Kind
+	}{
+		"unlisted package":   {Request{Requirements: []string{"numpy", "requests"}}, KindNotAllowed},
+		"normalised name ok": {Request{Name: "x"}, KindNotFound},
+		"other index":        {Request{Requirements: []string{"numpy"}, IndexURL: "http://127.0.0.1:11/simple/"}, KindNotAllowed},
+		"index not http":     {Request{Requirements: []string{"numpy"}, IndexURL: "file:///srv/wheels"}, KindInvalid},
+		"nothing asked":      {Request{}, KindInvalid},
+		"bad name":           {Request{Name: "a/b", Requirements: []string{"numpy"}}, KindInvalid},
+		"bad requirement":    {Request{Requirements: []string{"numpy @ http://127.0.0.1:9/x.whl"}}, KindInvalid},
+	} {
+		if _, _, err := m.Ensure(ctx, tc.r); KindOf(err) != tc.kind {
+			t.Errorf("%s: %v, want kind %d", name, err, tc.kind)
+		}
+	}
+	// An allowed request with the extra index as its own gets as far as the
+	// build, which fails for want of an interpreter, and leaves nothing.
+	_, _, err := m.Ensure(ctx, Request{Requirements: []string{"NUMPY"}, IndexURL: "http://127.0.0.1:10/simple/"})
+	if KindOf(err) != KindBuildFailed {
+		t.Fatalf("build without an interpreter: %v", err)
+	}
+	if entries, _ := os.ReadDir(m.Dir()); len(entries) != 1 || entries[0].Name() != ".lock" {
+		t.Errorf("left in the directory: %v", entries)
+	}
+	if _, err := New(Config{Dir: t.TempDir(), Run: execRunner, IndexURL: "ftp://x"}); err == nil {
+		t.Error("New accepted an index that is not http(s)")
+	}
+}
+
+// Concurrent requests for one environment share one build, and a caller
+// that stops waiting does not stop it.
+func TestManagerConcurrentEnsure(t *testing.T) {
+	ix := pyenvtest.NewIndex(t, greet)
+	m := newTestManager(t, Config{IndexURL: ix.URL})
+	req := Request{Requirements: []string{"agentbox-greet"}}
+	impatient, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := m.Ensure(impatient, req); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled caller: %v", err)
+	}
+	const n = 6
+	errs := make(chan error, n)
+	createdCount := make(chan bool, n)
+	for range n {
+		go func() {
+			l, created, err := m.Ensure(context.Background(), req)
+			if err == nil {
+				l.Release()
+			}
+			errs <- err
+			createdCount <- created
+		}()
+	}
+	built := 0
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		if <-createdCount {
+			built++
+		}
+	}
+	// The cancelled caller started the build; the others all waited for it
+	// or found it done.
+	if built != 0 || ix.Downloads("agentbox-greet") != 1 || len(m.List()) != 1 {
+		t.Fatalf("%d callers built, %d downloads, %d environments; want 0, 1, 1", built, ix.Downloads("agentbox-greet"), len(m.List()))
+	}
+}
