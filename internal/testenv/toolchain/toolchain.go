@@ -36,8 +36,9 @@ const (
 
 // DebianPackages are installed with apt when missing: the OCI runtime, the
 // netfilter tools kube-proxy and the CNI plugins drive, the CNI plugins
-// themselves, and busybox for the test images.
-var DebianPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static"}
+// themselves, busybox for the test images, and PostgreSQL, which the store's
+// tests start as a real server (internal/testenv/postgres).
+var DebianPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static", "postgresql"}
 
 //go:embed wrappers
 var wrappers embed.FS

@@ -1,0 +1,304 @@
+// Package postgres starts a throwaway PostgreSQL server for tests, from the
+// server binaries of the host's Debian packages (make testenv installs
+// them). The server listens only on a Unix socket in its own temporary
+// folder, never on TCP, and Stop leaves no process and no files behind.
+//
+// PostgreSQL refuses to run as root, so when the tests are root the server
+// runs as the "postgres" user the Debian package creates, or "nobody".
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+)
+
+// ErrNotInstalled means no PostgreSQL server binaries were found.
+var ErrNotInstalled = errors.New("postgresql server binaries (initdb, postgres) not found: install Debian's postgresql package (make testenv does)")
+
+// BinDirEnv overrides where the server binaries are looked up.
+const BinDirEnv = "AGENTBOX_POSTGRES_BIN"
+
+// port only names the socket file (.s.PGSQL.<port>): the server opens no
+// TCP port.
+const port = 5432
+
+// FindBinDir returns the folder holding initdb and postgres: $BinDirEnv,
+// else the newest /usr/lib/postgresql/<major>/bin, else the folder of
+// "postgres" on PATH.
+func FindBinDir() (string, error) {
+	if d := os.Getenv(BinDirEnv); d != "" {
+		if hasServer(d) {
+			return d, nil
+		}
+		return "", fmt.Errorf("%s=%s: %w", BinDirEnv, d, ErrNotInstalled)
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return majorOf(dirs[i]) > majorOf(dirs[j]) })
+	for _, d := range dirs {
+		if hasServer(d) {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("postgres"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		if d := filepath.Dir(p); hasServer(d) {
+			return d, nil
+		}
+	}
+	return "", ErrNotInstalled
+}
+
+func majorOf(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+func hasServer(dir string) bool {
+	for _, b := range []string{"initdb", "postgres"} {
+		if fi, err := os.Stat(filepath.Join(dir, b)); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Server is a running PostgreSQL server. Its superuser is "postgres",
+// trusted on the socket without a password.
+type Server struct {
+	// Version is the server's version line, e.g. "postgres (PostgreSQL) 15.18 ...".
+	Version string
+	// Dir holds the data folder, the socket and the server log.
+	Dir string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // the server's exit status, once done is closed
+}
+
+// Start initialises a database cluster in a new temporary folder and
+// starts a server on it, returning once it accepts connections. Log lines
+// go to Dir/server.log.
+func Start(ctx context.Context) (*Server, error) {
+	bin, err := FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	cred, owner, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	base := os.TempDir()
+	if cred != nil && !traversable(base) {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "agentbox-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("postgres temp dir: %w", err)
+	}
+	s := &Server{Dir: dir, done: make(chan struct{})}
+	fail := func(err error) (*Server, error) {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if owner != nil {
+		if err := os.Chown(dir, owner.uid, owner.gid); err != nil {
+			return fail(fmt.Errorf("give %s to %s: %w", dir, owner.name, err))
+		}
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fail(err)
+	}
+
+	out, err := exec.CommandContext(ctx, filepath.Join(bin, "postgres"), "--version").Output()
+	if err != nil {
+		return fail(fmt.Errorf("postgres --version: %w", err))
+	}
+	s.Version = strings.TrimSpace(string(out))
+
+	data := filepath.Join(dir, "data")
+	initdb := s.command(ctx, bin, "initdb", cred,
+		"-D", data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
+	var initOut bytes.Buffer
+	initdb.Stdout, initdb.Stderr = &initOut, &initOut
+	if err := initdb.Run(); err != nil {
+		return fail(fmt.Errorf("initdb: %w\n%s", err, initOut.String()))
+	}
+
+	logPath := filepath.Join(dir, "server.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return fail(err)
+	}
+	defer logFile.Close()
+	// The settings trade durability for speed (the data is thrown away)
+	// and keep the server off the network: listen_addresses is empty.
+	s.cmd = s.command(context.Background(), bin, "postgres", cred,
+		"-D", data, "-k", dir, "-p", strconv.Itoa(port),
+		"-c", "listen_addresses=",
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=200", "-c", "shared_buffers=32MB")
+	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
+	// Its own process group lets Stop kill stragglers; the death signal
+	// (SIGQUIT: immediate shutdown) stops it if the test binary dies.
+	s.cmd.SysProcAttr.Setpgid = true
+	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	if err := s.cmd.Start(); err != nil {
+		return fail(fmt.Errorf("start postgres: %w", err))
+	}
+	go func() {
+		s.err = s.cmd.Wait()
+		close(s.done)
+	}()
+	if err := s.waitReady(ctx, 60*time.Second); err != nil {
+		_ = s.Stop()
+		log, _ := os.ReadFile(logPath)
+		return nil, fmt.Errorf("%w\nserver log:\n%s", err, log)
+	}
+	return s, nil
+}
+
+func (s *Server) command(ctx context.Context, bin, name string, cred *syscall.Credential, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+	cmd.Dir = s.Dir
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C", "LC_ALL=C", "HOME=" + s.Dir, "TZ=UTC"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	return cmd
+}
+
+type account struct {
+	name     string
+	uid, gid int
+}
+
+// serverCredential picks the unprivileged account to run as when the
+// tests are root; it returns nils otherwise.
+func serverCredential() (*syscall.Credential, *account, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil, nil
+	}
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		uid, err1 := strconv.Atoi(u.Uid)
+		gid, err2 := strconv.Atoi(u.Gid)
+		if err1 != nil || err2 != nil || uid == 0 {
+			continue
+		}
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, &account{name: name, uid: uid, gid: gid}, nil
+	}
+	return nil, nil, errors.New("running as root and found neither a postgres nor a nobody user to run PostgreSQL as")
+}
+
+// traversable reports whether every folder down to dir can be entered by
+// other users, as the unprivileged server must reach its folder.
+func traversable(dir string) bool {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return false
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == filepath.Dir(d) {
+			return true
+		}
+	}
+}
+
+func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
+	db, err := sql.Open("pgx", s.DSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = db.PingContext(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("postgres exited before accepting connections: %v", s.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres did not accept connections within %s: %w", timeout, err)
+		}
+	}
+}
+
+// DSN returns a connection URL for the given database as the superuser.
+func (s *Server) DSN(database string) string {
+	q := url.Values{"host": {s.Dir}, "port": {strconv.Itoa(port)}, "sslmode": {"disable"}}
+	return (&url.URL{Scheme: "postgres", User: url.User("postgres"), Path: "/" + database, RawQuery: q.Encode()}).String()
+}
+
+// Pid is the postmaster's process id.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
+var dbName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// CreateDatabase creates an empty database and returns its DSN.
+func (s *Server) CreateDatabase(ctx context.Context, name string) (string, error) {
+	if !dbName.MatchString(name) {
+		return "", fmt.Errorf("database name %q: use lower-case letters, digits and _", name)
+	}
+	db, err := sql.Open("pgx", s.DSN("postgres"))
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE DATABASE "`+name+`"`); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	return s.DSN(name), nil
+}
+
+// Stop shuts the server down (fast shutdown, then SIGKILL to its process
+// group after 30 s), waits for it, and removes its folder.
+func (s *Server) Stop() error {
+	if s.cmd != nil && s.cmd.Process != nil {
+		select {
+		case <-s.done:
+		default:
+			_ = s.cmd.Process.Signal(syscall.SIGINT)
+			select {
+			case <-s.done:
+			case <-time.After(30 * time.Second):
+				_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+				<-s.done
+			}
+		}
+	}
+	if err := os.RemoveAll(s.Dir); err != nil {
+		return fmt.Errorf("remove %s: %w", s.Dir, err)
+	}
+	return nil
+}
