@@ -102,7 +102,7 @@ func workspaceMountPath(tpl *v1alpha1.SandboxTemplate) string {
 // default in the image.
 func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 	cp := pki.ControlPlaneID(r.TrustDomain, r.Namespace).String()
-	return []corev1.EnvVar{
+	return append([]corev1.EnvVar{
 		{Name: "AGENTBOX_SANDBOX", Value: workloadName(sbx)},
 		{Name: "AGENTBOX_SANDBOX_NAMESPACE", Value: sbx.Namespace},
 		{Name: "AGENTBOX_NAMESPACE", Value: r.Namespace},
@@ -113,7 +113,10 @@ func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.San
 		{Name: "AGENTBOX_LISTEN", Value: ":" + strconv.Itoa(v1alpha1.SupervisorPort)},
 		{Name: "AGENTBOX_TLS_DIR", Value: TLSMountPath},
 		{Name: "AGENTBOX_WORKDIR", Value: workspaceMountPath(tpl)},
-	}
+		// On the pod's /tmp emptyDir: it is the supervisor's own record of
+		// calls, kept out of the workspace that snapshots carry away.
+		{Name: "AGENTBOX_AUDIT_LOG", Value: supervisorAuditLog},
+	}, supervisorEnv(tpl)...)
 }
 
 // podEnv is the template's environment with the platform's variables

@@ -93,6 +93,9 @@ type options struct {
 	auditLog         string
 	python           string
 	mcpServers       string
+	mcpServersJSON   string
+	pythonTimeout    time.Duration
+	pythonMaxTimeout time.Duration
 	envDir           string
 	envMaxCount      int
 	envMaxSize       int64
@@ -142,6 +145,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.SetOutput(out)
 	o := &options{}
 	var allowed, passEnv, logLevel, workspaceCap, envMaxSize, pythonExtra, pythonAllowed string
+	var pythonTimeout, pythonMaxTimeout string
 	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
 	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
 	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /healthz, for kubelet probes (which cannot present a client certificate)")
@@ -159,6 +163,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
 	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
 	fs.StringVar(&o.python, "python", env("AGENTBOX_PYTHON", supervisor.DefaultPython), "interpreter for python_exec: a name looked up in the commands' PATH, or a path")
+	fs.StringVar(&o.mcpServersJSON, "mcp-servers-json", env("AGENTBOX_MCP_SERVERS_JSON", ""), "the same list as -mcp-servers, given inline as JSON (the control plane sets it from the template); not with -mcp-servers")
+	fs.StringVar(&pythonTimeout, "python-default-timeout", env("AGENTBOX_PYTHON_DEFAULT_TIMEOUT", supervisor.DefaultPythonTimeout.String()), "timeout of python_exec calls that give none")
+	fs.StringVar(&pythonMaxTimeout, "python-max-timeout", env("AGENTBOX_PYTHON_MAX_TIMEOUT", supervisor.DefaultPythonMaxTimeout.String()), "largest timeout a python_exec call may ask for")
 	fs.StringVar(&o.mcpServers, "mcp-servers", env("AGENTBOX_MCP_SERVERS", ""), "JSON file listing the template's stdio MCP servers ([{name, command, args, env, dir}]), started on boot and served at /mcp (default: none)")
 	fs.StringVar(&o.envDir, "env-dir", env("AGENTBOX_ENV_DIR", filepath.Join(os.TempDir(), "agentbox-envs")), "directory of the cached Python environments (/v1/envs, /v1/execute); empty turns them off")
 	fs.IntVar(&o.envMaxCount, "env-max-count", pyenv.DefaultMaxEnvs, "cached Python environments kept; past it the least recently used idle one is removed")
@@ -200,6 +207,15 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 		return nil, fmt.Errorf("-env-max-count and -env-create-timeout must be positive")
 	}
 	o.pythonExtra, o.pythonAllowed = splitList(pythonExtra), splitList(pythonAllowed)
+	if o.pythonTimeout, err = time.ParseDuration(pythonTimeout); err != nil || o.pythonTimeout <= 0 {
+		return nil, fmt.Errorf("-python-default-timeout: want a positive duration such as 30s, got %q", pythonTimeout)
+	}
+	if o.pythonMaxTimeout, err = time.ParseDuration(pythonMaxTimeout); err != nil || o.pythonMaxTimeout <= 0 {
+		return nil, fmt.Errorf("-python-max-timeout: want a positive duration such as 120s, got %q", pythonMaxTimeout)
+	}
+	// The template API promises that a default above the cap is cut to
+	// it, so that lowering only the cap is enough.
+	o.pythonTimeout = min(o.pythonTimeout, o.pythonMaxTimeout)
 	o.passEnv = splitList(passEnv)
 	if o.passEnv == nil {
 		o.passEnv = []string{}
@@ -317,6 +333,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		ProcessKillGrace:      o.killGrace,
 		PassEnv:               o.passEnv,
 		Python:                o.python,
+		PythonDefaultTimeout:  o.pythonTimeout,
+		PythonMaxTimeout:      o.pythonMaxTimeout,
 		Execute:               executeConfig(o),
 		Audit:                 audit,
 		Version:               version,
@@ -477,10 +495,20 @@ func stop(srv *http.Server, handler *supervisor.Server, cancelBase context.Cance
 // the pass-env variables and HOME (their directory), nothing else of the
 // supervisor's.
 func newMCPManager(o *options, log *slog.Logger) (*mcpbridge.Manager, error) {
-	if o.mcpServers == "" {
+	var (
+		servers []mcpbridge.ServerConfig
+		err     error
+	)
+	switch {
+	case o.mcpServers != "" && o.mcpServersJSON != "":
+		return nil, errors.New("-mcp-servers and -mcp-servers-json are exclusive")
+	case o.mcpServers != "":
+		servers, err = mcpbridge.LoadServers(o.mcpServers)
+	case o.mcpServersJSON != "":
+		servers, err = mcpbridge.ParseServers([]byte(o.mcpServersJSON))
+	default:
 		return nil, nil
 	}
-	servers, err := mcpbridge.LoadServers(o.mcpServers)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -463,4 +464,39 @@ func gone(pid int) bool {
 	}
 	i := strings.LastIndexByte(string(data), ')')
 	return i >= 0 && strings.HasPrefix(strings.TrimSpace(string(data[i+1:])), "Z")
+}
+
+// TestParseTemplateOptions covers the variables the controller sets from a
+// SandboxTemplate: the python_exec timeouts and the inline MCP servers.
+func TestParseTemplateOptions(t *testing.T) {
+	env := map[string]string{
+		"AGENTBOX_PYTHON_DEFAULT_TIMEOUT": "3m",
+		"AGENTBOX_PYTHON_MAX_TIMEOUT":     "90s",
+		"AGENTBOX_MCP_SERVERS_JSON":       `[{"name":"fs","command":"mcp-fs","args":["/workspace"]}]`,
+	}
+	getenv := func(k string) string { return env[k] }
+	o, err := parseOptions(nil, getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A default above the cap is cut to it, as the template API promises.
+	if o.pythonTimeout != 90*time.Second || o.pythonMaxTimeout != 90*time.Second {
+		t.Errorf("python timeouts %s / %s, want 1m30s / 1m30s", o.pythonTimeout, o.pythonMaxTimeout)
+	}
+	if o.mcpServersJSON != env["AGENTBOX_MCP_SERVERS_JSON"] {
+		t.Errorf("mcp servers json %q", o.mcpServersJSON)
+	}
+	for _, bad := range [][]string{{"-python-default-timeout", "soon"}, {"-python-max-timeout", "0s"}} {
+		if _, err := parseOptions(bad, getenv, io.Discard); err == nil {
+			t.Errorf("%v was accepted", bad)
+		}
+	}
+	o.mcpServers = "/etc/servers.json"
+	if _, err := newMCPManager(o, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "exclusive") {
+		t.Errorf("both MCP server sources: %v", err)
+	}
+	o.mcpServers, o.mcpServersJSON = "", `[{"name":"fs","command":"mcp-fs","bogus":1}]`
+	if _, err := newMCPManager(o, slog.New(slog.DiscardHandler)); err == nil {
+		t.Error("an MCP server list with an unknown field was accepted")
+	}
 }

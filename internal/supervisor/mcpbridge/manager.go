@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -56,21 +57,10 @@ const (
 	stderrTail = 4 << 10
 )
 
-// ServerConfig is one stdio MCP server of the template.
-type ServerConfig struct {
-	// Name is the {server} of /mcp/{server}: letters, digits, '.', '_'
-	// and '-', starting with a letter or digit, at most 64 bytes.
-	Name string `json:"name"`
-	// Command is the executable: a path, or a name looked up in the
-	// server's PATH (Env over the Manager's base environment).
-	Command string   `json:"command"`
-	Args    []string `json:"args,omitempty"`
-	// Env is merged over the Manager's base environment; the supervisor's
-	// own environment is never passed on.
-	Env map[string]string `json:"env,omitempty"`
-	// Dir is the working directory; empty means the Manager's DefaultDir.
-	Dir string `json:"dir,omitempty"`
-}
+// ServerConfig is one stdio MCP server of the template. It is the
+// supervisor API's type, because the control plane writes it (from the
+// SandboxTemplate) and the supervisor reads it.
+type ServerConfig = api.MCPServerConfig
 
 // ChildTracker is told about the processes the Manager starts. The
 // supervisor's orphan reaper must not reap them, or the exit status the

@@ -1,0 +1,68 @@
+package controller
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
+)
+
+// TestUnitSupervisorEnv checks that the template's python policy and MCP
+// servers reach the supervisor in the form its own parser reads, and that
+// a template cannot override them through its env.
+func TestUnitSupervisorEnv(t *testing.T) {
+	r := &SandboxReconciler{Namespace: "platform", TrustDomain: "td.example"}
+	tpl := unitTemplate("t")
+	tpl.Spec.Env = []corev1.EnvVar{{Name: "AGENTBOX_AUDIT_LOG", Value: "/workspace/hide-here"}}
+	tpl.Spec.Python = v1alpha1.PythonPolicy{
+		DefaultTimeout:  metav1.Duration{Duration: 20 * time.Second},
+		MaxTimeout:      metav1.Duration{Duration: 90 * time.Second},
+		IndexURL:        "https://pypi.internal.test/simple",
+		ExtraIndexURLs:  []string{"https://a.test/simple", "https://b.test/simple"},
+		AllowedPackages: []string{"numpy", "pandas"},
+	}
+	tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}}}
+	env := map[string]string{}
+	for _, e := range r.podEnv(unitSandbox("s", "t"), tpl) {
+		if _, dup := env[e.Name]; dup {
+			t.Errorf("%s set twice", e.Name)
+		}
+		env[e.Name] = e.Value
+	}
+	want := map[string]string{
+		"AGENTBOX_AUDIT_LOG":               supervisorAuditLog,
+		"AGENTBOX_PYTHON_DEFAULT_TIMEOUT":  "20s",
+		"AGENTBOX_PYTHON_MAX_TIMEOUT":      "1m30s",
+		"AGENTBOX_PYTHON_INDEX":            "https://pypi.internal.test/simple",
+		"AGENTBOX_PYTHON_EXTRA_INDEXES":    "https://a.test/simple,https://b.test/simple",
+		"AGENTBOX_PYTHON_ALLOWED_PACKAGES": "numpy,pandas",
+	}
+	for k, v := range want {
+		if env[k] != v {
+			t.Errorf("%s = %q, want %q", k, env[k], v)
+		}
+	}
+	servers, err := mcpbridge.ParseServers([]byte(env["AGENTBOX_MCP_SERVERS_JSON"]))
+	if err != nil {
+		t.Fatalf("the supervisor cannot read the MCP servers the controller wrote: %v", err)
+	}
+	if wantS := []mcpbridge.ServerConfig{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}}}; !reflect.DeepEqual(servers, wantS) {
+		t.Errorf("MCP servers %+v, want %+v", servers, wantS)
+	}
+
+	// A template that sets nothing passes nothing, so the supervisor's
+	// defaults apply.
+	for _, e := range r.podEnv(unitSandbox("s", "t"), unitTemplate("t")) {
+		if _, ok := want[e.Name]; ok && e.Name != "AGENTBOX_AUDIT_LOG" {
+			t.Errorf("empty template sets %s=%q", e.Name, e.Value)
+		}
+		if e.Name == "AGENTBOX_MCP_SERVERS_JSON" {
+			t.Errorf("empty template sets MCP servers %q", e.Value)
+		}
+	}
+}
