@@ -5,8 +5,11 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // ErrInvalidToken is what an Authenticator returns for a token it does not
@@ -16,9 +19,12 @@ var ErrInvalidToken = errors.New("invalid token")
 
 // Principal is who made a call, as established from its token.
 type Principal struct {
-	// Name identifies the token holder in logs and, later, the audit log;
-	// it is never a secret.
+	// Name identifies the token holder in logs and the audit log; it is
+	// never a secret.
 	Name string
+	// Kind is how the principal authenticated: "admin", "agent" or
+	// "staff" (the store's token kinds).
+	Kind string
 	// AllAgents lets the principal address any agent's sandbox (the admin
 	// token). Otherwise it may address only AgentID.
 	AllAgents bool
@@ -67,7 +73,7 @@ func (a *adminTokenAuth) Authenticate(_ context.Context, token string) (*Princip
 	if subtle.ConstantTimeCompare(sum[:], a.hash[:]) != 1 {
 		return nil, ErrInvalidToken
 	}
-	return &Principal{Name: "admin", AllAgents: true}, nil
+	return &Principal{Name: "admin", Kind: string(store.TokenAdmin), AllAgents: true}, nil
 }
 
 // bearerToken extracts the token of an "Authorization: Bearer <token>"
@@ -89,4 +95,39 @@ type principalKey struct{}
 func PrincipalFrom(ctx context.Context) *Principal {
 	p, _ := ctx.Value(principalKey{}).(*Principal)
 	return p
+}
+
+// NewStoreAuthenticator accepts the tokens whose hashes the store holds:
+// agent tokens address their agent's sandbox, admin tokens every sandbox,
+// staff tokens none (they mint console sessions). Revoked and expired
+// tokens are refused like unknown ones.
+func NewStoreAuthenticator(st *store.Store) Authenticator { return storeAuth{st} }
+
+type storeAuth struct{ st *store.Store }
+
+func (a storeAuth) Authenticate(ctx context.Context, token string) (*Principal, error) {
+	t, err := a.st.LookupToken(ctx, store.TokenHash(HashToken(token)))
+	switch {
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrRevoked), errors.Is(err, store.ErrExpired):
+		return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
+	case err != nil:
+		return nil, err
+	}
+	return &Principal{Name: string(t.Kind) + ":" + t.ID, Kind: string(t.Kind), AgentID: t.AgentID, AllAgents: t.Kind == store.TokenAdmin}, nil
+}
+
+// ChainAuthenticators tries each authenticator in turn and returns the
+// first that knows the token.
+func ChainAuthenticators(as ...Authenticator) Authenticator { return chain(as) }
+
+type chain []Authenticator
+
+func (c chain) Authenticate(ctx context.Context, token string) (*Principal, error) {
+	for _, a := range c {
+		p, err := a.Authenticate(ctx, token)
+		if !errors.Is(err, ErrInvalidToken) {
+			return p, err
+		}
+	}
+	return nil, ErrInvalidToken
 }

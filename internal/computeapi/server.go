@@ -28,6 +28,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -86,6 +87,11 @@ type Options struct {
 	ResumeTimeout time.Duration
 	// MaxRequestBytes defaults to DefaultMaxRequestBytes.
 	MaxRequestBytes int64
+	// Store, when set, gets every call in its audit log, holds the tokens
+	// that /v1/tokens mints, and serves /v1/audit. Without it those
+	// endpoints answer unavailable and calls are not audited. The caller
+	// closes the Server (which flushes the audit log) before the Store.
+	Store *store.Store
 }
 
 // Server serves the Compute API.
@@ -102,6 +108,8 @@ type Server struct {
 	resumeTimeout   time.Duration
 	maxRequestBytes int64
 	handler         http.Handler
+	store           *store.Store
+	audit           *auditor
 }
 
 // NewServer checks opts and returns a Server.
@@ -127,6 +135,7 @@ func NewServer(opts Options) (*Server, error) {
 		leaseReader:     opts.LeaseReader,
 		leaseWriter:     opts.Leases,
 		resumeTimeout:   opts.ResumeTimeout,
+		store:           opts.Store,
 	}
 	if s.resumeTimeout <= 0 {
 		s.resumeTimeout = DefaultResumeTimeout
@@ -151,53 +160,79 @@ func NewServer(opts Options) (*Server, error) {
 		interval = DefaultLeaseRenewInterval
 	}
 	s.leases = newLeaseRenewer(opts.Leases, s.clock, interval, s.log.WithName("lease"))
+	if s.store != nil {
+		s.audit = newAuditor(s.store, s.log.WithName("audit"))
+	}
 
 	mux := http.NewServeMux()
-	const runCommand = "/v1/agents/{agent_id}/run_command"
-	mux.Handle("POST "+runCommand, s.authenticated(s.runCommand))
-	mux.Handle(runCommand, s.authenticated(methodNotAllowed(http.MethodPost)))
-	const lease = "/v1/agents/{agent_id}/lease"
-	mux.Handle("POST "+lease, s.authenticated(s.acquireLease))
-	mux.Handle("DELETE "+lease, s.authenticated(s.releaseLease))
-	mux.Handle(lease, s.authenticated(methodNotAllowed(http.MethodPost+", "+http.MethodDelete)))
-	mux.Handle("POST "+lease+"/heartbeat", s.authenticated(s.heartbeatLease))
-	mux.Handle(lease+"/heartbeat", s.authenticated(methodNotAllowed(http.MethodPost)))
-	const poolLeases = "/v1/namespaces/{namespace}/warm-pools/{pool}/leases"
-	mux.Handle("POST "+poolLeases, s.authenticated(s.acquirePoolLease))
-	mux.Handle(poolLeases, s.authenticated(methodNotAllowed(http.MethodPost)))
+	// Each method of a path is its own operation in the audit log; other
+	// methods are refused (and audited) as the path's first operation.
+	type method struct {
+		verb, op string
+		serve    http.HandlerFunc
+	}
+	route := func(pattern string, methods ...method) {
+		allow := make([]string, len(methods))
+		for i, m := range methods {
+			mux.Handle(m.verb+" "+pattern, s.authenticated(m.op, m.serve))
+			allow[i] = m.verb
+		}
+		mux.Handle(pattern, s.authenticated(methods[0].op, methodNotAllowed(strings.Join(allow, ", "))))
+	}
+	post, del, get := http.MethodPost, http.MethodDelete, http.MethodGet
+	route("/v1/agents/{agent_id}/run_command", method{post, "run_command", s.runCommand})
+	route("/v1/agents/{agent_id}/lease", method{post, "acquire_lease", s.acquireLease}, method{del, "release_lease", s.releaseLease})
+	route("/v1/agents/{agent_id}/lease/heartbeat", method{post, "heartbeat_lease", s.heartbeatLease})
+	route("/v1/namespaces/{namespace}/warm-pools/{pool}/leases", method{post, "acquire_pool_lease", s.acquirePoolLease})
+	route("/v1/tokens", method{post, "create_token", s.createToken})
+	route("/v1/tokens/{token_id}", method{del, "revoke_token", s.revokeToken})
+	route("/v1/audit", method{get, "query_audit", s.queryAudit})
+	route("/v1/audit/verify", method{get, "verify_audit", s.verifyAudit})
 	// Unknown paths get the same JSON error shape as everything else, and
 	// only after authentication, so the route table is not probeable
 	// anonymously.
-	mux.Handle("/", s.authenticated(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/", s.authenticated("unknown", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	}))
 	s.handler = mux
 	return s, nil
 }
 
+// Close writes the audit records still queued. Call it after the HTTP
+// server has stopped serving, and before closing the Store.
+func (s *Server) Close() {
+	if s.audit != nil {
+		s.audit.close()
+	}
+}
+
 // Handler returns the API's HTTP handler. Health endpoints are not part of
 // it: they are served on the separate health port.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// authenticated runs next only for a request with a valid bearer token.
-func (s *Server) authenticated(next http.HandlerFunc) http.Handler {
+// authenticated runs next only for a request with a valid bearer token,
+// and records the call, whatever its outcome, in the audit log as op.
+func (s *Server) authenticated(op string, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := bearerToken(r)
-		if !ok {
-			unauthenticated(w, "missing bearer token", false)
-			return
-		}
-		p, err := s.auth.Authenticate(r.Context(), token)
-		if errors.Is(err, ErrInvalidToken) {
-			unauthenticated(w, "invalid bearer token", true)
-			return
-		}
-		if err != nil {
-			s.log.Error(err, "authenticate request")
-			writeError(w, api.Errorf(api.CodeInternal, "could not check the token"))
-			return
-		}
-		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		s.audited(op, w, r, func(w http.ResponseWriter, r *http.Request) *Principal {
+			token, ok := bearerToken(r)
+			if !ok {
+				unauthenticated(w, "missing bearer token", false)
+				return nil
+			}
+			p, err := s.auth.Authenticate(r.Context(), token)
+			if errors.Is(err, ErrInvalidToken) {
+				unauthenticated(w, "invalid bearer token", true)
+				return nil
+			}
+			if err != nil {
+				s.log.Error(err, "authenticate request")
+				writeError(w, api.Errorf(api.CodeInternal, "could not check the token"))
+				return nil
+			}
+			next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+			return p
+		})
 	})
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
 
@@ -100,7 +101,9 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	cmd := exec.Command(buildBinary(t), "--kubeconfig", kubeconfigPath, "--namespace", ns, "--ca-dir", caDir,
 		"--admin-token-file", tokenPath, "--api-listen", apiAddr, "--health-listen", healthAddr,
 		"--metrics-listen", "0", "--sandbox-image", "example.invalid/sandbox:test")
-	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
+	// The store's directory comes from the variable the chart sets.
+	dataDir := t.TempDir()
+	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH"), "AGENTBOX_DATA_DIR=" + dataDir}
 	logs := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -230,6 +233,27 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 		t.Errorf("acquire after the reclaim: %+v, %v", l, err)
 	}
 
+	// Tokens from the SQLite store: an agent token reaches its own agent
+	// only, and every call so far is in a verifiable audit chain.
+	tok, err := c.CreateToken(ctx, apiclient.CreateTokenRequest{Kind: apiclient.TokenKindAgent, AgentID: "agent-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := apiclient.New(endpoint, tok.Token, caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.AcquireLease(ctx, "agent-1", apiclient.AcquireLeaseRequest{Holder: "run-3", RequestID: "req-3"}); !errors.Is(err, apiclient.ErrLeaseHeld) {
+		t.Errorf("agent token on its own agent: %v, want lease_held (run-2 holds it)", err)
+	}
+	if _, err := agent.RunCommand(ctx, "agent-2", req); apiclient.CodeOf(err) != apiclient.CodePermissionDenied {
+		t.Errorf("agent token on another agent: %v", err)
+	}
+	v, err := c.VerifyAudit(ctx)
+	if err != nil || !v.OK || v.Records == 0 {
+		t.Errorf("audit verification through the API: %+v, %v", v, err)
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -241,6 +265,22 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatal("did not exit within 40s of SIGTERM")
 	}
+
+	// The calls made just before SIGTERM were written before the exit.
+	st, err := store.OpenSQLite(ctx, filepath.Join(dataDir, "agentbox.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rep, err := st.VerifyAudit(ctx)
+	if err != nil || !rep.OK() {
+		t.Fatalf("audit chain after exit: %+v, %v", rep, err)
+	}
+	page, err := st.QueryAudit(ctx, store.AuditQuery{Newest: true, Limit: 1})
+	if err != nil || len(page.Records) != 1 || page.Records[0].Operation != "verify_audit" {
+		t.Errorf("newest audit record after exit: %+v, %v; want the verify_audit call", page.Records, err)
+	}
+	t.Logf("audit chain after exit: %d records, head %s", rep.Records, rep.Head)
 }
 
 // envtestAssets returns the folder holding kube-apiserver and etcd as built

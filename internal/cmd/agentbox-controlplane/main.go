@@ -39,6 +39,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/volumesnapshot"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -63,9 +64,12 @@ type options struct {
 	healthListen   string
 	apiService     string
 	sandboxImage   string
+	egressImage    string
 	trustDomain    string
 	leaderElect    bool
 	showVersion    bool
+	storeDSN       string
+	dataDir        string
 	zap            zap.Options
 	// snapshot selects the snapshot driver; see snapshot_flags.go.
 	snapshot *snapshotFlags
@@ -109,8 +113,11 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.healthListen, "health-listen", ":8081", "listen address of /healthz and /readyz")
 	fs.StringVar(&o.apiService, "api-service", "agentbox-api", "name of the API's Service in the platform namespace; its DNS names and ClusterIP go into the serving certificate")
 	fs.StringVar(&o.sandboxImage, "sandbox-image", "", "sandbox image for templates that name none")
+	fs.StringVar(&o.egressImage, "egress-proxy-image", controller.DefaultEgressProxyImage, "image of the egress proxy pods EgressProxies run")
 	fs.StringVar(&o.trustDomain, "trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of the platform's identities")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader to run the controllers (needed with more than one replica); the API serves on every replica")
+	fs.StringVar(&o.storeDSN, "store-dsn", getenv("AGENTBOX_STORE_DSN"), "PostgreSQL connection string (postgres://...) of the token and audit store; needed with more than one replica [AGENTBOX_STORE_DSN]")
+	fs.StringVar(&o.dataDir, "data-dir", getenv("AGENTBOX_DATA_DIR"), "directory (the store volume) of the SQLite store, used without -store-dsn; empty runs without a store: admin token only, no audit log [AGENTBOX_DATA_DIR]")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -139,6 +146,16 @@ func run(ctx context.Context, o *options) error {
 	authn, err := loadAdminToken(o.adminTokenFile)
 	if err != nil {
 		return err
+	}
+	st, err := openStore(ctx, o)
+	if err != nil {
+		return err
+	}
+	if st != nil {
+		defer st.Close()
+		authn = computeapi.ChainAuthenticators(authn, computeapi.NewStoreAuthenticator(st))
+	} else {
+		log.Info("running without a store: only the admin token is accepted and calls are not audited; set --data-dir or --store-dsn")
 	}
 	selfID := pki.ControlPlaneID(o.trustDomain, o.namespace)
 	clientCert, err := newRenewingCert(ca, pki.LeafOptions{ID: selfID, Usage: pki.UsageClient, Lifetime: pki.DefaultClientCertLifetime})
@@ -218,6 +235,12 @@ func run(ctx context.Context, o *options) error {
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the sandbox controller: %w", err)
 	}
+	if err := (&controller.EgressProxyReconciler{
+		Namespace: o.namespace,
+		Image:     o.egressImage,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the egress proxy controller: %w", err)
+	}
 	if err := (&controller.SandboxWarmPoolReconciler{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the warm pool controller: %w", err)
 	}
@@ -232,10 +255,14 @@ func run(ctx context.Context, o *options) error {
 		Authenticator: authn,
 		TrustDomain:   o.trustDomain,
 		Logger:        ctrl.Log.WithName("computeapi"),
+		Store:         st,
 	})
 	if err != nil {
 		return err
 	}
+	// After the manager (and the API's HTTP server with it) has stopped,
+	// so that no call is still recording; before the store closes.
+	defer api.Close()
 	apiRunnable := newAPIServer(o.apiListen, api.Handler(), servingCert.getServing, mgr.GetCache(), ctrl.Log.WithName("computeapi"))
 	if err := mgr.Add(apiRunnable); err != nil {
 		return fmt.Errorf("add the Compute API: %w", err)
@@ -254,6 +281,31 @@ func run(ctx context.Context, o *options) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// openStore opens the PostgreSQL store of --store-dsn, or the SQLite store
+// in --data-dir, or returns nil when neither is set. Migrations run here,
+// so a store this binary cannot use fails the start with a clear error.
+func openStore(ctx context.Context, o *options) (*store.Store, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	switch {
+	case o.storeDSN != "":
+		st, err := store.OpenPostgres(ctx, o.storeDSN, store.Options{})
+		if err != nil {
+			// The DSN holds a password: say which flag, not its value.
+			return nil, fmt.Errorf("open the store of --store-dsn: %w", err)
+		}
+		return st, nil
+	case o.dataDir != "":
+		path := filepath.Join(o.dataDir, "agentbox.db")
+		st, err := store.OpenSQLite(ctx, path, store.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("open the SQLite store %s: %w", path, err)
+		}
+		return st, nil
+	}
+	return nil, nil
 }
 
 // loadCA reads the platform CA the chart generated.

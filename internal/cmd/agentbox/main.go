@@ -2,6 +2,10 @@
 // and scripts (and the quickstart):
 //
 //	agentbox run-command --endpoint URL [--token-file F] [--ca-file F] AGENT_ID -- CMD [ARGS...]
+//	agentbox tokens create --kind agent --agent AGENT_ID [--ttl 720h]
+//	agentbox tokens revoke TOKEN_ID
+//	agentbox audit verify
+//	agentbox audit query [--agent A] [--operation OP] [--since 1h]
 //
 // It prints the command's stdout and stderr as they are, then a summary line
 // "exit_code=N duration=D" on stderr, and exits with the command's exit
@@ -40,6 +44,8 @@ const usage = `usage: agentbox <command> [flags]
 
 commands:
   run-command   run a command in an agent's sandbox
+  tokens        create or revoke API tokens (admin)
+  audit         verify the audit log's hash chain, or query it (admin)
   version       print the version
 
 Run "agentbox <command> -h" for a command's flags.
@@ -60,6 +66,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	switch args[0] {
 	case "run-command":
 		return runCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
+	case "audit":
+		return auditCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "tokens":
+		return tokensCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 		return 0

@@ -214,3 +214,49 @@ func CodeOf(err error) Code {
 	}
 	return ""
 }
+
+// CreateToken mints an API token (admin only). The returned Token is the
+// only copy: the control plane keeps its hash.
+func (c *Client) CreateToken(ctx context.Context, req CreateTokenRequest) (*CreatedToken, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode token request: %w", err)
+	}
+	var t CreatedToken
+	if err := c.do(ctx, http.MethodPost, PathTokens, body, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// RevokeToken revokes a token by its ID (admin only).
+func (c *Client) RevokeToken(ctx context.Context, id string) error {
+	if id == "" {
+		return errors.New("empty token ID")
+	}
+	return c.do(ctx, http.MethodDelete, PathToken(id), nil, nil)
+}
+
+// QueryAudit reads one page of the audit log (admin only). query takes the
+// parameters listed in the package documentation.
+func (c *Client) QueryAudit(ctx context.Context, query url.Values) (*AuditPage, error) {
+	path := PathAudit
+	if len(query) > 0 {
+		path += "?" + query.Encode()
+	}
+	var p AuditPage
+	if err := c.do(ctx, http.MethodGet, path, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// VerifyAudit walks the audit chain on the control plane and reports the
+// first broken record, if any (admin only).
+func (c *Client) VerifyAudit(ctx context.Context) (*AuditVerification, error) {
+	var v AuditVerification
+	if err := c.do(ctx, http.MethodGet, PathAuditVerify, nil, &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}

@@ -12,6 +12,11 @@
 //	DELETE /v1/agents/{agent_id}/lease           ReleaseLeaseRequest -> 204 No Content
 //	POST   /v1/namespaces/{namespace}/warm-pools/{pool}/leases
 //	                                             AcquireLeaseRequest -> PoolLease
+//	POST   /v1/tokens                            CreateTokenRequest -> CreatedToken (admin)
+//	DELETE /v1/tokens/{token_id}                 -> 204 No Content (admin)
+//	GET    /v1/audit?agent_id=&caller=&operation=&since=&until=&cursor=&limit=&newest=
+//	                                             -> AuditPage (admin)
+//	GET    /v1/audit/verify                      -> AuditVerification (admin)
 //
 // A lease from a warm pool (seeds 001 and 003) hands the caller a ready
 // sandbox of the pool for one ephemeral run: heartbeat and release it
@@ -111,6 +116,95 @@ type PoolLease struct {
 	Sandbox   string `json:"sandbox"`
 }
 
+// Paths of the admin endpoints.
+const (
+	PathTokens      = "/v1/tokens"
+	PathAudit       = "/v1/audit"
+	PathAuditVerify = "/v1/audit/verify"
+)
+
+// PathToken returns the path of one token, for revoking it.
+func PathToken(id string) string { return PathTokens + "/" + url.PathEscape(id) }
+
+// Token kinds.
+const (
+	// TokenKindAgent addresses the sandbox of AgentID only.
+	TokenKindAgent = "agent"
+	// TokenKindAdmin addresses every sandbox and manages tokens and audit.
+	TokenKindAdmin = "admin"
+	// TokenKindStaff mints time-boxed console sessions.
+	TokenKindStaff = "staff"
+)
+
+// CreateTokenRequest asks for a new API token.
+type CreateTokenRequest struct {
+	// Kind is TokenKindAgent, TokenKindAdmin or TokenKindStaff.
+	Kind string `json:"kind"`
+	// AgentID binds an agent token; required for agent tokens, refused for
+	// the others.
+	AgentID string `json:"agent_id,omitempty"`
+	// Subject says who holds the token (a staff id, a service); it shows
+	// in the audit log.
+	Subject string `json:"subject,omitempty"`
+	// TTLSeconds bounds the token's life; 0 means it does not expire.
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
+}
+
+// CreatedToken is a new token. Token is shown only here: the control plane
+// keeps its SHA-256 alone.
+type CreatedToken struct {
+	ID        string     `json:"id"`
+	Token     string     `json:"token"`
+	Kind      string     `json:"kind"`
+	AgentID   string     `json:"agent_id,omitempty"`
+	Subject   string     `json:"subject,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// AuditRecord is one call in the audit log.
+type AuditRecord struct {
+	Seq        int64     `json:"seq"`
+	Time       time.Time `json:"time"`
+	Caller     string    `json:"caller"`
+	CallerKind string    `json:"caller_kind"`
+	AgentID    string    `json:"agent_id,omitempty"`
+	Operation  string    `json:"operation"`
+	// ParamsHash is the hex SHA-256 of the request's query and body.
+	ParamsHash string `json:"params_hash"`
+	DurationMS int64  `json:"duration_ms"`
+	// Result is "ok" or the error code the call answered with.
+	Result    string `json:"result"`
+	Status    int    `json:"status"`
+	RequestID string `json:"request_id,omitempty"`
+	// Hash chains the record to PrevHash (hex SHA-256).
+	Hash     string `json:"hash"`
+	PrevHash string `json:"prev_hash"`
+}
+
+// AuditPage is one page of audit records; Next is the cursor of the
+// following page, 0 when there is none.
+type AuditPage struct {
+	Records []AuditRecord `json:"records"`
+	Next    int64         `json:"next,omitempty"`
+}
+
+// AuditVerification is the result of walking the audit chain.
+type AuditVerification struct {
+	OK      bool   `json:"ok"`
+	Records int64  `json:"records"`
+	Head    string `json:"head"`
+	// Break is the first record that cannot be trusted, when !OK.
+	Break *AuditBreak `json:"break,omitempty"`
+}
+
+// AuditBreak describes where the audit chain is broken.
+type AuditBreak struct {
+	Seq    int64  `json:"seq"`
+	Kind   string `json:"kind"`
+	Detail string `json:"detail"`
+}
+
 // RunCommandRequest runs Command[0] with arguments Command[1:] in the
 // agent's sandbox. No shell is involved unless the caller runs one, e.g.
 // ["sh", "-c", "..."].
@@ -192,6 +286,9 @@ const (
 	// sandboxes, so a retry shortly after succeeds unless the pool is too
 	// small for the load.
 	CodePoolExhausted Code = "pool_exhausted"
+	// CodeUnavailable: the endpoint needs something the control plane was
+	// not configured with (the store, for tokens and audit).
+	CodeUnavailable Code = "unavailable"
 	// CodeUnknown is what the client reports when a response carries no
 	// recognisable error body, e.g. from a proxy in between.
 	CodeUnknown Code = "unknown"
@@ -220,7 +317,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusBadGateway
 	case CodeTimeout:
 		return http.StatusGatewayTimeout
-	case CodePoolExhausted:
+	case CodePoolExhausted, CodeUnavailable:
 		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError

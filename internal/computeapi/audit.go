@@ -1,0 +1,174 @@
+package computeapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"hash"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+)
+
+// Every call, refused ones included, is appended to the store's
+// hash-chained audit log: who called, for which agent, which operation, a
+// hash of the parameters (what was asked, without secrets or file
+// contents), how long it took and how it ended.
+//
+// Appends go through one background writer that commits them in batches,
+// so that a call does not wait for a commit of its own (about a
+// millisecond each on these stores) and concurrent calls share commits.
+// Nothing is dropped: when the writer falls behind, callers wait for room.
+
+const (
+	auditQueue      = 4096
+	auditBatch      = 256
+	auditRetryDelay = time.Second
+	// auditDetailBytes bounds how much of an error response is kept to
+	// find its code.
+	auditDetailBytes = 2048
+)
+
+type auditor struct {
+	st   *store.Store
+	log  logr.Logger
+	ch   chan store.AuditEntry
+	done chan struct{}
+}
+
+func newAuditor(st *store.Store, log logr.Logger) *auditor {
+	a := &auditor{st: st, log: log, ch: make(chan store.AuditEntry, auditQueue), done: make(chan struct{})}
+	go a.run()
+	return a
+}
+
+func (a *auditor) record(e store.AuditEntry) { a.ch <- e }
+
+// close writes what is queued and stops the writer.
+func (a *auditor) close() {
+	close(a.ch)
+	<-a.done
+}
+
+func (a *auditor) run() {
+	defer close(a.done)
+	batch := make([]store.AuditEntry, 0, auditBatch)
+	for e := range a.ch {
+		batch = append(batch[:0], e)
+	more:
+		for len(batch) < auditBatch {
+			select {
+			case e, ok := <-a.ch:
+				if !ok {
+					break more
+				}
+				batch = append(batch, e)
+			default:
+				break more
+			}
+		}
+		for {
+			// Not the request's context: the call is over, its record is not.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_, err := a.st.AppendAuditBatch(ctx, batch)
+			cancel()
+			if err == nil {
+				break
+			}
+			a.log.Error(err, "append to the audit log failed; retrying", "records", len(batch))
+			time.Sleep(auditRetryDelay)
+		}
+	}
+}
+
+// auditedWriter remembers the status, and the start of an error body to
+// learn the error's code from.
+type auditedWriter struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (w *auditedWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *auditedWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.status >= 400 && w.body.Len() < auditDetailBytes {
+		w.body.Write(p[:min(len(p), auditDetailBytes-w.body.Len())])
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *auditedWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// hashedBody feeds what the handler reads of the request body to h.
+type hashedBody struct {
+	io.ReadCloser
+	h hash.Hash
+}
+
+func (b hashedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.h.Write(p[:n])
+	return n, err
+}
+
+// audited wraps a handler so that its call is recorded once it returns.
+// p is nil for a call refused before anyone was authenticated.
+func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter, *http.Request) *Principal) {
+	if s.audit == nil {
+		serve(w, r)
+		return
+	}
+	start := s.clock.Now()
+	h := sha256.New()
+	// The parameters are the request line's query and the body as read.
+	io.WriteString(h, r.Method+" "+r.URL.EscapedPath()+"?"+r.URL.RawQuery+"\n")
+	if r.Body != nil {
+		r.Body = hashedBody{ReadCloser: r.Body, h: h}
+	}
+	aw := &auditedWriter{ResponseWriter: w}
+	p := serve(aw, r)
+	e := store.AuditEntry{
+		Time:       start,
+		Caller:     "anonymous",
+		CallerKind: "anonymous",
+		AgentID:    r.PathValue("agent_id"),
+		Operation:  op,
+		ParamsHash: hex.EncodeToString(h.Sum(nil)),
+		Duration:   s.clock.Since(start),
+		Status:     aw.status,
+		Result:     "ok",
+		RequestID:  r.Header.Get("X-Request-Id"),
+	}
+	if p != nil {
+		e.Caller, e.CallerKind = p.Name, p.Kind
+	}
+	if aw.status >= 400 {
+		var body api.ErrorBody
+		if json.Unmarshal(aw.body.Bytes(), &body) == nil && body.Error != nil {
+			e.Result = string(body.Error.Code)
+		} else {
+			e.Result = "error"
+		}
+	}
+	s.audit.record(e)
+}
