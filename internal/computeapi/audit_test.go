@@ -13,6 +13,7 @@ import (
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 )
 
 // storeAPI serves the fixture's cluster through a second Server that has a
@@ -67,6 +68,9 @@ func TestTokensScopeAndAudit(t *testing.T) {
 	}
 	if !strings.HasPrefix(tok1.Token, TokenPrefix) || tok1.ID == "" || tok1.AgentID != "agent-1" {
 		t.Fatalf("created token %+v", tok1)
+	}
+	if got := supervisor.Redact("AGENTBOX_TOKEN=" + tok1.Token); strings.Contains(got, tok1.Token) {
+		t.Errorf("the supervisor's log redaction does not know the API's tokens: %q", got)
 	}
 	for _, bad := range []api.CreateTokenRequest{
 		{Kind: "root"}, {Kind: api.TokenKindAgent}, {Kind: api.TokenKindAdmin, AgentID: "agent-1"},

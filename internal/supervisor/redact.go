@@ -24,6 +24,9 @@ var secretPatterns = []struct {
 	{"github_token", regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{36,255}\b`)},
 	{"github_fine_grained_pat", regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{22,255}`)},
 	{"slack_token", regexp.MustCompile(`\bxox[abeoprs]-[A-Za-z0-9-]{10,}`)},
+	// The Compute API's own tokens (computeapi.TokenPrefix, 32 random
+	// bytes in unpadded base64url), which agents may well hand to code.
+	{"agentbox_token", regexp.MustCompile(`\babx_[A-Za-z0-9_-]{43}\b`)},
 	// Before bearer_token, so that a JWT in an Authorization header is
 	// reported as a JWT.
 	{"jwt", regexp.MustCompile(`\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*`)},

@@ -13,6 +13,7 @@ var redactCases = map[string]struct{ text, secret string }{
 	"aws_access_key_id":       {"aws configure set aws_access_key_id AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE"},
 	"github_token":            {"git clone https://x:ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789@github.invalid/r", "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"},
 	"github_fine_grained_pat": {"GH_TOKEN=github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJ", "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"},
+	"agentbox_token":          {"export AGENTBOX_TOKEN=abx_Q2hhbmdlTWUtdGhpcy1pcy1hLXRlc3QtdG9rZW4tMDA", "abx_Q2hhbmdlTWUtdGhpcy1pcy1hLXRlc3QtdG9rZW4tMDA"},
 	"slack_token":             {"curl -d token=xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx", "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx"},
 	"jwt":                     {"token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"},
 	"bearer_token":            {"curl -H 'Authorization: Bearer s3cr3t-t0ken.value/xyz=' https://api.invalid", "s3cr3t-t0ken.value/xyz="},
