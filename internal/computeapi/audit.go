@@ -49,7 +49,10 @@ func newAuditor(st *store.Store, log logr.Logger) *auditor {
 	return a
 }
 
-func (a *auditor) record(e store.AuditEntry) { a.ch <- e }
+func (a *auditor) record(e store.AuditEntry) {
+	a.ch <- e
+	metricAuditQueue.Set(float64(len(a.ch)))
+}
 
 // close writes what is queued and stops the writer.
 func (a *auditor) close() {
@@ -80,8 +83,10 @@ func (a *auditor) run() {
 			_, err := a.st.AppendAuditBatch(ctx, batch)
 			cancel()
 			if err == nil {
+				metricAuditQueue.Set(float64(len(a.ch)))
 				break
 			}
+			metricAuditFailures.Inc()
 			a.log.Error(err, "append to the audit log failed; retrying", "records", len(batch))
 			time.Sleep(auditRetryDelay)
 		}
@@ -134,11 +139,13 @@ func (b hashedBody) Read(p []byte) (int, error) {
 // audited wraps a handler so that its call is recorded once it returns.
 // p is nil for a call refused before anyone was authenticated.
 func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter, *http.Request) *Principal) {
+	start := s.clock.Now()
 	if s.audit == nil {
-		serve(w, r)
+		aw := &auditedWriter{ResponseWriter: w}
+		serve(aw, r)
+		metricRequestSeconds.WithLabelValues(op, resultOf(aw)).Observe(s.clock.Since(start).Seconds())
 		return
 	}
-	start := s.clock.Now()
 	h := sha256.New()
 	// The parameters are the request line's query and the body as read.
 	io.WriteString(h, r.Method+" "+r.URL.EscapedPath()+"?"+r.URL.RawQuery+"\n")
@@ -156,19 +163,24 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 		ParamsHash: hex.EncodeToString(h.Sum(nil)),
 		Duration:   s.clock.Since(start),
 		Status:     aw.status,
-		Result:     "ok",
 		RequestID:  r.Header.Get("X-Request-Id"),
 	}
 	if p != nil {
 		e.Caller, e.CallerKind = p.Name, p.Kind
 	}
-	if aw.status >= 400 {
-		var body api.ErrorBody
-		if json.Unmarshal(aw.body.Bytes(), &body) == nil && body.Error != nil {
-			e.Result = string(body.Error.Code)
-		} else {
-			e.Result = "error"
-		}
-	}
+	e.Result = resultOf(aw)
+	metricRequestSeconds.WithLabelValues(op, e.Result).Observe(e.Duration.Seconds())
 	s.audit.record(e)
+}
+
+// resultOf is "ok", or the code of the API error the response carried.
+func resultOf(aw *auditedWriter) string {
+	if aw.status < 400 {
+		return "ok"
+	}
+	var body api.ErrorBody
+	if json.Unmarshal(aw.body.Bytes(), &body) == nil && body.Error != nil && body.Error.Code != "" {
+		return string(body.Error.Code)
+	}
+	return "error"
 }

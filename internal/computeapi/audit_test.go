@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
@@ -192,4 +195,30 @@ func TestAdminEndpointsWithoutStore(t *testing.T) {
 	f := newFixture(t, "")
 	_, err := f.client(t, adminToken).VerifyAudit(context.Background())
 	wantAPIError(t, err, api.CodeUnavailable, http.StatusServiceUnavailable)
+}
+
+// TestRequestMetrics checks that calls are counted by operation and result
+// code, with or without a store.
+func TestRequestMetrics(t *testing.T) {
+	count := func(op, result string) uint64 {
+		var m dto.Metric
+		if err := metricRequestSeconds.WithLabelValues(op, result).(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
+	before := count("run_command", string(api.CodeSandboxNotFound))
+	beforeAuth := count("acquire_lease", string(api.CodeUnauthenticated))
+	f := newFixture(t, "")
+	ctx := context.Background()
+	_, err := f.client(t, adminToken).RunCommand(ctx, "agent-404", api.RunCommandRequest{Command: []string{"true"}})
+	wantAPIError(t, err, api.CodeSandboxNotFound, http.StatusNotFound)
+	_, err = f.client(t, "wrong").AcquireLease(ctx, "agent-1", api.AcquireLeaseRequest{Holder: "h", RequestID: "r"})
+	wantAPIError(t, err, api.CodeUnauthenticated, http.StatusUnauthorized)
+	if got := count("run_command", string(api.CodeSandboxNotFound)) - before; got != 1 {
+		t.Errorf("run_command/sandbox_not_found observed %d times, want 1", got)
+	}
+	if got := count("acquire_lease", string(api.CodeUnauthenticated)) - beforeAuth; got != 1 {
+		t.Errorf("acquire_lease/unauthenticated observed %d times, want 1", got)
+	}
 }
