@@ -184,6 +184,12 @@ func NewServer(opts Options) (*Server, error) {
 	route("/v1/agents/{agent_id}/lease", method{post, "acquire_lease", s.acquireLease}, method{del, "release_lease", s.releaseLease})
 	route("/v1/agents/{agent_id}/lease/heartbeat", method{post, "heartbeat_lease", s.heartbeatLease})
 	route("/v1/namespaces/{namespace}/warm-pools/{pool}/leases", method{post, "acquire_pool_lease", s.acquirePoolLease})
+	route("/v1/agents/{agent_id}/status", method{get, "status", s.status})
+	route("/v1/agents/{agent_id}/deploy_or_resume", method{post, "deploy_or_resume", s.deployOrResume})
+	route("/v1/agents/{agent_id}/files/{path...}",
+		method{http.MethodPut, "put_file", s.putFile}, method{get, "get_file", s.getFile}, method{del, "delete_file", s.deleteFile})
+	route("/v1/agents/{agent_id}/tools/{tool}", method{post, "tool_request", s.toolRequest})
+	route("/v1/agents/{agent_id}/execute", method{post, "execute", s.execute})
 	route("/v1/tokens", method{post, "create_token", s.createToken})
 	route("/v1/tokens/{token_id}", method{del, "revoke_token", s.revokeToken})
 	route("/v1/audit", method{get, "query_audit", s.queryAudit})
@@ -523,7 +529,8 @@ func supervisorError(ctx context.Context, err error) *api.Error {
 		return api.Errorf(api.CodeSupervisorUnavailable, "the sandbox's supervisor could not be reached: %v", err)
 	}
 	switch se.Code {
-	case supervisorapi.CodeInvalidArgument, supervisorapi.CodeNotFound, supervisorapi.CodePermissionDenied:
+	case supervisorapi.CodeInvalidArgument, supervisorapi.CodeNotFound, supervisorapi.CodePermissionDenied,
+		supervisorapi.CodeEnvBuildFailed:
 		return api.Errorf(api.CodeInvalidArgument, "%s", se.Message)
 	case supervisorapi.CodePayloadTooLarge:
 		return api.Errorf(api.CodePayloadTooLarge, "%s", se.Message)

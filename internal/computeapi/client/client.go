@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -259,4 +260,111 @@ func (c *Client) VerifyAudit(ctx context.Context) (*AuditVerification, error) {
 		return nil, err
 	}
 	return &v, nil
+}
+
+// Status reports the agent's sandbox without waking it.
+func (c *Client) Status(ctx context.Context, agentID string) (*SandboxStatus, error) {
+	var st SandboxStatus
+	if err := c.do(ctx, http.MethodGet, PathAgent(agentID, "status"), nil, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// DeployOrResume wakes the agent's sandbox if it is stopped and returns once
+// it serves calls.
+func (c *Client) DeployOrResume(ctx context.Context, agentID string) (*SandboxStatus, error) {
+	var st SandboxStatus
+	if err := c.do(ctx, http.MethodPost, PathAgent(agentID, "deploy_or_resume"), nil, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// PutFile streams body into the workspace file at path, atomically; mode 0
+// means the sandbox's default (0644).
+func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Reader, mode uint32) (*FileInfo, error) {
+	p := PathFile(agentID, path)
+	if mode != 0 {
+		p += "?mode=" + strconv.FormatUint(uint64(mode), 8)
+	}
+	resp, err := c.stream(ctx, http.MethodPut, p, body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var fi FileInfo
+	if err := json.NewDecoder(io.LimitReader(resp.Body, DefaultMaxResponseBytes)).Decode(&fi); err != nil {
+		return nil, fmt.Errorf("PUT %s: decode response: %w", p, err)
+	}
+	return &fi, nil
+}
+
+// GetFile streams the workspace file at path; the caller closes it.
+func (c *Client) GetFile(ctx context.Context, agentID, path string) (io.ReadCloser, error) {
+	resp, err := c.stream(ctx, http.MethodGet, PathFile(agentID, path), nil)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// DeleteFile removes a workspace file, or a directory with recursive.
+func (c *Client) DeleteFile(ctx context.Context, agentID, path string, recursive bool) error {
+	p := PathFile(agentID, path)
+	if recursive {
+		p += "?recursive=true"
+	}
+	return c.do(ctx, http.MethodDelete, p, nil, nil)
+}
+
+// ToolRequest calls a sandboxed tool (create_file, python_exec, ...) with
+// input, encoded as JSON unless it is a json.RawMessage, and returns the
+// tool's JSON output.
+func (c *Client) ToolRequest(ctx context.Context, agentID, tool string, input any) (json.RawMessage, error) {
+	return c.rawCall(ctx, PathAgent(agentID, "tools/"+url.PathEscape(tool)), input)
+}
+
+// Execute runs seed 001's execute (code, requirements, env_name, inline
+// files) in the agent's sandbox and returns the result as sent.
+func (c *Client) Execute(ctx context.Context, agentID string, req any) (json.RawMessage, error) {
+	return c.rawCall(ctx, PathAgent(agentID, "execute"), req)
+}
+
+func (c *Client) rawCall(ctx context.Context, path string, input any) (json.RawMessage, error) {
+	body, ok := input.(json.RawMessage)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(input); err != nil {
+			return nil, fmt.Errorf("encode request: %w", err)
+		}
+	}
+	var out json.RawMessage
+	if err := c.do(ctx, http.MethodPost, path, body, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// stream sends a raw body and returns a 2xx response unread; errors are
+// decoded as for every other call.
+func (c *Client) stream(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.endpoint+path, body)
+	if err != nil {
+		return nil, fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	resp, err := c.httpClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return nil, decodeError(resp.StatusCode, data)
+	}
+	return resp, nil
 }

@@ -12,6 +12,13 @@
 //	DELETE /v1/agents/{agent_id}/lease           ReleaseLeaseRequest -> 204 No Content
 //	POST   /v1/namespaces/{namespace}/warm-pools/{pool}/leases
 //	                                             AcquireLeaseRequest -> PoolLease
+//	GET    /v1/agents/{agent_id}/status          -> SandboxStatus (never wakes the sandbox)
+//	POST   /v1/agents/{agent_id}/deploy_or_resume -> SandboxStatus once it serves
+//	PUT    /v1/agents/{agent_id}/files/{path}?mode=0644  raw bytes -> FileInfo
+//	GET    /v1/agents/{agent_id}/files/{path}    -> raw bytes
+//	DELETE /v1/agents/{agent_id}/files/{path}?recursive=true -> 204 No Content
+//	POST   /v1/agents/{agent_id}/tools/{tool}    the tool's JSON input -> its JSON output
+//	POST   /v1/agents/{agent_id}/execute         seed 001's execute request -> its result
 //	POST   /v1/tokens                            CreateTokenRequest -> CreatedToken (admin)
 //	DELETE /v1/tokens/{token_id}                 -> 204 No Content (admin)
 //	GET    /v1/audit?agent_id=&caller=&operation=&since=&until=&cursor=&limit=&newest=
@@ -33,6 +40,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -114,6 +122,50 @@ type PoolLease struct {
 	AgentID   string `json:"agent_id"`
 	Namespace string `json:"namespace"`
 	Sandbox   string `json:"sandbox"`
+}
+
+// PathAgent returns the path of one of an agent's operations (status,
+// deploy_or_resume, execute, ...).
+func PathAgent(agentID, op string) string {
+	return "/v1/agents/" + url.PathEscape(agentID) + "/" + op
+}
+
+// PathFile returns the path of a workspace file of an agent's sandbox; each
+// segment of the workspace path is escaped.
+func PathFile(agentID, path string) string {
+	segs := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return PathAgent(agentID, "files/"+strings.Join(segs, "/"))
+}
+
+// SandboxStatus is what status and deploy_or_resume report.
+type SandboxStatus struct {
+	AgentID   string `json:"agent_id"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Phase is Pending, Running, IdleStopping, Stopped, Resuming or Error.
+	Phase string `json:"phase"`
+	Ready bool   `json:"ready"`
+	// Reason and Message are the Ready condition's.
+	Reason   string        `json:"reason,omitempty"`
+	Message  string        `json:"message,omitempty"`
+	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
+}
+
+// SnapshotInfo is the latest snapshot the sandbox can resume from.
+type SnapshotInfo struct {
+	Name      string    `json:"name"`
+	SizeBytes int64     `json:"size_bytes,omitempty"`
+	ReadyAt   time.Time `json:"ready_at,omitzero"`
+}
+
+// FileInfo describes a file written to a workspace.
+type FileInfo struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+	Mode string `json:"mode"`
 }
 
 // Paths of the admin endpoints.
@@ -286,6 +338,11 @@ const (
 	// sandboxes, so a retry shortly after succeeds unless the pool is too
 	// small for the load.
 	CodePoolExhausted Code = "pool_exhausted"
+	// CodeFileNotFound: the workspace path does not exist.
+	CodeFileNotFound Code = "file_not_found"
+	// CodeWorkspaceFull: the write would pass the workspace cap; nothing
+	// already there was changed.
+	CodeWorkspaceFull Code = "workspace_full"
 	// CodeUnavailable: the endpoint needs something the control plane was
 	// not configured with (the store, for tokens and audit).
 	CodeUnavailable Code = "unavailable"
@@ -303,7 +360,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusUnauthorized
 	case CodePermissionDenied:
 		return http.StatusForbidden
-	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound:
+	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound, CodeFileNotFound:
 		return http.StatusNotFound
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
@@ -311,6 +368,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusConflict
 	case CodePayloadTooLarge:
 		return http.StatusRequestEntityTooLarge
+	case CodeWorkspaceFull:
+		return http.StatusInsufficientStorage
 	case CodeResourceExhausted:
 		return http.StatusTooManyRequests
 	case CodeSupervisorUnavailable:

@@ -1,0 +1,253 @@
+package computeapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// The operations of seed 000 beyond run_command: status and
+// deploy_or_resume, files, tool_request and execute. Files, tools and
+// execute are forwarded to the supervisor as they are (bodies stream
+// through; tool and execute JSON is the supervisor's, see supervisorapi),
+// so the API adds authentication, scope, resume, activity and audit, and
+// no second definition of what the supervisor does.
+
+// fileCallTimeout bounds a file transfer; 100 MiB at a slow 10 MB/s
+// takes ten seconds, so this is a hang guard, not a speed limit.
+const fileCallTimeout = 10 * time.Minute
+
+// supervisorFor does what every forwarded operation starts with: check
+// scope, wake and wait for the sandbox, count the call as activity, and
+// dial its supervisor, verifying the identity the controller recorded.
+func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Client, logr.Logger, *api.Error) {
+	agentID := r.PathValue("agent_id")
+	log := s.log.WithValues("op", op, "agent", agentID)
+	if apiErr := s.authorize(r, agentID); apiErr != nil {
+		return nil, log, apiErr
+	}
+	sb, apiErr := s.readySandbox(r.Context(), agentID)
+	if apiErr != nil {
+		s.logFailure(log, apiErr, nil)
+		return nil, log, apiErr
+	}
+	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
+	s.recordActivity(r.Context(), sb)
+	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
+	if err != nil {
+		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
+		s.logFailure(log, apiErr, err)
+		return nil, log, apiErr
+	}
+	return sup, log, nil
+}
+
+// status reports the agent's sandbox without waking it.
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	agentID := r.PathValue("agent_id")
+	if apiErr := s.authorize(r, agentID); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	sb, apiErr := s.agentSandbox(r.Context(), agentID)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	writeJSON(w, http.StatusOK, statusView(sb))
+}
+
+// deployOrResume wakes a stopped sandbox and answers once it serves, or
+// with sandbox_not_ready after the resume timeout (the resume goes on).
+func (s *Server) deployOrResume(w http.ResponseWriter, r *http.Request) {
+	agentID := r.PathValue("agent_id")
+	if apiErr := s.authorize(r, agentID); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	sb, apiErr := s.readySandbox(r.Context(), agentID)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	s.recordActivity(r.Context(), sb)
+	writeJSON(w, http.StatusOK, statusView(sb))
+}
+
+func statusView(sb *v1alpha1.Sandbox) api.SandboxStatus {
+	v := api.SandboxStatus{AgentID: sb.Spec.AgentID, Namespace: sb.Namespace, Name: sb.Name, Phase: string(sb.Status.Phase)}
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		v.Ready, v.Reason, v.Message = c.Status == "True", c.Reason, c.Message
+	}
+	if snap := sb.Status.Snapshot; snap != nil {
+		v.Snapshot = &api.SnapshotInfo{Name: snap.Name, SizeBytes: snap.SizeBytes}
+		if snap.ReadyTime != nil {
+			v.Snapshot.ReadyAt = snap.ReadyTime.UTC()
+		}
+	}
+	return v
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
+	var mode fs.FileMode
+	if m := r.URL.Query().Get("mode"); m != "" {
+		n, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || n > 0o777 {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "mode must be octal permission bits such as 0644, got %q", m))
+			return
+		}
+		mode = fs.FileMode(n)
+	}
+	sup, log, apiErr := s.supervisorFor(r, "put_file")
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), fileCallTimeout)
+	defer cancel()
+	fi, err := sup.PutFile(ctx, r.PathValue("path"), r.Body, mode)
+	if err != nil {
+		apiErr := fileError(ctx, err)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.FileInfo{Path: fi.Path, Size: fi.Size, Mode: fi.Mode})
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
+	sup, log, apiErr := s.supervisorFor(r, "get_file")
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), fileCallTimeout)
+	defer cancel()
+	body, err := sup.GetFile(ctx, r.PathValue("path"))
+	if err != nil {
+		apiErr := fileError(ctx, err)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	defer body.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, body); err != nil {
+		// The status is sent; the client sees a short body.
+		log.V(1).Info("file transfer cut short", "err", err.Error())
+	}
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
+	recursive := false
+	if v := r.URL.Query().Get("recursive"); v != "" {
+		var err error
+		if recursive, err = strconv.ParseBool(v); err != nil {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "recursive must be true or false, got %q", v))
+			return
+		}
+	}
+	sup, log, apiErr := s.supervisorFor(r, "delete_file")
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	if err := sup.Delete(r.Context(), r.PathValue("path"), recursive); err != nil {
+		apiErr := fileError(r.Context(), err)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// toolRequest invokes one of the supervisor's sandboxed tools
+// (create_file, python_exec, ...) with the request body as its input.
+func (s *Server) toolRequest(w http.ResponseWriter, r *http.Request) {
+	var input json.RawMessage
+	if apiErr := s.decode(w, r, &input); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	sup, log, apiErr := s.supervisorFor(r, "tool_request")
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), supervisorapi.MaxPythonTimeoutSeconds*time.Second+supervisorGrace)
+	defer cancel()
+	out, err := sup.CallTool(ctx, r.PathValue("tool"), input)
+	if err != nil {
+		apiErr := supervisorError(ctx, err)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	writeRawJSON(w, out)
+}
+
+// execute runs seed 001's /execute in the sandbox: code, requirements and
+// inline files in, output and produced files out.
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
+	var req supervisorapi.ExecuteRequest
+	if apiErr := s.decode(w, r, &req); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	sup, log, apiErr := s.supervisorFor(r, "execute")
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	// Environment builds can take minutes; the supervisor bounds them.
+	ctx, cancel := context.WithTimeout(r.Context(), DefaultResumeTimeout+supervisorapi.MaxPythonTimeoutSeconds*time.Second)
+	defer cancel()
+	res, err := sup.Execute(ctx, req)
+	if err != nil {
+		apiErr := supervisorError(ctx, err)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// fileError maps the supervisor's file errors to the API's: a missing file
+// is file_not_found, a full workspace workspace_full, a path the
+// supervisor refuses invalid_argument; the rest as for any call.
+func fileError(ctx context.Context, err error) *api.Error {
+	var se *supervisorapi.Error
+	if errors.As(err, &se) {
+		switch se.Code {
+		case supervisorapi.CodeNotFound:
+			return api.Errorf(api.CodeFileNotFound, "%s", se.Message)
+		case supervisorapi.CodeWorkspaceFull:
+			return api.Errorf(api.CodeWorkspaceFull, "%s", se.Message)
+		case supervisorapi.CodePathEscapesWorkspace, supervisorapi.CodeIsADirectory, supervisorapi.CodeNotADirectory:
+			return api.Errorf(api.CodeInvalidArgument, "%s", se.Message)
+		}
+	}
+	return supervisorError(ctx, err)
+}
+
+func writeRawJSON(w http.ResponseWriter, body json.RawMessage) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,195 @@
+package computeapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
+)
+
+// realSupervisorAPI serves the API in front of the real supervisor (its
+// HTTP handler over mutual TLS with the sandbox's identity), so that the
+// forwarded operations meet the real file, tool and execute code.
+func realSupervisorAPI(t *testing.T) func(token string) *api.Client {
+	t.Helper()
+	ca, err := pki.NewCA("ops test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, err := supervisor.New(supervisor.Config{Workspace: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sup.Close() })
+	leaf, err := ca.Issue(pki.LeafOptions{ID: pki.SandboxID(testTrustDomain, "team-a", "sb-1"), Usage: pki.UsageServer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := leaf.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := httptest.NewUnstartedServer(sup)
+	ss.TLS = pki.ServerTLS(cert, ca.Pool(), pki.ControlPlaneID(testTrustDomain, platformNS).String())
+	ss.StartTLS()
+	t.Cleanup(ss.Close)
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Now())
+	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		readySandbox("team-a", "sb-1", "agent-1", ss.URL), lease("team-a", "sb-1", clk.Now()),
+	).WithStatusSubresource(&v1alpha1.Sandbox{}).Build()
+	cpLeaf, err := ca.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, platformNS), Usage: pki.UsageClient})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpCert, err := cpLeaf.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := NewSupervisorPool(StaticCertificate(cpCert), ca.Pool())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	admin, err := NewAdminTokenAuthenticator(HashToken(adminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(Options{Sandboxes: kube, Leases: kube, Supervisors: pool, TrustDomain: testTrustDomain, Clock: clk,
+		Authenticator: ChainAuthenticators(admin, agentToken{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw})
+	return func(token string) *api.Client {
+		c, err := api.New(ts.URL, token, caPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.CloseIdleConnections)
+		return c
+	}
+}
+
+func TestStatusAndDeployOrResume(t *testing.T) {
+	c := realSupervisorAPI(t)(adminToken)
+	ctx := context.Background()
+	for name, call := range map[string]func(context.Context, string) (*api.SandboxStatus, error){
+		"status": c.Status, "deploy_or_resume": c.DeployOrResume,
+	} {
+		st, err := call(ctx, "agent-1")
+		if err != nil || st.Phase != "Running" || !st.Ready || st.Name != "sb-1" || st.Namespace != "team-a" {
+			t.Errorf("%s: %+v, %v", name, st, err)
+		}
+	}
+	_, err := c.Status(ctx, "agent-404")
+	wantAPIError(t, err, api.CodeSandboxNotFound, http.StatusNotFound)
+}
+
+func TestFilesThroughTheAPI(t *testing.T) {
+	clients := realSupervisorAPI(t)
+	c := clients(adminToken)
+	ctx := context.Background()
+	blob := make([]byte, 3<<20)
+	if _, err := rand.Read(blob); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := c.PutFile(ctx, "agent-1", "data/blob.bin", bytes.NewReader(blob), 0o600)
+	if err != nil || fi.Size != int64(len(blob)) || fi.Mode != "0600" || fi.Path != "data/blob.bin" {
+		t.Fatalf("put: %+v, %v", fi, err)
+	}
+	rc, err := c.GetFile(ctx, "agent-1", "data/blob.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, blob) {
+		t.Fatalf("get: %d bytes (want %d identical), %v", len(got), len(blob), err)
+	}
+	_, err = c.GetFile(ctx, "agent-1", "data/missing")
+	wantAPIError(t, err, api.CodeFileNotFound, http.StatusNotFound)
+	// ".." never reaches the supervisor: the router cleans it out of the
+	// URL first, leaving a path that is no endpoint (or another agent's,
+	// which the token is then checked against). The supervisor's own
+	// refusals are tested on the supervisor.
+	_, err = c.PutFile(ctx, "agent-1", "../outside", bytes.NewReader([]byte("x")), 0)
+	wantAPIError(t, err, api.CodeNotFound, http.StatusNotFound)
+	_, err = clients("agent-token:agent-1").PutFile(ctx, "agent-1", "sub/../../../agent-2/files/x", bytes.NewReader([]byte("x")), 0)
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+	if err := c.DeleteFile(ctx, "agent-1", "data", false); api.CodeOf(err) == "" {
+		t.Errorf("deleting a non-empty directory without recursive: %v", err)
+	}
+	if err := c.DeleteFile(ctx, "agent-1", "data", true); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.GetFile(ctx, "agent-1", "data/blob.bin")
+	wantAPIError(t, err, api.CodeFileNotFound, http.StatusNotFound)
+
+	// Another agent's token reaches none of it.
+	other := clients("agent-token:agent-2")
+	_, err = other.GetFile(ctx, "agent-1", "anything")
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+	_, err = other.PutFile(ctx, "agent-1", "x", bytes.NewReader(nil), 0)
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+}
+
+func TestToolRequestAndExecute(t *testing.T) {
+	c := realSupervisorAPI(t)(adminToken)
+	ctx := context.Background()
+	if _, err := c.ToolRequest(ctx, "agent-1", "create_file", map[string]any{"path": "notes.txt", "content": "hello"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.ToolRequest(ctx, "agent-1", "read_file", map[string]any{"path": "notes.txt"})
+	if err != nil || !bytes.Contains(out, []byte(`"hello"`)) {
+		t.Fatalf("read_file: %s, %v", out, err)
+	}
+	_, err = c.ToolRequest(ctx, "agent-1", "create_file", map[string]any{"path": "x", "contents": "typo"})
+	wantAPIError(t, err, api.CodeInvalidArgument, http.StatusBadRequest)
+
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 for execute")
+	}
+	raw, err := c.Execute(ctx, "agent-1", map[string]any{
+		"code":  "print(open('in.txt').read().upper()); open('out.txt','w').write('made')",
+		"files": map[string][]byte{"in.txt": []byte("inline")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Status        string            `json:"status"`
+		Output        string            `json:"output"`
+		FilesProduced map[string][]byte `json:"files_produced"`
+	}
+	if err := json.Unmarshal(raw, &res); err != nil || res.Status != "success" || res.Output != "INLINE\n" || string(res.FilesProduced["out.txt"]) != "made" {
+		t.Fatalf("execute: %s (%v)", raw, err)
+	}
+}
