@@ -38,7 +38,7 @@ func storeAPI(t *testing.T, f *fixture) (*Server, *store.Store, func(token strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewTLSServer(srv.Handler())
+	ts := httptest.NewTLSServer(contractCheck(t, srv.Handler()))
 	t.Cleanup(func() {
 		ts.Close()
 		srv.Close()

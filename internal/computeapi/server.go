@@ -16,6 +16,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -110,6 +111,8 @@ type Server struct {
 	handler         http.Handler
 	store           *store.Store
 	audit           *auditor
+	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
+	routes []string
 }
 
 // NewServer checks opts and returns a Server.
@@ -178,8 +181,12 @@ func NewServer(opts Options) (*Server, error) {
 			allow[i] = m.verb
 		}
 		mux.Handle(pattern, s.authenticated(methods[0].op, methodNotAllowed(strings.Join(allow, ", "))))
+		for _, m := range methods {
+			s.routes = append(s.routes, m.verb+" "+pattern)
+		}
 	}
 	post, del, get := http.MethodPost, http.MethodDelete, http.MethodGet
+	route("/v1/openapi.yaml", method{get, "openapi", s.serveOpenAPI})
 	route("/v1/agents/{agent_id}/run_command", method{post, "run_command", s.runCommand})
 	route("/v1/agents/{agent_id}/lease", method{post, "acquire_lease", s.acquireLease}, method{del, "release_lease", s.releaseLease})
 	route("/v1/agents/{agent_id}/lease/heartbeat", method{post, "heartbeat_lease", s.heartbeatLease})
@@ -200,7 +207,20 @@ func NewServer(opts Options) (*Server, error) {
 	mux.Handle("/", s.authenticated("unknown", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	}))
-	s.handler = mux
+	// ServeMux answers a path with "." or ".." segments (or "//") with a
+	// redirect to the cleaned path, which a client may follow to a path it
+	// did not mean. Such a path is refused instead: no workspace path
+	// needs them, and the supervisor would refuse them anyway.
+	unclean := s.authenticated("invalid_path", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "path %q has empty, \".\" or \"..\" segments", r.URL.Path))
+	})
+	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; p != "" && path.Clean(p) != p && !(strings.HasSuffix(p, "/") && path.Clean(p)+"/" == p) {
+			unclean.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 	return s, nil
 }
 

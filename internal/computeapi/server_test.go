@@ -210,7 +210,7 @@ func newFixture(t *testing.T, supervisorIdentity string, extra ...client.Object)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.api = httptest.NewTLSServer(f.services.Handler())
+	f.api = httptest.NewTLSServer(contractCheck(t, f.services.Handler()))
 	t.Cleanup(f.api.Close)
 	f.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.api.Certificate().Raw})
 	return f
