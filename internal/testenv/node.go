@@ -211,7 +211,7 @@ serializeImagePulls: false
 maxPods: 250
 `, NodeIP, kubeletPort, healthzPort, filepath.Join(pkiDir, "ca.crt"), filepath.Join(pkiDir, "kubelet.crt"), filepath.Join(pkiDir, "kubelet.key"),
 		c.sock(), resolv, PodCIDR)
-	kubeletDir := filepath.Join(st.Dir, "kubelet")
+	kubeletDir := kubeletRoot(st.Dir)
 	if err := os.MkdirAll(kubeletDir, 0o755); err != nil {
 		return err
 	}

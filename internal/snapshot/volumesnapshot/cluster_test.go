@@ -30,18 +30,26 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/snapshotctl"
 )
 
-// The test cluster has no CSI driver, so nothing would ever cut the
-// snapshots the real snapshot-controller asks for. This test plays the CSI
-// driver's csi-snapshotter sidecar: it writes the VolumeSnapshotContent
-// status (snapshotHandle, readyToUse, restoreSize, creationTime, or an
-// error) that the sidecar would write after CSI CreateSnapshot, and removes
-// the sidecar's finalizer where the sidecar would after DeleteSnapshot.
-// Everything else is real: the CRDs with their validation, the API server,
-// the snapshot-controller that creates the content from the claim's
-// PersistentVolume and copies the content's status to the VolumeSnapshot,
-// and the PersistentVolume controller that binds the claim. So readiness
-// here proves the driver reads what the snapshot-controller reports, not
-// that any bytes were copied.
+// This test runs the real snapshot-controller but no CSI driver for its
+// class, so that it can drive the driver through states a real CSI driver
+// does not reach on cue: a snapshot that stays uncut, and a CreateSnapshot
+// error. It plays the CSI driver's csi-snapshotter sidecar: it writes the
+// VolumeSnapshotContent status (snapshotHandle, readyToUse, restoreSize,
+// creationTime, or an error) that the sidecar would write after CSI
+// CreateSnapshot, and removes the sidecar's finalizer where the sidecar
+// would after DeleteSnapshot. Everything else is real: the CRDs with their
+// validation, the API server, the snapshot-controller that creates the
+// content from the claim's PersistentVolume and copies the content's status
+// to the VolumeSnapshot, and the PersistentVolume controller that binds the
+// claim. So readiness here proves the driver reads what the
+// snapshot-controller reports, not that any bytes were copied.
+//
+// The bytes are proven elsewhere: TestVolumesnapshotIdleStopAndResume in
+// internal/controller runs this driver under the sandbox controller on a
+// real CSI stack (package csistack: a CSI driver on the test node with the
+// real csi-snapshotter and csi-provisioner), where a sandbox's workspace
+// goes into a VolumeSnapshot and comes back byte for byte on a claim
+// provisioned from it.
 const (
 	clusterCSIDriver = "csi.agentbox.test"
 	clusterSize      = "1Gi"
@@ -67,7 +75,7 @@ func TestOnCluster(t *testing.T) {
 	snapshotctl.Start(t, cfg, kubeconfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	t.Log("no CSI driver runs in the test cluster: the test stands in for its csi-snapshotter sidecar, writing VolumeSnapshotContent status and removing its finalizer; the CRDs, API server, snapshot-controller and PV binder are real")
+	t.Log("no CSI driver runs for this test's class: the test stands in for its csi-snapshotter sidecar, writing VolumeSnapshotContent status and removing its finalizer; the CRDs, API server, snapshot-controller and PV binder are real (the real CSI data path is TestVolumesnapshotIdleStopAndResume in internal/controller)")
 
 	// The VolumeSnapshot's owner must exist: the garbage collector deletes
 	// dependents of a missing owner.
@@ -149,9 +157,10 @@ func (e *clusterEnv) testReady(t *testing.T) {
 		t.Errorf("Take = %+v, want Ready with %d bytes at %s", st, size.Value(), cut)
 	}
 
-	// The restored claim cannot be provisioned here (no CSI driver); what
-	// is tested is that the API server accepts the data source and keeps
-	// both fields, which it drops when it does not allow the kind.
+	// The restored claim cannot be provisioned here (no CSI driver serves
+	// this class); what is tested is that the API server accepts the data
+	// source and keeps both fields, which it drops when it does not allow
+	// the kind.
 	restored := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "agent-1-workspace-restored", Namespace: e.ns},
 		Spec: corev1.PersistentVolumeClaimSpec{

@@ -1,9 +1,14 @@
 // Package snapshotctl runs the real CSI snapshot-controller (external-
 // snapshotter's, built from the Go module proxy by `make testenv`) against
 // the test cluster, with the snapshot.storage.k8s.io CRDs of the same
-// release. The cluster has no CSI driver, so nothing answers the
-// VolumeSnapshotContents the controller creates: tests play the CSI side
-// themselves, and must say so.
+// release. The controller turns VolumeSnapshots into VolumeSnapshotContents;
+// cutting the snapshots is the CSI side's job. Package csistack runs that
+// side for real on a cluster with a node (a CSI driver whose snapshots are
+// tar archives of its folder volumes, with the real csi-snapshotter and
+// csi-provisioner), so tests that start both move real data through
+// VolumeSnapshots and claims restored from them. Tests that start only the
+// controller have no CSI side: they must play csi-snapshotter themselves,
+// and say so.
 package snapshotctl
 
 import (
@@ -35,7 +40,10 @@ type Controller struct {
 // Start applies the snapshot CRDs to the cluster and runs a
 // snapshot-controller on it until the test ends, or skips the test when
 // `make testenv` has not built them. The controller watches every
-// namespace, so there must be one per cluster at a time.
+// namespace, so there must be one active per cluster: test packages that
+// share the cluster each start one, and leader election makes all but one
+// of them wait, a follower taking over within seconds when the leader's
+// test ends.
 func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Controller {
 	tb.Helper()
 	dir, err := toolchain.DefaultDir()
@@ -58,7 +66,10 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Controller {
 	c := &Controller{done: make(chan struct{})}
 	c.cmd = exec.Command(bin,
 		"--kubeconfig="+kubeconfig,
-		"--leader-election=false",
+		"--leader-election=true", "--leader-election-namespace=kube-system",
+		// Short terms: a follower waits out the lease of a leader whose
+		// test has ended (it does not give the lease back when stopped).
+		"--leader-election-lease-duration=8s", "--leader-election-renew-deadline=6s", "--leader-election-retry-period=1s",
 		"--worker-threads=4",
 		// Without the group snapshot CRDs (not applied: nothing here uses
 		// them) the controller would wait 30 s for them at start.

@@ -34,10 +34,12 @@ func ImageDir(dir string) string { return filepath.Join(dir, "images") }
 func (b *Builder) buildOwnTools(ctx context.Context) error {
 	t := time.Now()
 	env := append(os.Environ(), "CGO_ENABLED=0")
-	if err := b.run(ctx, "", env, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(BinDir(b.Dir), LocalPathProvisioner), localPathPackage); err != nil {
-		return fmt.Errorf("build %s: %w", LocalPathProvisioner, err)
+	for _, tool := range []binary{{LocalPathProvisioner, localPathPackage}, {CSIHostPath, csiHostPathPackage}} {
+		if err := b.run(ctx, "", env, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(BinDir(b.Dir), tool.out), tool.pkg); err != nil {
+			return fmt.Errorf("build %s: %w", tool.out, err)
+		}
 	}
-	b.logf("own tools: %s (%s)", LocalPathProvisioner, time.Since(t).Round(time.Millisecond))
+	b.logf("own tools: %s %s (%s)", LocalPathProvisioner, CSIHostPath, time.Since(t).Round(time.Millisecond))
 	return nil
 }
 

@@ -9,12 +9,18 @@ import (
 	"strings"
 )
 
-// ExternalSnapshotterVersion is the release of the snapshot-controller and
-// of the snapshot CRDs; the snapshot-controller wrapper pins the same one.
+// ExternalSnapshotterVersion is the release of the snapshot-controller, of
+// csi-snapshotter and of the snapshot CRDs; the snapshot-controller wrapper
+// pins the same one.
 const ExternalSnapshotterVersion = "v8.3.0"
 
-// SnapshotController is the snapshot-controller file name under BinDir.
-const SnapshotController = "snapshot-controller"
+// File names under BinDir.
+const (
+	SnapshotController = "snapshot-controller"
+	// CSISnapshotter is the sidecar that calls a CSI driver's
+	// CreateSnapshot and DeleteSnapshot for VolumeSnapshotContents.
+	CSISnapshotter = "csi-snapshotter"
+)
 
 const snapshotClientModule = "github.com/kubernetes-csi/external-snapshotter/client/v8"
 
@@ -35,8 +41,8 @@ func SnapshotCRDDir(dir string) string { return filepath.Join(dir, snapshotCRDSu
 const snapshotCRDSubdir = "crds/snapshot"
 
 // snapshotController is the real VolumeSnapshot controller the
-// volumesnapshot driver is tested against. The CSI side (csi-snapshotter
-// and a driver) is not built: the test cluster has no CSI driver.
+// volumesnapshot driver is tested against, with csi-snapshotter, the
+// sidecar that hands its requests to the test node's CSI driver.
 func snapshotController() component {
 	produces := make([]string, len(SnapshotCRDs))
 	for i, f := range SnapshotCRDs {
@@ -44,6 +50,7 @@ func snapshotController() component {
 	}
 	return component{name: "snapshot-controller", binary: []binary{
 		{SnapshotController, "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller"},
+		{CSISnapshotter, "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"},
 	}, ldflags: "-s -w -X main.version=" + ExternalSnapshotterVersion, files: copySnapshotCRDs, produces: produces}
 }
 

@@ -1,0 +1,445 @@
+// Command csihostpath is the test node's CSI driver: volumes are folders on
+// the node and snapshots are tar archives of them, as in the Kubernetes CSI
+// project's csi-driver-host-path. It runs as a host process beside kubelet
+// with the real csi-provisioner, csi-snapshotter and snapshot-controller, so
+// that the test cluster runs the whole CSI snapshot path with real data:
+// VolumeSnapshot, VolumeSnapshotContent, CreateSnapshot, and a claim
+// provisioned from a snapshot through its dataSource.
+//
+// It exists because the Go module proxy serves neither csi-driver-host-path
+// nor node-driver-registrar (it answers 403 for both), so it also registers
+// itself with kubelet, which is node-driver-registrar's job. It is for tests
+// only: no capacity limits, no topology, one node.
+//
+// Volumes are made root-owned 0755, like a fresh filesystem; kubelet applies
+// the pod's fsGroup to them because the CSIDriver object says fsGroupPolicy
+// File.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+const version = "0.1.0"
+
+func main() {
+	endpoint := flag.String("endpoint", "", "unix socket the CSI services listen on")
+	registry := flag.String("registration-dir", "", "kubelet's plugins_registry folder (empty: do not register with kubelet)")
+	dir := flag.String("dir", "", "folder that holds volumes and snapshots")
+	name := flag.String("name", "", "CSI driver name")
+	node := flag.String("node", "", "node ID reported to kubelet")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if *endpoint == "" || *dir == "" || *name == "" || *node == "" {
+		log.Error("-endpoint, -dir, -name and -node are required")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, *endpoint, *registry, *dir, *name, *node, log); err != nil {
+		log.Error("csihostpath", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, endpoint, registry, dir, name, node string, log *slog.Logger) error {
+	d := &driver{name: name, node: node, dir: dir, vols: filepath.Join(dir, "volumes"), snaps: filepath.Join(dir, "snapshots"), log: log}
+	for _, p := range []string{d.vols, d.snaps, d.metaDir(), d.tmpDir(), filepath.Dir(endpoint)} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.logCall))
+	csi.RegisterIdentityServer(srv, d)
+	csi.RegisterControllerServer(srv, d)
+	csi.RegisterNodeServer(srv, d)
+	l, err := listenUnix(endpoint)
+	if err != nil {
+		return err
+	}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+
+	if registry != "" {
+		// kubelet's plugin watcher finds this socket, asks GetInfo, and then
+		// talks CSI to the endpoint it names. Removing the socket on the way
+		// out makes kubelet deregister the driver.
+		reg := grpc.NewServer()
+		registerapi.RegisterRegistrationServer(reg, &registration{name: name, endpoint: endpoint, log: log})
+		regSock := filepath.Join(registry, name+"-reg.sock")
+		rl, err := listenUnix(regSock)
+		if err != nil {
+			return err
+		}
+		go func() { _ = reg.Serve(rl) }()
+		defer func() {
+			reg.Stop()
+			_ = os.Remove(regSock)
+		}()
+	}
+	log.Info("serving", "endpoint", endpoint, "driver", name, "node", node, "version", version)
+	<-ctx.Done()
+	return nil
+}
+
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return l, nil
+}
+
+type registration struct {
+	registerapi.UnimplementedRegistrationServer
+	name, endpoint string
+	log            *slog.Logger
+}
+
+func (r *registration) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{Type: registerapi.CSIPlugin, Name: r.name, Endpoint: r.endpoint, SupportedVersions: []string{"1.0.0"}}, nil
+}
+
+func (r *registration) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	if !st.PluginRegistered {
+		r.log.Error("kubelet refused the registration", "err", st.Error)
+	} else {
+		r.log.Info("registered with kubelet")
+	}
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+type driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
+	name, node       string
+	dir, vols, snaps string
+	log              *slog.Logger
+	// mu serialises changes: the sidecars retry, and a test cluster has a
+	// handful of volumes, so there is nothing to gain from concurrency.
+	mu sync.Mutex
+}
+
+func (d *driver) logCall(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	method := info.FullMethod[strings.LastIndexByte(info.FullMethod, '/')+1:]
+	if err != nil {
+		d.log.Warn("call failed", "method", method, "err", err)
+	} else if !strings.HasPrefix(method, "Probe") && !strings.HasPrefix(method, "Get") && !strings.HasSuffix(method, "GetCapabilities") {
+		d.log.Info("call", "method", method, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return resp, err
+}
+
+// Identity.
+
+func (d *driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: d.name, VendorVersion: version}, nil
+}
+
+func (d *driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{
+		Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}},
+	}}}, nil
+}
+
+func (d *driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return &csi.ProbeResponse{}, nil
+}
+
+// Controller.
+
+func (d *driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, c := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: c}}})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// safeID checks that an ID or name from the CO is one path element, and
+// not "." or "..", so that no request can reach outside, or remove, the
+// driver's folders.
+func safeID(id string) error {
+	if id == "" || strings.ContainsRune(id, '/') || strings.HasPrefix(id, ".") || !filepath.IsLocal(id) {
+		return status.Errorf(codes.InvalidArgument, "invalid ID %q", id)
+	}
+	return nil
+}
+
+// volMeta is kept beside each volume folder: the capacity the CO asked
+// for, which a snapshot reports as its size (what a restored claim needs at
+// least), as csi-driver-host-path does.
+type volMeta struct {
+	Capacity int64 `json:"capacity"`
+}
+
+func (d *driver) volPath(id string) string  { return filepath.Join(d.vols, id) }
+func (d *driver) metaDir() string           { return filepath.Join(d.dir, "volume-meta") }
+func (d *driver) metaPath(id string) string { return filepath.Join(d.metaDir(), id+".json") }
+func (d *driver) tmpDir() string            { return filepath.Join(d.dir, "tmp") }
+
+func (d *driver) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	if err := safeID(req.GetName()); err != nil {
+		return nil, err
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if c.GetBlock() != nil {
+			return nil, status.Error(codes.InvalidArgument, "block volumes are not supported")
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	id := req.GetName()
+	size := req.GetCapacityRange().GetRequiredBytes()
+	vol := &csi.Volume{VolumeId: id, CapacityBytes: size, ContentSource: req.GetVolumeContentSource()}
+	if _, err := os.Stat(d.volPath(id)); err == nil {
+		// A retry of a call that succeeded: the sidecar lost the answer.
+		return &csi.CreateVolumeResponse{Volume: vol}, nil
+	}
+	var archive string
+	if src := req.GetVolumeContentSource(); src != nil {
+		snap := src.GetSnapshot()
+		if snap == nil {
+			return nil, status.Error(codes.InvalidArgument, "only snapshots can be a volume's content source")
+		}
+		if err := safeID(snap.GetSnapshotId()); err != nil {
+			return nil, err
+		}
+		archive = filepath.Join(d.snaps, snap.GetSnapshotId(), "data.tar")
+		if _, err := os.Stat(archive); err != nil {
+			return nil, status.Errorf(codes.NotFound, "snapshot %s: %v", snap.GetSnapshotId(), err)
+		}
+	}
+	// The folder appears under its name only when it is whole, so a crash
+	// halfway leaves nothing a retry could mistake for a volume.
+	tmp := filepath.Join(d.tmpDir(), id)
+	if err := os.RemoveAll(tmp); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if archive != "" {
+		// tar as root keeps owners and modes, so a restored workspace
+		// belongs to the sandbox user as the original did.
+		if out, err := exec.Command("tar", "--numeric-owner", "-xpf", archive, "-C", tmp).CombinedOutput(); err != nil {
+			return nil, status.Errorf(codes.Internal, "restore snapshot into %s: %v: %s", id, err, out)
+		}
+	}
+	b, _ := json.Marshal(volMeta{Capacity: size})
+	if err := os.WriteFile(d.metaPath(id), b, 0o644); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := os.Rename(tmp, d.volPath(id)); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &csi.CreateVolumeResponse{Volume: vol}, nil
+}
+
+func (d *driver) DeleteVolume(_ context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	if err := safeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := os.RemoveAll(d.volPath(req.GetVolumeId())); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := os.Remove(d.metaPath(req.GetVolumeId())); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+func (d *driver) ValidateVolumeCapabilities(_ context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if err := safeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(d.volPath(req.GetVolumeId())); err != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s", req.GetVolumeId())
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if c.GetBlock() != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: "block volumes are not supported"}, nil
+		}
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{VolumeCapabilities: req.GetVolumeCapabilities()}}, nil
+}
+
+type snapMeta struct {
+	Source  string    `json:"source"`
+	Created time.Time `json:"created"`
+	Size    int64     `json:"size"`
+}
+
+func (d *driver) CreateSnapshot(_ context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	if err := safeID(req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := safeID(req.GetSourceVolumeId()); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dir := filepath.Join(d.snaps, req.GetName())
+	if b, err := os.ReadFile(filepath.Join(dir, "meta.json")); err == nil {
+		var m snapMeta
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		if m.Source != req.GetSourceVolumeId() {
+			return nil, status.Errorf(codes.AlreadyExists, "snapshot %s is of volume %s", req.GetName(), m.Source)
+		}
+		return &csi.CreateSnapshotResponse{Snapshot: m.csi(req.GetName())}, nil
+	}
+	src := d.volPath(req.GetSourceVolumeId())
+	if _, err := os.Stat(src); err != nil {
+		return nil, status.Errorf(codes.NotFound, "source volume %s: %v", req.GetSourceVolumeId(), err)
+	}
+	var vm volMeta
+	if b, err := os.ReadFile(d.metaPath(req.GetSourceVolumeId())); err == nil {
+		_ = json.Unmarshal(b, &vm)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	archive := filepath.Join(dir, "data.tar")
+	if out, err := exec.Command("tar", "--numeric-owner", "-cf", archive, "-C", src, ".").CombinedOutput(); err != nil {
+		return nil, status.Errorf(codes.Internal, "archive volume %s: %v: %s", req.GetSourceVolumeId(), err, out)
+	}
+	m := snapMeta{Source: req.GetSourceVolumeId(), Created: time.Now(), Size: vm.Capacity}
+	b, _ := json.Marshal(m)
+	// meta.json is written last: its presence means the snapshot is whole.
+	if err := os.WriteFile(filepath.Join(dir, "meta.json"), b, 0o644); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: m.csi(req.GetName())}, nil
+}
+
+func (m snapMeta) csi(id string) *csi.Snapshot {
+	return &csi.Snapshot{SnapshotId: id, SourceVolumeId: m.Source, CreationTime: timestamppb.New(m.Created), SizeBytes: m.Size, ReadyToUse: true}
+}
+
+func (d *driver) DeleteSnapshot(_ context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	if err := safeID(req.GetSnapshotId()); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := os.RemoveAll(filepath.Join(d.snaps, req.GetSnapshotId())); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// Node.
+
+func (d *driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: d.node}, nil
+}
+
+func (d *driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	return &csi.NodeGetCapabilitiesResponse{}, nil
+}
+
+func (d *driver) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if err := safeID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	target := req.GetTargetPath()
+	if target == "" {
+		return nil, status.Error(codes.InvalidArgument, "no target path")
+	}
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return nil, status.Error(codes.InvalidArgument, "block volumes are not supported")
+	}
+	src := d.volPath(req.GetVolumeId())
+	if _, err := os.Stat(src); err != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s", req.GetVolumeId())
+	}
+	if mounted(target) {
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
+	// The CO makes the parent; the target itself is the driver's.
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		return nil, status.Errorf(codes.Internal, "bind %s on %s: %v", src, target, err)
+	}
+	if req.GetReadonly() {
+		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			_ = unix.Unmount(target, 0)
+			return nil, status.Errorf(codes.Internal, "remount %s read-only: %v", target, err)
+		}
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+func (d *driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	target := req.GetTargetPath()
+	if target == "" {
+		return nil, status.Error(codes.InvalidArgument, "no target path")
+	}
+	if mounted(target) {
+		if err := unix.Unmount(target, 0); err != nil {
+			return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+		}
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// mounted reports whether path is a mount point: a bind mount of a folder
+// on the same filesystem keeps the device, so mountinfo is the only record.
+func mounted(path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	path = filepath.Clean(path)
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && unescapeMount(f[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+// unescapeMount undoes the octal escapes mountinfo uses for spaces and tabs.
+func unescapeMount(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
