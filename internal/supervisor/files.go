@@ -63,7 +63,7 @@ func (s *Server) serveFiles(w *recorder, r *http.Request, info *requestInfo) boo
 		fail(api.Errorf(api.CodeUnavailable, "this supervisor serves no workspace (%s does not exist)", DefaultWorkspace))
 		return true
 	}
-	rel, apiErr := s.relPath(strings.TrimPrefix(r.URL.Path, prefix))
+	rel, apiErr := s.confine(strings.TrimPrefix(r.URL.Path, prefix))
 	if apiErr != nil {
 		fail(apiErr)
 		return true
@@ -269,6 +269,10 @@ func (s *Server) stat(rel string) (*api.FileInfo, *api.Error) {
 }
 
 func (s *Server) list(rel string) (*api.ListResult, *api.Error) {
+	rel, apiErr := s.resolveLinks(rel, true)
+	if apiErr != nil {
+		return nil, apiErr
+	}
 	st, err := s.root.Stat(rel)
 	if err != nil {
 		return nil, fsError("list", rel, err)
@@ -292,6 +296,10 @@ func (s *Server) list(rel string) (*api.ListResult, *api.Error) {
 // FIFO planted in the workspace from blocking the open forever; it does
 // not affect regular files.
 func (s *Server) openRegular(op, rel string) (*os.File, fs.FileInfo, *api.Error) {
+	rel, apiErr := s.resolveLinks(rel, true)
+	if apiErr != nil {
+		return nil, nil, apiErr
+	}
 	f, err := s.root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, nil, fsError(op, rel, err)
@@ -333,6 +341,10 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, rel string) *ap
 // after it, the response can only be cut off, so that the client sees a
 // broken stream rather than a tar that looks complete.
 func (s *Server) getTar(w http.ResponseWriter, r *http.Request, rel string, info *requestInfo) *api.Error {
+	rel, apiErr := s.resolveLinks(rel, true)
+	if apiErr != nil {
+		return apiErr
+	}
 	st, err := s.root.Stat(rel)
 	if err != nil {
 		return fsError("get", rel, err)
@@ -625,6 +637,12 @@ func (s *Server) putTar(rel string, body io.Reader) (*api.TarResult, *api.Error)
 		target := path.Join(rel, clean)
 		if t, _ := s.relPath(target); t != target {
 			return nil, api.Errorf(api.CodePathEscapesWorkspace, "tar entry %q climbs out of the workspace", name)
+		}
+		// Links already in the workspace (or made by earlier entries)
+		// among the entry's directories; see resolveLinks.
+		target, apiErr := s.resolveLinks(target, false)
+		if apiErr != nil {
+			return nil, apiErr
 		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:

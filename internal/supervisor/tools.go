@@ -440,7 +440,7 @@ func (s *Server) toolPath(p string) (string, *api.Error) {
 	if p == "" {
 		p = "."
 	}
-	return s.relPath(p)
+	return s.confine(p)
 }
 
 func (s *Server) toolCreateFile(in *api.CreateFileInput) (*api.FileInfo, *api.Error) {

@@ -1,0 +1,187 @@
+package controller
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+)
+
+// EnvBench turns on TestSupervisorGVisorBench. The figures come from a real
+// gVisor pod on the shared test cluster, so they are printed, not asserted,
+// and the test would only slow `make test` down. It is a Test rather than
+// a Benchmark because the pod and the cluster environment hang off a
+// *testing.T (newClusterEnv), and b.N-driven loops would restart neither
+// side of the comparisons, which must alternate.
+const EnvBench = "AGENTBOX_BENCH"
+
+// rawSpawn times fork/exec of /bin/true inside the pod, with the same
+// system calls the supervisor's exec.Cmd makes (posix_spawn is
+// vfork+exec), and prints one duration in nanoseconds a line.
+const rawSpawn = `
+import os, sys, time
+n = int(sys.argv[1])
+for _ in range(n):
+    t = time.perf_counter_ns()
+    pid = os.posix_spawn('/bin/true', ['true'], {})
+    os.waitpid(pid, 0)
+    print(time.perf_counter_ns() - t)
+`
+
+// TestSupervisorGVisorBench prints the supervisor's costs in a gVisor pod:
+// the round trip of `true` against a raw fork/exec in the same pod,
+// 100 MiB through the file API against kubectl, and idle RSS.
+func TestSupervisorGVisorBench(t *testing.T) {
+	if os.Getenv(EnvBench) == "" {
+		t.Skipf("%s is not set: the supervisor benchmarks run only on request", EnvBench)
+	}
+	e := newClusterEnv(t)
+	_, kubeconfig := testenv.Shared(t)
+	p := e.gvisorPod(t, "bench", gvisorPodOptions{memoryLimit: "1Gi", workspaceCap: "512MiB", emptyDirSize: "1Gi"})
+	ctx := e.ctx
+	var table [][3]string
+	row := func(what, value, note string) { table = append(table, [3]string{what, value, note}) }
+
+	// (a) `true`: through the supervisor, from the test over mTLS, and
+	// as a raw spawn in the pod, alternating batches so that both see the
+	// same load on the shared machine.
+	const rounds, batch = 10, 20
+	var viaSup, raw []time.Duration
+	for range 3 { // warm the connection and the page cache
+		if _, err := p.alive(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range rounds {
+		for range batch {
+			start := time.Now()
+			res, err := p.sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"true"}, Cwd: "/tmp"})
+			d := time.Since(start)
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("true through the supervisor: %v %+v", err, res)
+			}
+			viaSup = append(viaSup, d)
+		}
+		out := p.run(t, "python3", "-c", rawSpawn, strconv.Itoa(batch)).Stdout
+		for _, f := range strings.Fields(out) {
+			ns, err := strconv.ParseInt(f, 10, 64)
+			must(t, err)
+			raw = append(raw, time.Duration(ns))
+		}
+	}
+	supP50, rawP50 := percentile(viaSup, 50), percentile(raw, 50)
+	t.Logf("true via supervisor: n=%d p50 %v p90 %v; raw posix_spawn in pod: n=%d p50 %v p90 %v; supervisor adds %v at p50",
+		len(viaSup), supP50, percentile(viaSup, 90), len(raw), rawP50, percentile(raw, 90), supP50-rawP50)
+	row("`true` via supervisor (mTLS from host), p50", supP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v", len(viaSup), percentile(viaSup, 90).Round(time.Microsecond)))
+	row("`true` raw posix_spawn in the pod, p50", rawP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v", len(raw), percentile(raw, 90).Round(time.Microsecond)))
+	row("supervisor overhead at p50", (supP50 - rawP50).Round(time.Microsecond).String(), "target <= 1ms")
+
+	// (b) 100 MiB in and out, through the file API and through kubectl.
+	// The image has no tar, which kubectl cp needs, so the kubectl side is
+	// kubectl exec with cat: the same path kubectl cp takes (an exec
+	// stream through the API server and kubelet) without tar's framing.
+	const size = 100 << 20
+	data := make([]byte, size)
+	_, _ = rand.Read(data)
+	if out, err := exec.CommandContext(ctx, "kubectl", "--kubeconfig", kubeconfig, "-n", e.ns, "exec", p.name, "-c", ContainerName, "--", "tar", "--version").CombinedOutput(); err == nil {
+		t.Logf("the image has tar after all (%s); kubectl cp could be measured instead", strings.TrimSpace(string(out)))
+	}
+	kubectl := func(stdin io.Reader, stdout io.Writer, args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", kubeconfig, "-n", e.ns, "exec", "-i", p.name, "-c", ContainerName, "--"}, args...)...)
+		cmd.Stdin, cmd.Stdout = stdin, stdout
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("kubectl exec %q: %v: %s", args, err, stderr.String())
+		}
+	}
+	var supPut, supGet, kPut, kGet []time.Duration
+	for i := range 3 {
+		start := time.Now()
+		_, err := p.sup.PutFile(ctx, "sup.bin", bytes.NewReader(data), 0)
+		must(t, err)
+		supPut = append(supPut, time.Since(start))
+
+		start = time.Now()
+		kubectl(bytes.NewReader(data), nil, "sh", "-c", "cat > /workspace/kubectl.bin")
+		kPut = append(kPut, time.Since(start))
+
+		start = time.Now()
+		rc, err := p.sup.GetFile(ctx, "sup.bin")
+		must(t, err)
+		n, err := io.Copy(io.Discard, rc)
+		rc.Close()
+		must(t, err)
+		supGet = append(supGet, time.Since(start))
+		if n != size {
+			t.Fatalf("GET returned %d bytes, want %d", n, size)
+		}
+
+		start = time.Now()
+		counter := &countingWriter{}
+		kubectl(nil, counter, "cat", "/workspace/kubectl.bin")
+		kGet = append(kGet, time.Since(start))
+		if counter.n != size {
+			t.Fatalf("kubectl exec cat returned %d bytes, want %d", counter.n, size)
+		}
+		t.Logf("100 MiB round %d: supervisor put %v get %v; kubectl exec put %v get %v", i+1,
+			supPut[i].Round(time.Millisecond), supGet[i].Round(time.Millisecond), kPut[i].Round(time.Millisecond), kGet[i].Round(time.Millisecond))
+	}
+	mb := func(d time.Duration) string { return fmt.Sprintf("%.0f MiB/s", float64(size>>20)/d.Seconds()) }
+	for _, r := range []struct {
+		what     string
+		sup, kub []time.Duration
+	}{{"put", supPut, kPut}, {"get", supGet, kGet}} {
+		s, k := percentile(r.sup, 50), percentile(r.kub, 50)
+		row("100 MiB "+r.what+" via supervisor, median of 3", s.Round(time.Millisecond).String(), mb(s))
+		row("100 MiB "+r.what+" via kubectl exec cat, median of 3", k.Round(time.Millisecond).String(), fmt.Sprintf("%s; supervisor/kubectl time ratio %.2f", mb(k), s.Seconds()/k.Seconds()))
+	}
+
+	// (c) idle RSS, after the supervisor has had nothing to do for a
+	// while and the Go runtime has had time to return memory.
+	if err := p.sup.Delete(ctx, "sup.bin", false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Second)
+	st := p.procStatus(t)
+	t.Logf("supervisor /proc/1/status (gVisor's view): %v", st)
+	row("supervisor idle VmRSS (gVisor /proc/1/status)", fmt.Sprintf("%d kB", st["VmRSS"]), "after the 100 MiB transfers, 10 s idle")
+	// A fresh pod's idle RSS, before any large transfer, for comparison.
+	fresh := e.gvisorPod(t, "idle", gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "64MiB", emptyDirSize: "128Mi"})
+	time.Sleep(10 * time.Second)
+	fs := fresh.procStatus(t)
+	row("supervisor idle VmRSS, fresh pod", fmt.Sprintf("%d kB", fs["VmRSS"]), "fresh pod, one health call, 10 s idle")
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-55s %-12s %s\n", "measure", "value", "note")
+	for _, r := range table {
+		fmt.Fprintf(&b, "%-55s %-12s %s\n", r[0], r[1], r[2])
+	}
+	t.Log(b.String())
+}
+
+type countingWriter struct{ n int64 }
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.n += int64(len(p))
+	return len(p), nil
+}
+
+// percentile returns the nearest-rank percentile of ds.
+func percentile(ds []time.Duration, pct int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (len(s)*pct + 99) / 100
+	return s[max(i-1, 0)]
+}
