@@ -190,6 +190,7 @@ func TestDeploymentArgs(t *testing.T) {
 		"--health-listen=:8081",
 		"--api-service=agentbox-api",
 		"--sandbox-image=agentbox/agentbox-sandbox:dev",
+		"--egress-proxy-image=agentbox/agentbox-egress-proxy:dev",
 		"--trust-domain=agentbox.local",
 		"--leader-elect=false",
 	}
@@ -539,8 +540,8 @@ func TestImageReferences(t *testing.T) {
 			if !slices.Contains(c.Args, "--sandbox-image="+tc.sandbox) {
 				t.Errorf("args %q lack --sandbox-image=%s", c.Args, tc.sandbox)
 			}
-			if e, _ := envValue(c, "AGENTBOX_EGRESS_PROXY_IMAGE"); e.Value != tc.ep {
-				t.Errorf("egress proxy image %q, want %q", e.Value, tc.ep)
+			if !slices.Contains(c.Args, "--egress-proxy-image="+tc.ep) {
+				t.Errorf("args %q lack --egress-proxy-image=%s", c.Args, tc.ep)
 			}
 		})
 	}

@@ -51,3 +51,18 @@ package controller
 // +kubebuilder:rbac:groups=agentbox.dev,resources=gvisornodepools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=node.k8s.io,resources=runtimeclasses,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+//
+// Egress proxies: the controller reads EgressProxies and writes their
+// status. It creates per-sandbox proxy pods and Services (owned by the
+// Sandbox, replaced when their spec changes), the proxy's policy
+// ConfigMap, and NetworkPolicies for sandboxes and proxy pods; it reads
+// the upstream credentials Secret only to check it exists (the proxy pod
+// mounts it).
+// +kubebuilder:rbac:groups=agentbox.dev,resources=egressproxies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=egressproxies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=agentbox.dev,resources=egressproxies/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// A Shared proxy runs as a Deployment owned by its EgressProxy.
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete

@@ -565,6 +565,9 @@ func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, prevReason stri
 
 func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) error {
 	pod := r.desiredPod(sbx, tpl)
+	if err := r.wireEgress(ctx, sbx, tpl, pod); err != nil {
+		return err
+	}
 	if err := r.scheduleOnNodePool(ctx, tpl, pod); err != nil {
 		return err
 	}

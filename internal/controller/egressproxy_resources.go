@@ -1,0 +1,496 @@
+package controller
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+// The egress proxy's objects. PerAgent mode gives each sandbox a proxy pod
+// and Service named after the sandbox's workload and owned by the Sandbox,
+// so they go with it; the policy ConfigMap and the proxies' NetworkPolicy
+// belong to the EgressProxy. Shared mode runs one Deployment and Service
+// owned by the EgressProxy.
+
+const (
+	// EgressProxyPort is the port proxy pods serve and their Services
+	// expose; the sandboxes' HTTP_PROXY points at it.
+	EgressProxyPort = 3128
+	// egressMetricsPort serves the proxy's Prometheus metrics. It is a
+	// separate listener so that NetworkPolicy can keep sandboxes off it.
+	egressMetricsPort = 9090
+
+	egressContainerName = "proxy"
+	egressPortName      = "proxy"
+	egressMetricsName   = "metrics"
+
+	// egressPolicyKey is the ConfigMap key of the proxy's policy file, in
+	// the format of egressproxy.FileConfig.
+	egressPolicyKey = "policy.yaml"
+	// egressUpstreamCredentialsKey is the file name the upstream
+	// credentials are mounted under, whatever the Secret's key is called.
+	egressUpstreamCredentialsKey = "credentials"
+	// egressClientsKey is the key of the Shared proxy's client credentials
+	// Secret: one "sandbox:password" line per sandbox.
+	egressClientsKey = "clients"
+
+	egressConfigDir      = "/etc/agentbox/egress"
+	egressUpstreamDir    = "/etc/agentbox/egress-upstream"
+	egressClientsDir     = "/etc/agentbox/egress-clients"
+	egressVolumeConfig   = "policy"
+	egressVolumeUpstream = "upstream"
+	egressVolumeClients  = "clients"
+
+	// egressUID is the proxy image's nonroot user.
+	egressUID int64 = 65532
+
+	// DefaultEgressProxyImage is the proxy image when the reconciler is
+	// given none.
+	DefaultEgressProxyImage = "agentbox/agentbox-egress-proxy:dev"
+
+	// controlPlaneComponentLabel selects the control plane's pods (the
+	// chart's selector labels) for the sandboxes' ingress rule.
+	controlPlaneComponentLabel = "app.kubernetes.io/component"
+	controlPlaneComponent      = "controlplane"
+)
+
+// privateRanges are the destinations a proxy pod's NetworkPolicy never lets
+// it reach: cluster-internal and node networks, loopback, link-local (with
+// the cloud metadata address), CGNAT and the benchmarking range, the same
+// list the proxy denies after DNS by default.
+var privateRanges = []string{
+	"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+	"127.0.0.0/8", "169.254.0.0/16", "198.18.0.0/15", "0.0.0.0/8",
+}
+
+var privateRangesV6 = []string{"fc00::/7", "fe80::/10", "::1/128"}
+
+// EgressServiceName is the name of a PerAgent sandbox's proxy pod and
+// Service, derived from the sandbox's workload name.
+func EgressServiceName(workload string) string { return workload + "-egress" }
+
+// egressConfigMapName names the policy ConfigMap of an EgressProxy.
+func egressConfigMapName(proxy string) string { return proxy + "-egress-policy" }
+
+// egressClientsSecretName names a Shared proxy's client credentials Secret.
+func egressClientsSecretName(proxy string) string { return proxy + "-egress-clients" }
+
+// egressProxyNetworkPolicyName names the NetworkPolicy of an EgressProxy's
+// pods.
+func egressProxyNetworkPolicyName(proxy string) string { return proxy + "-egress-proxy" }
+
+// SandboxNetworkPolicyName names a sandbox's NetworkPolicy.
+func SandboxNetworkPolicyName(sandbox string) string { return sandbox + "-sandbox" }
+
+func proxyMode(ep *v1alpha1.EgressProxy) v1alpha1.EgressProxyMode {
+	if ep.Spec.Mode == "" {
+		return v1alpha1.EgressProxyModePerAgent
+	}
+	return ep.Spec.Mode
+}
+
+// egressPolicyData is the proxy's policy file: the EgressProxy's lists in
+// the proxy's -config format. Lists are sorted so that an unchanged spec
+// gives byte-identical data and the proxy does not reload for nothing.
+func egressPolicyData(ep *v1alpha1.EgressProxy) (string, error) {
+	sorted := func(in []string) []string {
+		out := append([]string(nil), in...)
+		sort.Strings(out)
+		return out
+	}
+	var cfg struct {
+		AllowedDomains []string `json:"allowedDomains,omitempty"`
+		DeniedDomains  []string `json:"deniedDomains,omitempty"`
+		DeniedCIDRs    []string `json:"deniedCIDRs,omitempty"`
+	}
+	for _, d := range ep.Spec.AllowedDomains {
+		cfg.AllowedDomains = append(cfg.AllowedDomains, string(d))
+	}
+	for _, d := range ep.Spec.DeniedDomains {
+		cfg.DeniedDomains = append(cfg.DeniedDomains, string(d))
+	}
+	for _, c := range ep.Spec.DeniedCIDRs {
+		cfg.DeniedCIDRs = append(cfg.DeniedCIDRs, string(c))
+	}
+	cfg.AllowedDomains, cfg.DeniedDomains, cfg.DeniedCIDRs = sorted(cfg.AllowedDomains), sorted(cfg.DeniedDomains), sorted(cfg.DeniedCIDRs)
+	// JSON is YAML, and the proxy reads either.
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return "", fmt.Errorf("encode the policy of EgressProxy %s: %w", ep.Name, err)
+	}
+	return string(b) + "\n", nil
+}
+
+func desiredEgressConfigMap(ep *v1alpha1.EgressProxy) (*corev1.ConfigMap, error) {
+	data, err := egressPolicyData(ep)
+	if err != nil {
+		return nil, err
+	}
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      egressConfigMapName(ep.Name),
+			Namespace: ep.Namespace,
+			Labels:    map[string]string{v1alpha1.LabelEgressProxy: ep.Name},
+		},
+		Data: map[string]string{egressPolicyKey: data},
+	}, nil
+}
+
+// egressPodOptions are the settings of the proxy pods that come from the
+// control plane rather than from the EgressProxy.
+type egressPodOptions struct {
+	image string
+	// baseDeniedCIDRs replace the proxy's default denied ranges when
+	// non-nil (its -deny-cidrs flag); the EgressProxy's deniedCIDRs are
+	// denied on top.
+	baseDeniedCIDRs []string
+	// agent is the agent served (PerAgent), for the access log.
+	agent string
+	// clientAuth turns on per-sandbox client credentials (Shared).
+	clientAuth bool
+	// runtimeClass of the proxy pods; empty leaves the cluster's default.
+	runtimeClass string
+}
+
+// egressPodSpec is the proxy's pod: restricted Pod Security, no API
+// token, the policy ConfigMap and the upstream credentials mounted as
+// files. The credentials never go into the environment, where they would
+// show in the pod spec and in /proc of every process.
+func egressPodSpec(ep *v1alpha1.EgressProxy, o egressPodOptions) corev1.PodSpec {
+	args := []string{
+		"-listen=:" + strconv.Itoa(EgressProxyPort),
+		"-metrics-listen=:" + strconv.Itoa(egressMetricsPort),
+		"-config=" + egressConfigDir + "/" + egressPolicyKey,
+	}
+	if o.baseDeniedCIDRs != nil {
+		args = append(args, "-deny-cidrs="+strings.Join(o.baseDeniedCIDRs, ","))
+	}
+	if o.agent != "" {
+		args = append(args, "-agent="+o.agent)
+	}
+	volumes := []corev1.Volume{{Name: egressVolumeConfig, VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: egressConfigMapName(ep.Name)}},
+	}}}
+	mounts := []corev1.VolumeMount{{Name: egressVolumeConfig, MountPath: egressConfigDir, ReadOnly: true}}
+	if up := ep.Spec.Upstream; up != nil {
+		args = append(args, "-upstream="+strings.TrimSuffix(up.URL, "/"))
+		if ref := up.CredentialsSecretRef; ref != nil {
+			args = append(args, "-upstream-credentials-file="+egressUpstreamDir+"/"+egressUpstreamCredentialsKey)
+			volumes = append(volumes, corev1.Volume{Name: egressVolumeUpstream, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName:  ref.Name,
+				Items:       []corev1.KeyToPath{{Key: ref.Key, Path: egressUpstreamCredentialsKey}},
+				DefaultMode: ptr.To[int32](0o440),
+			}}})
+			mounts = append(mounts, corev1.VolumeMount{Name: egressVolumeUpstream, MountPath: egressUpstreamDir, ReadOnly: true})
+		}
+	}
+	if o.clientAuth {
+		args = append(args, "-client-credentials-file="+egressClientsDir+"/"+egressClientsKey)
+		volumes = append(volumes, corev1.Volume{Name: egressVolumeClients, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  egressClientsSecretName(ep.Name),
+			DefaultMode: ptr.To[int32](0o440),
+		}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: egressVolumeClients, MountPath: egressClientsDir, ReadOnly: true})
+	}
+	var runtimeClass *string
+	if o.runtimeClass != "" {
+		runtimeClass = ptr.To(o.runtimeClass)
+	}
+	return corev1.PodSpec{
+		RuntimeClassName:             runtimeClass,
+		AutomountServiceAccountToken: ptr.To(false),
+		EnableServiceLinks:           ptr.To(false),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot:   ptr.To(true),
+			RunAsUser:      ptr.To(egressUID),
+			RunAsGroup:     ptr.To(egressUID),
+			FSGroup:        ptr.To(egressUID),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		Volumes: volumes,
+		Containers: []corev1.Container{{
+			Name:            egressContainerName,
+			Image:           o.image,
+			ImagePullPolicy: corev1.PullIfNotPresent,
+			Args:            args,
+			Ports: []corev1.ContainerPort{
+				{Name: egressPortName, ContainerPort: EgressProxyPort, Protocol: corev1.ProtocolTCP},
+				{Name: egressMetricsName, ContainerPort: egressMetricsPort, Protocol: corev1.ProtocolTCP},
+			},
+			// The proxy listens only after its policy and credentials files
+			// loaded (a broken one is fatal at startup), so an open port
+			// means it enforces the policy.
+			ReadinessProbe: &corev1.Probe{
+				ProbeHandler:     corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(egressPortName)}},
+				PeriodSeconds:    2,
+				TimeoutSeconds:   1,
+				FailureThreshold: 3,
+			},
+			SecurityContext: &corev1.SecurityContext{
+				RunAsNonRoot:             ptr.To(true),
+				RunAsUser:                ptr.To(egressUID),
+				RunAsGroup:               ptr.To(egressUID),
+				AllowPrivilegeEscalation: ptr.To(false),
+				ReadOnlyRootFilesystem:   ptr.To(true),
+				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			VolumeMounts:             mounts,
+			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		}},
+	}
+}
+
+// perAgentProxyLabels select one sandbox's proxy pod. LabelSandbox is
+// shared with the sandbox's own pod; LabelEgressProxy tells them apart.
+func perAgentProxyLabels(ep *v1alpha1.EgressProxy, sbx *v1alpha1.Sandbox) map[string]string {
+	return map[string]string{
+		v1alpha1.LabelEgressProxy: ep.Name,
+		v1alpha1.LabelSandbox:     sbx.Name,
+		v1alpha1.LabelAgentIDHash: v1alpha1.AgentIDHash(sbx.Spec.AgentID),
+	}
+}
+
+func desiredPerAgentProxyPod(ep *v1alpha1.EgressProxy, sbx *v1alpha1.Sandbox, o egressPodOptions) *corev1.Pod {
+	o.agent, o.clientAuth = sbx.Spec.AgentID, false
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      EgressServiceName(sbx.WorkloadName()),
+			Namespace: sbx.Namespace,
+			Labels:    perAgentProxyLabels(ep, sbx),
+		},
+		Spec: egressPodSpec(ep, o),
+	}
+}
+
+func desiredPerAgentProxyService(ep *v1alpha1.EgressProxy, sbx *v1alpha1.Sandbox) *corev1.Service {
+	return proxyService(EgressServiceName(sbx.WorkloadName()), sbx.Namespace, perAgentProxyLabels(ep, sbx))
+}
+
+func proxyService(name, ns string, selector map[string]string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: selector},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeClusterIP,
+			Selector: selector,
+			Ports: []corev1.ServicePort{{
+				Name: egressPortName, Port: EgressProxyPort, TargetPort: intstr.FromString(egressPortName), Protocol: corev1.ProtocolTCP,
+			}},
+		},
+	}
+}
+
+// labelEgressShared marks the pods of a Shared proxy's Deployment (Shared
+// mode is not implemented yet; sandboxes' policies already select them).
+const labelEgressShared = v1alpha1.GroupName + "/egress-shared"
+
+// egressProxyEndpoint is the URL a Service of the proxy is reached at by
+// name, as status.readyEndpoints reports it.
+func egressProxyEndpoint(svc, ns string) string {
+	return fmt.Sprintf("http://%s.%s.svc:%d", svc, ns, EgressProxyPort)
+}
+
+// dnsPeer is the cluster DNS: kube-dns (CoreDNS keeps the label) in
+// kube-system.
+func dnsPeer() networkingv1.NetworkPolicyPeer {
+	return networkingv1.NetworkPolicyPeer{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
+		PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+	}
+}
+
+func dnsPorts() []networkingv1.NetworkPolicyPort {
+	port := intstr.FromInt32(53)
+	return []networkingv1.NetworkPolicyPort{
+		{Protocol: ptr.To(corev1.ProtocolUDP), Port: &port},
+		{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port},
+	}
+}
+
+func tcpPort(p int32) networkingv1.NetworkPolicyPort {
+	port := intstr.FromInt32(p)
+	return networkingv1.NetworkPolicyPort{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}
+}
+
+// desiredSandboxNetworkPolicy confines a sandbox pod: ingress only from
+// the control plane's pods on the supervisor port, egress only to DNS and,
+// when the template names a proxy, to that proxy's pods on the proxy
+// port. It selects the sandbox's pod by LabelSandbox and excludes its
+// proxy pod, which carries the same label. Without a proxy the sandbox
+// reaches DNS and nothing else, as the SandboxTemplate API promises.
+func desiredSandboxNetworkPolicy(sbx *v1alpha1.Sandbox, ep *v1alpha1.EgressProxy, platformNamespace string) *networkingv1.NetworkPolicy {
+	egress := []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{dnsPeer()}, Ports: dnsPorts()}}
+	if ep != nil {
+		sel := map[string]string{v1alpha1.LabelEgressProxy: ep.Name}
+		if proxyMode(ep) == v1alpha1.EgressProxyModePerAgent {
+			sel[v1alpha1.LabelSandbox] = sbx.Name
+		} else {
+			sel[labelEgressShared] = "true"
+		}
+		egress = append(egress, networkingv1.NetworkPolicyEgressRule{
+			To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: sel}}},
+			Ports: []networkingv1.NetworkPolicyPort{tcpPort(EgressProxyPort)},
+		})
+	}
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      SandboxNetworkPolicyName(sbx.Name),
+			Namespace: sbx.Namespace,
+			Labels:    sandboxLabels(sbx),
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{
+				MatchLabels: map[string]string{v1alpha1.LabelSandbox: sbx.Name},
+				MatchExpressions: []metav1.LabelSelectorRequirement{
+					{Key: v1alpha1.LabelEgressProxy, Operator: metav1.LabelSelectorOpDoesNotExist},
+				},
+			},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": platformNamespace}},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{controlPlaneComponentLabel: controlPlaneComponent}},
+				}},
+				Ports: []networkingv1.NetworkPolicyPort{tcpPort(v1alpha1.SupervisorPort)},
+			}},
+			Egress: egress,
+		},
+	}
+}
+
+// desiredProxyNetworkPolicy confines an EgressProxy's pods: ingress on the
+// proxy port only from the namespace's sandbox pods (and on the metrics
+// port from the platform namespace, for scraping), egress to DNS and to
+// any address outside the private ranges. The proxy also refuses private
+// addresses after DNS; the policy holds even if that check had a bug.
+func desiredProxyNetworkPolicy(ep *v1alpha1.EgressProxy, platformNamespace string) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      egressProxyNetworkPolicyName(ep.Name),
+			Namespace: ep.Namespace,
+			Labels:    map[string]string{v1alpha1.LabelEgressProxy: ep.Name},
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelEgressProxy: ep.Name}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{
+					From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{
+						MatchExpressions: []metav1.LabelSelectorRequirement{
+							{Key: v1alpha1.LabelSandbox, Operator: metav1.LabelSelectorOpExists},
+							{Key: v1alpha1.LabelEgressProxy, Operator: metav1.LabelSelectorOpDoesNotExist},
+						},
+					}}},
+					Ports: []networkingv1.NetworkPolicyPort{tcpPort(EgressProxyPort)},
+				},
+				{
+					From: []networkingv1.NetworkPolicyPeer{{
+						NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": platformNamespace}},
+					}},
+					Ports: []networkingv1.NetworkPolicyPort{tcpPort(egressMetricsPort)},
+				},
+			},
+			Egress: []networkingv1.NetworkPolicyEgressRule{
+				{To: []networkingv1.NetworkPolicyPeer{dnsPeer()}, Ports: dnsPorts()},
+				{To: []networkingv1.NetworkPolicyPeer{
+					{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: append([]string(nil), privateRanges...)}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: append([]string(nil), privateRangesV6...)}},
+				}},
+			},
+		},
+	}
+}
+
+// Shared mode: one Deployment and Service per EgressProxy, and per-sandbox
+// proxy credentials. Each sandbox gets a Secret with its own user name (its
+// workload name) and a random password; the controller gathers them into
+// the proxy's client credentials Secret, which the proxy reloads. The
+// proxy logs the user as the agent, so one agent's requests can be told
+// from another's, and a sandbox cannot pass for another.
+
+const (
+	// egressUserKey and egressPasswordKey are the keys of a sandbox's
+	// proxy credentials Secret.
+	egressUserKey     = "username"
+	egressPasswordKey = "password"
+	// egressPasswordEnv is the sandbox variable holding its proxy password,
+	// from its credentials Secret; HTTP_PROXY refers to it with $(...) so
+	// that the password is in no pod spec.
+	egressPasswordEnv = "AGENTBOX_EGRESS_PROXY_PASSWORD"
+
+	// labelEgressCredentials, on a sandbox's proxy credentials Secret,
+	// names the EgressProxy it authenticates to.
+	labelEgressCredentials = v1alpha1.GroupName + "/egress-credentials"
+
+	// annotationEgressTemplateHash, on a Shared proxy's Deployment, is the
+	// hash of the pod template the controller last wrote. Comparing it
+	// rather than the template itself ignores the API server's defaults.
+	annotationEgressTemplateHash = v1alpha1.GroupName + "/egress-template-hash"
+)
+
+// egressSharedName names a Shared proxy's Deployment and Service.
+func egressSharedName(proxy string) string { return proxy + "-egress" }
+
+// EgressCredentialsSecretName names a sandbox's own proxy credentials
+// (Shared mode).
+func EgressCredentialsSecretName(workload string) string { return workload + "-egress-credentials" }
+
+func sharedProxyLabels(ep *v1alpha1.EgressProxy) map[string]string {
+	return map[string]string{v1alpha1.LabelEgressProxy: ep.Name, labelEgressShared: "true"}
+}
+
+func desiredSharedService(ep *v1alpha1.EgressProxy) *corev1.Service {
+	return proxyService(egressSharedName(ep.Name), ep.Namespace, sharedProxyLabels(ep))
+}
+
+func desiredSharedDeployment(ep *v1alpha1.EgressProxy, o egressPodOptions) (*appsv1.Deployment, error) {
+	o.agent, o.clientAuth = "", true
+	tmpl := corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: sharedProxyLabels(ep)},
+		Spec:       egressPodSpec(ep, o),
+	}
+	hash, err := podSpecHash(&tmpl.Spec)
+	if err != nil {
+		return nil, err
+	}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        egressSharedName(ep.Name),
+			Namespace:   ep.Namespace,
+			Labels:      sharedProxyLabels(ep),
+			Annotations: map[string]string{annotationEgressTemplateHash: hash},
+		},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(ptr.Deref(ep.Spec.Replicas, 1)),
+			Selector: &metav1.LabelSelector{MatchLabels: sharedProxyLabels(ep)},
+			Template: tmpl,
+		},
+	}, nil
+}
+
+// egressClientsData is the proxy's client credentials file: a line per
+// sandbox credentials Secret, sorted so that an unchanged set gives
+// unchanged data.
+func egressClientsData(secrets []corev1.Secret) []byte {
+	var lines []string
+	for _, s := range secrets {
+		user, pw := string(s.Data[egressUserKey]), string(s.Data[egressPasswordKey])
+		if user == "" || pw == "" || strings.ContainsAny(user, ":\n") || strings.Contains(pw, "\n") {
+			continue
+		}
+		lines = append(lines, user+":"+pw)
+	}
+	sort.Strings(lines)
+	return []byte(strings.Join(lines, "\n") + "\n")
+}
