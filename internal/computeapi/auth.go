@@ -25,6 +25,10 @@ type Principal struct {
 	// Kind is how the principal authenticated: "admin", "agent" or
 	// "staff" (the store's token kinds).
 	Kind string
+	// Subject is who holds the token, as recorded when it was minted (a
+	// staff member's id for staff tokens); it names staff in console
+	// sessions.
+	Subject string
 	// AllAgents lets the principal address any agent's sandbox (the admin
 	// token). Otherwise it may address only AgentID.
 	AllAgents bool
@@ -113,7 +117,8 @@ func (a storeAuth) Authenticate(ctx context.Context, token string) (*Principal, 
 	case err != nil:
 		return nil, err
 	}
-	return &Principal{Name: string(t.Kind) + ":" + t.ID, Kind: string(t.Kind), AgentID: t.AgentID, AllAgents: t.Kind == store.TokenAdmin}, nil
+	return &Principal{Name: string(t.Kind) + ":" + t.ID, Kind: string(t.Kind), Subject: t.Subject, AgentID: t.AgentID,
+		AllAgents: t.Kind == store.TokenAdmin}, nil
 }
 
 // ChainAuthenticators tries each authenticator in turn and returns the

@@ -22,13 +22,14 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 )
 
 // realSupervisorAPI serves the API in front of the real supervisor (its
 // HTTP handler over mutual TLS with the sandbox's identity), so that the
 // forwarded operations meet the real file, tool and execute code.
-func realSupervisorAPI(t *testing.T) func(token string) *api.Client {
+func realSupervisorAPI(t *testing.T, st *store.Store) func(token string) *api.Client {
 	t.Helper()
 	ca, err := pki.NewCA("ops test CA")
 	if err != nil {
@@ -80,13 +81,17 @@ func realSupervisorAPI(t *testing.T) func(token string) *api.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
+	auth := ChainAuthenticators(admin, agentToken{})
+	if st != nil {
+		auth = ChainAuthenticators(auth, NewStoreAuthenticator(st))
+	}
 	srv, err := NewServer(Options{Sandboxes: kube, Leases: kube, Supervisors: pool, TrustDomain: testTrustDomain, Clock: clk,
-		Authenticator: ChainAuthenticators(admin, agentToken{})})
+		Authenticator: auth, Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewTLSServer(contractCheck(t, srv.Handler()))
-	t.Cleanup(ts.Close)
+	t.Cleanup(func() { ts.Close(); srv.Close() })
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw})
 	return func(token string) *api.Client {
 		c, err := api.New(ts.URL, token, caPEM)
@@ -99,7 +104,7 @@ func realSupervisorAPI(t *testing.T) func(token string) *api.Client {
 }
 
 func TestStatusAndDeployOrResume(t *testing.T) {
-	c := realSupervisorAPI(t)(adminToken)
+	c := realSupervisorAPI(t, nil)(adminToken)
 	ctx := context.Background()
 	for name, call := range map[string]func(context.Context, string) (*api.SandboxStatus, error){
 		"status": c.Status, "deploy_or_resume": c.DeployOrResume,
@@ -114,7 +119,7 @@ func TestStatusAndDeployOrResume(t *testing.T) {
 }
 
 func TestFilesThroughTheAPI(t *testing.T) {
-	clients := realSupervisorAPI(t)
+	clients := realSupervisorAPI(t, nil)
 	c := clients(adminToken)
 	ctx := context.Background()
 	blob := make([]byte, 3<<20)
@@ -162,7 +167,7 @@ func TestFilesThroughTheAPI(t *testing.T) {
 }
 
 func TestToolRequestAndExecute(t *testing.T) {
-	c := realSupervisorAPI(t)(adminToken)
+	c := realSupervisorAPI(t, nil)(adminToken)
 	ctx := context.Background()
 	if _, err := c.ToolRequest(ctx, "agent-1", "create_file", map[string]any{"path": "notes.txt", "content": "hello"}); err != nil {
 		t.Fatal(err)

@@ -368,3 +368,36 @@ func (c *Client) stream(ctx context.Context, method, path string, body io.Reader
 	}
 	return resp, nil
 }
+
+// CreateConsoleSession mints a staff console session (staff token).
+func (c *Client) CreateConsoleSession(ctx context.Context, req CreateConsoleSessionRequest) (*ConsoleSession, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode console request: %w", err)
+	}
+	var s ConsoleSession
+	if err := c.do(ctx, http.MethodPost, PathConsoleSessions, body, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// GetConsoleSession reads a console session back, with its transcript.
+func (c *Client) GetConsoleSession(ctx context.Context, id string) (*ConsoleSession, error) {
+	var s ConsoleSession
+	if err := c.do(ctx, http.MethodGet, PathConsoleSession(id), nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Endpoint, Token and HTTPClient let a WebSocket client (the console's
+// terminal) dial the API with this client's address, credentials and TLS
+// settings.
+func (c *Client) Endpoint() string { return c.endpoint }
+
+// Token returns the bearer token the client sends.
+func (c *Client) Token() string { return c.token }
+
+// HTTPClient returns the client's HTTP client.
+func (c *Client) HTTPClient() *http.Client { return c.httpClient }

@@ -168,6 +168,48 @@ type FileInfo struct {
 	Mode string `json:"mode"`
 }
 
+// Staff console paths: POST PathConsoleSessions mints a session (staff
+// token); GET PathConsoleSession reads it back (its staff member or an
+// admin); GET PathConsolePTY?cols=&rows= opens its terminal, a WebSocket
+// of subprotocol "agentbox.pty.v1" (the supervisor's PTY protocol:
+// binary frames are terminal bytes, text frames JSON resize and exit
+// messages), once.
+const PathConsoleSessions = "/v1/console/sessions"
+
+// PathConsoleSession returns the path of one console session.
+func PathConsoleSession(id string) string { return PathConsoleSessions + "/" + url.PathEscape(id) }
+
+// PathConsolePTY returns the path of a console session's terminal.
+func PathConsolePTY(id string) string { return PathConsoleSession(id) + "/pty" }
+
+// CreateConsoleSessionRequest asks for a staff console on an agent's
+// sandbox. Reason is required and recorded.
+type CreateConsoleSessionRequest struct {
+	AgentID string `json:"agent_id"`
+	Reason  string `json:"reason"`
+	// TTLSeconds is how long the session may be used; 0 means 900, at most
+	// 3600. The terminal closes when it passes.
+	TTLSeconds int `json:"ttl_seconds,omitempty"`
+}
+
+// ConsoleSession is a staff console session as recorded.
+type ConsoleSession struct {
+	ID             string     `json:"id"`
+	StaffID        string     `json:"staff_id"`
+	AgentID        string     `json:"agent_id"`
+	Reason         string     `json:"reason"`
+	CreatedAt      time.Time  `json:"created_at"`
+	ExpiresAt      time.Time  `json:"expires_at"`
+	ConnectedAt    *time.Time `json:"connected_at,omitempty"`
+	DisconnectedAt *time.Time `json:"disconnected_at,omitempty"`
+	// SnapshotID is the sandbox's latest snapshot when the terminal opened.
+	SnapshotID string `json:"snapshot_id,omitempty"`
+	// Transcript is the terminal's output (which echoes what was typed),
+	// up to the store's cap; only GET of the session returns it.
+	Transcript          []byte `json:"transcript,omitempty"`
+	TranscriptTruncated bool   `json:"transcript_truncated,omitempty"`
+}
+
 // Paths of the admin endpoints.
 const (
 	PathTokens      = "/v1/tokens"
@@ -343,6 +385,9 @@ const (
 	// CodeWorkspaceFull: the write would pass the workspace cap; nothing
 	// already there was changed.
 	CodeWorkspaceFull Code = "workspace_full"
+	// CodeConsoleExpired: the console session is past its time box or was
+	// used already; mint a new one.
+	CodeConsoleExpired Code = "console_session_expired"
 	// CodeUnavailable: the endpoint needs something the control plane was
 	// not configured with (the store, for tokens and audit).
 	CodeUnavailable Code = "unavailable"
@@ -366,6 +411,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusMethodNotAllowed
 	case CodeSandboxNotReady, CodeLeaseHeld, CodeLeaseNotHeld, CodeLeaseExpired:
 		return http.StatusConflict
+	case CodeConsoleExpired:
+		return http.StatusGone
 	case CodePayloadTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case CodeWorkspaceFull:

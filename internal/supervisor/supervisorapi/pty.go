@@ -147,10 +147,10 @@ type PTY struct {
 	closeOnce sync.Once
 }
 
-// OpenPTY starts a PTY session. ctx bounds the handshake only; the
-// session lasts until the process exits, Close, or the supervisor ends
-// it. A refusal is an *Error, as for the other calls.
-func (c *Client) OpenPTY(ctx context.Context, req PTYRequest) (*PTY, error) {
+// DialPTY opens the WebSocket of a PTY session and leaves the frames to
+// the caller: the control plane relays them to a staff console as they
+// are. Most callers want OpenPTY. A refusal is an *Error.
+func (c *Client) DialPTY(ctx context.Context, req PTYRequest) (*websocket.Conn, error) {
 	u := strings.TrimSuffix(c.BaseURL, "/") + PathPTY
 	if q := req.Query(); len(q) > 0 {
 		u += "?" + q.Encode()
@@ -175,11 +175,29 @@ func (c *Client) OpenPTY(ctx context.Context, req PTYRequest) (*PTY, error) {
 	// Output frames are at most the supervisor's read size (32 KiB); the
 	// limit only guards against a broken peer.
 	conn.SetReadLimit(1 << 20)
+	return conn, nil
+}
+
+// OpenPTY starts a PTY session. ctx bounds the handshake only; the
+// session lasts until the process exits, Close, or the supervisor ends
+// it. A refusal is an *Error, as for the other calls.
+func (c *Client) OpenPTY(ctx context.Context, req PTYRequest) (*PTY, error) {
+	conn, err := c.DialPTY(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return NewPTY(conn), nil
+}
+
+// NewPTY is the client end of a PTY session over conn, a WebSocket that
+// speaks PTYSubprotocol: the supervisor's own, or the control plane's staff
+// console, which relays it.
+func NewPTY(conn *websocket.Conn) *PTY {
 	pctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	p := &PTY{conn: conn, ctx: pctx, cancel: cancel, out: pr, done: make(chan struct{})}
 	go p.readLoop(pw)
-	return p, nil
+	return p
 }
 
 func (p *PTY) readLoop(pw *io.PipeWriter) {

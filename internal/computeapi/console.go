@@ -1,0 +1,299 @@
+package computeapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// The staff console (seed 000). A staff token mints a console session for
+// one agent, with a reason and a time box; the session's PTY is a shell in
+// the agent's sandbox, relayed frame for frame from the supervisor's PTY
+// (the same agentbox.pty.v1 protocol). The store records who, for which
+// agent, why, when they connected and disconnected, the sandbox's snapshot
+// at the time, and the terminal's output (which echoes what was typed) up
+// to its cap. A session connects once; the connection ends when the
+// session expires.
+
+const (
+	defaultConsoleTTL = 15 * time.Minute
+	maxConsoleTTL     = time.Hour
+	// transcriptFlush is how much output is gathered before it is written
+	// to the store (and at the end), so typing does not mean a commit per
+	// keystroke.
+	transcriptFlush = 16 << 10
+)
+
+func (s *Server) staff(r *http.Request) (*Principal, *api.Error) {
+	p := PrincipalFrom(r.Context())
+	if p == nil || p.Kind != string(store.TokenStaff) {
+		return nil, api.Errorf(api.CodePermissionDenied, "console sessions need a staff token")
+	}
+	if s.store == nil {
+		return nil, api.Errorf(api.CodeUnavailable, "the control plane runs without a store, which console sessions are recorded in")
+	}
+	return p, nil
+}
+
+// staffID names the staff member: the token's subject, or its name.
+func staffID(p *Principal) string {
+	if p.Subject != "" {
+		return p.Subject
+	}
+	return p.Name
+}
+
+func (s *Server) createConsoleSession(w http.ResponseWriter, r *http.Request) {
+	p, apiErr := s.staff(r)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	var req api.CreateConsoleSessionRequest
+	if apiErr := s.decode(w, r, &req); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	ttl := time.Duration(req.TTLSeconds) * time.Second
+	switch {
+	case req.AgentID == "":
+		apiErr = api.Errorf(api.CodeInvalidArgument, "agent_id is required")
+	case len(bytes.TrimSpace([]byte(req.Reason))) == 0:
+		apiErr = api.Errorf(api.CodeInvalidArgument, "reason is required: every console access says why")
+	case req.TTLSeconds < 0 || ttl > maxConsoleTTL:
+		apiErr = api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 1 and %d (0 means %d)",
+			int(maxConsoleTTL/time.Second), int(defaultConsoleTTL/time.Second))
+	}
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	if ttl == 0 {
+		ttl = defaultConsoleTTL
+	}
+	c, err := s.store.CreateConsoleSession(r.Context(), staffID(p), req.AgentID, req.Reason, ttl)
+	if errors.Is(err, store.ErrInvalid) {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "%v", err))
+		return
+	}
+	if err != nil {
+		s.log.Error(err, "create console session")
+		writeError(w, api.Errorf(api.CodeInternal, "could not record the console session"))
+		return
+	}
+	writeJSON(w, http.StatusCreated, consoleView(c))
+}
+
+func (s *Server) getConsoleSession(w http.ResponseWriter, r *http.Request) {
+	p := PrincipalFrom(r.Context())
+	if p == nil || (p.Kind != string(store.TokenStaff) && !p.AllAgents) {
+		writeError(w, api.Errorf(api.CodePermissionDenied, "console sessions are visible to staff and admins"))
+		return
+	}
+	if s.store == nil {
+		writeError(w, api.Errorf(api.CodeUnavailable, "the control plane runs without a store"))
+		return
+	}
+	c, err := s.store.GetConsoleSession(r.Context(), r.PathValue("session_id"))
+	if err != nil || (!p.AllAgents && c.StaffID != staffID(p)) {
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.log.Error(err, "get console session")
+		}
+		writeError(w, api.Errorf(api.CodeNotFound, "no console session %q of yours", r.PathValue("session_id")))
+		return
+	}
+	v := consoleView(c)
+	v.Transcript, v.TranscriptTruncated = c.Transcript, c.TranscriptTruncated
+	writeJSON(w, http.StatusOK, v)
+}
+
+func consoleView(c store.ConsoleSession) api.ConsoleSession {
+	return api.ConsoleSession{ID: c.ID, StaffID: c.StaffID, AgentID: c.AgentID, Reason: c.Reason, CreatedAt: c.CreatedAt,
+		ExpiresAt: c.ExpiresAt, ConnectedAt: c.ConnectedAt, DisconnectedAt: c.DisconnectedAt, SnapshotID: c.SnapshotID}
+}
+
+// consolePTY connects a session to a shell in the agent's sandbox.
+func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
+	p, apiErr := s.staff(r)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	id := r.PathValue("session_id")
+	c, err := s.store.GetConsoleSession(r.Context(), id)
+	if err != nil || c.StaffID != staffID(p) {
+		writeError(w, api.Errorf(api.CodeNotFound, "no console session %q of yours", id))
+		return
+	}
+	if c.Expired(s.clock.Now()) {
+		writeError(w, api.Errorf(api.CodeConsoleExpired, "console session %s expired at %s; mint a new one", id, c.ExpiresAt.UTC().Format(time.RFC3339)))
+		return
+	}
+	if c.ConnectedAt != nil {
+		writeError(w, api.Errorf(api.CodeConsoleExpired, "console session %s was already used; a session connects once", id))
+		return
+	}
+	var size supervisorapi.PTYRequest
+	for k, dst := range map[string]*uint16{"cols": &size.Cols, "rows": &size.Rows} {
+		if v := r.URL.Query().Get(k); v != "" {
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil || n == 0 {
+				writeError(w, api.Errorf(api.CodeInvalidArgument, "%s must be a positive number, got %q", k, v))
+				return
+			}
+			*dst = uint16(n)
+		}
+	}
+	sb, apiErr := s.readySandbox(r.Context(), c.AgentID)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	s.recordActivity(r.Context(), sb)
+	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
+	if err != nil {
+		writeError(w, api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", c.AgentID))
+		return
+	}
+	upstream, err := sup.DialPTY(r.Context(), size)
+	if err != nil {
+		writeError(w, supervisorError(r.Context(), err))
+		return
+	}
+	defer upstream.CloseNow()
+	snapshot := ""
+	if sb.Status.Snapshot != nil {
+		snapshot = sb.Status.Snapshot.Name
+	}
+	if _, err := s.store.ConnectConsoleSession(r.Context(), id, snapshot); err != nil {
+		upstream.Close(websocket.StatusNormalClosure, "console session refused")
+		if errors.Is(err, store.ErrExpired) || errors.Is(err, store.ErrConflict) {
+			writeError(w, api.Errorf(api.CodeConsoleExpired, "console session %s can no longer connect: %v", id, err))
+			return
+		}
+		s.log.Error(err, "connect console session")
+		writeError(w, api.Errorf(api.CodeInternal, "could not record the console connection"))
+		return
+	}
+	defer func() {
+		// Not the request's context: the client is gone by now.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := s.store.DisconnectConsoleSession(ctx, id); err != nil {
+			s.log.Error(err, "record console disconnect", "session", id)
+		}
+	}()
+	client, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{supervisorapi.PTYSubprotocol}})
+	if err != nil {
+		// Accept has answered the client.
+		return
+	}
+	defer client.CloseNow()
+	client.SetReadLimit(2 * supervisorapi.PTYMaxInputFrame)
+	s.relayConsole(r.Context(), id, c.ExpiresAt, client, upstream)
+}
+
+// relayConsole copies frames both ways until either side ends or the
+// session expires, keeping the supervisor's output in the transcript.
+func (s *Server) relayConsole(ctx context.Context, id string, expires time.Time, client, upstream *websocket.Conn) {
+	ctx, cancel := context.WithDeadline(ctx, expires)
+	defer cancel()
+	tr := &transcript{st: s.store, id: id, log: s.log}
+	defer tr.flush()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	closeBoth := func(code websocket.StatusCode, reason string) {
+		_ = client.Close(code, reason)
+		_ = upstream.Close(code, reason)
+	}
+	relay := func(from, to *websocket.Conn, record bool) {
+		defer wg.Done()
+		defer cancel()
+		for {
+			typ, data, err := from.Read(ctx)
+			if err != nil {
+				if code := websocket.CloseStatus(err); code != -1 {
+					// Pass the closing side's code and reason on.
+					var ce websocket.CloseError
+					errors.As(err, &ce)
+					closeBoth(code, ce.Reason)
+				} else if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					closeBoth(websocket.StatusPolicyViolation, "console session expired")
+				}
+				return
+			}
+			if record && typ == websocket.MessageBinary {
+				tr.write(data)
+			}
+			if err := to.Write(ctx, typ, data); err != nil {
+				return
+			}
+		}
+	}
+	go relay(client, upstream, false)
+	go relay(upstream, client, true)
+	wg.Wait()
+}
+
+// transcript batches terminal output into the session's record.
+type transcript struct {
+	st  *store.Store
+	id  string
+	log interface {
+		Error(err error, msg string, kv ...any)
+	}
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (t *transcript) write(b []byte) {
+	t.mu.Lock()
+	t.buf.Write(b)
+	full := t.buf.Len() >= transcriptFlush
+	t.mu.Unlock()
+	if full {
+		t.flush()
+	}
+}
+
+func (t *transcript) flush() {
+	t.mu.Lock()
+	chunk := bytes.Clone(t.buf.Bytes())
+	t.buf.Reset()
+	t.mu.Unlock()
+	if len(chunk) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := t.st.AppendConsoleTranscript(ctx, t.id, chunk); err != nil {
+		t.log.Error(err, "record console transcript", "session", t.id)
+	}
+}
+
+// Hijack lets a WebSocket upgrade through the audit wrapper; the call is
+// recorded with status 101.
+func (w *auditedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, fmt.Errorf("%T cannot be hijacked", w.ResponseWriter)
+	}
+	if w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	return h.Hijack()
+}

@@ -1,0 +1,142 @@
+package computeapi
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// openConsole dials a console session's terminal as the CLI does.
+func openConsole(ctx context.Context, c *api.Client, id string) (*supervisorapi.PTY, error) {
+	u := c.Endpoint() + api.PathConsolePTY(id) + "?cols=100&rows=30"
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
+		HTTPClient:   c.HTTPClient(),
+		HTTPHeader:   http.Header{"Authorization": {"Bearer " + c.Token()}},
+		Subprotocols: []string{supervisorapi.PTYSubprotocol},
+	})
+	if err != nil {
+		if resp != nil {
+			body, _ := io.ReadAll(resp.Body)
+			return nil, &httpError{status: resp.StatusCode, body: string(body)}
+		}
+		return nil, err
+	}
+	return supervisorapi.NewPTY(conn), nil
+}
+
+type httpError struct {
+	status int
+	body   string
+}
+
+func (e *httpError) Error() string { return strconv.Itoa(e.status) + ": " + e.body }
+
+// TestStaffConsole: a staff member with a reason gets a time-boxed shell
+// in an agent's sandbox, once; everything about the access is recorded.
+func TestStaffConsole(t *testing.T) {
+	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clients := realSupervisorAPI(t, st)
+	ctx := context.Background()
+	admin := clients(adminToken)
+	staffTok, err := admin.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindStaff, Subject: "alice@ops"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	staff := clients(staffTok.Token)
+
+	_, err = staff.CreateConsoleSession(ctx, api.CreateConsoleSessionRequest{AgentID: "agent-1", Reason: "  "})
+	wantAPIError(t, err, api.CodeInvalidArgument, http.StatusBadRequest)
+	_, err = clients("agent-token:agent-1").CreateConsoleSession(ctx, api.CreateConsoleSessionRequest{AgentID: "agent-1", Reason: "x"})
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+	_, err = admin.CreateConsoleSession(ctx, api.CreateConsoleSessionRequest{AgentID: "agent-1", Reason: "x"})
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+
+	sess, err := staff.CreateConsoleSession(ctx, api.CreateConsoleSessionRequest{AgentID: "agent-1", Reason: "ticket 4711: agent stuck", TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess.StaffID != "alice@ops" || sess.AgentID != "agent-1" || sess.ExpiresAt.Sub(sess.CreatedAt) != 5*time.Minute {
+		t.Fatalf("session %+v", sess)
+	}
+
+	start := time.Now()
+	pty, err := openConsole(ctx, staff, sess.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened := time.Since(start)
+	if _, err := pty.Write([]byte("stty size; echo console-$((40+2)); exit 3\n")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(pty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := pty.Wait(ctx)
+	if err != nil || exit.ExitCode != 3 {
+		t.Fatalf("exit %+v, %v", exit, err)
+	}
+	pty.Close()
+	if !bytes.Contains(out, []byte("console-42")) || !bytes.Contains(out, []byte("30 100")) {
+		t.Fatalf("terminal output %q", out)
+	}
+	t.Logf("console opened in %s, shell exited with %d", opened.Round(time.Millisecond), exit.ExitCode)
+
+	// Once only.
+	if _, err := openConsole(ctx, staff, sess.ID); err == nil || !strings.Contains(err.Error(), string(api.CodeConsoleExpired)) {
+		t.Errorf("second connect: %v", err)
+	}
+	// Another staff member cannot use it.
+	bobTok, err := admin.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindStaff, Subject: "bob@ops"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openConsole(ctx, clients(bobTok.Token), sess.ID); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("another staff member's connect: %v", err)
+	}
+
+	// The record: who, why, when, what was seen. The disconnect is written
+	// as the relay ends, just after the client saw the exit.
+	var rec *api.ConsoleSession
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if rec, err = admin.GetConsoleSession(ctx, sess.ID); err != nil {
+			t.Fatal(err)
+		}
+		if rec.DisconnectedAt != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if rec.ConnectedAt == nil || rec.DisconnectedAt == nil || rec.Reason != "ticket 4711: agent stuck" ||
+		!bytes.Contains(rec.Transcript, []byte("console-42")) {
+		t.Errorf("recorded session %+v (transcript %q)", rec, rec.Transcript)
+	}
+	if _, err := clients(bobTok.Token).GetConsoleSession(ctx, sess.ID); api.CodeOf(err) != api.CodeNotFound {
+		t.Errorf("another staff member reads the session: %v", err)
+	}
+
+	// An expired session cannot connect.
+	short, err := staff.CreateConsoleSession(ctx, api.CreateConsoleSessionRequest{AgentID: "agent-1", Reason: "later", TTLSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := openConsole(ctx, staff, short.ID); err == nil || !strings.Contains(err.Error(), "410") {
+		t.Errorf("expired session connect: %v", err)
+	}
+}
