@@ -482,7 +482,9 @@ func namespaceOf(vs values) string {
 func (p *AgentboxProvider) Resources(_ context.Context) []func() resource.Resource {
 	return []func() resource.Resource{
 		NewPlatformResource,
+		NewNodePoolResource,
 		NewSandboxTemplateResource,
+		NewWarmPoolResource,
 		NewSandboxResource,
 	}
 }

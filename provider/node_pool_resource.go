@@ -1,0 +1,584 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
+	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/mapvalidator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
+	"github.com/hashicorp/terraform-plugin-framework/attr"
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/path"
+	"github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	k8sresource "k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+var (
+	_ resource.Resource                   = (*nodePoolResource)(nil)
+	_ resource.ResourceWithConfigure      = (*nodePoolResource)(nil)
+	_ resource.ResourceWithImportState    = (*nodePoolResource)(nil)
+	_ resource.ResourceWithModifyPlan     = (*nodePoolResource)(nil)
+	_ resource.ResourceWithValidateConfig = (*nodePoolResource)(nil)
+)
+
+// NewNodePoolResource manages a GVisorNodePool.
+func NewNodePoolResource() resource.Resource { return &nodePoolResource{} }
+
+type nodePoolResource struct{ data *providerData }
+
+type nodePoolModel struct {
+	ID               types.String   `tfsdk:"id"`
+	Name             types.String   `tfsdk:"name"`
+	Mode             types.String   `tfsdk:"mode"`
+	RuntimeClassName types.String   `tfsdk:"runtime_class_name"`
+	NodeSelector     types.Map      `tfsdk:"node_selector"`
+	Tolerations      types.List     `tfsdk:"tolerations"`
+	Taint            types.Object   `tfsdk:"taint"`
+	Overhead         types.Map      `tfsdk:"overhead"`
+	WaitForReady     types.Bool     `tfsdk:"wait_for_ready"`
+	Status           types.Object   `tfsdk:"status"`
+	Timeouts         timeouts.Value `tfsdk:"timeouts"`
+}
+
+type tolerationModel struct {
+	Key               types.String `tfsdk:"key"`
+	Operator          types.String `tfsdk:"operator"`
+	Value             types.String `tfsdk:"value"`
+	Effect            types.String `tfsdk:"effect"`
+	TolerationSeconds types.Int64  `tfsdk:"toleration_seconds"`
+}
+
+type taintModel struct {
+	Key    types.String `tfsdk:"key"`
+	Value  types.String `tfsdk:"value"`
+	Effect types.String `tfsdk:"effect"`
+}
+
+type nodePoolStatusModel struct {
+	Nodes      types.List  `tfsdk:"nodes"`
+	ReadyNodes types.Int64 `tfsdk:"ready_nodes"`
+}
+
+const (
+	nodePoolKind          = "GVisorNodePool"
+	nodePoolTFType        = "node_pool"
+	defaultNodePoolWait   = 15 * time.Minute
+	defaultNodePoolDelete = 5 * time.Minute
+)
+
+// nodePoolMode is one value of `mode`: the validator, the attribute's
+// documentation and the configuration checks all come from this list.
+type nodePoolMode struct {
+	name                 agentboxv1alpha1.GVisorNodePoolMode
+	description          string
+	requiresNodeSelector bool
+	usesTaint            bool
+}
+
+var nodePoolModes = []nodePoolMode{
+	{
+		name: agentboxv1alpha1.GVisorNodePoolModeManaged, requiresNodeSelector: true, usesTaint: true,
+		description: "the platform installs runsc on the selected nodes with its installer DaemonSet, labels (and, with " +
+			"`taint`, taints) them, and creates the RuntimeClass with handler `runsc`. `node_selector` is required, so " +
+			"that runsc is not installed on every node by accident",
+	},
+	{
+		name: agentboxv1alpha1.GVisorNodePoolModeGKE,
+		description: "GKE Sandbox already provides gVisor: the pool adopts its RuntimeClass (which must exist) and runs no " +
+			"installer; `taint` is not used",
+	},
+}
+
+func nodePoolModeNames() []string {
+	names := make([]string, len(nodePoolModes))
+	for i, m := range nodePoolModes {
+		names[i] = string(m.name)
+	}
+	return names
+}
+
+func findNodePoolMode(name string) (nodePoolMode, bool) {
+	for _, m := range nodePoolModes {
+		if string(m.name) == name {
+			return m, true
+		}
+	}
+	return nodePoolMode{}, false
+}
+
+var (
+	tolerationOperators = []string{string(corev1.TolerationOpEqual), string(corev1.TolerationOpExists)}
+	taintEffects        = []string{string(corev1.TaintEffectNoSchedule), string(corev1.TaintEffectPreferNoSchedule), string(corev1.TaintEffectNoExecute)}
+
+	tolerationAttrTypes = map[string]attr.Type{
+		"key": types.StringType, "operator": types.StringType, "value": types.StringType,
+		"effect": types.StringType, "toleration_seconds": types.Int64Type,
+	}
+	taintAttrTypes          = map[string]attr.Type{"key": types.StringType, "value": types.StringType, "effect": types.StringType}
+	nodePoolStatusAttrTypes = map[string]attr.Type{"nodes": types.ListType{ElemType: types.StringType}, "ready_nodes": types.Int64Type}
+
+	quantityCheck = stringCheck{
+		description: "a Kubernetes quantity such as `100m`, `64Mi` or `1`",
+		check: func(s string) error {
+			_, err := k8sresource.ParseQuantity(s)
+			return err
+		},
+	}
+	labelValueCheck = stringCheck{
+		description: "a label value: at most 63 letters, digits, `-`, `_` and `.`, starting and ending with a letter or digit, or empty",
+		check: func(s string) error {
+			if errs := validation.IsValidLabelValue(s); len(errs) > 0 {
+				return fmt.Errorf("%s", errs[0])
+			}
+			return nil
+		},
+	}
+	qualifiedNameCheck = stringCheck{
+		description: "a label or taint key: an optional DNS subdomain prefix and `/`, then at most 63 letters, digits, `-`, `_` and `.`",
+		check: func(s string) error {
+			if errs := validation.IsQualifiedName(s); len(errs) > 0 {
+				return fmt.Errorf("%s", errs[0])
+			}
+			return nil
+		},
+	}
+)
+
+func (r *nodePoolResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
+	resp.TypeName = req.ProviderTypeName + "_" + nodePoolTFType
+}
+
+func (r *nodePoolResource) Schema(ctx context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
+	modes := make([]string, len(nodePoolModes))
+	for i, m := range nodePoolModes {
+		modes[i] = "`" + string(m.name) + "`: " + m.description + "."
+	}
+	effectDesc := "One of " + codeList(taintEffects) + "."
+	resp.Schema = schema.Schema{
+		MarkdownDescription: "A gVisor node pool: a set of nodes prepared to run sandboxes under gVisor, and the RuntimeClass " +
+			"(handler `runsc`, scheduling node selector and tolerations, pod overhead) that schedules sandbox pods onto them. " +
+			"It becomes a cluster-scoped `GVisorNodePool` object. Templates name it in `node_pool`. Requires `agentbox_platform`; " +
+			"on destroy the platform removes its labels and taint from the nodes before the object goes.",
+		Attributes: map[string]schema.Attribute{
+			"id": schema.StringAttribute{
+				Computed:            true,
+				MarkdownDescription: "Name of the " + nodePoolKind + " (it is cluster-scoped); also the import ID.",
+				PlanModifiers:       []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+			},
+			"name": nameAttribute(nodePoolKind),
+			"mode": schema.StringAttribute{
+				Required:            true,
+				MarkdownDescription: "Who provides gVisor on the pool's nodes. " + strings.Join(modes, " "),
+				Validators:          []validator.String{stringvalidator.OneOf(nodePoolModeNames()...)},
+			},
+			"runtime_class_name": schema.StringAttribute{
+				Optional: true, Computed: true, Default: stringdefault.StaticString(defaultRuntimeClass),
+				MarkdownDescription: "RuntimeClass that sandboxes on this pool use: created by the platform in `Managed` mode, " +
+					"adopted in `GKE` mode. Must be " + dnsSubdomainCheck.description + ". Defaults to `" + defaultRuntimeClass + "`.",
+				Validators: []validator.String{dnsSubdomainCheck},
+			},
+			"node_selector": schema.MapAttribute{
+				ElementType: types.StringType, Optional: true,
+				MarkdownDescription: "Node labels that select the pool's nodes; it becomes the RuntimeClass's scheduling node " +
+					"selector, so sandbox pods land only on these nodes. Keys must be " + qualifiedNameCheck.description +
+					"; values " + labelValueCheck.description + ". Required in " + codeList(modesRequiringNodeSelector()) + " mode.",
+				Validators: []validator.Map{
+					mapvalidator.KeysAre(qualifiedNameCheck),
+					mapvalidator.ValueStringsAre(labelValueCheck),
+				},
+			},
+			"tolerations": schema.ListNestedAttribute{
+				Optional:            true,
+				MarkdownDescription: "The RuntimeClass's scheduling tolerations, added to every sandbox pod; they should tolerate the pool's `taint`.",
+				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
+					"key": schema.StringAttribute{
+						Optional:            true,
+						MarkdownDescription: "Taint key to tolerate; unset with operator `Exists` tolerates every taint.",
+					},
+					"operator": schema.StringAttribute{
+						Optional:            true,
+						MarkdownDescription: "One of " + codeList(tolerationOperators) + ". Unset means `Equal`.",
+						Validators:          []validator.String{stringvalidator.OneOf(tolerationOperators...)},
+					},
+					"value": schema.StringAttribute{
+						Optional: true, MarkdownDescription: "Taint value to match with operator `Equal`.",
+					},
+					"effect": schema.StringAttribute{
+						Optional:            true,
+						MarkdownDescription: "Taint effect to tolerate. " + effectDesc + " Unset means every effect.",
+						Validators:          []validator.String{stringvalidator.OneOf(taintEffects...)},
+					},
+					"toleration_seconds": schema.Int64Attribute{
+						Optional:            true,
+						MarkdownDescription: "For effect `NoExecute`: how long a pod stays bound after the taint appears. Unset means forever.",
+						Validators:          []validator.Int64{int64validator.AtLeast(0)},
+					},
+				}},
+			},
+			"taint": schema.SingleNestedAttribute{
+				Optional: true,
+				MarkdownDescription: "Taint put on the pool's nodes in " + codeList(modesUsingTaint()) + " mode to keep other pods " +
+					"off them; sandbox pods tolerate it through `tolerations`.",
+				Attributes: map[string]schema.Attribute{
+					"key": schema.StringAttribute{
+						Required: true, MarkdownDescription: "Taint key. Must be " + qualifiedNameCheck.description + ".",
+						Validators: []validator.String{qualifiedNameCheck},
+					},
+					"value": schema.StringAttribute{
+						Optional: true, MarkdownDescription: "Taint value. Must be " + labelValueCheck.description + ".",
+						Validators: []validator.String{labelValueCheck},
+					},
+					"effect": schema.StringAttribute{
+						Required: true, MarkdownDescription: "Taint effect. " + effectDesc,
+						Validators: []validator.String{stringvalidator.OneOf(taintEffects...)},
+					},
+				},
+			},
+			"overhead": schema.MapAttribute{
+				ElementType: types.StringType, Optional: true,
+				MarkdownDescription: "The RuntimeClass's pod overhead: what gVisor itself needs per pod, added to every sandbox " +
+					"pod's requests, e.g. `{ cpu = \"50m\", memory = \"32Mi\" }`. Each value must be " + quantityCheck.description + ".",
+				Validators: []validator.Map{mapvalidator.ValueStringsAre(quantityCheck)},
+			},
+			"wait_for_ready": schema.BoolAttribute{
+				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
+				MarkdownDescription: "Wait on create and update until the platform reports the pool Ready (at least one selected " +
+					"node can run gVisor pods), within the `timeouts`. Defaults to `true`. On timeout the error carries the " +
+					"pool's Ready condition, e.g. no node matching the selector.",
+			},
+			"status": schema.SingleNestedAttribute{
+				Computed: true,
+				MarkdownDescription: "What the control plane last reported. Refreshed on every read; it never causes a change " +
+					"by itself.",
+				Attributes: map[string]schema.Attribute{
+					"nodes": schema.ListAttribute{
+						ElementType: types.StringType, Computed: true,
+						MarkdownDescription: "Names of the nodes the pool selects, sorted.",
+					},
+					"ready_nodes": schema.Int64Attribute{
+						Computed: true, MarkdownDescription: "How many of them can run gVisor pods.",
+					},
+				},
+			},
+			"timeouts": timeoutsAttribute(ctx,
+				&timeoutDoc{"the create, including the wait for ready nodes", defaultNodePoolWait},
+				&timeoutDoc{"an update, including the wait for ready nodes", defaultNodePoolWait},
+				&timeoutDoc{"the destroy, which waits until the platform has taken the pool's labels and taint off the nodes", defaultNodePoolDelete}),
+		},
+	}
+}
+
+func modesRequiringNodeSelector() []string {
+	var names []string
+	for _, m := range nodePoolModes {
+		if m.requiresNodeSelector {
+			names = append(names, string(m.name))
+		}
+	}
+	return names
+}
+
+func modesUsingTaint() []string {
+	var names []string
+	for _, m := range nodePoolModes {
+		if m.usesTaint {
+			names = append(names, string(m.name))
+		}
+	}
+	return names
+}
+
+func (r *nodePoolResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
+	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
+}
+
+// ValidateConfig applies the rules of nodePoolModes before plan, so a pool
+// the API server would reject (Managed without a selector) fails early.
+func (r *nodePoolResource) ValidateConfig(ctx context.Context, req resource.ValidateConfigRequest, resp *resource.ValidateConfigResponse) {
+	var m nodePoolModel
+	resp.Diagnostics.Append(req.Config.Get(ctx, &m)...)
+	if resp.Diagnostics.HasError() || m.Mode.IsUnknown() || m.Mode.IsNull() {
+		return
+	}
+	mode, ok := findNodePoolMode(m.Mode.ValueString())
+	if !ok {
+		return // the attribute's validator reports it
+	}
+	if mode.requiresNodeSelector && !m.NodeSelector.IsUnknown() && len(m.NodeSelector.Elements()) == 0 {
+		resp.Diagnostics.AddAttributeError(path.Root("node_selector"), "Missing node_selector",
+			fmt.Sprintf("mode %q installs runsc on the nodes that node_selector selects: set it to labels of the nodes meant "+
+				"for sandboxes, so that runsc is not installed on every node by accident.", mode.name))
+	}
+	if !mode.usesTaint && !m.Taint.IsNull() && !m.Taint.IsUnknown() {
+		resp.Diagnostics.AddAttributeWarning(path.Root("taint"), "taint is not used",
+			fmt.Sprintf("mode %q does not taint nodes; only %s mode does.", mode.name, codeList(modesUsingTaint())))
+	}
+}
+
+// ModifyPlan plans the ID, which is the name.
+func (r *nodePoolResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
+	if req.Plan.Raw.IsNull() {
+		return
+	}
+	var name types.String
+	resp.Diagnostics.Append(req.Plan.GetAttribute(ctx, path.Root("name"), &name)...)
+	if !resp.Diagnostics.HasError() && !name.IsUnknown() {
+		resp.Diagnostics.Append(resp.Plan.SetAttribute(ctx, path.Root("id"), name)...)
+	}
+}
+
+func (r *nodePoolResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
+	var plan nodePoolModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := plan.Timeouts.Create(ctx, defaultNodePoolWait)
+	resp.Diagnostics.Append(diags...)
+	obj := &agentboxv1alpha1.GVisorNodePool{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString()}}
+	obj.Spec = plan.spec(ctx, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := client.ObjectKeyFromObject(obj)
+	if err := c.Create(ctx, obj); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			resp.Diagnostics.AddError(nodePoolKind+" already exists",
+				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_%s.<name> %s`.", obj.Name, nodePoolTFType, obj.Name))
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Create", key, nodePoolKind, err)
+		return
+	}
+	plan.ID = types.StringValue(obj.Name)
+	plan.setStatus(ctx, &obj.Status, &resp.Diagnostics)
+	// Saved before waiting: a pool that never becomes ready still exists
+	// and must be in state so that destroy removes it.
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *nodePoolResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
+	var state nodePoolModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Name: state.Name.ValueString()}
+	var obj agentboxv1alpha1.GVisorNodePool
+	if err := c.Get(ctx, key, &obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			resp.State.RemoveResource(ctx)
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Read", key, nodePoolKind, err)
+		return
+	}
+	state.ID = types.StringValue(obj.Name)
+	state.fromSpec(ctx, &obj.Spec, &resp.Diagnostics)
+	state.setStatus(ctx, &obj.Status, &resp.Diagnostics)
+	if state.WaitForReady.IsNull() {
+		// Imported: the attribute is Terraform's own, so take its default.
+		state.WaitForReady = types.BoolValue(true)
+	}
+	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
+}
+
+func (r *nodePoolResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
+	var plan nodePoolModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := plan.Timeouts.Update(ctx, defaultNodePoolWait)
+	resp.Diagnostics.Append(diags...)
+	spec := plan.spec(ctx, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Name: plan.Name.ValueString()}
+	var obj agentboxv1alpha1.GVisorNodePool
+	// The whole spec is Terraform's: replacing it undoes out-of-band edits.
+	// The controller adds a finalizer, hence the retry on conflict.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, key, &obj); err != nil {
+			return err
+		}
+		obj.Spec = spec
+		return c.Update(ctx, &obj)
+	})
+	if err != nil {
+		apiErrorDiag(&resp.Diagnostics, "Update", key, nodePoolKind, err)
+		return
+	}
+	plan.setStatus(ctx, &obj.Status, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *nodePoolResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
+	var state nodePoolModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := state.Timeouts.Delete(ctx, defaultNodePoolDelete)
+	resp.Diagnostics.Append(diags...)
+	key := k8stypes.NamespacedName{Name: state.Name.ValueString()}
+	obj := &agentboxv1alpha1.GVisorNodePool{ObjectMeta: metav1.ObjectMeta{Name: key.Name}}
+	if err := c.Delete(ctx, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Delete", key, nodePoolKind, err)
+		return
+	}
+	// The controller's finalizer takes the pool's labels and taint off the
+	// nodes; waiting for it means a finished destroy leaves the nodes clean.
+	if err := waitGone(ctx, c, key, &agentboxv1alpha1.GVisorNodePool{}, timeout); err != nil {
+		resp.Diagnostics.AddError(fmt.Sprintf("%s %s was not deleted within %s", nodePoolKind, key.Name, timeout),
+			err.Error()+"\n\nIf the platform was uninstalled first, nothing removes the pool's finalizer "+agentboxv1alpha1.Finalizer+".")
+	}
+}
+
+func (r *nodePoolResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
+	if req.ID == "" || strings.Contains(req.ID, "/") {
+		resp.Diagnostics.AddError("Invalid import ID",
+			fmt.Sprintf("import ID %q is not a node pool name: %s objects are cluster-scoped, so the ID is the name alone.", req.ID, nodePoolKind))
+		return
+	}
+	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("id"), req.ID)...)
+	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("name"), req.ID)...)
+}
+
+// waitAndRefresh waits, if asked to, until the controller reports the
+// current spec Ready, and takes the status it ends with.
+func (r *nodePoolResource) waitAndRefresh(ctx context.Context, c client.Client, key k8stypes.NamespacedName, m *nodePoolModel,
+	timeout time.Duration, diags *diag.Diagnostics) {
+	if !m.WaitForReady.ValueBool() {
+		return
+	}
+	var pool agentboxv1alpha1.GVisorNodePool
+	err := waitObject(ctx, c, key, &pool, timeout, func() (bool, string) {
+		cond := apimeta.FindStatusCondition(pool.Status.Conditions, agentboxv1alpha1.ConditionReady)
+		// A condition about an older spec says nothing about this one.
+		current := cond != nil && cond.ObservedGeneration >= pool.Generation
+		progress := fmt.Sprintf("%d of %d selected nodes ready; %s", pool.Status.ReadyNodes, len(pool.Status.Nodes),
+			readyConditionText(pool.Status.Conditions, agentboxv1alpha1.ConditionReady))
+		return current && cond.Status == metav1.ConditionTrue, progress
+	})
+	if pool.Name != "" {
+		m.setStatus(ctx, &pool.Status, diags)
+	}
+	if err != nil {
+		diags.AddError(fmt.Sprintf("%s %s did not become ready", nodePoolKind, key.Name), err.Error())
+	}
+}
+
+func (m *nodePoolModel) spec(ctx context.Context, diags *diag.Diagnostics) agentboxv1alpha1.GVisorNodePoolSpec {
+	s := agentboxv1alpha1.GVisorNodePoolSpec{
+		Mode:             agentboxv1alpha1.GVisorNodePoolMode(m.Mode.ValueString()),
+		RuntimeClassName: m.RuntimeClassName.ValueString(),
+		NodeSelector:     goMap(ctx, m.NodeSelector, diags),
+		Overhead:         resourceList(goMap(ctx, m.Overhead, diags), "overhead", diags),
+	}
+	if !m.Tolerations.IsNull() && !m.Tolerations.IsUnknown() {
+		var tols []tolerationModel
+		diags.Append(m.Tolerations.ElementsAs(ctx, &tols, false)...)
+		for _, t := range tols {
+			tol := corev1.Toleration{
+				Key:      t.Key.ValueString(),
+				Operator: corev1.TolerationOperator(t.Operator.ValueString()),
+				Value:    t.Value.ValueString(),
+				Effect:   corev1.TaintEffect(t.Effect.ValueString()),
+			}
+			if !t.TolerationSeconds.IsNull() && !t.TolerationSeconds.IsUnknown() {
+				secs := t.TolerationSeconds.ValueInt64()
+				tol.TolerationSeconds = &secs
+			}
+			s.Tolerations = append(s.Tolerations, tol)
+		}
+	}
+	if !m.Taint.IsNull() && !m.Taint.IsUnknown() {
+		var tm taintModel
+		diags.Append(m.Taint.As(ctx, &tm, objectAsOptions)...)
+		s.Taint = &corev1.Taint{Key: tm.Key.ValueString(), Value: tm.Value.ValueString(), Effect: corev1.TaintEffect(tm.Effect.ValueString())}
+	}
+	return s
+}
+
+// fromSpec sets the attributes from the live spec, keeping the prior
+// spelling of equal quantities (see keepQuantity).
+func (m *nodePoolModel) fromSpec(ctx context.Context, s *agentboxv1alpha1.GVisorNodePoolSpec, diags *diag.Diagnostics) {
+	m.Mode = types.StringValue(string(s.Mode))
+	rc := s.RuntimeClassName
+	if rc == "" {
+		rc = defaultRuntimeClass
+	}
+	m.RuntimeClassName = types.StringValue(rc)
+	m.NodeSelector = mapValue(ctx, m.NodeSelector, s.NodeSelector, diags)
+	m.Overhead = quantityMap(ctx, m.Overhead, s.Overhead, diags)
+
+	tolType := types.ObjectType{AttrTypes: tolerationAttrTypes}
+	if len(s.Tolerations) == 0 {
+		if m.Tolerations.IsNull() || m.Tolerations.IsUnknown() || len(m.Tolerations.Elements()) != 0 {
+			m.Tolerations = types.ListNull(tolType)
+		}
+	} else {
+		tols := make([]tolerationModel, len(s.Tolerations))
+		for i, t := range s.Tolerations {
+			tols[i] = tolerationModel{
+				Key: stringOrNull(t.Key), Operator: stringOrNull(string(t.Operator)), Value: stringOrNull(t.Value),
+				Effect: stringOrNull(string(t.Effect)), TolerationSeconds: types.Int64PointerValue(t.TolerationSeconds),
+			}
+		}
+		v, d := types.ListValueFrom(ctx, tolType, tols)
+		diags.Append(d...)
+		m.Tolerations = v
+	}
+
+	if s.Taint == nil {
+		m.Taint = types.ObjectNull(taintAttrTypes)
+	} else {
+		m.Taint = objectValue(ctx, taintAttrTypes, taintModel{
+			Key: types.StringValue(s.Taint.Key), Value: stringOrNull(s.Taint.Value), Effect: types.StringValue(string(s.Taint.Effect)),
+		}, diags)
+	}
+}
+
+func (m *nodePoolModel) setStatus(ctx context.Context, s *agentboxv1alpha1.GVisorNodePoolStatus, diags *diag.Diagnostics) {
+	nodes := s.Nodes
+	if nodes == nil {
+		nodes = []string{}
+	}
+	list, d := types.ListValueFrom(ctx, types.StringType, nodes)
+	diags.Append(d...)
+	m.Status = objectValue(ctx, nodePoolStatusAttrTypes, nodePoolStatusModel{Nodes: list, ReadyNodes: types.Int64Value(int64(s.ReadyNodes))}, diags)
+}

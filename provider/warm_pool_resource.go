@@ -1,0 +1,287 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
+	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
+	"github.com/hashicorp/terraform-plugin-framework/attr"
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
+	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+var (
+	_ resource.Resource                = (*warmPoolResource)(nil)
+	_ resource.ResourceWithConfigure   = (*warmPoolResource)(nil)
+	_ resource.ResourceWithImportState = (*warmPoolResource)(nil)
+	_ resource.ResourceWithModifyPlan  = (*warmPoolResource)(nil)
+)
+
+// NewWarmPoolResource manages a SandboxWarmPool.
+func NewWarmPoolResource() resource.Resource { return &warmPoolResource{} }
+
+type warmPoolResource struct{ data *providerData }
+
+type warmPoolModel struct {
+	ID           types.String   `tfsdk:"id"`
+	Name         types.String   `tfsdk:"name"`
+	Namespace    types.String   `tfsdk:"namespace"`
+	Template     types.String   `tfsdk:"template"`
+	Replicas     types.Int64    `tfsdk:"replicas"`
+	WaitForReady types.Bool     `tfsdk:"wait_for_ready"`
+	Status       types.Object   `tfsdk:"status"`
+	Timeouts     timeouts.Value `tfsdk:"timeouts"`
+}
+
+type warmPoolStatusModel struct {
+	Replicas       types.Int64 `tfsdk:"replicas"`
+	ReadyReplicas  types.Int64 `tfsdk:"ready_replicas"`
+	LeasedReplicas types.Int64 `tfsdk:"leased_replicas"`
+}
+
+const (
+	warmPoolKind          = "SandboxWarmPool"
+	warmPoolTFType        = "warm_pool"
+	defaultWarmPoolWait   = 10 * time.Minute
+	defaultWarmPoolDelete = 5 * time.Minute
+)
+
+var (
+	warmPoolStatusAttrTypes = map[string]attr.Type{
+		"replicas": types.Int64Type, "ready_replicas": types.Int64Type, "leased_replicas": types.Int64Type,
+	}
+	// replicasRange is the CRD's: at least 0, and an int32.
+	replicasRange = int64validator.Between(0, math.MaxInt32)
+)
+
+func (r *warmPoolResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
+	resp.TypeName = req.ProviderTypeName + "_" + warmPoolTFType
+}
+
+func (r *warmPoolResource) Schema(ctx context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
+	computedInt := func(desc string) schema.Int64Attribute {
+		return schema.Int64Attribute{Computed: true, MarkdownDescription: desc}
+	}
+	resp.Schema = schema.Schema{
+		MarkdownDescription: "A warm pool: a number of started, unassigned sandboxes of one template, so that a new " +
+			"`agentbox_sandbox` (or an ephemeral lease) of that template adopts a ready one instead of starting cold. " +
+			"It becomes a `SandboxWarmPool` object, whose `replicas` is also its scale subresource. Requires `agentbox_platform`.",
+		Attributes: map[string]schema.Attribute{
+			"id":        idAttribute(warmPoolKind),
+			"name":      nameAttribute(warmPoolKind),
+			"namespace": namespaceAttribute(warmPoolKind),
+			"template": schema.StringAttribute{
+				Required: true,
+				MarkdownDescription: "Name of the `agentbox_sandbox_template` (same namespace) whose sandboxes the pool keeps warm. " +
+					"Must be " + dnsSubdomainCheck.description + ". Changing it makes the pool replace its warm sandboxes.",
+				Validators: []validator.String{dnsSubdomainCheck},
+			},
+			"replicas": schema.Int64Attribute{
+				Required: true,
+				MarkdownDescription: "How many ready, unassigned sandboxes the pool keeps; an adopted one is replaced. " +
+					"The " + replicasRange.MarkdownDescription(ctx) + ". A change made with `kubectl scale` or an " +
+					"autoscaler shows as drift; add `replicas` to `lifecycle.ignore_changes` if something else owns it.",
+				Validators: []validator.Int64{replicasRange},
+			},
+			"wait_for_ready": schema.BoolAttribute{
+				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
+				MarkdownDescription: "Wait on create and update until the pool has `replicas` ready sandboxes, within the " +
+					"`timeouts`. Defaults to `true`. On timeout the error carries the pool's Ready condition.",
+			},
+			"status": schema.SingleNestedAttribute{
+				Computed: true,
+				MarkdownDescription: "What the control plane last reported. Refreshed on every read; it never causes a change " +
+					"by itself.",
+				Attributes: map[string]schema.Attribute{
+					"replicas":        computedInt("Unassigned sandboxes the pool has, ready or not."),
+					"ready_replicas":  computedInt("How many of them are ready to be adopted."),
+					"leased_replicas": computedInt("Sandboxes of the pool leased out for an ephemeral run; not counted in `replicas`."),
+				},
+			},
+			"timeouts": timeoutsAttribute(ctx,
+				&timeoutDoc{"the create, including the wait for ready sandboxes", defaultWarmPoolWait},
+				&timeoutDoc{"an update, including the wait for ready sandboxes", defaultWarmPoolWait},
+				&timeoutDoc{"the destroy, which waits until the pool's sandboxes are gone", defaultWarmPoolDelete}),
+		},
+	}
+}
+
+func (r *warmPoolResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
+	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
+}
+
+// ModifyPlan plans the namespace and ID, known before apply.
+func (r *warmPoolResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
+	planObjectID(ctx, r.data, req, resp)
+}
+
+func (r *warmPoolResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
+	var plan warmPoolModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := plan.Timeouts.Create(ctx, defaultWarmPoolWait)
+	resp.Diagnostics.Append(diags...)
+	ns := resolveNamespace(plan.Namespace, r.data)
+	obj := &agentboxv1alpha1.SandboxWarmPool{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString(), Namespace: ns}, Spec: plan.spec()}
+	key := client.ObjectKeyFromObject(obj)
+	if err := c.Create(ctx, obj); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			resp.Diagnostics.AddError(warmPoolKind+" already exists",
+				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_%s.<name> %s`.", key, warmPoolTFType, objectID(ns, obj.Name)))
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Create", key, warmPoolKind, err)
+		return
+	}
+	plan.ID = types.StringValue(objectID(ns, obj.Name))
+	plan.Namespace = types.StringValue(ns)
+	plan.setStatus(ctx, &obj.Status, &resp.Diagnostics)
+	// Saved before waiting: a pool that never fills still exists and must be
+	// in state so that destroy removes it.
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *warmPoolResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
+	var state warmPoolModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
+	var obj agentboxv1alpha1.SandboxWarmPool
+	if err := c.Get(ctx, key, &obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			resp.State.RemoveResource(ctx)
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Read", key, warmPoolKind, err)
+		return
+	}
+	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
+	state.Template = types.StringValue(obj.Spec.TemplateRef.Name)
+	state.Replicas = types.Int64Value(int64(obj.Spec.Replicas))
+	state.setStatus(ctx, &obj.Status, &resp.Diagnostics)
+	if state.WaitForReady.IsNull() {
+		// Imported: the attribute is Terraform's own, so take its default.
+		state.WaitForReady = types.BoolValue(true)
+	}
+	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
+}
+
+func (r *warmPoolResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
+	var plan warmPoolModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := plan.Timeouts.Update(ctx, defaultWarmPoolWait)
+	resp.Diagnostics.Append(diags...)
+	key := k8stypes.NamespacedName{Namespace: plan.Namespace.ValueString(), Name: plan.Name.ValueString()}
+	var obj agentboxv1alpha1.SandboxWarmPool
+	// The controller writes only status, but a scaler may write spec.replicas
+	// at any time; retrying on conflict keeps Terraform's value the last word.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, key, &obj); err != nil {
+			return err
+		}
+		obj.Spec = plan.spec()
+		return c.Update(ctx, &obj)
+	})
+	if err != nil {
+		apiErrorDiag(&resp.Diagnostics, "Update", key, warmPoolKind, err)
+		return
+	}
+	plan.setStatus(ctx, &obj.Status, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *warmPoolResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
+	var state warmPoolModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := state.Timeouts.Delete(ctx, defaultWarmPoolDelete)
+	resp.Diagnostics.Append(diags...)
+	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
+	obj := &agentboxv1alpha1.SandboxWarmPool{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
+	// Foreground: the warm sandboxes go before the pool does, so that a
+	// destroy of the template right after does not strand them.
+	if err := c.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Delete", key, warmPoolKind, err)
+		return
+	}
+	if err := waitGone(ctx, c, key, &agentboxv1alpha1.SandboxWarmPool{}, timeout); err != nil {
+		resp.Diagnostics.AddError(fmt.Sprintf("%s %s was not deleted within %s", warmPoolKind, key, timeout), err.Error())
+	}
+}
+
+func (r *warmPoolResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
+	importObject(ctx, r.data, req, resp)
+}
+
+// waitAndRefresh waits, if asked to, until the pool is full, and takes the
+// status it ends with.
+func (r *warmPoolResource) waitAndRefresh(ctx context.Context, c client.Client, key k8stypes.NamespacedName, m *warmPoolModel,
+	timeout time.Duration, diags *diag.Diagnostics) {
+	if !m.WaitForReady.ValueBool() {
+		return
+	}
+	var pool agentboxv1alpha1.SandboxWarmPool
+	err := waitObject(ctx, c, key, &pool, timeout, func() (bool, string) {
+		// A status older than the spec may count replicas the pool no
+		// longer wants.
+		current := pool.Status.ObservedGeneration >= pool.Generation
+		progress := fmt.Sprintf("%d of %d ready (observed generation %d of %d); %s", pool.Status.ReadyReplicas, pool.Spec.Replicas,
+			pool.Status.ObservedGeneration, pool.Generation, readyConditionText(pool.Status.Conditions, agentboxv1alpha1.ConditionReady))
+		return current && pool.Status.ReadyReplicas >= pool.Spec.Replicas, progress
+	})
+	if pool.Name != "" {
+		m.setStatus(ctx, &pool.Status, diags)
+	}
+	if err != nil {
+		diags.AddError(fmt.Sprintf("%s %s did not become ready", warmPoolKind, key), err.Error())
+	}
+}
+
+func (m *warmPoolModel) spec() agentboxv1alpha1.SandboxWarmPoolSpec {
+	return agentboxv1alpha1.SandboxWarmPoolSpec{
+		TemplateRef: agentboxv1alpha1.LocalObjectReference{Name: m.Template.ValueString()},
+		Replicas:    int32(m.Replicas.ValueInt64()),
+	}
+}
+
+func (m *warmPoolModel) setStatus(ctx context.Context, s *agentboxv1alpha1.SandboxWarmPoolStatus, diags *diag.Diagnostics) {
+	m.Status = objectValue(ctx, warmPoolStatusAttrTypes, warmPoolStatusModel{
+		Replicas:       types.Int64Value(int64(s.Replicas)),
+		ReadyReplicas:  types.Int64Value(int64(s.ReadyReplicas)),
+		LeasedReplicas: types.Int64Value(int64(s.LeasedReplicas)),
+	}, diags)
+}

@@ -1,0 +1,164 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/terraform-plugin-testing/helper/resource"
+	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
+	"github.com/hashicorp/terraform-plugin-testing/plancheck"
+	"github.com/hashicorp/terraform-plugin-testing/statecheck"
+	"github.com/hashicorp/terraform-plugin-testing/terraform"
+	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+// The lifecycle of the Terraform resource against the API server alone: no
+// control plane fills the pool, so it is created without waiting, and the
+// test writes the status the way the controller would.
+func testAccWarmPoolConfig(ns, name string, replicas int) string {
+	return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_sandbox_template" "python" {
+  name      = "python"
+  namespace = %[1]q
+}
+
+resource "agentbox_warm_pool" "test" {
+  name           = %[2]q
+  namespace      = %[1]q
+  template       = agentbox_sandbox_template.python.name
+  replicas       = %[3]d
+  wait_for_ready = false
+}
+`, ns, name, replicas)
+}
+
+func TestAccWarmPool_lifecycle(t *testing.T) {
+	c, ns := testAccCluster(t)
+	addr := "agentbox_warm_pool.test"
+	key := types.NamespacedName{Namespace: ns, Name: "python-pool"}
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []resource.TestStep{
+			{
+				Config: testAccWarmPoolConfig(ns, "python-pool", 2),
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("id"), knownvalue.StringExact(ns+"/python-pool")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("namespace"), knownvalue.StringExact(ns)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("template"), knownvalue.StringExact("python")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Int64Exact(2)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("wait_for_ready"), knownvalue.Bool(false)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("status"), knownvalue.ObjectExact(map[string]knownvalue.Check{
+						"replicas": knownvalue.Int64Exact(0), "ready_replicas": knownvalue.Int64Exact(0), "leased_replicas": knownvalue.Int64Exact(0),
+					})),
+				},
+				Check: checkWarmPoolSpec(t, c, key, "python", 2),
+			},
+			{
+				Config:           testAccWarmPoolConfig(ns, "python-pool", 2),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+			},
+			{
+				ResourceName:      addr,
+				ImportState:       true,
+				ImportStateId:     ns + "/python-pool",
+				ImportStateVerify: true,
+				// Terraform's own settings, not stored in the object.
+				ImportStateVerifyIgnore: []string{"wait_for_ready", "timeouts"},
+			},
+			{
+				// Status written by the controller is refreshed into state
+				// but never plans a change.
+				PreConfig: func() {
+					pool := getObject[agentboxv1alpha1.SandboxWarmPool](t, c, key)
+					pool.Status = agentboxv1alpha1.SandboxWarmPoolStatus{Replicas: 2, ReadyReplicas: 1, LeasedReplicas: 3, ObservedGeneration: pool.Generation}
+					if err := c.Status().Update(context.Background(), pool); err != nil {
+						t.Fatal(err)
+					}
+				},
+				Config:           testAccWarmPoolConfig(ns, "python-pool", 2),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("status"), knownvalue.ObjectExact(map[string]knownvalue.Check{
+						"replicas": knownvalue.Int64Exact(2), "ready_replicas": knownvalue.Int64Exact(1), "leased_replicas": knownvalue.Int64Exact(3),
+					})),
+				},
+			},
+			{
+				// In place: scaling does not replace the pool.
+				Config: testAccWarmPoolConfig(ns, "python-pool", 5),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
+				},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Int64Exact(5)),
+				},
+				Check: checkWarmPoolSpec(t, c, key, "python", 5),
+			},
+			{
+				// Out-of-band edit (kubectl scale): the plan shows it, the
+				// apply puts Terraform's value back.
+				PreConfig: func() {
+					mutate(t, c, key, func(p *agentboxv1alpha1.SandboxWarmPool) { p.Spec.Replicas = 9 })
+				},
+				Config: testAccWarmPoolConfig(ns, "python-pool", 5),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{
+						plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
+						plancheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Int64Exact(5)),
+					},
+				},
+				Check: checkWarmPoolSpec(t, c, key, "python", 5),
+			},
+			{
+				// Disappears: deleted out of band, the next plan creates it.
+				PreConfig: func() {
+					if err := c.Delete(context.Background(), &agentboxv1alpha1.SandboxWarmPool{ObjectMeta: objectMeta(key)}); err != nil {
+						t.Fatal(err)
+					}
+				},
+				Config: testAccWarmPoolConfig(ns, "python-pool", 5),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionCreate)},
+				},
+				Check: checkWarmPoolSpec(t, c, key, "python", 5),
+			},
+			{
+				// The name is immutable: changing it replaces the pool.
+				Config: testAccWarmPoolConfig(ns, "python-pool-2", 5),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionDestroyBeforeCreate)},
+				},
+				Check: checkWarmPoolSpec(t, c, types.NamespacedName{Namespace: ns, Name: "python-pool-2"}, "python", 5),
+			},
+		},
+	})
+}
+
+func TestAccWarmPool_invalid(t *testing.T) {
+	_, ns := testAccCluster(t)
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []resource.TestStep{{
+			Config:      strings.Replace(testAccWarmPoolConfig(ns, "python-pool", 1), "replicas       = 1", "replicas       = -1", 1),
+			PlanOnly:    true,
+			ExpectError: regexp.MustCompile(`must\s+be\s+between\s+0\s+and\s+2147483647`),
+		}},
+	})
+}
+
+func checkWarmPoolSpec(t *testing.T, c client.Client, key types.NamespacedName, template string, replicas int32) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		pool := getObject[agentboxv1alpha1.SandboxWarmPool](t, c, key)
+		if pool.Spec.TemplateRef.Name != template || pool.Spec.Replicas != replicas {
+			return fmt.Errorf("%s spec: template %q, replicas %d; want %q, %d", key, pool.Spec.TemplateRef.Name, pool.Spec.Replicas, template, replicas)
+		}
+		return nil
+	}
+}
