@@ -52,6 +52,7 @@ const (
 	EventResuming       = "Resuming"
 	EventResumed        = "Resumed"
 	EventRestoreFailed  = "RestoreFailed"
+	EventSyncFailed     = "SyncFailed"
 )
 
 // snapshotPoll is how often a snapshot that is not ready yet is looked at
@@ -211,13 +212,20 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		if sup, err = r.supervisor(sbx, pod); err != nil {
 			return ctrl.Result{}, err
 		}
-		fctx, cancel := context.WithTimeout(ctx, supervisorCallTimeout)
-		err = sup.Flush(fctx)
-		cancel()
-		if err != nil {
-			// Snapshotting an unflushed volume could lose the agent's last
-			// writes; retrying with backoff is safer than going on.
-			return ctrl.Result{}, fmt.Errorf("flush the workspace of pod %s before the snapshot: %w", pod.Name, err)
+		if err := r.syncBeforeStop(ctx, sup); err != nil {
+			// Seed 000's sync failure: retried once already; the pod stops
+			// and the sandbox is marked Error. The claim keeps the data (no
+			// snapshot is taken of a volume whose last writes may not have
+			// reached it), and the next activity starts the pod on it.
+			if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
+				return ctrl.Result{}, err
+			}
+			sbx.Status.PendingSnapshot = ""
+			msg := fmt.Sprintf("syncing the workspace before the snapshot failed twice (%v); the pod is stopped without a snapshot, the workspace claim %s is kept, and the next activity starts the sandbox again",
+				err, WorkspaceClaimName(workloadName(sbx)))
+			r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSyncFailed, msg)
+			r.event(sbx, pod, corev1.EventTypeWarning, EventSyncFailed, "Sync", msg)
+			return ctrl.Result{}, nil
 		}
 	}
 
@@ -279,6 +287,32 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s); the next activity resumes the sandbox",
 		name, formatBytes(state.SizeBytes)))
 	return ctrl.Result{}, nil
+}
+
+// syncRetryDelay spaces the two sync attempts of an idle stop.
+var syncRetryDelay = time.Second
+
+// syncBeforeStop makes the workspace's last writes durable before it is
+// snapshotted (today the supervisor's flush; the filespace push joins it),
+// retrying once as seed 000 asks.
+func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sup *supervisorapi.Client) error {
+	var err error
+	for attempt := range 2 {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(syncRetryDelay):
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, supervisorCallTimeout)
+		err = sup.Flush(fctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 func (r *SandboxReconciler) finishStop(sbx *v1alpha1.Sandbox, pod *corev1.Pod, started time.Time, msg string) {

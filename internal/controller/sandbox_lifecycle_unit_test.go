@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -322,5 +323,44 @@ func TestSnapshotName(t *testing.T) {
 	got := snapshotName(long, at)
 	if len(got) != 253 || !strings.HasSuffix(got, "-1800000000") || got == snapshotName(long[:252]+"b", at) {
 		t.Errorf("long name %q (%d)", got, len(got))
+	}
+}
+
+// TestUnitSyncFailure: seed 000's sync failure. The flush before the
+// snapshot fails, is retried once, fails again: the pod stops without a
+// snapshot, the claim stays, the sandbox is Error/SyncFailed, and the next
+// activity brings it back on its claim.
+func TestUnitSyncFailure(t *testing.T) {
+	defer func(d time.Duration) { syncRetryDelay = d }(syncRetryDelay)
+	syncRetryDelay = time.Millisecond
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	var calls int
+	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		http.Error(w, `{"error":{"code":"internal","message":"syncfs: input/output error"}}`, http.StatusInternalServerError)
+	}))
+	defer dead.Close()
+	f.r.Supervisors = dialerFunc(func(string, string) (*supervisorapi.Client, error) {
+		return supervisorapi.NewClient(dead.URL, dead.Client()), nil
+	})
+	f.clock.Step(2 * time.Minute)
+	f.reconcile("s")
+	sbx := f.wantPhase("s", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSyncFailed)
+	if calls != 2 || len(d.taken) != 0 || sbx.Status.PendingSnapshot != "" {
+		t.Fatalf("flush calls %d (want 2: one retry), snapshots taken %v, pending %q", calls, d.taken, sbx.Status.PendingSnapshot)
+	}
+	if f.exists(&corev1.Pod{}, "s") || !f.exists(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("s")) {
+		t.Fatal("want the pod stopped and the claim kept")
+	}
+	if evs := strings.Join(f.drainEvents(), "\n"); !strings.Contains(evs, EventSyncFailed) {
+		t.Errorf("events %q lack SyncFailed", evs)
+	}
+	f.renew("s")
+	f.reconcile("s")
+	if !f.exists(&corev1.Pod{}, "s") {
+		t.Error("activity after a sync failure did not start the pod again")
 	}
 }

@@ -108,8 +108,11 @@ const (
 	// and reported as ReconcileError instead.
 	ReasonRestoreFailed = "RestoreFailed"
 
-	// ReasonSyncFailed (phase Error): syncing the workspace with the agent's
-	// filespace failed, also on retry; the pod was stopped.
+	// ReasonSyncFailed (phase Error): making the workspace's last writes
+	// durable before an idle stop's snapshot (the supervisor's flush)
+	// failed, also on the one retry; the pod was stopped without a
+	// snapshot, the workspace claim is kept, and the next activity starts
+	// the sandbox on it.
 	ReasonSyncFailed = "SyncFailed"
 
 	// ReasonPodFailed (phase Error): the pod failed or its node was lost, or
