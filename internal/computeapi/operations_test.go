@@ -64,19 +64,7 @@ func realSupervisorAPI(t *testing.T, st *store.Store) func(token string) *api.Cl
 	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		readySandbox("team-a", "sb-1", "agent-1", ss.URL), lease("team-a", "sb-1", clk.Now()),
 	).WithStatusSubresource(&v1alpha1.Sandbox{}).Build()
-	cpLeaf, err := ca.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, platformNS), Usage: pki.UsageClient})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpCert, err := cpLeaf.TLSCertificate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := NewSupervisorPool(StaticCertificate(cpCert), ca.Pool())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := controlPlanePool(t, ca)
 	admin, err := NewAdminTokenAuthenticator(HashToken(adminToken))
 	if err != nil {
 		t.Fatal(err)

@@ -149,6 +149,26 @@ func lease(ns, name string, renew time.Time) *coordinationv1.Lease {
 		Spec: coordinationv1.LeaseSpec{RenewTime: &t}}
 }
 
+// controlPlanePool is the API's supervisor pool with the control plane's
+// client identity from ca.
+func controlPlanePool(t *testing.T, ca *pki.CA) *SupervisorPool {
+	t.Helper()
+	leaf, err := ca.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, platformNS), Usage: pki.UsageClient})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := leaf.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := NewSupervisorPool(StaticCertificate(cert), ca.Pool())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // newFixture starts the API over TLS in front of a fake cluster holding
 // agent-1's ready sandbox team-a/sb-1 (served by a fake supervisor with the
 // right identity) plus extra objects.
@@ -179,19 +199,7 @@ func newFixture(t *testing.T, supervisorIdentity string, extra ...client.Object)
 		WithStatusSubresource(&v1alpha1.Sandbox{}).
 		WithInterceptorFuncs(interceptPatches(&f.patches)).Build()
 
-	cpLeaf, err := ca.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, platformNS), Usage: pki.UsageClient})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpCert, err := cpLeaf.TLSCertificate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := NewSupervisorPool(StaticCertificate(cpCert), ca.Pool())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := controlPlanePool(t, ca)
 	auth, err := NewAdminTokenAuthenticator(HashToken(adminToken))
 	if err != nil {
 		t.Fatal(err)
