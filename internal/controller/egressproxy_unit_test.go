@@ -519,9 +519,15 @@ func TestUnitSandboxEgressWithoutProxy(t *testing.T) {
 		}
 	}
 
-	_, err = e.sr.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: unitNS, Name: "m"}})
-	if err == nil || !strings.Contains(err.Error(), v1alpha1.ReasonEgressProxyNotFound) {
-		t.Errorf("missing proxy: err %v", err)
+	res, err := e.sr.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: unitNS, Name: "m"}})
+	if err != nil || res.RequeueAfter <= 0 {
+		t.Errorf("missing proxy: %+v, %v; want a requeue to wait for it, not an error", res, err)
+	}
+	var m v1alpha1.Sandbox
+	e.get("m", &m)
+	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha1.ConditionReady); m.Status.Phase != v1alpha1.SandboxPhasePending ||
+		c == nil || c.Reason != v1alpha1.ReasonEgressProxyNotFound || !strings.Contains(c.Message, "EgressProxy") {
+		t.Errorf("missing proxy: phase %s, Ready %+v", m.Status.Phase, c)
 	}
 	if err := e.c.Get(ctx, types.NamespacedName{Namespace: unitNS, Name: PodName("m")}, &pod); !apierrors.IsNotFound(err) {
 		t.Errorf("a pod was created without its proxy: %v", err)

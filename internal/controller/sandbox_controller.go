@@ -349,11 +349,17 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 				fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(workloadName(sbx))))
 			return result, nil
 		}
+		var noProxy *errEgressProxyNotFound
 		if err := r.createPod(ctx, sbx, tpl); apierrors.IsNotFound(err) && tpl.Spec.NodePoolRef != nil {
 			// Waiting for a person to create the pool, not an error to
 			// back off from.
 			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNodePoolNotFound,
 				fmt.Sprintf("template %s names GVisorNodePool %s, which does not exist", tpl.Name, *tpl.Spec.NodePoolRef))
+			return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
+		} else if errors.As(err, &noProxy) {
+			// The same: no pod may start without the proxy it must use.
+			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonEgressProxyNotFound, noProxy.Error())
+			r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, v1alpha1.ReasonEgressProxyNotFound, "Wait", noProxy.Error())
 			return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
 		} else if err != nil {
 			return ctrl.Result{}, err

@@ -144,8 +144,7 @@ func ensureEgressCredentials(ctx context.Context, c client.Client, scheme *runti
 type errEgressProxyNotFound struct{ template, proxy string }
 
 func (e *errEgressProxyNotFound) Error() string {
-	return fmt.Sprintf("%s: template %s names EgressProxy %s, which does not exist; the sandbox waits for it",
-		v1alpha1.ReasonEgressProxyNotFound, e.template, e.proxy)
+	return fmt.Sprintf("template %s names EgressProxy %s, which does not exist; the sandbox waits for it", e.template, e.proxy)
 }
 
 // templateEgressProxy returns the EgressProxy a template names, nil when it

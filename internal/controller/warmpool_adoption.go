@@ -56,7 +56,7 @@ func (r *SandboxReconciler) adopt(ctx context.Context, sbx *v1alpha1.Sandbox, tp
 		if w == sbx.Name {
 			return nil
 		}
-		return r.moveFromWarm(ctx, sbx, w)
+		return r.moveFromWarm(ctx, sbx, tpl, w)
 	}
 	ok, err := r.mayAdopt(ctx, sbx, tpl)
 	if err != nil || !ok {
@@ -96,7 +96,7 @@ func (r *SandboxReconciler) adopt(ctx context.Context, sbx *v1alpha1.Sandbox, tp
 	}
 	metricWarmAdoptions.Inc()
 	r.event(sbx, w, corev1.EventTypeNormal, EventAdoptedFromWarmPool, "Adopt", msg)
-	return r.moveFromWarm(ctx, sbx, w.Name)
+	return r.moveFromWarm(ctx, sbx, tpl, w.Name)
 }
 
 // mayAdopt reports whether sbx is new enough to adopt: it never had a pod
@@ -225,7 +225,7 @@ func sandboxReady(sbx *v1alpha1.Sandbox) bool {
 
 // moveFromWarm makes the children of the warm sandbox named warm sbx's, and
 // deletes the warm sandbox. Once it is gone there is nothing left to do.
-func (r *SandboxReconciler) moveFromWarm(ctx context.Context, sbx *v1alpha1.Sandbox, warm string) error {
+func (r *SandboxReconciler) moveFromWarm(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, warm string) error {
 	var w v1alpha1.Sandbox
 	if err := r.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: warm}, &w); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -244,10 +244,28 @@ func (r *SandboxReconciler) moveFromWarm(ctx context.Context, sbx *v1alpha1.Sand
 		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonAdoptedFromWarmPool,
 			fmt.Sprintf("adopted warm sandbox %s; taking over its pod %s", w.Name, PodName(w.Name)))
 	}
+	// The adopter's NetworkPolicy selects its pods by its own name, so it
+	// must exist before the pod is relabelled: the warm sandbox's policy
+	// stops selecting the pod at that moment (and goes with the warm
+	// sandbox), and the pod must never run unconfined in between.
+	ep, err := templateEgressProxy(ctx, r.Client, tpl)
+	if err != nil {
+		return err
+	}
+	if err := applySandboxNetworkPolicy(ctx, r.Client, r.Scheme, sbx, ep, r.Namespace); err != nil {
+		return err
+	}
+	// The pod's HTTP_PROXY names the warm sandbox's proxy Service by its
+	// ClusterIP, so the Service (and the proxy pod and credentials behind
+	// it) move too; the EgressProxy controller then points the Service's
+	// selector at the adopter.
 	children := []client.Object{
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(warm)}},
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: WorkspaceClaimName(warm)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: TLSSecretName(warm)}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: EgressServiceName(warm)}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: EgressServiceName(warm)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: EgressCredentialsSecretName(warm)}},
 	}
 	for _, obj := range children {
 		if err := r.moveChild(ctx, sbx, &w, obj); err != nil {

@@ -49,6 +49,10 @@ func (c *warmClient) Create(ctx context.Context, obj client.Object, opts ...clie
 	if obj.GetUID() == "" {
 		obj.SetUID(uuid.NewUUID())
 	}
+	// The API server allocates a Service's ClusterIP on create.
+	if svc, ok := obj.(*corev1.Service); ok && svc.Spec.ClusterIP == "" {
+		svc.Spec.ClusterIP = fakeClusterIP
+	}
 	return c.Client.Create(ctx, obj, opts...)
 }
 

@@ -46,11 +46,12 @@ var All = []string{ControlPlane, EgressProxy, Sandbox}
 // strips ensurepip from python3); coreutils because agents expect ls, cat
 // and friends; dash for the /bin/sh that `sh -c` and Python's
 // subprocess(shell=True) expect.
-var DefaultSandboxPackages = []string{"python3", "python3-venv", "dash", "coreutils"}
+var DefaultSandboxPackages = []string{"python3", "python3-venv", "dash", "coreutils", "tar"}
 
-// DefaultSandboxExclude leaves out dpkg (and tar, which only it needs):
-// python3's packages depend on it for their maintainer scripts, which never
-// run in an unpacked, read-only image.
+// DefaultSandboxExclude leaves out dpkg: python3's packages depend on it
+// for their maintainer scripts, which never run in an unpacked, read-only
+// image. (tar, which dpkg needs, is listed in DefaultSandboxPackages for
+// its own sake: agents archive files, and kubectl cp runs it.)
 var DefaultSandboxExclude = []string{"dpkg"}
 
 // spec is what differs between the images.
