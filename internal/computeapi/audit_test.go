@@ -222,3 +222,40 @@ func TestRequestMetrics(t *testing.T) {
 		t.Errorf("acquire_lease/unauthenticated observed %d times, want 1", got)
 	}
 }
+
+// TestLeaseHistory: acquire, heartbeat and release land in the store's
+// lease history; a retried acquire does not add another.
+func TestLeaseHistory(t *testing.T) {
+	f := newFixture(t, "")
+	_, st, client := storeAPI(t, f)
+	c := client(adminToken)
+	ctx := context.Background()
+	req := api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1", TTLSeconds: 30}
+	l, err := c.AcquireLease(ctx, "agent-1", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AcquireLease(ctx, "agent-1", req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.HeartbeatLease(ctx, "agent-1", api.HeartbeatLeaseRequest{Holder: "run-1", LeaseID: l.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ReleaseLease(ctx, "agent-1", api.ReleaseLeaseRequest{Holder: "run-1", LeaseID: l.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	events, err := st.ListLeaseEvents(ctx, store.LeaseQuery{AgentID: "agent-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range events {
+		kinds = append(kinds, string(e.Event))
+		if e.LeaseID != l.LeaseID || e.Holder != "run-1" {
+			t.Errorf("event %+v, want lease %s of run-1", e, l.LeaseID)
+		}
+	}
+	if strings.Join(kinds, ",") != "acquire,heartbeat,release" {
+		t.Errorf("lease history %v", kinds)
+	}
+}

@@ -51,7 +51,7 @@ func TestStaffConsole(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	clients := realSupervisorAPI(t, st)
+	clients := realSupervisorAPI(t, st, nil)
 	ctx := context.Background()
 	admin := clients(adminToken)
 	staffTok, err := admin.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindStaff, Subject: "alice@ops"})

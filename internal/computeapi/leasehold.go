@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // The exclusive lease of seed 003 lives in the sandbox's activity Lease:
@@ -59,7 +60,27 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.V(1).Info("lease acquired", "holder", req.Holder, "request_id", req.RequestID)
+	s.recordLease(r.Context(), store.LeaseAcquire, sb, l)
 	writeJSON(w, http.StatusOK, leaseView(l))
+}
+
+// recordLease appends to the store's lease history (seed 003's record of
+// who held which sandbox when). The Lease object is the truth; a failed
+// record is logged, not returned, so that history never blocks a hold.
+func (s *Server) recordLease(ctx context.Context, kind store.LeaseEventKind, sb *v1alpha1.Sandbox, l *coordinationv1.Lease) {
+	if s.store == nil {
+		return
+	}
+	v := leaseView(l)
+	e := store.LeaseEvent{LeaseID: v.LeaseID, AgentID: sb.Spec.AgentID, Holder: v.Holder, RequestID: v.RequestID, Event: kind}
+	if !v.ExpiresAt.IsZero() {
+		e.ExpiresAt = &v.ExpiresAt
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	defer cancel()
+	if _, _, err := s.store.RecordLeaseEvent(ctx, e); err != nil {
+		s.log.Error(err, "record lease history", "agent", sb.Spec.AgentID, "event", string(kind))
+	}
 }
 
 // validateAcquire checks an acquire's fields and fills in the default TTL.
@@ -152,6 +173,7 @@ func (s *Server) heartbeatLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
+	s.recordLease(r.Context(), store.LeaseHeartbeat, sb, l)
 	writeJSON(w, http.StatusOK, leaseView(l))
 }
 
@@ -166,6 +188,7 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
+	var released *coordinationv1.Lease
 	_, apiErr = s.changeLease(r.Context(), sb, func(l *coordinationv1.Lease, now time.Time) (bool, *api.Error) {
 		holder, _ := v1alpha1.LeaseHoldExpiry(&l.Spec)
 		if holder == "" {
@@ -175,11 +198,12 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 		if apiErr := checkHold(sb, l, holder, req.Holder, req.LeaseID); apiErr != nil {
 			return false, apiErr
 		}
-		released := l.Annotations[v1alpha1.AnnotationLeaseRequestID]
+		released = l.DeepCopy()
+		request := l.Annotations[v1alpha1.AnnotationLeaseRequestID]
 		clearHold(l)
 		// Kept until the next acquire: it tells the controller that a
 		// sandbox leased from its pool has finished its run.
-		l.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] = released
+		l.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] = request
 		// renewTime stays the activity clock: the release is activity.
 		l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now))
 		return true, nil
@@ -188,6 +212,9 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 		s.logFailure(log, apiErr, nil)
 		writeError(w, apiErr)
 		return
+	}
+	if released != nil {
+		s.recordLease(r.Context(), store.LeaseRelease, sb, released)
 	}
 	log.V(1).Info("lease released", "holder", req.Holder)
 	w.Header().Set("Cache-Control", "no-store")

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -29,13 +30,17 @@ import (
 // realSupervisorAPI serves the API in front of the real supervisor (its
 // HTTP handler over mutual TLS with the sandbox's identity), so that the
 // forwarded operations meet the real file, tool and execute code.
-func realSupervisorAPI(t *testing.T, st *store.Store) func(token string) *api.Client {
+func realSupervisorAPI(t *testing.T, st *store.Store, configure func(*supervisor.Config), extra ...client.Object) func(token string) *api.Client {
 	t.Helper()
 	ca, err := pki.NewCA("ops test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := supervisor.New(supervisor.Config{Workspace: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	cfg := supervisor.Config{Workspace: t.TempDir(), Logger: slog.New(slog.DiscardHandler)}
+	if configure != nil {
+		configure(&cfg)
+	}
+	sup, err := supervisor.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,9 +66,9 @@ func realSupervisorAPI(t *testing.T, st *store.Store) func(token string) *api.Cl
 		t.Fatal(err)
 	}
 	clk := clocktesting.NewFakeClock(time.Now())
-	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append([]client.Object{
 		readySandbox("team-a", "sb-1", "agent-1", ss.URL), lease("team-a", "sb-1", clk.Now()),
-	).WithStatusSubresource(&v1alpha1.Sandbox{}).Build()
+	}, extra...)...).WithStatusSubresource(&v1alpha1.Sandbox{}).Build()
 	pool := controlPlanePool(t, ca)
 	admin, err := NewAdminTokenAuthenticator(HashToken(adminToken))
 	if err != nil {
@@ -92,7 +97,7 @@ func realSupervisorAPI(t *testing.T, st *store.Store) func(token string) *api.Cl
 }
 
 func TestStatusAndDeployOrResume(t *testing.T) {
-	c := realSupervisorAPI(t, nil)(adminToken)
+	c := realSupervisorAPI(t, nil, nil)(adminToken)
 	ctx := context.Background()
 	for name, call := range map[string]func(context.Context, string) (*api.SandboxStatus, error){
 		"status": c.Status, "deploy_or_resume": c.DeployOrResume,
@@ -107,7 +112,7 @@ func TestStatusAndDeployOrResume(t *testing.T) {
 }
 
 func TestFilesThroughTheAPI(t *testing.T) {
-	clients := realSupervisorAPI(t, nil)
+	clients := realSupervisorAPI(t, nil, nil)
 	c := clients(adminToken)
 	ctx := context.Background()
 	blob := make([]byte, 3<<20)
@@ -155,7 +160,7 @@ func TestFilesThroughTheAPI(t *testing.T) {
 }
 
 func TestToolRequestAndExecute(t *testing.T) {
-	c := realSupervisorAPI(t, nil)(adminToken)
+	c := realSupervisorAPI(t, nil, nil)(adminToken)
 	ctx := context.Background()
 	if _, err := c.ToolRequest(ctx, "agent-1", "create_file", map[string]any{"path": "notes.txt", "content": "hello"}); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // poolExhaustedRetry is the Retry-After of pool_exhausted: about how long a
@@ -73,6 +74,7 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.V(1).Info("pool lease acquired", "holder", req.Holder, "request_id", req.RequestID)
+	s.recordLease(r.Context(), store.LeaseAcquire, sb, l)
 	writeJSON(w, http.StatusOK, api.PoolLease{Lease: leaseView(l), AgentID: sb.Spec.AgentID, Namespace: sb.Namespace, Sandbox: sb.Name})
 }
 

@@ -401,3 +401,24 @@ func (c *Client) Token() string { return c.token }
 
 // HTTPClient returns the client's HTTP client.
 func (c *Client) HTTPClient() *http.Client { return c.httpClient }
+
+// MCPRequest sends one JSON-RPC request (request, encoded as JSON unless it
+// is a json.RawMessage) to the stdio MCP server of the agent's sandbox and
+// returns the JSON-RPC response.
+func (c *Client) MCPRequest(ctx context.Context, agentID, server string, request any) (json.RawMessage, error) {
+	return c.rawCall(ctx, PathAgent(agentID, "mcp/"+url.PathEscape(server)), request)
+}
+
+// MCPTools returns the cached tool catalog of an MCP server; refresh asks
+// the sandbox (waking it) instead of the cache.
+func (c *Client) MCPTools(ctx context.Context, agentID, server string, refresh bool) (*MCPToolCatalog, error) {
+	p := PathAgent(agentID, "mcp/"+url.PathEscape(server)+"/tools")
+	if refresh {
+		p += "?refresh=true"
+	}
+	var cat MCPToolCatalog
+	if err := c.do(ctx, http.MethodGet, p, nil, &cat); err != nil {
+		return nil, err
+	}
+	return &cat, nil
+}

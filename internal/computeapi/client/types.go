@@ -19,6 +19,9 @@
 //	DELETE /v1/agents/{agent_id}/files/{path}?recursive=true -> 204 No Content
 //	POST   /v1/agents/{agent_id}/tools/{tool}    the tool's JSON input -> its JSON output
 //	POST   /v1/agents/{agent_id}/execute         seed 001's execute request -> its result
+//	POST   /v1/agents/{agent_id}/mcp/{server}    a JSON-RPC request -> its response (wakes the sandbox)
+//	GET    /v1/agents/{agent_id}/mcp/{server}/tools?refresh= -> MCPToolCatalog (cached; never wakes
+//	                                             the sandbox unless refresh=true)
 //	POST   /v1/tokens                            CreateTokenRequest -> CreatedToken (admin)
 //	DELETE /v1/tokens/{token_id}                 -> 204 No Content (admin)
 //	GET    /v1/audit?agent_id=&caller=&operation=&since=&until=&cursor=&limit=&newest=
@@ -36,6 +39,7 @@
 package client
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -208,6 +212,20 @@ type ConsoleSession struct {
 	// up to the store's cap; only GET of the session returns it.
 	Transcript          []byte `json:"transcript,omitempty"`
 	TranscriptTruncated bool   `json:"transcript_truncated,omitempty"`
+}
+
+// MCPToolCatalog is the tool list of one of a sandbox's stdio MCP servers,
+// as cached by the control plane (GET /v1/agents/{id}/mcp/{server}/tools).
+type MCPToolCatalog struct {
+	Server string `json:"server"`
+	// ConfigHash keys the cache: the server's configuration and the image.
+	ConfigHash  string    `json:"config_hash"`
+	RefreshedAt time.Time `json:"refreshed_at"`
+	// Discovered is true when this call asked the running sandbox rather
+	// than answering from the cache.
+	Discovered bool `json:"discovered,omitempty"`
+	// Tools is the server's tools/list result: MCP Tool objects.
+	Tools json.RawMessage `json:"tools"`
 }
 
 // Paths of the admin endpoints.

@@ -1,5 +1,12 @@
 package supervisorapi
 
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+)
+
 // MCPServerConfig is one stdio MCP server the supervisor starts on boot
 // and bridges at /mcp/{name}. The control plane hands the supervisor a
 // JSON array of them, made from the SandboxTemplate's mcpServers.
@@ -16,4 +23,24 @@ type MCPServerConfig struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Dir is the working directory; empty means the workspace.
 	Dir string `json:"dir,omitempty"`
+}
+
+// MCPRequest sends one JSON-RPC request to the stdio MCP server name and
+// returns its JSON-RPC response as sent.
+func (c *Client) MCPRequest(ctx context.Context, name string, request json.RawMessage) (json.RawMessage, error) {
+	var out json.RawMessage
+	if err := c.do(ctx, http.MethodPost, "/mcp/"+url.PathEscape(name), request, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// MCPTools returns the supervisor's cached tools/list of the MCP server
+// name, as sent ({"server", "tools": [...]}).
+func (c *Client) MCPTools(ctx context.Context, name string) (json.RawMessage, error) {
+	var out json.RawMessage
+	if err := c.do(ctx, http.MethodGet, "/mcp/"+url.PathEscape(name)+"/tools", nil, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
