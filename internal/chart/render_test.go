@@ -23,6 +23,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/charts"
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/imagebuild"
 )
 
 const testNamespace = "agentbox-system"
@@ -647,9 +648,9 @@ func TestRBACCoversControllerMarkers(t *testing.T) {
 }
 
 // TestRunscInstaller renders the runsc installer DaemonSet and runs its
-// install script, as rendered, against folders standing in for the image's
-// and the host's: the script is the part of the installer that can go wrong
-// without a cluster noticing.
+// install command, as rendered, with the real agentbox-runsc-installer
+// against folders standing in for the image's and the host's: the command
+// line is the part that can go wrong without a cluster noticing.
 func TestRunscInstaller(t *testing.T) {
 	if _, ok := find[*appsv1.DaemonSet](render(t, Values{}), "agentbox-runsc-installer"); ok {
 		t.Fatal("runsc installer rendered by default")
@@ -701,8 +702,17 @@ func TestRunscInstaller(t *testing.T) {
 	if install.Image != "agentbox/agentbox-runsc-installer:dev" || done.Image != install.Image {
 		t.Errorf("images %q %q", install.Image, done.Image)
 	}
-	if sc := install.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
-		t.Errorf("install container security context %+v, want privileged", sc)
+	// Root for the root-owned host folder, and nothing more: not
+	// privileged, no capabilities.
+	if sc := install.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 ||
+		(sc.Privileged != nil && *sc.Privileged) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || sc.SELinuxOptions != nil {
+		t.Errorf("install container security context %+v, want root with nothing else", sc)
+	}
+	if done.Name != "wait" || !slices.Equal(done.Command, []string{"/usr/local/bin/agentbox-runsc-installer", "wait"}) {
+		t.Errorf("long-running container %s: %q", done.Name, done.Command)
 	}
 	if got := mountPath(install, "host-bin"); got != "/host/bin" {
 		t.Errorf("host folder mounted at %q", got)
@@ -727,46 +737,52 @@ func TestRunscInstaller(t *testing.T) {
 	}
 
 	for raw, want := range map[string]string{
-		"runscInstaller: {enabled: true, typo: 1}":         "typo",
-		"runscInstaller: {enabled: true, hostBinDir: bin}": "hostBinDir",
+		"runscInstaller: {enabled: true, typo: 1}":                      "typo",
+		"runscInstaller: {enabled: true, hostBinDir: bin}":              "hostBinDir",
+		"runscInstaller: {enabled: true, seLinuxOptions: {typ: spc_t}}": "typ",
 	} {
 		if _, err := Template(testNamespace, DefaultReleaseName, Values{Raw: raw}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one about %s", raw, err, want)
 		}
 	}
 
-	t.Run("script", func(t *testing.T) { runInstallScript(t, install) })
+	selinux := must[*appsv1.DaemonSet](renderRaw(t, "runscInstaller: {enabled: true, seLinuxOptions: {type: spc_t}}"), "agentbox-runsc-installer")
+	if o := selinux.Spec.Template.Spec.InitContainers[0].SecurityContext.SELinuxOptions; o == nil || o.Type != "spc_t" {
+		t.Errorf("seLinuxOptions %+v, want type spc_t", o)
+	}
+
+	t.Run("command", func(t *testing.T) { runInstallCommand(t, install) })
 }
 
-// runInstallScript runs the install container's script with its image and
-// host folders replaced by temporary ones.
-func runInstallScript(t *testing.T, c corev1.Container) {
-	for _, tool := range []string{"sh", "cmp"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("no %s here to run the script with", tool)
-		}
+// runInstallCommand builds agentbox-runsc-installer and runs the install
+// container's command with the image's and the host's folders replaced by
+// temporary ones.
+func runInstallCommand(t *testing.T, c corev1.Container) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("no sh to run the stand-in runsc with")
 	}
-	if len(c.Command) != 3 || c.Command[0] != "/bin/sh" || c.Command[1] != "-c" {
-		t.Fatalf("command %q", c.Command)
+	const bin = "/usr/local/bin/agentbox-runsc-installer"
+	want := []string{bin, "install", "-from", imagebuild.RunscImageDir, "-to", mountPath(c, "host-bin")}
+	if !slices.Equal(c.Command, want) {
+		t.Fatalf("command %q, want %q (the image's layout)", c.Command, want)
 	}
-	script := c.Command[2]
+	installer := filepath.Join(t.TempDir(), "agentbox-runsc-installer")
+	build := exec.Command("go", "build", "-o", installer, "../cmd/agentbox-runsc-installer")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
 	src, dest := t.TempDir(), t.TempDir()
-	for from, to := range map[string]string{"src=/opt/agentbox/runsc\n": "src=" + src + "\n", "dest=/host/bin\n": "dest=" + dest + "\n"} {
-		if !strings.Contains(script, from) {
-			t.Fatalf("script does not set %q:\n%s", from, script)
-		}
-		script = strings.Replace(script, from, to, 1)
-	}
+	args := slices.Clone(c.Command[1:])
+	args[2], args[4] = src, dest
 	run := func() (string, error) {
-		out, err := exec.Command("sh", "-c", script).CombinedOutput()
+		out, err := exec.Command(installer, args...).CombinedOutput()
 		return string(out), err
 	}
 
-	if out, err := run(); err == nil || !strings.Contains(out, "has no executable") {
+	if out, err := run(); err == nil || !strings.Contains(out, "installer image lacks") {
 		t.Errorf("an image without the binaries installed: %v\n%s", err, out)
 	}
-	fakeRunsc := "#!/bin/sh\necho runsc version fake-1\n"
-	must0(t, os.WriteFile(filepath.Join(src, "runsc"), []byte(fakeRunsc), 0o755))
+	must0(t, os.WriteFile(filepath.Join(src, "runsc"), []byte("#!/bin/sh\necho runsc version fake-1\n"), 0o755))
 	must0(t, os.WriteFile(filepath.Join(src, "containerd-shim-runsc-v1"), []byte("#!/bin/sh\n"), 0o755))
 	// An older runsc on the host is replaced.
 	must0(t, os.WriteFile(filepath.Join(dest, "runsc"), []byte("#!/bin/sh\necho old\n"), 0o755))
@@ -780,21 +796,13 @@ func runInstallScript(t *testing.T, c corev1.Container) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	for _, f := range []string{"runsc", "containerd-shim-runsc-v1"} {
+	for _, f := range imagebuild.RunscBinaries {
 		want, _ := os.ReadFile(filepath.Join(src, f))
 		got, err := os.ReadFile(filepath.Join(dest, f))
 		if err != nil || string(got) != string(want) {
 			t.Errorf("%s on the host: %q %v, want the image's", f, got, err)
 		}
-		if st, err := os.Stat(filepath.Join(dest, f)); err != nil || st.Mode().Perm() != 0o755 {
-			t.Errorf("%s mode %v %v", f, st, err)
-		}
 	}
-	entries, _ := os.ReadDir(dest)
-	if len(entries) != 2 {
-		t.Errorf("host folder holds %d files, want 2 (no temporary files left)", len(entries))
-	}
-
 	out, err = run()
 	if err != nil || strings.Contains(out, "installed") || !strings.Contains(out, "is up to date") {
 		t.Errorf("second run: %v\n%s", err, out)

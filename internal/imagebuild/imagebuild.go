@@ -1,7 +1,9 @@
 // Package imagebuild builds agentbox's container images as OCI archives,
 // without Docker or a registry: the control plane and the egress proxy from
 // their static binaries, the sandbox from Debian packages fetched with the
-// host's apt plus the supervisor. `agentbox-images` is its command line.
+// host's apt plus the supervisor, and on request the chart's runsc installer
+// from its binary plus the test toolchain's gVisor. `agentbox-images` is its
+// command line.
 //
 // A build is skipped when its inputs have not changed (a stamp next to each
 // archive records them), so a repeated run only compiles, resolves package
@@ -18,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -34,10 +37,26 @@ const (
 	ControlPlane = "controlplane"
 	Sandbox      = "sandbox"
 	EgressProxy  = "egress-proxy"
+	// RunscInstaller is the image of the chart's optional runsc installer
+	// DaemonSet: its command plus runsc and containerd-shim-runsc-v1.
+	RunscInstaller = "runsc-installer"
 )
 
-// All lists every image, in build order.
+// All lists the images built by default, in build order.
 var All = []string{ControlPlane, EgressProxy, Sandbox}
+
+// OnRequest lists the images built only when Options.Only names them. The
+// runsc installer is one: it needs gVisor built first (`make testenv`),
+// which neither `make images` nor the quickstart otherwise needs, and only
+// clusters whose nodes lack runsc use it.
+var OnRequest = []string{RunscInstaller}
+
+// RunscBinaries are the gVisor files of the runsc installer image, under
+// RunscImageDir, taken from Options.RunscDir.
+var RunscBinaries = []string{"runsc", "containerd-shim-runsc-v1"}
+
+// RunscImageDir is where the runsc installer image holds RunscBinaries.
+const RunscImageDir = "/opt/agentbox/runsc"
 
 // DefaultSandboxPackages make the sandbox: python3 rather than
 // python3-minimal, whose standard library lacks json and venv;
@@ -62,10 +81,13 @@ type spec struct {
 }
 
 var specs = map[string]spec{
-	ControlPlane: {ControlPlane, "agentbox/agentbox-controlplane", "agentbox-controlplane"},
-	EgressProxy:  {EgressProxy, "agentbox/agentbox-egress-proxy", "agentbox-egress-proxy"},
-	Sandbox:      {Sandbox, "agentbox/agentbox-sandbox", "agentbox-supervisor"},
+	ControlPlane:   {ControlPlane, "agentbox/agentbox-controlplane", "agentbox-controlplane"},
+	EgressProxy:    {EgressProxy, "agentbox/agentbox-egress-proxy", "agentbox-egress-proxy"},
+	Sandbox:        {Sandbox, "agentbox/agentbox-sandbox", "agentbox-supervisor"},
+	RunscInstaller: {RunscInstaller, "agentbox/agentbox-runsc-installer", "agentbox-runsc-installer"},
 }
+
+func known() string { return strings.Join(append(slices.Clone(All), OnRequest...), ", ") }
 
 // ArchiveName is the file an image is written to in the output folder.
 func ArchiveName(image string) string { return "agentbox-" + image + ".tar" }
@@ -75,7 +97,7 @@ func ArchiveName(image string) string { return "agentbox-" + image + ".tar" }
 func Ref(image, tag string) (string, error) {
 	s, ok := specs[image]
 	if !ok {
-		return "", fmt.Errorf("unknown image %q (known: %s)", image, strings.Join(All, ", "))
+		return "", fmt.Errorf("unknown image %q (known: %s)", image, known())
 	}
 	named, err := reference.ParseNormalizedNamed(s.repo + ":" + tag)
 	if err != nil {
@@ -100,6 +122,9 @@ type Options struct {
 	Sandbox Debian
 	// CABundle defaults to HostCABundle.
 	CABundle string
+	// RunscDir holds the RunscBinaries of the runsc installer image (the
+	// test toolchain's bin folder); only that image needs it.
+	RunscDir string
 	// Out receives progress lines; nil is quiet.
 	Out io.Writer
 }
@@ -142,7 +167,7 @@ func Build(ctx context.Context, o Options) ([]Result, error) {
 	}
 	for _, im := range only {
 		if _, ok := specs[im]; !ok {
-			return nil, fmt.Errorf("unknown image %q (known: %s)", im, strings.Join(All, ", "))
+			return nil, fmt.Errorf("unknown image %q (known: %s)", im, known())
 		}
 	}
 	if o.Go == "" {
@@ -167,7 +192,7 @@ func Build(ctx context.Context, o Options) ([]Result, error) {
 
 	var results []Result
 	var errs []error
-	for _, im := range All {
+	for _, im := range append(slices.Clone(All), OnRequest...) {
 		if !slices.Contains(only, im) {
 			continue
 		}
@@ -211,7 +236,22 @@ func buildOne(ctx context.Context, o Options, s spec, builder string) (Result, e
 	// code decides the layout (hashing it spares a version number someone
 	// has to remember to bump).
 	inputs := []string{"builder " + builder, "ref " + ref}
-	for _, f := range []string{bin, o.CABundle} {
+	hashed := []string{bin, o.CABundle}
+	var extra []ExtraFile
+	if s.image == RunscInstaller {
+		if o.RunscDir == "" {
+			return res, errors.New("no folder with runsc and containerd-shim-runsc-v1 given (agentbox-images -runsc-dir)")
+		}
+		for _, b := range RunscBinaries {
+			p := filepath.Join(o.RunscDir, b)
+			if _, err := os.Stat(p); err != nil {
+				return res, fmt.Errorf("%s is needed for the runsc installer image; build it with `make testenv`: %w", p, err)
+			}
+			hashed = append(hashed, p)
+			extra = append(extra, ExtraFile{Path: path.Join(RunscImageDir, b), From: p})
+		}
+	}
+	for _, f := range hashed {
 		h, err := fileHash(f)
 		if err != nil {
 			return res, err
@@ -251,7 +291,7 @@ func buildOne(ctx context.Context, o Options, s spec, builder string) (Result, e
 		d.Logf = logf
 		digest, res.Python, err = writeSandbox(ctx, &d, pkgs, ref, bin, o.CABundle, res.Archive, labels, logf)
 	} else {
-		digest, err = StaticImage{Ref: ref, Name: s.binary, Binary: bin, CABundle: o.CABundle, Labels: labels}.Write(res.Archive)
+		digest, err = StaticImage{Ref: ref, Name: s.binary, Binary: bin, CABundle: o.CABundle, Labels: labels, Extra: extra}.Write(res.Archive)
 	}
 	if err != nil {
 		return res, err

@@ -33,6 +33,14 @@ type StaticImage struct {
 	// CABundle defaults to HostCABundle.
 	CABundle string
 	Labels   map[string]string
+	// Extra are further executables the image holds.
+	Extra []ExtraFile
+}
+
+// ExtraFile is an executable copied into an image.
+type ExtraFile struct {
+	Path string // absolute path in the image
+	From string // path on the host
 }
 
 // Write builds the image into the OCI archive out.
@@ -44,6 +52,11 @@ func (s StaticImage) Write(out string) (v1.Hash, error) {
 	defer os.RemoveAll(dir)
 	if err := StaticRootfs(dir, s.Name, s.Binary, s.CABundle); err != nil {
 		return v1.Hash{}, err
+	}
+	for _, f := range s.Extra {
+		if err := copyFile(f.From, filepath.Join(dir, filepath.FromSlash(f.Path)), 0o755); err != nil {
+			return v1.Hash{}, err
+		}
 	}
 	return ociimage.WriteArchive(ociimage.Image{
 		Ref:        s.Ref,
