@@ -134,7 +134,27 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A template is read only when a pod is created, but a sandbox that
 		// waits for its template must start as soon as it appears.
 		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForTemplate)).
+		// Likewise a sandbox waiting for its template's EgressProxy.
+		Watches(&v1alpha1.EgressProxy{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForEgressProxy)).
 		Complete(r)
+}
+
+// sandboxesForEgressProxy maps an EgressProxy to the sandboxes of the
+// templates in its namespace that name it. Templates are few and come from
+// the cache, so they are listed rather than indexed.
+func (r *SandboxReconciler) sandboxesForEgressProxy(ctx context.Context, o client.Object) []reconcile.Request {
+	var templates v1alpha1.SandboxTemplateList
+	if err := r.List(ctx, &templates, client.InNamespace(o.GetNamespace())); err != nil {
+		logf.FromContext(ctx).Error(err, "list templates of egress proxy", "egressProxy", client.ObjectKeyFromObject(o))
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range templates.Items {
+		if ref := templates.Items[i].Spec.EgressProxyRef; ref != nil && ref.Name == o.GetName() {
+			reqs = append(reqs, r.sandboxesForTemplate(ctx, &templates.Items[i])...)
+		}
+	}
+	return reqs
 }
 
 func (r *SandboxReconciler) sandboxesForTemplate(ctx context.Context, o client.Object) []reconcile.Request {
