@@ -485,6 +485,7 @@ func (p *AgentboxProvider) Resources(_ context.Context) []func() resource.Resour
 		NewNodePoolResource,
 		NewSandboxTemplateResource,
 		NewWarmPoolResource,
+		NewEgressProxyResource,
 		NewSandboxResource,
 	}
 }

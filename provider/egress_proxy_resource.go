@@ -1,0 +1,743 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
+	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/objectvalidator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/setvalidator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
+	"github.com/hashicorp/terraform-plugin-framework/attr"
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/path"
+	"github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
+	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+)
+
+var (
+	_ resource.Resource                   = (*egressProxyResource)(nil)
+	_ resource.ResourceWithConfigure      = (*egressProxyResource)(nil)
+	_ resource.ResourceWithImportState    = (*egressProxyResource)(nil)
+	_ resource.ResourceWithModifyPlan     = (*egressProxyResource)(nil)
+	_ resource.ResourceWithValidateConfig = (*egressProxyResource)(nil)
+)
+
+// NewEgressProxyResource manages an EgressProxy and, when its upstream
+// credentials are given in the configuration, the Secret that holds them.
+func NewEgressProxyResource() resource.Resource { return &egressProxyResource{} }
+
+type egressProxyResource struct{ data *providerData }
+
+type egressProxyModel struct {
+	ID                           types.String   `tfsdk:"id"`
+	Name                         types.String   `tfsdk:"name"`
+	Namespace                    types.String   `tfsdk:"namespace"`
+	Mode                         types.String   `tfsdk:"mode"`
+	Replicas                     types.Int64    `tfsdk:"replicas"`
+	AllowedDomains               types.Set      `tfsdk:"allowed_domains"`
+	DeniedDomains                types.Set      `tfsdk:"denied_domains"`
+	DeniedCIDRs                  types.Set      `tfsdk:"denied_cidrs"`
+	UpstreamURL                  types.String   `tfsdk:"upstream_url"`
+	UpstreamCredentialsWO        types.String   `tfsdk:"upstream_credentials_wo"`
+	UpstreamCredentialsWOVersion types.Int64    `tfsdk:"upstream_credentials_wo_version"`
+	UpstreamCredentialsSecret    types.Object   `tfsdk:"upstream_credentials_secret"`
+	WaitForReady                 types.Bool     `tfsdk:"wait_for_ready"`
+	Status                       types.Object   `tfsdk:"status"`
+	Timeouts                     timeouts.Value `tfsdk:"timeouts"`
+}
+
+type secretKeyModel struct {
+	Name types.String `tfsdk:"name"`
+	Key  types.String `tfsdk:"key"`
+}
+
+type egressProxyStatusModel struct {
+	Ready          types.Bool   `tfsdk:"ready"`
+	Reason         types.String `tfsdk:"reason"`
+	Message        types.String `tfsdk:"message"`
+	ReadyEndpoints types.List   `tfsdk:"ready_endpoints"`
+}
+
+const (
+	egressProxyKind          = "EgressProxy"
+	egressProxyTFType        = "egress_proxy"
+	defaultEgressProxyWait   = 5 * time.Minute
+	defaultEgressProxyDelete = 5 * time.Minute
+
+	// upstreamCredentialsKey is the key of the Secret the resource owns.
+	upstreamCredentialsKey = "credentials"
+	// upstreamSecretLabel marks a Secret as this resource's, naming the
+	// proxy, so that a Secret someone else made is never overwritten.
+	upstreamSecretLabel = "agentbox.dev/egress-proxy-upstream"
+
+	maxDomains = 1024
+	maxCIDRs   = 256
+)
+
+// upstreamSecretName names the Secret that holds upstream_credentials_wo.
+// The controller's own objects end in "-egress", "-egress-policy" and
+// "-egress-clients", so this suffix cannot collide with them.
+func upstreamSecretName(proxy string) string { return proxy + "-egress-upstream" }
+
+// egressProxyMode is one value of `mode`: the validator, the attribute's
+// documentation and the configuration checks all come from this list.
+type egressProxyMode struct {
+	name        agentboxv1alpha1.EgressProxyMode
+	description string
+	hasReplicas bool
+}
+
+var egressProxyModes = []egressProxyMode{
+	{
+		name: agentboxv1alpha1.EgressProxyModePerAgent,
+		description: "one proxy pod and Service per sandbox, so one agent's traffic never shares a process or an " +
+			"upstream session with another's",
+	},
+	{
+		name:        agentboxv1alpha1.EgressProxyModeShared,
+		description: "one proxy Deployment and Service that every sandbox naming the proxy uses; `replicas` sizes it",
+		hasReplicas: true,
+	},
+}
+
+func egressProxyModeNames() []string {
+	names := make([]string, len(egressProxyModes))
+	for i, m := range egressProxyModes {
+		names[i] = string(m.name)
+	}
+	return names
+}
+
+func egressModesWithReplicas() []string {
+	var names []string
+	for _, m := range egressProxyModes {
+		if m.hasReplicas {
+			names = append(names, string(m.name))
+		}
+	}
+	return names
+}
+
+var (
+	egressProxyStatusAttrTypes = map[string]attr.Type{
+		"ready": types.BoolType, "reason": types.StringType, "message": types.StringType,
+		"ready_endpoints": types.ListType{ElemType: types.StringType},
+	}
+	secretKeyAttrTypes = map[string]attr.Type{"name": types.StringType, "key": types.StringType}
+
+	egressReplicasRange = int64validator.Between(1, 100)
+
+	// domainPattern is the CRD's, so a plan fails where the API server would.
+	domainPattern = regexp.MustCompile(`^(\*\.)?([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	domainCheck   = stringCheck{
+		description: "a lower-case DNS name of at most 253 characters, optionally starting with `*.` to match every " +
+			"subdomain (but not the name itself), such as `api.example.com` or `*.example.com`",
+		check: func(s string) error {
+			if len(s) == 0 || len(s) > 253 {
+				return fmt.Errorf("length %d is not 1 to 253", len(s))
+			}
+			if !domainPattern.MatchString(s) {
+				return fmt.Errorf("not a lower-case domain name")
+			}
+			return nil
+		},
+	}
+	cidrCheck = stringCheck{
+		description: "an IPv4 or IPv6 network in CIDR notation with no host bits set, such as `10.0.0.0/8` or `fd00::/8`",
+		check: func(s string) error {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return err
+			}
+			if p.Masked() != p {
+				return fmt.Errorf("host bits are set; the network is %s", p.Masked())
+			}
+			return nil
+		},
+	}
+	upstreamURLPattern = regexp.MustCompile(`^https?://[^/@\s]+/?$`)
+	upstreamURLCheck   = stringCheck{
+		description: "an `http://` or `https://` URL of a host and optional port, such as `http://proxy.example.com:8080`, " +
+			"without a path or credentials",
+		check: func(s string) error {
+			if len(s) > 2048 {
+				return fmt.Errorf("longer than 2048 characters")
+			}
+			if strings.Contains(s, "@") {
+				return fmt.Errorf("credentials in the URL; set upstream_credentials_wo or upstream_credentials_secret instead")
+			}
+			if !upstreamURLPattern.MatchString(s) {
+				return fmt.Errorf("not a proxy URL")
+			}
+			return nil
+		},
+	}
+)
+
+// credentialsCheck validates upstream credentials without ever repeating
+// them in an error, unlike stringCheck.
+type credentialsCheck struct{}
+
+const credentialsDescription = "`user:password`: a user name without `:`, a colon, then the password, on one line"
+
+func (credentialsCheck) Description(context.Context) string         { return credentialsDescription }
+func (credentialsCheck) MarkdownDescription(context.Context) string { return credentialsDescription }
+
+func (credentialsCheck) ValidateString(_ context.Context, req validator.StringRequest, resp *validator.StringResponse) {
+	if req.ConfigValue.IsNull() || req.ConfigValue.IsUnknown() {
+		return
+	}
+	s := req.ConfigValue.ValueString()
+	user, _, found := strings.Cut(s, ":")
+	if !found || user == "" || strings.ContainsAny(s, "\r\n") {
+		resp.Diagnostics.AddAttributeError(req.Path, "Invalid upstream credentials",
+			"The value (not shown, it is secret) must be "+credentialsDescription+".")
+	}
+}
+
+func (r *egressProxyResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
+	resp.TypeName = req.ProviderTypeName + "_" + egressProxyTFType
+}
+
+func (r *egressProxyResource) Schema(ctx context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
+	modes := make([]string, len(egressProxyModes))
+	for i, m := range egressProxyModes {
+		modes[i] = "`" + string(m.name) + "`: " + m.description + "."
+	}
+	domains := func(desc string) schema.SetAttribute {
+		return schema.SetAttribute{
+			ElementType: types.StringType, Optional: true,
+			MarkdownDescription: desc + " Each must be " + domainCheck.description + "; at most " + fmt.Sprint(maxDomains) + ".",
+			Validators:          []validator.Set{setvalidator.SizeAtMost(maxDomains), setvalidator.ValueStringsAre(domainCheck)},
+		}
+	}
+	resp.Schema = schema.Schema{
+		MarkdownDescription: "An egress proxy: the HTTP(S) proxy that is the sandboxes' only way out. It lets through only " +
+			"`allowed_domains`, refuses private, loopback, link-local and metadata addresses and `denied_cidrs` after DNS " +
+			"resolution, can chain to an upstream proxy with credentials, and logs every request. It becomes an " +
+			"`EgressProxy` object; templates name it in `egress_proxy`. Upstream credentials given in " +
+			"`upstream_credentials_wo` are kept in a Secret `<name>-egress-upstream` that the resource owns; they are " +
+			"write-only and never stored in the plan or state (Terraform 1.11 or later). Requires `agentbox_platform`.",
+		Attributes: map[string]schema.Attribute{
+			"id":        idAttribute(egressProxyKind),
+			"name":      nameAttribute(egressProxyKind),
+			"namespace": namespaceAttribute(egressProxyKind),
+			"mode": schema.StringAttribute{
+				Optional: true, Computed: true, Default: stringdefault.StaticString(string(agentboxv1alpha1.EgressProxyModePerAgent)),
+				MarkdownDescription: "How sandboxes share the proxy; defaults to `" + string(agentboxv1alpha1.EgressProxyModePerAgent) +
+					"`. " + strings.Join(modes, " "),
+				Validators: []validator.String{stringvalidator.OneOf(egressProxyModeNames()...)},
+			},
+			"replicas": schema.Int64Attribute{
+				Optional: true,
+				MarkdownDescription: "Number of proxy pods, only in " + codeList(egressModesWithReplicas()) + " mode; unset means 1. " +
+					"The " + egressReplicasRange.MarkdownDescription(ctx) + ".",
+				Validators: []validator.Int64{egressReplicasRange},
+			},
+			"allowed_domains": domains("The only destinations the proxy lets through, by host name. Unset or empty denies everything."),
+			"denied_domains":  domains("Destinations refused even when `allowed_domains` matches them."),
+			"denied_cidrs": schema.SetAttribute{
+				ElementType: types.StringType, Optional: true,
+				MarkdownDescription: "Networks refused after DNS resolution, in addition to the private, loopback, link-local and " +
+					"metadata ranges that are always refused. Each must be " + cidrCheck.description + "; at most " + fmt.Sprint(maxCIDRs) + ".",
+				Validators: []validator.Set{setvalidator.SizeAtMost(maxCIDRs), setvalidator.ValueStringsAre(cidrCheck)},
+			},
+			"upstream_url": schema.StringAttribute{
+				Optional: true,
+				MarkdownDescription: "An upstream HTTP proxy that the egress proxy chains to. Must be " + upstreamURLCheck.description +
+					". Unset means the proxy connects to destinations directly.",
+				Validators: []validator.String{upstreamURLCheck},
+			},
+			"upstream_credentials_wo": schema.StringAttribute{
+				Optional: true, Sensitive: true, WriteOnly: true,
+				MarkdownDescription: "Credentials for the upstream, sent as `Proxy-Authorization`; must be " + credentialsDescription +
+					". Write-only: Terraform passes it to the provider but never keeps it in the plan or state (Terraform 1.11 or " +
+					"later). The provider stores it in the Secret `<name>-egress-upstream`, owned by the proxy, and writes it only " +
+					"when `upstream_credentials_wo_version` changes or the Secret is missing. The credentials reach only the proxy " +
+					"pods, never the sandboxes. Requires `upstream_url`; conflicts with `upstream_credentials_secret`.",
+				Validators: []validator.String{
+					credentialsCheck{},
+					stringvalidator.AlsoRequires(path.MatchRoot("upstream_url"), path.MatchRoot("upstream_credentials_wo_version")),
+					stringvalidator.ConflictsWith(path.MatchRoot("upstream_credentials_secret")),
+				},
+			},
+			"upstream_credentials_wo_version": schema.Int64Attribute{
+				Optional: true,
+				MarkdownDescription: "Any number, changed to make the provider write a new `upstream_credentials_wo` into its " +
+					"Secret (a rotation). Required with `upstream_credentials_wo`. If the Secret goes missing, the next plan shows " +
+					"this attribute changing, and the apply writes the Secret again.",
+				Validators: []validator.Int64{int64validator.AlsoRequires(path.MatchRoot("upstream_credentials_wo"))},
+			},
+			"upstream_credentials_secret": schema.SingleNestedAttribute{
+				Optional: true,
+				MarkdownDescription: "An existing Secret, in the proxy's namespace, whose key holds the upstream credentials as " +
+					credentialsDescription + ". The alternative to `upstream_credentials_wo` when something else manages the " +
+					"Secret; the proxy starts once the Secret exists. Requires `upstream_url`.",
+				Validators: []validator.Object{objectvalidator.AlsoRequires(path.MatchRoot("upstream_url"))},
+				Attributes: map[string]schema.Attribute{
+					"name": schema.StringAttribute{
+						Required: true, MarkdownDescription: "Name of the Secret. Must be " + dnsSubdomainCheck.description + ".",
+						Validators: []validator.String{dnsSubdomainCheck},
+					},
+					"key": schema.StringAttribute{
+						Required: true, MarkdownDescription: "Key in the Secret whose value is the credentials.",
+						Validators: []validator.String{stringvalidator.LengthBetween(1, 253)},
+					},
+				},
+			},
+			"wait_for_ready": schema.BoolAttribute{
+				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
+				MarkdownDescription: "Wait on create and update until the platform reports the proxy Ready (in `Shared` mode its " +
+					"pods are ready; in `PerAgent` mode every existing sandbox's proxy is), within the `timeouts`. Defaults to " +
+					"`true`. On timeout the error carries the proxy's Ready condition, e.g. `UpstreamSecretNotFound`.",
+			},
+			"status": schema.SingleNestedAttribute{
+				Computed: true,
+				MarkdownDescription: "What the control plane last reported. Refreshed on every read; it never causes a change " +
+					"by itself.",
+				Attributes: map[string]schema.Attribute{
+					"ready": schema.BoolAttribute{
+						Computed: true, MarkdownDescription: "Whether the proxy's Ready condition is `True` for the current spec.",
+					},
+					"reason": schema.StringAttribute{
+						Computed: true,
+						MarkdownDescription: "Reason of the Ready condition, such as `" + agentboxv1alpha1.ReasonProxyAvailable + "`, `" +
+							agentboxv1alpha1.ReasonProxyProgressing + "` or `" + agentboxv1alpha1.ReasonUpstreamSecretNotFound +
+							"`; null before the control plane has seen the proxy.",
+					},
+					"message": schema.StringAttribute{
+						Computed: true, MarkdownDescription: "Message of the Ready condition; null before the control plane has seen the proxy.",
+					},
+					"ready_endpoints": schema.ListAttribute{
+						ElementType: types.StringType, Computed: true,
+						MarkdownDescription: "Proxy URLs (`http://<service>.<namespace>.svc:<port>`) whose pods are ready.",
+					},
+				},
+			},
+			"timeouts": timeoutsAttribute(ctx,
+				&timeoutDoc{"the create, including the wait for readiness", defaultEgressProxyWait},
+				&timeoutDoc{"an update, including the wait for readiness", defaultEgressProxyWait},
+				&timeoutDoc{"the destroy, which waits until the proxy is gone", defaultEgressProxyDelete}),
+		},
+	}
+}
+
+func (r *egressProxyResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
+	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
+}
+
+// ValidateConfig applies the rules of egressProxyModes before plan, so a
+// proxy the API server would reject fails early.
+func (r *egressProxyResource) ValidateConfig(ctx context.Context, req resource.ValidateConfigRequest, resp *resource.ValidateConfigResponse) {
+	var mode types.String
+	var replicas types.Int64
+	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("mode"), &mode)...)
+	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("replicas"), &replicas)...)
+	if resp.Diagnostics.HasError() || mode.IsUnknown() || replicas.IsNull() {
+		return
+	}
+	name := string(agentboxv1alpha1.EgressProxyModePerAgent)
+	if !mode.IsNull() {
+		name = mode.ValueString()
+	}
+	for _, m := range egressProxyModes {
+		if string(m.name) == name && !m.hasReplicas {
+			resp.Diagnostics.AddAttributeError(path.Root("replicas"), "replicas needs mode Shared",
+				fmt.Sprintf("mode %q runs one proxy per sandbox, so it has no replica count; set mode = %s or remove replicas.",
+					name, codeList(egressModesWithReplicas())))
+		}
+	}
+}
+
+// ModifyPlan plans the namespace and ID, known before apply.
+func (r *egressProxyResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
+	planObjectID(ctx, r.data, req, resp)
+}
+
+func (r *egressProxyResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
+	var plan egressProxyModel
+	var creds types.String
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("upstream_credentials_wo"), &creds)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := plan.Timeouts.Create(ctx, defaultEgressProxyWait)
+	resp.Diagnostics.Append(diags...)
+	ns := resolveNamespace(plan.Namespace, r.data)
+	obj := &agentboxv1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString(), Namespace: ns}}
+	obj.Spec = plan.spec(ctx, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := client.ObjectKeyFromObject(obj)
+	if err := c.Create(ctx, obj); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			resp.Diagnostics.AddError(egressProxyKind+" already exists",
+				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_%s.<name> %s`.", key, egressProxyTFType, objectID(ns, obj.Name)))
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Create", key, egressProxyKind, err)
+		return
+	}
+	plan.ID = types.StringValue(objectID(ns, obj.Name))
+	plan.Namespace = types.StringValue(ns)
+	plan.setStatus(ctx, obj, &resp.Diagnostics)
+	// Saved before the Secret and the wait: the proxy exists and must be in
+	// state so that destroy removes it.
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+	if !creds.IsNull() {
+		// After the proxy, so that the Secret can be owned by it; the
+		// controller waits for the Secret and its watch wakes it.
+		if err := writeUpstreamSecret(ctx, c, obj, creds.ValueString()); err != nil {
+			resp.Diagnostics.AddError(fmt.Sprintf("Cannot write the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			return
+		}
+	}
+	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *egressProxyResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
+	var state egressProxyModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
+	var obj agentboxv1alpha1.EgressProxy
+	if err := c.Get(ctx, key, &obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			resp.State.RemoveResource(ctx)
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Read", key, egressProxyKind, err)
+		return
+	}
+	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
+	state.fromSpec(ctx, &obj, &resp.Diagnostics)
+	if !state.UpstreamCredentialsWOVersion.IsNull() {
+		// The value is write-only, so Read cannot compare it; what it can see
+		// is the Secret gone or no longer referenced. Forgetting the version
+		// then plans an update, which writes the Secret and reference again.
+		ok, err := upstreamSecretInUse(ctx, c, &obj)
+		if err != nil {
+			resp.Diagnostics.AddError(fmt.Sprintf("Cannot read the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			return
+		}
+		if !ok {
+			state.UpstreamCredentialsWOVersion = types.Int64Null()
+		}
+	}
+	state.setStatus(ctx, &obj, &resp.Diagnostics)
+	if state.WaitForReady.IsNull() {
+		// Imported: the attribute is Terraform's own, so take its default.
+		state.WaitForReady = types.BoolValue(true)
+	}
+	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
+}
+
+func (r *egressProxyResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
+	var plan, prior egressProxyModel
+	var creds types.String
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	resp.Diagnostics.Append(req.State.Get(ctx, &prior)...)
+	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("upstream_credentials_wo"), &creds)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := plan.Timeouts.Update(ctx, defaultEgressProxyWait)
+	resp.Diagnostics.Append(diags...)
+	spec := plan.spec(ctx, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	key := k8stypes.NamespacedName{Namespace: plan.Namespace.ValueString(), Name: plan.Name.ValueString()}
+	var obj agentboxv1alpha1.EgressProxy
+	// The whole spec is Terraform's: replacing it undoes out-of-band edits.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, key, &obj); err != nil {
+			return err
+		}
+		obj.Spec = spec
+		return c.Update(ctx, &obj)
+	})
+	if err != nil {
+		apiErrorDiag(&resp.Diagnostics, "Update", key, egressProxyKind, err)
+		return
+	}
+	switch {
+	case !creds.IsNull() && !plan.UpstreamCredentialsWOVersion.Equal(prior.UpstreamCredentialsWOVersion):
+		// A new version is a rotation; a version Read forgot means the
+		// Secret went missing. Either way the configuration's value goes in.
+		if err := writeUpstreamSecret(ctx, c, &obj, creds.ValueString()); err != nil {
+			resp.Diagnostics.AddError(fmt.Sprintf("Cannot write the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			return
+		}
+	case creds.IsNull():
+		// Credentials dropped or moved to a Secret of the user's: ours goes.
+		if err := deleteUpstreamSecret(ctx, c, &obj); err != nil {
+			resp.Diagnostics.AddError(fmt.Sprintf("Cannot delete the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			return
+		}
+	}
+	plan.setStatus(ctx, &obj, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *egressProxyResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
+	var state egressProxyModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	c := objectsOrDiag(r.data, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	timeout, diags := state.Timeouts.Delete(ctx, defaultEgressProxyDelete)
+	resp.Diagnostics.Append(diags...)
+	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
+	obj := &agentboxv1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
+	// The owner reference would have the garbage collector remove the
+	// Secret too, but a cluster without one (or a destroy racing it) must
+	// not keep credentials behind.
+	if err := deleteUpstreamSecret(ctx, c, obj); err != nil {
+		resp.Diagnostics.AddError(fmt.Sprintf("Cannot delete the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+		return
+	}
+	if err := c.Delete(ctx, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		apiErrorDiag(&resp.Diagnostics, "Delete", key, egressProxyKind, err)
+		return
+	}
+	if err := waitGone(ctx, c, key, &agentboxv1alpha1.EgressProxy{}, timeout); err != nil {
+		resp.Diagnostics.AddError(fmt.Sprintf("%s %s was not deleted within %s", egressProxyKind, key, timeout), err.Error())
+	}
+}
+
+func (r *egressProxyResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
+	importObject(ctx, r.data, req, resp)
+}
+
+// waitAndRefresh waits, if asked to, until the controller reports the
+// current spec Ready, and takes the status it ends with.
+func (r *egressProxyResource) waitAndRefresh(ctx context.Context, c client.Client, key k8stypes.NamespacedName, m *egressProxyModel,
+	timeout time.Duration, diags *diag.Diagnostics) {
+	if !m.WaitForReady.ValueBool() {
+		return
+	}
+	var ep agentboxv1alpha1.EgressProxy
+	err := waitObject(ctx, c, key, &ep, timeout, func() (bool, string) {
+		progress := fmt.Sprintf("%d ready endpoints (observed generation %d of %d); %s", len(ep.Status.ReadyEndpoints),
+			ep.Status.ObservedGeneration, ep.Generation, readyConditionText(ep.Status.Conditions, agentboxv1alpha1.ConditionReady))
+		return egressProxyReady(&ep), progress
+	})
+	if ep.Name != "" {
+		m.setStatus(ctx, &ep, diags)
+	}
+	if err != nil {
+		diags.AddError(fmt.Sprintf("%s %s did not become ready", egressProxyKind, key), err.Error())
+	}
+}
+
+// egressProxyReady: a Ready condition about an older spec says nothing
+// about this one.
+func egressProxyReady(ep *agentboxv1alpha1.EgressProxy) bool {
+	cond := apimeta.FindStatusCondition(ep.Status.Conditions, agentboxv1alpha1.ConditionReady)
+	return cond != nil && cond.Status == metav1.ConditionTrue && ep.Status.ObservedGeneration >= ep.Generation
+}
+
+func (m *egressProxyModel) spec(ctx context.Context, diags *diag.Diagnostics) agentboxv1alpha1.EgressProxySpec {
+	s := agentboxv1alpha1.EgressProxySpec{Mode: agentboxv1alpha1.EgressProxyMode(m.Mode.ValueString())}
+	for _, d := range goSet(ctx, m.AllowedDomains, diags) {
+		s.AllowedDomains = append(s.AllowedDomains, agentboxv1alpha1.Domain(d))
+	}
+	for _, d := range goSet(ctx, m.DeniedDomains, diags) {
+		s.DeniedDomains = append(s.DeniedDomains, agentboxv1alpha1.Domain(d))
+	}
+	for _, n := range goSet(ctx, m.DeniedCIDRs, diags) {
+		s.DeniedCIDRs = append(s.DeniedCIDRs, agentboxv1alpha1.CIDR(n))
+	}
+	if !m.Replicas.IsNull() && !m.Replicas.IsUnknown() {
+		n := int32(m.Replicas.ValueInt64())
+		s.Replicas = &n
+	}
+	if !m.UpstreamURL.IsNull() {
+		s.Upstream = &agentboxv1alpha1.EgressUpstream{URL: m.UpstreamURL.ValueString()}
+		switch {
+		case !m.UpstreamCredentialsSecret.IsNull() && !m.UpstreamCredentialsSecret.IsUnknown():
+			var ref secretKeyModel
+			diags.Append(m.UpstreamCredentialsSecret.As(ctx, &ref, objectAsOptions)...)
+			s.Upstream.CredentialsSecretRef = &agentboxv1alpha1.SecretKeySelector{Name: ref.Name.ValueString(), Key: ref.Key.ValueString()}
+		case !m.UpstreamCredentialsWOVersion.IsNull():
+			// The write-only value is null in the plan; its version stands
+			// for it.
+			s.Upstream.CredentialsSecretRef = ownedSecretRef(m.Name.ValueString())
+		}
+	}
+	return s
+}
+
+func ownedSecretRef(proxy string) *agentboxv1alpha1.SecretKeySelector {
+	return &agentboxv1alpha1.SecretKeySelector{Name: upstreamSecretName(proxy), Key: upstreamCredentialsKey}
+}
+
+// fromSpec sets the attributes from the live spec. A reference to the
+// resource's own Secret is upstream_credentials_wo's doing, not
+// upstream_credentials_secret.
+func (m *egressProxyModel) fromSpec(ctx context.Context, ep *agentboxv1alpha1.EgressProxy, diags *diag.Diagnostics) {
+	s := &ep.Spec
+	mode := s.Mode
+	if mode == "" {
+		mode = agentboxv1alpha1.EgressProxyModePerAgent
+	}
+	m.Mode = types.StringValue(string(mode))
+	m.Replicas = types.Int64Null()
+	if s.Replicas != nil {
+		m.Replicas = types.Int64Value(int64(*s.Replicas))
+	}
+	m.AllowedDomains = setValue(ctx, m.AllowedDomains, s.AllowedDomains, diags)
+	m.DeniedDomains = setValue(ctx, m.DeniedDomains, s.DeniedDomains, diags)
+	m.DeniedCIDRs = setValue(ctx, m.DeniedCIDRs, s.DeniedCIDRs, diags)
+	m.UpstreamURL = types.StringNull()
+	m.UpstreamCredentialsSecret = types.ObjectNull(secretKeyAttrTypes)
+	m.UpstreamCredentialsWO = types.StringNull()
+	if s.Upstream == nil {
+		return
+	}
+	m.UpstreamURL = types.StringValue(s.Upstream.URL)
+	if ref := s.Upstream.CredentialsSecretRef; ref != nil && *ref != *ownedSecretRef(ep.Name) {
+		m.UpstreamCredentialsSecret = objectValue(ctx, secretKeyAttrTypes,
+			secretKeyModel{Name: types.StringValue(ref.Name), Key: types.StringValue(ref.Key)}, diags)
+	}
+}
+
+func (m *egressProxyModel) setStatus(ctx context.Context, ep *agentboxv1alpha1.EgressProxy, diags *diag.Diagnostics) {
+	endpoints := ep.Status.ReadyEndpoints
+	if endpoints == nil {
+		endpoints = []string{}
+	}
+	list, d := types.ListValueFrom(ctx, types.StringType, endpoints)
+	diags.Append(d...)
+	st := egressProxyStatusModel{Ready: types.BoolValue(egressProxyReady(ep)), Reason: types.StringNull(), Message: types.StringNull(), ReadyEndpoints: list}
+	if cond := apimeta.FindStatusCondition(ep.Status.Conditions, agentboxv1alpha1.ConditionReady); cond != nil {
+		st.Reason = types.StringValue(cond.Reason)
+		st.Message = types.StringValue(cond.Message)
+	}
+	m.Status = objectValue(ctx, egressProxyStatusAttrTypes, st, diags)
+}
+
+// setValue maps an empty list to null unless state already holds an empty
+// set, so neither spelling of "nothing" shows up as a change.
+func setValue[S ~string](ctx context.Context, prior types.Set, s []S, diags *diag.Diagnostics) types.Set {
+	if len(s) == 0 {
+		if !prior.IsNull() && !prior.IsUnknown() && len(prior.Elements()) == 0 {
+			return prior
+		}
+		return types.SetNull(types.StringType)
+	}
+	v, d := types.SetValueFrom(ctx, types.StringType, s)
+	diags.Append(d...)
+	return v
+}
+
+// goSet returns a set's strings sorted, so the object's lists are stable.
+func goSet(ctx context.Context, v types.Set, diags *diag.Diagnostics) []string {
+	if v.IsNull() || v.IsUnknown() {
+		return nil
+	}
+	var s []string
+	diags.Append(v.ElementsAs(ctx, &s, false)...)
+	slices.Sort(s)
+	return s
+}
+
+// writeUpstreamSecret creates or updates the Secret holding the upstream
+// credentials, owned by the proxy so that the garbage collector removes it
+// with the proxy. A Secret of that name that the resource did not make is
+// left alone.
+func writeUpstreamSecret(ctx context.Context, c client.Client, ep *agentboxv1alpha1.EgressProxy, creds string) error {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: upstreamSecretName(ep.Name), Namespace: ep.Namespace}}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		_, err := controllerutil.CreateOrUpdate(ctx, c, sec, func() error {
+			if !sec.CreationTimestamp.IsZero() && sec.Labels[upstreamSecretLabel] != ep.Name {
+				return fmt.Errorf("Secret %s/%s exists and was not made by this resource (no label %s=%s); rename or delete it",
+					sec.Namespace, sec.Name, upstreamSecretLabel, ep.Name)
+			}
+			if sec.Labels == nil {
+				sec.Labels = map[string]string{}
+			}
+			sec.Labels[upstreamSecretLabel] = ep.Name
+			sec.Labels["app.kubernetes.io/managed-by"] = "terraform-provider-agentbox"
+			sec.Type = corev1.SecretTypeOpaque
+			sec.Data = map[string][]byte{upstreamCredentialsKey: []byte(creds)}
+			return controllerutil.SetOwnerReference(ep, sec, scheme)
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("write Secret %s/%s: %w", sec.Namespace, sec.Name, err)
+	}
+	return nil
+}
+
+// deleteUpstreamSecret deletes the resource's own Secret, if there is one.
+func deleteUpstreamSecret(ctx context.Context, c client.Client, ep *agentboxv1alpha1.EgressProxy) error {
+	var sec corev1.Secret
+	key := k8stypes.NamespacedName{Namespace: ep.Namespace, Name: upstreamSecretName(ep.Name)}
+	if err := c.Get(ctx, key, &sec); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("get Secret %s: %w", key, err)
+	}
+	if sec.Labels[upstreamSecretLabel] != ep.Name {
+		return nil
+	}
+	if err := c.Delete(ctx, &sec, client.Preconditions{UID: &sec.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete Secret %s: %w", key, err)
+	}
+	return nil
+}
+
+// upstreamSecretInUse reports whether the proxy refers to the resource's own
+// Secret and that Secret holds credentials.
+func upstreamSecretInUse(ctx context.Context, c client.Client, ep *agentboxv1alpha1.EgressProxy) (bool, error) {
+	if ep.Spec.Upstream == nil || ep.Spec.Upstream.CredentialsSecretRef == nil || *ep.Spec.Upstream.CredentialsSecretRef != *ownedSecretRef(ep.Name) {
+		return false, nil
+	}
+	var sec corev1.Secret
+	if err := c.Get(ctx, k8stypes.NamespacedName{Namespace: ep.Namespace, Name: upstreamSecretName(ep.Name)}, &sec); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("get Secret %s/%s: %w", ep.Namespace, upstreamSecretName(ep.Name), err)
+	}
+	return sec.Labels[upstreamSecretLabel] == ep.Name && len(sec.Data[upstreamCredentialsKey]) > 0, nil
+}
