@@ -206,9 +206,12 @@ func (s *Server) wait(ctx context.Context, p *process) (*api.CommandResult, *api
 	cmd := p.cmd
 	pid := cmd.Process.Pid
 	waitErr := cmd.Wait()
+	elapsed := time.Since(p.start)
+	if p.killed.Load() {
+		sweepGroup(pid)
+	}
 	s.untrack(pid)
 	children.done(pid)
-	elapsed := time.Since(p.start)
 
 	ps := cmd.ProcessState
 	if ps == nil {
@@ -352,4 +355,23 @@ func signalName(sig syscall.Signal) string {
 		return n
 	}
 	return fmt.Sprintf("SIG%d", int(sig))
+}
+
+// groupSweepFor bounds sweepGroup. A group that forks faster than it can
+// be killed for this long is left to the pod's limits.
+const groupSweepFor = 5 * time.Second
+
+// sweepGroup kills the process group pgid again and again until it is
+// empty. One SIGKILL to a group can miss a child being forked at that
+// moment (gVisor showed it: a fork bomb outlived its command's timeout and
+// starved the supervisor), and once the leader is gone nothing else would
+// signal the group again.
+func sweepGroup(pgid int) {
+	deadline := time.Now().Add(groupSweepFor)
+	for time.Now().Before(deadline) {
+		if errors.Is(syscall.Kill(-pgid, syscall.SIGKILL), syscall.ESRCH) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
