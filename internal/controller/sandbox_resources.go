@@ -116,6 +116,12 @@ func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.San
 		// On the pod's /tmp emptyDir: it is the supervisor's own record of
 		// calls, kept out of the workspace that snapshots carry away.
 		{Name: "AGENTBOX_AUDIT_LOG", Value: supervisorAuditLog},
+		// Under gVisor the pod's memory limit bounds the sandbox as a
+		// whole, so the supervisor stops the largest command before the
+		// limit takes the sandbox down. Without a limit the kubelet gives
+		// the node's allocatable memory, which leaves the guard idle.
+		{Name: "AGENTBOX_MEMORY_LIMIT", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+			ContainerName: ContainerName, Resource: "limits.memory"}}},
 	}, supervisorEnv(tpl)...)
 }
 

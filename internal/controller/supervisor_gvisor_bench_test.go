@@ -57,7 +57,7 @@ func TestSupervisorGVisorBench(t *testing.T) {
 	// as a raw spawn in the pod, alternating batches so that both see the
 	// same load on the shared machine.
 	const rounds, batch = 10, 20
-	var viaSup, raw []time.Duration
+	var viaSup, health, raw []time.Duration
 	for range 3 { // warm the connection and the page cache
 		if _, err := p.alive(ctx); err != nil {
 			t.Fatal(err)
@@ -72,6 +72,13 @@ func TestSupervisorGVisorBench(t *testing.T) {
 				t.Fatalf("true through the supervisor: %v %+v", err, res)
 			}
 			viaSup = append(viaSup, d)
+			// The same connection's floor: a request that runs nothing,
+			// so that the transport and the exec path can be told apart.
+			start = time.Now()
+			if _, err := p.sup.Health(ctx); err != nil {
+				t.Fatalf("health: %v", err)
+			}
+			health = append(health, time.Since(start))
 		}
 		out := p.run(t, "python3", "-c", rawSpawn, strconv.Itoa(batch)).Stdout
 		for _, f := range strings.Fields(out) {
@@ -86,6 +93,9 @@ func TestSupervisorGVisorBench(t *testing.T) {
 	row("`true` via supervisor (mTLS from host), p50", supP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v", len(viaSup), percentile(viaSup, 90).Round(time.Microsecond)))
 	row("`true` raw posix_spawn in the pod, p50", rawP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v", len(raw), percentile(raw, 90).Round(time.Microsecond)))
 	row("supervisor overhead at p50", (supP50 - rawP50).Round(time.Microsecond).String(), "target <= 1ms")
+	hP50 := percentile(health, 50)
+	row("health round trip (mTLS from host), p50", hP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v: the transport floor", len(health), percentile(health, 90).Round(time.Microsecond)))
+	row("`true` minus health, p50", (supP50 - hP50).Round(time.Microsecond).String(), "the exec path inside the supervisor")
 
 	// (b) 100 MiB in and out, through the file API and through kubectl
 	// cp (which runs tar in the pod over an exec stream through the API

@@ -23,6 +23,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
 
 // gvisorPod is a sandbox pod started from the controller's own pod spec
@@ -49,6 +50,7 @@ type gvisorPodOptions struct {
 	memoryLimit  string // the container's memory limit
 	workspaceCap string // AGENTBOX_WORKSPACE_CAP
 	emptyDirSize string // the workspace volume's sizeLimit
+	pidsLimit    string // AGENTBOX_COMMAND_PIDS_LIMIT; empty: the supervisor's default
 }
 
 func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *gvisorPod {
@@ -75,6 +77,9 @@ func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *g
 			AgentID:     "agent:" + name + "@example.com",
 			TemplateRef: v1alpha1.LocalObjectReference{Name: tpl.Name},
 		},
+	}
+	if o.pidsLimit != "" {
+		tpl.Spec.Env = append(tpl.Spec.Env, corev1.EnvVar{Name: "AGENTBOX_COMMAND_PIDS_LIMIT", Value: o.pidsLimit})
 	}
 	pod := e.r.desiredPod(sbx, tpl)
 	replaced := false
@@ -220,9 +225,10 @@ func TestSupervisorGVisorHostile(t *testing.T) {
 	t.Parallel()
 	e := newClusterEnv(t)
 	const wsCap = 32 << 20
-	p := e.gvisorPod(t, "hostile", gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "32MiB", emptyDirSize: "256Mi"})
+	const pidsLimit = 256
+	p := e.gvisorPod(t, "hostile", gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "32MiB", emptyDirSize: "256Mi", pidsLimit: strconv.Itoa(pidsLimit)})
 	ctx := e.ctx
-	t.Logf("pod resources: %+v (the controller sets no pids limit; the kubelet's podPidsLimit is left at its default)", p.pod.Spec.Containers[0].Resources)
+	t.Logf("pod resources: %+v; commands' RLIMIT_NPROC %d; the node's podPidsLimit %d", p.pod.Spec.Containers[0].Resources, pidsLimit, testenv.PodPidsLimit)
 
 	t.Run("path traversal", func(t *testing.T) {
 		// Links planted by code in the sandbox, pointing out of the
@@ -480,6 +486,10 @@ print(peak, 'processes at peak over', n, 'samples')
 			t.Errorf("fork bomb: the supervisor did not answer: %v", bombErr)
 		case !res.TimedOut:
 			t.Errorf("fork bomb: exit %d, signal %q, not timed out; want killed by the timeout", res.ExitCode, res.Signal)
+		case peakOver(during, pidsLimit):
+			// The limit counts the sandbox user's tasks, the supervisor's
+			// threads included, so the processes can never exceed it.
+			t.Errorf("fork bomb: %s, past the commands' limit of %d", during, pidsLimit)
 		default:
 			t.Logf("fork bomb: ended after %v (timed out %v, signal %s); health+true during it took %v; in the pod during it: %s",
 				time.Since(start).Round(time.Millisecond), res.TimedOut, res.Signal, probes, during)
@@ -521,27 +531,19 @@ while True:
     print(len(b) * 16, 'MiB', flush=True)
 `
 		start := time.Now()
-		// The timeout is the backstop: where the pod's memory limit is not
-		// enforced (the test node runs kubelet with cgroupsPerQOS off) it
-		// is what ends the bomb, so it is kept short.
-		res, err := p.sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"python3", "-c", bomb}, Cwd: "/tmp", TimeoutSeconds: 20})
+		// The node enforces the pod's limit, which would end the whole
+		// sandbox; the supervisor's guard must stop the bomb first. The
+		// timeout is only the backstop.
+		res, err := p.sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"python3", "-c", bomb}, Cwd: "/tmp", TimeoutSeconds: 60})
 		took := time.Since(start)
 		if err != nil {
 			t.Errorf("memory bomb: the supervisor did not answer after %v: %v", took.Round(time.Millisecond), err)
 		} else {
 			lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
-			t.Logf("memory bomb: %v, exit %d, signal %q, timed out %v, last output %q, stderr tail %q",
-				took.Round(time.Millisecond), res.ExitCode, res.Signal, res.TimedOut, lines[len(lines)-1], tail(res.Stderr, 200))
-			switch {
-			case res.ExitCode == 0:
-				t.Errorf("memory bomb exited 0")
-			case res.TimedOut:
-				// Not a failure of the supervisor: it contained the bomb
-				// with the command's timeout. Said loudly, because the
-				// pod's limit did not.
-				t.Logf("memory bomb NOT contained by the pod's 256Mi memory limit (it reached %s); only the command timeout killed it", lines[len(lines)-1])
-			default:
-				t.Logf("memory bomb stopped by the pod's memory limit")
+			t.Logf("memory bomb: %v, exit %d, signal %q, timed out %v, out of memory %v, last output %q, stderr tail %q",
+				took.Round(time.Millisecond), res.ExitCode, res.Signal, res.TimedOut, res.OutOfMemory, lines[len(lines)-1], tail(res.Stderr, 200))
+			if !res.OutOfMemory || res.Signal != "SIGKILL" {
+				t.Errorf("memory bomb: want it killed by the supervisor's memory guard (out_of_memory, SIGKILL), got %+v", res)
 			}
 		}
 		// If the bomb took the whole sandbox down, kubelet restarts it;
@@ -562,6 +564,13 @@ while True:
 		}
 		t.Logf("after the memory bomb: health+true %v, supervisor uptime %d s", d.Round(time.Millisecond), h1.UptimeSeconds)
 	})
+}
+
+// peakOver reports whether the fork bomb's sampler, which prints "N
+// processes at peak ...", saw more than limit processes.
+func peakOver(sampled string, limit int) bool {
+	n, err := strconv.Atoi(strings.Fields(sampled + " x")[0])
+	return err == nil && n > limit
 }
 
 func tail(s string, n int) string {

@@ -192,7 +192,7 @@ func (s *Server) spawn(ctx context.Context, spec *commandSpec, stdout, stderr io
 	cmd.WaitDelay = s.cfg.WaitDelay
 
 	p.start = time.Now()
-	if err := children.start(cmd); err != nil {
+	if err := s.startConfined(cmd); err != nil {
 		return nil, startError(spec, err)
 	}
 	s.track(cmd.Process.Pid)
@@ -212,6 +212,7 @@ func (s *Server) wait(ctx context.Context, p *process) (*api.CommandResult, *api
 	}
 	s.untrack(pid)
 	children.done(pid)
+	outOfMemory := s.takeOOMKilled(pid)
 
 	ps := cmd.ProcessState
 	if ps == nil {
@@ -223,6 +224,7 @@ func (s *Server) wait(ctx context.Context, p *process) (*api.CommandResult, *api
 		// A leader that exited on its own just as the timer fired was not
 		// timed out; one the timeout killed always ends by a signal.
 		res.TimedOut = p.killed.Load() && errors.Is(context.Cause(ctx), errCommandTimeout)
+		res.OutOfMemory = outOfMemory && !res.TimedOut
 	}
 	return res, nil
 }

@@ -293,7 +293,7 @@ func (s *Server) startPTY(spec *commandSpec, cols, rows uint16) (*process, *os.F
 	// the session's controlling terminal, which job control needs.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	p := &process{cmd: cmd, argv0: spec.argv[0], start: time.Now()}
-	if err := children.start(cmd); err != nil {
+	if err := s.startConfined(cmd); err != nil {
 		ptmx.Close()
 		return nil, nil, startError(spec, err)
 	}

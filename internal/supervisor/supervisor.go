@@ -137,6 +137,17 @@ type Config struct {
 	// DefaultPTYMaxDuration.
 	PTYIdleTimeout time.Duration
 	PTYMaxDuration time.Duration
+	// CommandPidsLimit is the RLIMIT_NPROC every command starts with (see
+	// DefaultCommandPidsLimit, which zero means); negative means none.
+	CommandPidsLimit int
+	// MemoryLimit is the pod's memory limit in bytes; when set, the
+	// command holding the most memory is killed once the sandbox uses
+	// more than MemoryLimit less MemoryReserve (zero: the larger of 96
+	// MiB and an eighth of the limit). MemoryInUse reports the sandbox's
+	// use; nil means MemInfoInUse.
+	MemoryLimit   int64
+	MemoryReserve int64
+	MemoryInUse   func() (int64, error)
 	// Execute configures /v1/execute and the cached Python environments of
 	// /v1/envs (see execute.go).
 	Execute ExecuteConfig
@@ -180,6 +191,10 @@ type Server struct {
 	// Terminate; terminating is set once it has been called.
 	groups      map[int]struct{}
 	terminating bool
+	// oomKilled holds the groups the memory guard killed, until their
+	// command's result is written.
+	oomKilled map[int]bool
+	memGuard  *memoryGuard
 	// procs are the background processes, oldest first; procsStarting
 	// counts those being spawned, which already take a place.
 	procs         []*bgProcess
@@ -238,6 +253,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxProcesses <= 0 {
 		cfg.MaxProcesses = DefaultMaxProcesses
 	}
+	if cfg.CommandPidsLimit == 0 {
+		cfg.CommandPidsLimit = DefaultCommandPidsLimit
+	}
 	if cfg.ProcessOutputBytes <= 0 {
 		cfg.ProcessOutputBytes = DefaultProcessOutputBytes
 	}
@@ -291,6 +309,7 @@ func New(cfg Config) (*Server, error) {
 		log:        log,
 		workspace:  workspace,
 		groups:     make(map[int]struct{}),
+		oomKilled:  make(map[int]bool),
 	}
 	s.workspaceAliases = aliases
 	if workspace != "" {
@@ -303,11 +322,24 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.initExecute()
+	if cfg.MemoryLimit > 0 {
+		inUse := cfg.MemoryInUse
+		if inUse == nil {
+			inUse = MemInfoInUse
+		}
+		if err := s.startMemoryGuard(cfg.MemoryLimit, cfg.MemoryReserve, 0, inUse); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
 // Close releases the workspace handle and stops environment builds.
 func (s *Server) Close() error {
+	if s.memGuard != nil {
+		s.memGuard.close()
+	}
 	err := s.closeExecute()
 	if s.root == nil {
 		return err

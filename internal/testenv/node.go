@@ -199,7 +199,9 @@ tlsCertFile: %s
 tlsPrivateKeyFile: %s
 containerRuntimeEndpoint: unix://%s
 cgroupDriver: cgroupfs
-cgroupsPerQOS: false
+cgroupsPerQOS: true
+cgroupRoot: %s
+podPidsLimit: %d
 enforceNodeAllocatable: []
 failSwapOn: false
 resolvConf: %s
@@ -210,9 +212,18 @@ podCIDR: %s
 serializeImagePulls: false
 maxPods: 250
 `, NodeIP, kubeletPort, healthzPort, filepath.Join(pkiDir, "ca.crt"), filepath.Join(pkiDir, "kubelet.crt"), filepath.Join(pkiDir, "kubelet.key"),
-		c.sock(), resolv, PodCIDR)
+		c.sock(), CgroupRoot, PodPidsLimit, resolv, PodCIDR)
 	kubeletDir := kubeletRoot(st.Dir)
 	if err := os.MkdirAll(kubeletDir, 0o755); err != nil {
+		return err
+	}
+	// Pod cgroups make the pods' limits real: the memory limit and the
+	// node's pids limit bound a gVisor sandbox as a whole.
+	st.Cgroups = true
+	if err := st.save(); err != nil {
+		return err
+	}
+	if err := makeCgroupRoot(); err != nil {
 		return err
 	}
 	kubeletConfPath := filepath.Join(st.Dir, "kubelet.yaml")

@@ -22,6 +22,7 @@ type state struct {
 	Fence      bool   `json:"fence,omitempty"`
 	IPForward  string `json:"ipForward,omitempty"`
 	Node       bool   `json:"node,omitempty"`
+	Cgroups    bool   `json:"cgroups,omitempty"`
 	Kubeconfig string `json:"kubeconfig"`
 }
 

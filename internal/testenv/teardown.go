@@ -53,6 +53,19 @@ func teardown(ctx context.Context, st *state, log io.Writer) error {
 	if err := unmountUnder(st.Dir); err != nil {
 		errs = append(errs, err)
 	}
+	if st.Cgroups {
+		// A killed sandbox's cgroup can hold its exiting tasks for a moment.
+		var err error
+		for range 50 {
+			if err = removeCgroupRoot(); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if st.Node || st.Fence {
 		if err := cleanNetwork(ctx, st, logf); err != nil {
 			errs = append(errs, err)

@@ -21,6 +21,9 @@
 //	-python-extra-indexes AGENTBOX_PYTHON_EXTRA_INDEXES none (comma-separated)
 //	-python-allowed-packages AGENTBOX_PYTHON_ALLOWED_PACKAGES all (comma-separated project names)
 //	-uv                  AGENTBOX_UV                  uv, looked up in the commands' PATH; pip if absent
+//	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024 (RLIMIT_NPROC of commands; -1: none)
+//	-memory-limit        AGENTBOX_MEMORY_LIMIT        off (the pod's memory limit; the controller sets it)
+//	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
 //
 // The audit log is off unless a path is given. Its obvious default place,
 // /tmp, is the worst one in a sandbox: it is writable by the very code
@@ -84,6 +87,9 @@ type options struct {
 	workdir          string
 	workspace        string
 	workspaceCap     int64
+	pidsLimit        int
+	memoryLimit      int64
+	memoryReserve    int64
 	maxTimeout       time.Duration
 	maxConcurrent    int
 	maxProcesses     int
@@ -146,6 +152,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	o := &options{}
 	var allowed, passEnv, logLevel, workspaceCap, envMaxSize, pythonExtra, pythonAllowed string
 	var pythonTimeout, pythonMaxTimeout string
+	var pidsLimit, memoryLimit, memoryReserve string
 	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
 	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
 	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /healthz, for kubelet probes (which cannot present a client certificate)")
@@ -161,6 +168,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
+	fs.StringVar(&pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", strconv.Itoa(supervisor.DefaultCommandPidsLimit)), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none")
+	fs.StringVar(&memoryLimit, "memory-limit", env("AGENTBOX_MEMORY_LIMIT", ""), "the pod's memory limit, as -workspace-cap; when set, the command holding the most memory is killed before the sandbox reaches it (default: off)")
+	fs.StringVar(&memoryReserve, "memory-reserve", env("AGENTBOX_MEMORY_RESERVE", ""), "memory kept back under -memory-limit for the sandbox kernel, as -workspace-cap (default: the larger of 96MiB and an eighth of the limit)")
 	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
 	fs.StringVar(&o.python, "python", env("AGENTBOX_PYTHON", supervisor.DefaultPython), "interpreter for python_exec: a name looked up in the commands' PATH, or a path")
 	fs.StringVar(&o.mcpServersJSON, "mcp-servers-json", env("AGENTBOX_MCP_SERVERS_JSON", ""), "the same list as -mcp-servers, given inline as JSON (the control plane sets it from the template); not with -mcp-servers")
@@ -199,6 +209,20 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.workspaceCap, err = parseSize(workspaceCap); err != nil {
 		return nil, fmt.Errorf("-workspace-cap: %w", err)
+	}
+	if o.pidsLimit, err = strconv.Atoi(pidsLimit); err != nil || o.pidsLimit == 0 || o.pidsLimit < -1 {
+		return nil, fmt.Errorf("-command-pids-limit: want a positive count or -1 for none, got %q", pidsLimit)
+	}
+	for _, f := range []struct {
+		name, value string
+		to          *int64
+	}{{"-memory-limit", memoryLimit, &o.memoryLimit}, {"-memory-reserve", memoryReserve, &o.memoryReserve}} {
+		if f.value == "" {
+			continue
+		}
+		if *f.to, err = parseSize(f.value); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
 	}
 	if o.envMaxSize, err = parseSize(envMaxSize); err != nil {
 		return nil, fmt.Errorf("-env-max-size: %w", err)
@@ -327,6 +351,9 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		DefaultCwd:            o.workdir,
 		Workspace:             o.workspace,
 		WorkspaceCap:          o.workspaceCap,
+		CommandPidsLimit:      o.pidsLimit,
+		MemoryLimit:           o.memoryLimit,
+		MemoryReserve:         o.memoryReserve,
 		MaxTimeout:            o.maxTimeout,
 		MaxConcurrentCommands: o.maxConcurrent,
 		MaxProcesses:          o.maxProcesses,

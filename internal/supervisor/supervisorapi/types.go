@@ -160,6 +160,9 @@ type CommandResult struct {
 	// TimedOut means the supervisor killed the process group because the
 	// timeout expired.
 	TimedOut bool `json:"timed_out"`
+	// OutOfMemory means the supervisor killed the process group because
+	// the sandbox neared its memory limit and this command held the most.
+	OutOfMemory bool `json:"out_of_memory,omitempty"`
 	// Truncated means output beyond MaxOutputBytes was discarded.
 	Truncated  bool  `json:"truncated"`
 	DurationMS int64 `json:"duration_ms"`
