@@ -149,9 +149,13 @@ func New(cfg Config) (*Proxy, error) {
 		Proxy:       nil,
 		DialContext: p.dialChecked,
 		// Bodies pass through as the origin sent them.
-		DisableCompression:  true,
-		MaxIdleConns:        100,
-		MaxIdleConnsPerHost: 10,
+		DisableCompression: true,
+		MaxIdleConns:       100,
+		// As many per host as in all: sandboxes often call one API host
+		// from many connections at once, and a lower cap closes the
+		// surplus after every response and dials again for the next
+		// (seen in squid_bench_test.go's profile at 16 clients).
+		MaxIdleConnsPerHost: 100,
 		IdleConnTimeout:     90 * time.Second,
 	}
 	transport := http.RoundTripper(p.transport)
@@ -174,10 +178,21 @@ func New(cfg Config) (*Proxy, error) {
 			}
 		},
 		ModifyResponse: p.checkUpstreamResponse,
-		Transport:      transport,
-		FlushInterval:  -1, // stream: server-sent events and long polls must not wait for a buffer
-		ErrorHandler:   p.forwardError,
-		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+		// Without a pool ReverseProxy allocates a fresh 32 KiB copy
+		// buffer for every response, which was most of the proxy's
+		// garbage with small responses.
+		BufferPool: copyBuffers,
+		Transport:  transport,
+		// Streams without a length (chunked) and server-sent events are
+		// flushed on every write anyway (ReverseProxy does that for
+		// them). Anything else is flushed at most 5ms after it arrives,
+		// so a slow body never waits for a buffer to fill. Not -1: that
+		// starts a timer goroutine per request which flushes the headers
+		// on their own, so even a small response took two writes
+		// (measured in squid_bench_test.go).
+		FlushInterval: 5 * time.Millisecond,
+		ErrorHandler:  p.forwardError,
+		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
 	}
 	return p, nil
 }
@@ -555,6 +570,26 @@ func (p *Proxy) resolveChecked(ctx context.Context, pol *policy, host string) ([
 		p.log.Warn("egress host resolves partly to denied addresses; using the others", "host", host, "denied", refused)
 	}
 	return allowed, nil
+}
+
+// copyBuffers are ReverseProxy's body copy buffers, shared by all proxies
+// in the process.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any {
+	b := make([]byte, 32<<10)
+	return &b
+}}}
+
+// bufferPool is an httputil.BufferPool; it keeps *[]byte so that Put
+// does not allocate.
+type bufferPool struct{ pool sync.Pool }
+
+func (b *bufferPool) Get() []byte { return *b.pool.Get().(*[]byte) }
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) == 32<<10 {
+		buf = buf[:cap(buf)]
+		b.pool.Put(&buf)
+	}
 }
 
 // countingWriter records the status and body bytes sent to the client; it
