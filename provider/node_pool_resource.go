@@ -48,17 +48,23 @@ func NewNodePoolResource() resource.Resource { return &nodePoolResource{} }
 type nodePoolResource struct{ data *providerData }
 
 type nodePoolModel struct {
-	ID               types.String   `tfsdk:"id"`
-	Name             types.String   `tfsdk:"name"`
-	Mode             types.String   `tfsdk:"mode"`
-	RuntimeClassName types.String   `tfsdk:"runtime_class_name"`
-	NodeSelector     types.Map      `tfsdk:"node_selector"`
-	Tolerations      types.List     `tfsdk:"tolerations"`
-	Taint            types.Object   `tfsdk:"taint"`
-	Overhead         types.Map      `tfsdk:"overhead"`
-	WaitForReady     types.Bool     `tfsdk:"wait_for_ready"`
-	Status           types.Object   `tfsdk:"status"`
-	Timeouts         timeouts.Value `tfsdk:"timeouts"`
+	nodePoolObjectModel
+	WaitForReady types.Bool     `tfsdk:"wait_for_ready"`
+	Status       types.Object   `tfsdk:"status"`
+	Timeouts     timeouts.Value `tfsdk:"timeouts"`
+}
+
+// nodePoolObjectModel holds the attributes that describe the GVisorNodePool
+// object, which the agentbox_node_pool data source reads too.
+type nodePoolObjectModel struct {
+	ID               types.String `tfsdk:"id"`
+	Name             types.String `tfsdk:"name"`
+	Mode             types.String `tfsdk:"mode"`
+	RuntimeClassName types.String `tfsdk:"runtime_class_name"`
+	NodeSelector     types.Map    `tfsdk:"node_selector"`
+	Tolerations      types.List   `tfsdk:"tolerations"`
+	Taint            types.Object `tfsdk:"taint"`
+	Overhead         types.Map    `tfsdk:"overhead"`
 }
 
 type tolerationModel struct {
@@ -502,7 +508,7 @@ func (r *nodePoolResource) waitAndRefresh(ctx context.Context, c client.Client, 
 	}
 }
 
-func (m *nodePoolModel) spec(ctx context.Context, diags *diag.Diagnostics) agentboxv1alpha1.GVisorNodePoolSpec {
+func (m *nodePoolObjectModel) spec(ctx context.Context, diags *diag.Diagnostics) agentboxv1alpha1.GVisorNodePoolSpec {
 	s := agentboxv1alpha1.GVisorNodePoolSpec{
 		Mode:             agentboxv1alpha1.GVisorNodePoolMode(m.Mode.ValueString()),
 		RuntimeClassName: m.RuntimeClassName.ValueString(),
@@ -536,7 +542,7 @@ func (m *nodePoolModel) spec(ctx context.Context, diags *diag.Diagnostics) agent
 
 // fromSpec sets the attributes from the live spec, keeping the prior
 // spelling of equal quantities (see keepQuantity).
-func (m *nodePoolModel) fromSpec(ctx context.Context, s *agentboxv1alpha1.GVisorNodePoolSpec, diags *diag.Diagnostics) {
+func (m *nodePoolObjectModel) fromSpec(ctx context.Context, s *agentboxv1alpha1.GVisorNodePoolSpec, diags *diag.Diagnostics) {
 	m.Mode = types.StringValue(string(s.Mode))
 	rc := s.RuntimeClassName
 	if rc == "" {
@@ -574,11 +580,15 @@ func (m *nodePoolModel) fromSpec(ctx context.Context, s *agentboxv1alpha1.GVisor
 }
 
 func (m *nodePoolModel) setStatus(ctx context.Context, s *agentboxv1alpha1.GVisorNodePoolStatus, diags *diag.Diagnostics) {
+	m.Status = nodePoolStatus(ctx, s, diags)
+}
+
+func nodePoolStatus(ctx context.Context, s *agentboxv1alpha1.GVisorNodePoolStatus, diags *diag.Diagnostics) types.Object {
 	nodes := s.Nodes
 	if nodes == nil {
 		nodes = []string{}
 	}
 	list, d := types.ListValueFrom(ctx, types.StringType, nodes)
 	diags.Append(d...)
-	m.Status = objectValue(ctx, nodePoolStatusAttrTypes, nodePoolStatusModel{Nodes: list, ReadyNodes: types.Int64Value(int64(s.ReadyNodes))}, diags)
+	return objectValue(ctx, nodePoolStatusAttrTypes, nodePoolStatusModel{Nodes: list, ReadyNodes: types.Int64Value(int64(s.ReadyNodes))}, diags)
 }

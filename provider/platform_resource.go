@@ -245,7 +245,7 @@ func (r *platformResource) Configure(_ context.Context, req resource.ConfigureRe
 func (r *platformResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
 	var plan platformModel
 	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := r.chartClient(ctx, &resp.Diagnostics)
+	c := chartClient(ctx, r.data, &resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
 	}
@@ -274,7 +274,7 @@ func (r *platformResource) Read(ctx context.Context, req resource.ReadRequest, r
 	if r.data != nil && !r.data.Known() {
 		return
 	}
-	c := r.chartClient(ctx, &resp.Diagnostics)
+	c := chartClient(ctx, r.data, &resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
 	}
@@ -289,7 +289,7 @@ func (r *platformResource) Read(ctx context.Context, req resource.ReadRequest, r
 		return
 	}
 	state.fromReleaseConfig(rel, &resp.Diagnostics)
-	r.refresh(ctx, rel, &state, &resp.Diagnostics)
+	refreshPlatform(ctx, r.data, rel, &state, &resp.Diagnostics)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
 }
 
@@ -297,7 +297,7 @@ func (r *platformResource) Update(ctx context.Context, req resource.UpdateReques
 	var plan, state platformModel
 	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
 	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := r.chartClient(ctx, &resp.Diagnostics)
+	c := chartClient(ctx, r.data, &resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
 	}
@@ -332,7 +332,7 @@ func (r *platformResource) Update(ctx context.Context, req resource.UpdateReques
 func (r *platformResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
 	var state platformModel
 	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := r.chartClient(ctx, &resp.Diagnostics)
+	c := chartClient(ctx, r.data, &resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
 	}
@@ -444,12 +444,12 @@ func (r *platformResource) ModifyPlan(ctx context.Context, req resource.ModifyPl
 }
 
 // chartClient returns a client of the cluster, or adds a diagnostic.
-func (r *platformResource) chartClient(ctx context.Context, diags *diag.Diagnostics) *chart.Client {
-	if r.data == nil {
+func chartClient(ctx context.Context, d *providerData, diags *diag.Diagnostics) *chart.Client {
+	if d == nil {
 		diags.AddError("Provider not configured", "The agentbox provider was not configured. This is a bug in the provider.")
 		return nil
 	}
-	cfg, err := r.data.RESTConfig()
+	cfg, err := d.RESTConfig()
 	if err != nil {
 		diags.AddError("Cannot reach the cluster", err.Error())
 		return nil
@@ -466,7 +466,7 @@ func (r *platformResource) chartClient(ctx context.Context, diags *diag.Diagnost
 func (r *platformResource) afterApply(ctx context.Context, rel *chart.Release, m *platformModel, diags *diag.Diagnostics) {
 	m.ID = types.StringValue(objectID(rel.Namespace, rel.Name))
 	m.Namespace = types.StringValue(rel.Namespace)
-	r.refresh(ctx, rel, m, diags)
+	refreshPlatform(ctx, r.data, rel, m, diags)
 	if n := len(m.Drift.Elements()); n > 0 {
 		diags.AddError("The agentbox platform is incomplete right after apply",
 			fmt.Sprintf("%d objects of release %s are missing although the apply just created them: %s. "+
@@ -474,19 +474,19 @@ func (r *platformResource) afterApply(ctx context.Context, rel *chart.Release, m
 	}
 }
 
-// refresh sets the computed attributes from rel and the live cluster.
-func (r *platformResource) refresh(ctx context.Context, rel *chart.Release, m *platformModel, diags *diag.Diagnostics) {
+// refreshPlatform sets the computed attributes from rel and the live cluster.
+func refreshPlatform(ctx context.Context, data *providerData, rel *chart.Release, m *platformModel, diags *diag.Diagnostics) {
 	m.Revision = types.Int64Value(int64(rel.Revision))
 	m.Status = types.StringValue(rel.Status)
 	m.ChartVersion = types.StringValue(rel.ChartVersion)
 	m.APIServiceDNS = types.StringValue(chart.ServiceDNS(rel.Namespace))
 
-	cfg, err := r.data.RESTConfig()
+	cfg, err := data.RESTConfig()
 	if err != nil {
 		diags.AddError("Cannot reach the cluster", err.Error())
 		return
 	}
-	clients, err := r.data.Clients()
+	clients, err := data.Clients()
 	if err != nil {
 		diags.AddError("Cannot reach the cluster", err.Error())
 		return

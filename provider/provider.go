@@ -491,7 +491,12 @@ func (p *AgentboxProvider) Resources(_ context.Context) []func() resource.Resour
 }
 
 func (p *AgentboxProvider) DataSources(_ context.Context) []func() datasource.DataSource {
-	return nil
+	return []func() datasource.DataSource{
+		NewPlatformDataSource,
+		NewNodePoolDataSource,
+		NewSandboxTemplateDataSource,
+		NewSandboxDataSource,
+	}
 }
 
 // errConfigUnknown is what resources get when they need the cluster during a

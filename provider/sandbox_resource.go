@@ -39,15 +39,21 @@ func NewSandboxResource() resource.Resource { return &sandboxResource{} }
 type sandboxResource struct{ data *providerData }
 
 type sandboxModel struct {
-	ID           types.String   `tfsdk:"id"`
-	Name         types.String   `tfsdk:"name"`
-	Namespace    types.String   `tfsdk:"namespace"`
-	AgentID      types.String   `tfsdk:"agent_id"`
-	Template     types.String   `tfsdk:"template"`
-	IdleTimeout  types.String   `tfsdk:"idle_timeout"`
-	Ephemeral    types.Bool     `tfsdk:"ephemeral"`
+	sandboxObjectModel
 	WaitForReady types.Bool     `tfsdk:"wait_for_ready"`
 	Timeouts     timeouts.Value `tfsdk:"timeouts"`
+}
+
+// sandboxObjectModel holds the attributes that describe the Sandbox object,
+// which the agentbox_sandbox data source reads too.
+type sandboxObjectModel struct {
+	ID          types.String `tfsdk:"id"`
+	Name        types.String `tfsdk:"name"`
+	Namespace   types.String `tfsdk:"namespace"`
+	AgentID     types.String `tfsdk:"agent_id"`
+	Template    types.String `tfsdk:"template"`
+	IdleTimeout types.String `tfsdk:"idle_timeout"`
+	Ephemeral   types.Bool   `tfsdk:"ephemeral"`
 }
 
 const (
@@ -165,14 +171,7 @@ func (r *sandboxResource) Read(ctx context.Context, req resource.ReadRequest, re
 		return
 	}
 	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
-	state.AgentID = types.StringValue(obj.Spec.AgentID)
-	state.Template = types.StringValue(obj.Spec.TemplateRef.Name)
-	state.Ephemeral = types.BoolValue(obj.Spec.Ephemeral)
-	if obj.Spec.IdleTimeout == nil {
-		state.IdleTimeout = types.StringNull()
-	} else {
-		state.IdleTimeout = keepDuration(state.IdleTimeout, obj.Spec.IdleTimeout.Duration)
-	}
+	state.fromSpec(&obj.Spec)
 	if state.WaitForReady.IsNull() {
 		// Imported: the attribute is Terraform's own, so take its default.
 		state.WaitForReady = types.BoolValue(true)
@@ -237,7 +236,7 @@ func (r *sandboxResource) ImportState(ctx context.Context, req resource.ImportSt
 	importObject(ctx, r.data, req, resp)
 }
 
-func (m *sandboxModel) spec(diags interface{ AddError(string, string) }) agentboxv1alpha1.SandboxSpec {
+func (m *sandboxObjectModel) spec(diags interface{ AddError(string, string) }) agentboxv1alpha1.SandboxSpec {
 	s := agentboxv1alpha1.SandboxSpec{
 		AgentID:     m.AgentID.ValueString(),
 		TemplateRef: agentboxv1alpha1.LocalObjectReference{Name: m.Template.ValueString()},
@@ -251,6 +250,19 @@ func (m *sandboxModel) spec(diags interface{ AddError(string, string) }) agentbo
 		s.IdleTimeout = &metav1.Duration{Duration: d}
 	}
 	return s
+}
+
+// fromSpec sets the attributes from the live spec, keeping the prior
+// spelling of an equal idle timeout (see keepDuration).
+func (m *sandboxObjectModel) fromSpec(s *agentboxv1alpha1.SandboxSpec) {
+	m.AgentID = types.StringValue(s.AgentID)
+	m.Template = types.StringValue(s.TemplateRef.Name)
+	m.Ephemeral = types.BoolValue(s.Ephemeral)
+	if s.IdleTimeout == nil {
+		m.IdleTimeout = types.StringNull()
+	} else {
+		m.IdleTimeout = keepDuration(m.IdleTimeout, s.IdleTimeout.Duration)
+	}
 }
 
 // errSandboxFailed stops the wait early: the controller has said why the
