@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Under gVisor the pod's limits bound the sandbox as a whole: a command
@@ -49,8 +47,7 @@ func (s *Server) startConfined(cmd *exec.Cmd) error {
 		return err
 	}
 	if n := s.cfg.CommandPidsLimit; n > 0 {
-		lim := &unix.Rlimit{Cur: uint64(n), Max: uint64(n)}
-		if err := unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_NPROC, lim, nil); err != nil && !errors.Is(err, unix.ESRCH) {
+		if err := limitProcesses(cmd.Process.Pid, n); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			s.log.Warn("could not limit a command's processes", "pid", cmd.Process.Pid, "error", err.Error())
 		}
 	}
@@ -160,21 +157,12 @@ func (s *Server) largestGroup() (pgid int, rss int64) {
 	return pgid, rss
 }
 
-// procGroupRSS reads a process's group and resident pages from
-// /proc/<pid>/stat (fields 5 and 24, counted after the command name,
-// which is in parentheses and may itself hold spaces).
+// procGroupRSS reads a process's group and resident pages from its stat
+// (fields 5 and 24).
 func procGroupRSS(pid int) (pgid int, pages int64, ok bool) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := bytes.Fields(data[i+1:])
+	f, ok := procStatFields(pid)
 	// f[0] is field 3 (state): pgrp is f[2], rss is f[21].
-	if len(f) < 22 {
+	if !ok || len(f) < 22 {
 		return 0, 0, false
 	}
 	pgid, err1 := strconv.Atoi(string(f[2]))
@@ -183,6 +171,21 @@ func procGroupRSS(pid int) (pgid int, pages int64, ok bool) {
 		return 0, 0, false
 	}
 	return pgid, pages, true
+}
+
+// procStatFields returns the fields of /proc/<pid>/stat from the third
+// (state) on. The command name before them is in parentheses and may
+// itself hold spaces and parentheses, so they are found after the last ')'.
+func procStatFields(pid int) ([][]byte, bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return nil, false
+	}
+	return bytes.Fields(data[i+1:]), true
 }
 
 // MemInfoInUse reads the memory in use from /proc/meminfo, as MemTotal

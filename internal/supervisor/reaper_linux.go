@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -92,23 +91,13 @@ func reapOrphans() int {
 	return reaped
 }
 
-// procStat reads a process's state and parent from /proc/<pid>/stat. The
-// command name is in parentheses and may itself contain spaces and
-// parentheses, so the fields are found after the last ')'.
+// procStat reads a process's state and parent from its stat.
 func procStat(pid int) (state byte, ppid int, ok bool) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	fields, ok := procStatFields(pid)
+	if !ok || len(fields) < 2 || len(fields[0]) != 1 {
 		return 0, 0, false
 	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	fields := bytes.Fields(data[i+1:])
-	if len(fields) < 2 || len(fields[0]) != 1 {
-		return 0, 0, false
-	}
-	ppid, err = strconv.Atoi(string(fields[1]))
+	ppid, err := strconv.Atoi(string(fields[1]))
 	if err != nil {
 		return 0, 0, false
 	}
