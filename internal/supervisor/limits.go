@@ -29,6 +29,10 @@ const DefaultCommandPidsLimit = 1024
 // 10 MB further between two samples.
 const DefaultMemoryGuardInterval = 50 * time.Millisecond
 
+// memorySettle is how long the guard waits after a kill before it samples
+// again.
+const memorySettle = 500 * time.Millisecond
+
 // defaultMemoryReserve is what the guard keeps back under the pod's limit
 // when none is configured. The sandbox kernel's own memory (its heap, the
 // page tables, memory its processes freed but it has not yet returned to
@@ -117,6 +121,13 @@ func (s *Server) guardMemory(g *memoryGuard) {
 		s.log.Warn("sandbox memory near its limit: killed the command using the most",
 			"in_use_bytes", used, "threshold_bytes", g.threshold, "pgid", pgid, "group_rss_bytes", rss)
 		sweepGroup(pgid)
+		// The sandbox returns a dead group's memory a moment later; a
+		// sample before then would blame the next command too.
+		select {
+		case <-g.stop:
+			return
+		case <-time.After(memorySettle):
+		}
 	}
 }
 
