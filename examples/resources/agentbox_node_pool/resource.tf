@@ -1,3 +1,7 @@
+# The platform installs the pool's CRD and runs the controller that prepares
+# the nodes.
+resource "agentbox_platform" "this" {}
+
 # Nodes labelled sandbox=true run sandboxes under gVisor. The platform installs
 # runsc on them, taints them so that other pods stay off, and creates the
 # RuntimeClass "gvisor" that schedules sandbox pods there.

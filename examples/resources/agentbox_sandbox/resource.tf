@@ -9,3 +9,8 @@ resource "agentbox_sandbox" "alice" {
     create = "10m"
   }
 }
+
+resource "agentbox_sandbox_template" "python" {
+  name      = "python"
+  namespace = "agents"
+}

@@ -13,3 +13,8 @@ resource "agentbox_warm_pool" "python" {
     update = "10m"
   }
 }
+
+resource "agentbox_sandbox_template" "python" {
+  name      = "python"
+  namespace = "agents"
+}
