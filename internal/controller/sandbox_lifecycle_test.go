@@ -128,7 +128,8 @@ func run(t *testing.T, ctx context.Context, sup *supervisorapi.Client, script st
 	res, err := sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"sh", "-c", script}, Cwd: "/workspace"})
 	must(t, err)
 	if res.ExitCode != 0 {
-		t.Fatalf("%s: exit %d: %s", script, res.ExitCode, res.Stderr)
+		t.Fatalf("%s: exit %d signal %q timed_out %v out_of_memory %v after %d ms: %s",
+			script, res.ExitCode, res.Signal, res.TimedOut, res.OutOfMemory, res.DurationMS, res.Stderr)
 	}
 	return strings.TrimSpace(res.Stdout)
 }
