@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -103,15 +104,30 @@ func (s *Server) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 	sort.SliceStable(free, func(i, j int) bool {
 		return free[i].CreationTimestamp.Before(&free[j].CreationTimestamp)
 	})
+	var lastErr error
 	for _, sb := range free {
+		key := client.ObjectKeyFromObject(sb)
+		if !s.poolTakes.reserve(key, s.clock.Now()) {
+			// Another request of this replica is taking it, or took it
+			// and the cache has not caught up: trying too would only
+			// cost both a conflict.
+			continue
+		}
 		took, err := s.take(ctx, sb, req)
+		s.poolTakes.settle(key, took, s.clock.Now())
 		if err != nil {
+			// One sandbox that cannot be written (a slow or failing API
+			// server) need not fail the claim while others are free.
 			s.log.Error(err, "take warm sandbox", "namespace", ns, "sandbox", sb.Name)
-			return nil, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
+			lastErr = err
+			continue
 		}
 		if took {
 			return sb, nil
 		}
+	}
+	if lastErr != nil {
+		return nil, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
 	}
 	if len(list.Items) == 0 {
 		var p v1alpha1.SandboxWarmPool
@@ -177,4 +193,55 @@ func inPool(sb *v1alpha1.Sandbox, pool string) bool {
 func takeable(sb *v1alpha1.Sandbox) bool {
 	return sb.DeletionTimestamp.IsZero() && !v1alpha1.PoolLeased(sb) && sb.Annotations[v1alpha1.AnnotationAdoptedBy] == "" &&
 		sb.Status.Workload == "" && serving(sb)
+}
+
+// takenMemory is how long a replica remembers a sandbox it took, so that
+// its next claims skip it until the cache shows the lease annotation. A
+// leased pool sandbox never becomes takeable again, so remembering it too
+// long costs nothing but memory.
+const takenMemory = 30 * time.Second
+
+// poolTakes are the pool sandboxes this replica is taking or has just
+// taken. Claims arriving together would otherwise all pick the oldest
+// free sandbox, and each would pay a conflict per sandbox taken before
+// it: a burst of n claims cost O(n²) API writes. Across replicas the
+// optimistic lock in take still decides; this only keeps one replica's
+// requests out of each other's way. The zero value is ready to use.
+type poolTakes struct {
+	mu sync.Mutex
+	// m holds the time a take succeeded, or the zero time while one is
+	// in flight.
+	m map[types.NamespacedName]time.Time
+}
+
+// reserve claims key for one take attempt; false if this replica is
+// already taking it or took it within takenMemory.
+func (p *poolTakes) reserve(key types.NamespacedName, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[types.NamespacedName]time.Time{}
+	}
+	for k, at := range p.m {
+		if !at.IsZero() && now.Sub(at) > takenMemory {
+			delete(p.m, k)
+		}
+	}
+	if _, busy := p.m[key]; busy {
+		return false
+	}
+	p.m[key] = time.Time{}
+	return true
+}
+
+// settle ends the attempt reserve allowed: a taken sandbox is remembered,
+// one that could not be taken is released at once.
+func (p *poolTakes) settle(key types.NamespacedName, took bool, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if took {
+		p.m[key] = now
+	} else {
+		delete(p.m, key)
+	}
 }

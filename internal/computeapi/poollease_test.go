@@ -187,3 +187,41 @@ func TestPoolLeaseNeedsAdmin(t *testing.T) {
 		t.Error("a refused acquire marked the sandbox")
 	}
 }
+
+// TestPoolLeaseBurst: as many claims at once as there are ready sandboxes
+// must all succeed, and without one write conflict between them: claims
+// of one replica no longer all race for the oldest sandbox.
+func TestPoolLeaseBurst(t *testing.T) {
+	const n = 16
+	var names []string
+	for i := range n {
+		names = append(names, fmt.Sprintf("w-%02d", i))
+	}
+	f := poolFixture(t, names...)
+	c := f.client(t, adminToken)
+	before := f.patches.Load()
+	var wg sync.WaitGroup
+	got := make([]string, n)
+	for i := range n {
+		wg.Go(func() {
+			l, err := c.AcquirePoolLease(context.Background(), "team-a", "p",
+				api.AcquireLeaseRequest{Holder: fmt.Sprintf("run-%d", i), RequestID: "r"})
+			if err != nil {
+				t.Errorf("claim %d: %v", i, err)
+				return
+			}
+			got[i] = l.Sandbox
+		})
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for i, s := range got {
+		if s != "" && seen[s] {
+			t.Errorf("claim %d got %s, which another claim got too", i, s)
+		}
+		seen[s] = true
+	}
+	if patches := f.patches.Load() - before; patches != n {
+		t.Errorf("%d claims patched sandboxes %d times; want one patch each, no conflicts", n, patches)
+	}
+}

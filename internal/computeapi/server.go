@@ -111,6 +111,7 @@ type Server struct {
 	handler         http.Handler
 	store           *store.Store
 	audit           *auditor
+	poolTakes       poolTakes
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
 }
