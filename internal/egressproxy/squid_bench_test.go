@@ -49,6 +49,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/squid"
 )
 
@@ -558,4 +559,41 @@ func TestEgressProxyVsSquid(t *testing.T) {
 	for _, s := range sides[1:] {
 		t.Logf("%s per round: requests/s %.0f, MB/s %.0f, p50 %v", s.name, s.reqPerSec, s.mbPerSec, s.roundP50)
 	}
+	recordVsSquid(t, direct, egress, sqd)
+}
+
+// recordVsSquid adds the comparison to `make bench`'s table, one figure
+// per goal of the egress issue, each a per-round ratio or difference.
+func recordVsSquid(t *testing.T, direct, egress, sqd *side) {
+	addedP50 := make([]float64, len(egress.roundP50))
+	squidAdded := make([]float64, len(sqd.roundP50))
+	for r := range egress.roundP50 {
+		addedP50[r] = float64(egress.roundP50[r]-direct.roundP50[r]) / float64(time.Millisecond)
+		squidAdded[r] = float64(sqd.roundP50[r]-direct.roundP50[r]) / float64(time.Millisecond)
+	}
+	a := benchreport.Percentile(addedP50, 50)
+	benchreport.Record(t, benchreport.Figure{
+		Name: "egress proxy: latency added at p50, 1 KiB GET", Unit: "ms", Values: addedP50,
+		Target: "< 0.3 ms and below squid", Met: benchreport.Bool(a < 0.3 && a < benchreport.Percentile(squidAdded, 50)),
+		Note: fmt.Sprintf("squid adds %.3f ms; per round, against direct requests of the same round", benchreport.Percentile(squidAdded, 50)),
+	})
+	perRound := func(ours, theirs []float64) []float64 {
+		out := make([]float64, min(len(ours), len(theirs)))
+		for i := range out {
+			out[i] = ours[i] / theirs[i]
+		}
+		return out
+	}
+	rps := perRound(egress.reqPerSec, sqd.reqPerSec)
+	benchreport.Record(t, benchreport.Figure{
+		Name: "egress proxy: requests/s against squid", Unit: "x", Values: rps,
+		Target: ">= 1x", Met: benchreport.Bool(benchreport.Percentile(rps, 50) >= 1),
+		Note: fmt.Sprintf("%d keep-alive clients; ours %.0f/s, squid %.0f/s", concurrency, median(egress.reqPerSec), median(sqd.reqPerSec)),
+	})
+	mbs := perRound(egress.mbPerSec, sqd.mbPerSec)
+	benchreport.Record(t, benchreport.Figure{
+		Name: "egress proxy: MB/s against squid", Unit: "x", Values: mbs,
+		Target: ">= 1x", Met: benchreport.Bool(benchreport.Percentile(mbs, 50) >= 1),
+		Note: fmt.Sprintf("%d MiB body; ours %.0f MB/s, squid %.0f MB/s", largeBody>>20, median(egress.mbPerSec), median(sqd.mbPerSec)),
+	})
 }

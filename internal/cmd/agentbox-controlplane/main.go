@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,6 +69,7 @@ type options struct {
 	egressImage    string
 	trustDomain    string
 	leaderElect    bool
+	pprof          bool
 	showVersion    bool
 	storeDSN       string
 	dataDir        string
@@ -118,6 +121,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader to run the controllers (needed with more than one replica); the API serves on every replica")
 	fs.StringVar(&o.storeDSN, "store-dsn", getenv("AGENTBOX_STORE_DSN"), "PostgreSQL connection string (postgres://...) of the token and audit store; needed with more than one replica [AGENTBOX_STORE_DSN]")
 	fs.StringVar(&o.dataDir, "data-dir", getenv("AGENTBOX_DATA_DIR"), "directory (the store volume) of the SQLite store, used without -store-dsn; empty runs without a store: admin token only, no audit log [AGENTBOX_DATA_DIR]")
+	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiles under /debug/pprof/ on the metrics listener, for `make bench` and for chasing a slow path in production; off by default because profiles show request internals")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -183,7 +187,7 @@ func run(ctx context.Context, o *options) error {
 	managerGrace := shutdownGrace + 5*time.Second
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsListen},
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsListen, ExtraHandlers: profileHandlers(o.pprof)},
 		HealthProbeBindAddress:        o.healthListen,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              leaderElectionID,
@@ -382,4 +386,19 @@ type logWriter struct{ log logr.Logger }
 func (w logWriter) Write(p []byte) (int, error) {
 	w.log.V(1).Info(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// profileHandlers returns net/http/pprof's handlers for the metrics
+// server when on; the metrics listener is already cluster-internal.
+func profileHandlers(on bool) map[string]http.Handler {
+	if !on {
+		return nil
+	}
+	return map[string]http.Handler{
+		"/debug/pprof/":        http.HandlerFunc(pprof.Index),
+		"/debug/pprof/cmdline": http.HandlerFunc(pprof.Cmdline),
+		"/debug/pprof/profile": http.HandlerFunc(pprof.Profile),
+		"/debug/pprof/symbol":  http.HandlerFunc(pprof.Symbol),
+		"/debug/pprof/trace":   http.HandlerFunc(pprof.Trace),
+	}
 }

@@ -1,0 +1,490 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
+	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
+)
+
+// benchNamespace holds the API benchmarks' templates, pool and sandboxes.
+const benchNamespace = "agentbox-bench"
+
+// apiConfig declares what the API benchmarks use: a small gVisor template
+// with a warm pool, and a second template without one for cold starts.
+// Requests are tiny so that a burst's worth of warm sandboxes fits on the
+// two-core test node; the memory limit leaves room for 100 MiB transfers.
+const apiConfig = `
+terraform {
+  required_providers {
+    agentbox = { source = "agentbox/agentbox" }
+  }
+}
+
+variable "kubeconfig" { type = string }
+variable "image_tag" { type = string }
+variable "replicas" {
+  type    = number
+  default = 4
+}
+
+provider "agentbox" {
+  kubernetes = { config_path = var.kubeconfig }
+  namespace  = "` + platformNamespace + `"
+}
+
+locals {
+  resources = {
+    requests = { cpu = "10m", memory = "64Mi" }
+    limits   = { memory = "768Mi" }
+  }
+}
+
+resource "agentbox_sandbox_template" "warm" {
+  name               = "warm"
+  namespace          = "` + benchNamespace + `"
+  runtime_class_name = "gvisor"
+  resources          = local.resources
+  workspace          = { size = "512Mi" }
+}
+
+resource "agentbox_sandbox_template" "cold" {
+  name               = "cold"
+  namespace          = "` + benchNamespace + `"
+  runtime_class_name = "gvisor"
+  resources          = local.resources
+  workspace          = { size = "64Mi" }
+}
+
+resource "agentbox_warm_pool" "warm" {
+  name      = "warm"
+  namespace = "` + benchNamespace + `"
+  template  = agentbox_sandbox_template.warm.name
+  replicas  = var.replicas
+  timeouts = {
+    create = "15m"
+    update = "15m"
+  }
+}
+`
+
+// rawSpawn times fork/exec of /bin/true inside the sandbox with the
+// system calls an exec.Cmd makes (posix_spawn is vfork+exec) and prints
+// one duration in nanoseconds a line: the floor that run_command adds to.
+const rawSpawn = `
+import os, sys, time
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter_ns()
+    pid = os.posix_spawn('/bin/true', ['true'], {})
+    os.waitpid(pid, 0)
+    print(time.perf_counter_ns() - t)
+`
+
+// TestBenchComputeAPI measures what an agent's caller sees through the
+// Compute API of the installed platform: claiming a warm sandbox, a burst
+// of claims, a cold start, `true` against a raw spawn in the same sandbox,
+// and 100 MiB through the file API against kubectl cp.
+func TestBenchComputeAPI(t *testing.T) {
+	p := platform(t)
+	ctx := t.Context()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}
+	if err := p.kube.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.kube.Delete(context.Background(), ns) })
+	dir := p.workspace(t, apiConfig)
+	if err := p.tf.exec(dir, p.applyArgs()...); err != nil {
+		t.Fatal(err)
+	}
+	api := p.admin(t)
+	b := &apiBench{p: p, api: api, dir: dir}
+
+	// The burst first, while nothing else holds sandboxes: it needs the
+	// most of them at once.
+	t.Run("burst", b.burst)
+	t.Run("claim", b.claim)
+	t.Run("cold", b.cold)
+	t.Run("true", b.runTrue)
+	t.Run("files", b.files)
+}
+
+type apiBench struct {
+	p   *platformEnv
+	api *apiclient.Client
+	dir string
+}
+
+// setReplicas sizes the warm pool through Terraform, then waits until n
+// of its sandboxes can be claimed: apply waits for ready replicas, but
+// replacements of sandboxes leased and released before may still be
+// starting when the size does not change.
+func (b *apiBench) setReplicas(t *testing.T, n int) {
+	t.Helper()
+	start := time.Now()
+	if err := b.p.tf.exec(b.dir, b.p.applyArgs("-var", "replicas="+strconv.Itoa(n))...); err != nil {
+		t.Fatal(err)
+	}
+	b.waitClaimable(t, n)
+	t.Logf("warm pool has %d claimable sandboxes after %v", n, time.Since(start).Round(time.Millisecond))
+}
+
+// waitClaimable waits until n sandboxes of the pool are ready and free.
+func (b *apiBench) waitClaimable(t *testing.T, n int) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 15*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var list v1alpha1.SandboxList
+		if err := b.p.kube.List(ctx, &list, client.InNamespace(benchNamespace), client.MatchingLabels{v1alpha1.LabelWarmPool: "warm"}); err != nil {
+			return false, err
+		}
+		free := 0
+		for i := range list.Items {
+			sb := &list.Items[i]
+			ready := meta.IsStatusConditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady)
+			if ready && sb.DeletionTimestamp.IsZero() && !v1alpha1.PoolLeased(sb) && sb.Annotations[v1alpha1.AnnotationAdoptedBy] == "" {
+				free++
+			}
+		}
+		return free >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %d claimable warm sandboxes: %v", n, err)
+	}
+}
+
+var requestSeq struct {
+	sync.Mutex
+	n int
+}
+
+func requestID() string {
+	requestSeq.Lock()
+	defer requestSeq.Unlock()
+	requestSeq.n++
+	return fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), requestSeq.n)
+}
+
+// acquire leases a warm sandbox; it waits (untimed) while the pool is
+// exhausted, so the time it returns is that of the successful claim only.
+func (b *apiBench) acquire(ctx context.Context) (*apiclient.PoolLease, time.Time, error) {
+	for {
+		start := time.Now()
+		l, err := b.api.AcquirePoolLease(ctx, benchNamespace, "warm", apiclient.AcquireLeaseRequest{Holder: "bench", RequestID: requestID(), TTLSeconds: 300})
+		if apiclient.CodeOf(err) == apiclient.CodePoolExhausted {
+			select {
+			case <-ctx.Done():
+				return nil, start, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		return l, start, err
+	}
+}
+
+func (b *apiBench) release(t *testing.T, l *apiclient.PoolLease) {
+	t.Helper()
+	if err := b.api.ReleaseLease(t.Context(), l.AgentID, apiclient.ReleaseLeaseRequest{Holder: l.Holder, LeaseID: l.LeaseID}); err != nil {
+		t.Errorf("release %s: %v", l.AgentID, err)
+	}
+}
+
+func (b *apiBench) echo(ctx context.Context, agentID string) error {
+	res, err := b.api.RunCommand(ctx, agentID, apiclient.RunCommandRequest{Command: []string{"echo", "ready"}})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 || res.Stdout != "ready\n" {
+		return fmt.Errorf("echo in %s: %+v", agentID, res)
+	}
+	return nil
+}
+
+// claim: lease a warm sandbox and run a command in it, one claim at a
+// time, with the pool refilled between claims.
+func (b *apiBench) claim(t *testing.T) {
+	const runs = 20
+	b.setReplicas(t, 3)
+	var total, lease []time.Duration
+	stopProfile := b.p.profile(t, "claim", 60*time.Second)
+	defer stopProfile()
+	for i := range runs {
+		l, start, err := b.acquire(t.Context())
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		leased := time.Since(start)
+		if err := b.echo(t.Context(), l.AgentID); err != nil {
+			t.Fatalf("claim %d: first command: %v", i, err)
+		}
+		total = append(total, time.Since(start))
+		lease = append(lease, leased)
+		b.release(t, l)
+	}
+	tot := benchreport.Millis(total)
+	p50, p99 := benchreport.Percentile(tot, 50), benchreport.Percentile(tot, 99)
+	benchreport.Record(t, benchreport.Figure{
+		Name: "warm-pool claim to first command output", Unit: "ms", Values: tot,
+		Target: "p50 <= 50 ms, p99 <= 200 ms", Met: benchreport.Bool(p50 <= 50 && p99 <= 200),
+		Note: fmt.Sprintf("pool lease then echo through the API; the lease alone: p50 %.1f ms", benchreport.Percentile(benchreport.Millis(lease), 50)),
+	})
+}
+
+// burst: with as many warm sandboxes as claims, claim them all at once.
+func (b *apiBench) burst(t *testing.T) {
+	const size, rounds = 24, 2
+	var rates []float64
+	var latencies []time.Duration
+	for r := range rounds {
+		b.setReplicas(t, size)
+		var wg sync.WaitGroup
+		leases := make([]*apiclient.PoolLease, size)
+		errs := make([]error, size)
+		lat := make([]time.Duration, size)
+		gate := make(chan struct{})
+		for i := range size {
+			wg.Go(func() {
+				<-gate
+				s := time.Now()
+				// No waiting on exhaustion here: every claim must find a
+				// ready sandbox, or the burst was not "enough warm".
+				leases[i], errs[i] = b.api.AcquirePoolLease(t.Context(), benchNamespace, "warm",
+					apiclient.AcquireLeaseRequest{Holder: "bench", RequestID: requestID(), TTLSeconds: 300})
+				lat[i] = time.Since(s)
+			})
+		}
+		stopProfile := b.p.profile(t, fmt.Sprintf("burst-%d", r), 15*time.Second)
+		start := time.Now()
+		close(gate)
+		wg.Wait()
+		wall := time.Since(start)
+		got := 0
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("burst %d claim %d: %v", r, i, err)
+				continue
+			}
+			got++
+			latencies = append(latencies, lat[i])
+		}
+		rates = append(rates, float64(got)/wall.Seconds())
+		t.Logf("burst %d: %d of %d claims in %v", r, got, size, wall.Round(time.Millisecond))
+		for _, l := range leases {
+			if l != nil {
+				b.release(t, l)
+			}
+		}
+		stopProfile()
+	}
+	benchreport.Record(t, benchreport.Figure{
+		Name: "claims per second in a burst", Unit: "/s", Values: rates,
+		Target: ">= 300/s", Met: benchreport.Bool(benchreport.Percentile(rates, 50) >= 300),
+		Note: fmt.Sprintf("%d concurrent pool leases on %d ready sandboxes, %d bursts; claim latency p50 %.0f ms",
+			size, size, rounds, benchreport.Percentile(benchreport.Millis(latencies), 50)),
+	})
+}
+
+// cold: create a Sandbox of a template no pool serves, then run a command
+// as soon as the API takes it; and the same through warm-pool adoption.
+func (b *apiBench) cold(t *testing.T) {
+	const runs = 5
+	b.setReplicas(t, 2)
+	measure := func(template string) []time.Duration {
+		var out []time.Duration
+		for i := range runs {
+			if template == "warm" {
+				// Adoption, not a cold start behind an empty pool.
+				b.waitClaimable(t, 1)
+			}
+			agent := fmt.Sprintf("bench-%s-%d-%d", template, time.Now().Unix(), i)
+			sb := &v1alpha1.Sandbox{
+				ObjectMeta: metav1.ObjectMeta{Namespace: benchNamespace, Name: agent},
+				Spec:       v1alpha1.SandboxSpec{AgentID: agent, TemplateRef: v1alpha1.LocalObjectReference{Name: template}},
+			}
+			start := time.Now()
+			if err := b.p.kube.Create(t.Context(), sb); err != nil {
+				t.Fatal(err)
+			}
+			err := wait.PollUntilContextTimeout(t.Context(), 25*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+				err := b.echo(ctx, agent)
+				switch apiclient.CodeOf(err) {
+				case "":
+					return err == nil, err
+				case apiclient.CodeSandboxNotFound, apiclient.CodeSandboxNotReady, apiclient.CodeSupervisorUnavailable:
+					return false, nil
+				}
+				return false, err
+			})
+			if err != nil {
+				t.Fatalf("%s sandbox %s: %v", template, agent, err)
+			}
+			out = append(out, time.Since(start))
+			if err := b.p.kube.Delete(t.Context(), sb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	cold := benchreport.Millis(measure("cold"))
+	for i := range cold {
+		cold[i] /= 1000
+	}
+	benchreport.Record(t, benchreport.Figure{
+		Name: "cold sandbox create to first output", Unit: "s", Values: cold,
+		Target: "p50 <= 2.5 s", Met: benchreport.Bool(benchreport.Percentile(cold, 50) <= 2.5),
+		Note: "Sandbox created through the Kubernetes API, then echo through the Compute API, polled every 25 ms",
+	})
+	adopt := benchreport.Millis(measure("warm"))
+	benchreport.Record(t, benchreport.Figure{
+		Name: "Sandbox create adopting a warm one, to first output", Unit: "ms", Values: adopt,
+		Note: "the same, for a template with a ready warm pool (the controller adopts)",
+	})
+}
+
+// runTrue: `true` through the API against a raw spawn timed inside the
+// same sandbox, in alternating batches so that both see the same load.
+func (b *apiBench) runTrue(t *testing.T) {
+	l, _, err := b.acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.release(t, l)
+	const rounds, batch = 10, 20
+	var viaAPI, raw []time.Duration
+	for range 3 { // warm the connections
+		if err := b.echo(t.Context(), l.AgentID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range rounds {
+		for range batch {
+			start := time.Now()
+			res, err := b.api.RunCommand(t.Context(), l.AgentID, apiclient.RunCommandRequest{Command: []string{"true"}, Cwd: "/tmp"})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("true: %v %+v", err, res)
+			}
+			viaAPI = append(viaAPI, time.Since(start))
+		}
+		res, err := b.api.RunCommand(t.Context(), l.AgentID, apiclient.RunCommandRequest{Command: []string{"python3", "-c", rawSpawn, strconv.Itoa(batch)}, Cwd: "/tmp"})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("raw spawn: %v %+v", err, res)
+		}
+		for _, f := range strings.Fields(res.Stdout) {
+			ns, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw = append(raw, time.Duration(ns))
+		}
+	}
+	api, rw := benchreport.Millis(viaAPI), benchreport.Millis(raw)
+	added := make([]float64, len(api))
+	rawP50 := benchreport.Percentile(rw, 50)
+	for i, v := range api {
+		added[i] = v - rawP50
+	}
+	benchreport.Record(t, benchreport.Figure{
+		Name: "run_command true through the API, added to a raw spawn", Unit: "ms", Values: added,
+		Target: "<= 2 ms added at p50", Met: benchreport.Bool(benchreport.Percentile(added, 50) <= 2),
+		Note: fmt.Sprintf("API round trip p50 %.2f ms minus raw posix_spawn p50 %.2f ms in the same sandbox (n=%d each)",
+			benchreport.Percentile(api, 50), rawP50, len(rw)),
+	})
+}
+
+// files: 100 MiB up and down through the file API against kubectl cp on
+// the same pod, alternating.
+func (b *apiBench) files(t *testing.T) {
+	l, _, err := b.acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.release(t, l)
+	var sb v1alpha1.Sandbox
+	if err := b.p.kube.Get(t.Context(), types.NamespacedName{Namespace: l.Namespace, Name: l.Sandbox}, &sb); err != nil {
+		t.Fatal(err)
+	}
+	const size, rounds = 100 << 20, 3
+	data := make([]byte, size)
+	_, _ = rand.Read(data)
+	local := filepath.Join(t.TempDir(), "data.bin")
+	back := filepath.Join(t.TempDir(), "back.bin")
+	if err := os.WriteFile(local, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectlCp := func(from, to string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		out, err := exec.CommandContext(t.Context(), "kubectl", "--kubeconfig", b.p.kubeconfig, "-n", sb.Namespace, "cp", "-c", controller.ContainerName, from, to).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl cp %s %s: %v: %s", from, to, err, out)
+		}
+		return time.Since(start)
+	}
+	var apiPut, apiGet, kPut, kGet []time.Duration
+	for i := range rounds {
+		start := time.Now()
+		if _, err := b.api.PutFile(t.Context(), l.AgentID, "api.bin", bytes.NewReader(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		apiPut = append(apiPut, time.Since(start))
+		kPut = append(kPut, kubectlCp(local, sb.Status.PodName+":/workspace/kubectl.bin"))
+
+		start = time.Now()
+		rc, err := b.api.GetFile(t.Context(), l.AgentID, "api.bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, rc)
+		rc.Close()
+		if err != nil || n != size {
+			t.Fatalf("GET: %d bytes, %v; want %d", n, err, size)
+		}
+		apiGet = append(apiGet, time.Since(start))
+		kGet = append(kGet, kubectlCp(sb.Status.PodName+":/workspace/kubectl.bin", back))
+		if fi, err := os.Stat(back); err != nil || fi.Size() != size {
+			t.Fatalf("kubectl cp back: %v, %v; want %d bytes", fi, err, size)
+		}
+		t.Logf("100 MiB round %d: API put %v get %v; kubectl cp put %v get %v", i+1,
+			apiPut[i].Round(time.Millisecond), apiGet[i].Round(time.Millisecond), kPut[i].Round(time.Millisecond), kGet[i].Round(time.Millisecond))
+	}
+	for _, r := range []struct {
+		what      string
+		api, kube []time.Duration
+	}{{"put", apiPut, kPut}, {"get", apiGet, kGet}} {
+		ratios := make([]float64, len(r.api))
+		for i := range r.api {
+			ratios[i] = r.kube[i].Seconds() / r.api[i].Seconds()
+		}
+		a, k := benchreport.Percentile(benchreport.Millis(r.api), 50), benchreport.Percentile(benchreport.Millis(r.kube), 50)
+		benchreport.Record(t, benchreport.Figure{
+			Name: "100 MiB " + r.what + ": kubectl cp time / API time", Unit: "x", Values: ratios,
+			Target: ">= 5x faster", Met: benchreport.Bool(benchreport.Percentile(ratios, 50) >= 5),
+			Note: fmt.Sprintf("API %.0f ms (%.0f MiB/s), kubectl cp %.0f ms, same pod, alternating", a, 100/(a/1000), k),
+		})
+	}
+	if err := b.api.DeleteFile(t.Context(), l.AgentID, "api.bin", false); err != nil && !errors.Is(err, context.Canceled) {
+		t.Error(err)
+	}
+}
