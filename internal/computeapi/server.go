@@ -194,6 +194,8 @@ func NewServer(opts Options) (*Server, error) {
 	route("/v1/namespaces/{namespace}/warm-pools/{pool}/leases", method{post, "acquire_pool_lease", s.acquirePoolLease})
 	route("/v1/agents/{agent_id}/status", method{get, "status", s.status})
 	route("/v1/agents/{agent_id}/deploy_or_resume", method{post, "deploy_or_resume", s.deployOrResume})
+	route("/v1/agents/{agent_id}/sync_filespace", method{post, "sync_filespace", s.syncFilespace})
+	route("/v1/agents/{agent_id}/terminate", method{post, "terminate", s.terminate})
 	route("/v1/agents/{agent_id}/files/{path...}",
 		method{http.MethodPut, "put_file", s.putFile}, method{get, "get_file", s.getFile}, method{del, "delete_file", s.deleteFile})
 	route("/v1/agents/{agent_id}/tools/{tool}", method{post, "tool_request", s.toolRequest})

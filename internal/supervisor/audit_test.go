@@ -192,6 +192,7 @@ func TestToolNames(t *testing.T) {
 		{"HEAD", api.PathFiles + "a", "read_file"},
 		{"PUT", api.PathFiles + "a", "write_file"},
 		{"DELETE", api.PathFiles + "a", "delete_file"},
+		{"GET", api.PathManifest + "src", "file_manifest"},
 		{"PATCH", api.PathFiles + "a", "unknown"},
 		{"GET", api.PathStat + "a", "stat_file"},
 		{"GET", api.PathList + ".", "list_files"},

@@ -561,7 +561,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.cfg.MCP.ServeHTTP(rec, r)
 			break
 		}
-		if !s.serveEnvs(rec, r, &info) && !s.serveProcesses(rec, r, &info) && !s.serveFiles(rec, r, &info) && !s.serveTools(rec, r, &info) && !s.servePTY(rec, r, &info) {
+		if !s.serveEnvs(rec, r, &info) && !s.serveProcesses(rec, r, &info) && !s.serveFiles(rec, r, &info) && !s.serveManifest(rec, r, &info) && !s.serveTools(rec, r, &info) && !s.servePTY(rec, r, &info) {
 			writeError(rec, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 		}
 	}
@@ -711,6 +711,8 @@ func toolName(r *http.Request) string {
 		return "stat_file"
 	case strings.HasPrefix(p, api.PathList):
 		return "list_files"
+	case strings.HasPrefix(p, api.PathManifest):
+		return "file_manifest"
 	case strings.HasPrefix(p, api.PathFiles):
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:

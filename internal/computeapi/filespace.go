@@ -1,0 +1,107 @@
+package computeapi
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// syncTimeout bounds one filespace sync: hashing and copying a full 1 GB
+// workspace at a slow 10 MB/s takes a few minutes, so this is a hang
+// guard.
+const syncTimeout = 30 * time.Minute
+
+// syncFilespace runs seed 000's sync_filespace: one push or pull between
+// the agent's workspace and its filespace in the store.
+func (s *Server) syncFilespace(w http.ResponseWriter, r *http.Request) {
+	start := s.clock.Now()
+	var req api.SyncFilespaceRequest
+	if apiErr := s.decode(w, r, &req); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	if req.Direction != api.SyncPush && req.Direction != api.SyncPull {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "direction must be %q or %q, got %q", api.SyncPush, api.SyncPull, req.Direction))
+		return
+	}
+	if s.store == nil {
+		writeError(w, api.Errorf(api.CodeUnavailable, "the control plane runs without a store, which holds the filespace"))
+		return
+	}
+	sup, log, apiErr := s.supervisorFor(r, "sync_filespace")
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	agentID := r.PathValue("agent_id")
+	ctx, cancel := context.WithTimeout(r.Context(), syncTimeout)
+	defer cancel()
+	sum, err := filespace.Sync(ctx, sup, s.store, filespace.Options{
+		AgentID:   agentID,
+		Direction: filespace.Direction(req.Direction),
+		CapBytes:  s.workspaceCap(ctx, agentID),
+		Now:       s.clock.Now,
+	})
+	if err != nil {
+		apiErr := syncError(ctx, err)
+		s.logFailure(log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	out := api.SyncSummary{
+		Direction:      string(sum.Direction),
+		SyncedAt:       sum.SyncedAt,
+		Pushed:         sum.Pushed,
+		Pulled:         sum.Pulled,
+		Deleted:        sum.Deleted,
+		Skipped:        sum.Skipped,
+		Unchanged:      sum.Unchanged,
+		Bytes:          sum.Bytes,
+		WorkspaceBytes: sum.WorkspaceBytes,
+		DurationMS:     s.clock.Since(start).Milliseconds(),
+	}
+	for _, c := range sum.Conflicts {
+		out.Conflicts = append(out.Conflicts, api.SyncConflict{Path: c.Path, Winner: c.Winner})
+	}
+	log.Info("filespace synced", "direction", out.Direction, "pushed", out.Pushed, "pulled", out.Pulled,
+		"deleted", out.Deleted, "skipped", out.Skipped, "bytes", out.Bytes, "duration_ms", out.DurationMS)
+	writeJSON(w, http.StatusOK, out)
+}
+
+// workspaceCap is the cap of the agent's template's workspace, or 0 (the
+// supervisor's own cap) when the template cannot be read.
+func (s *Server) workspaceCap(ctx context.Context, agentID string) int64 {
+	sb, apiErr := s.agentSandbox(ctx, agentID)
+	if apiErr != nil {
+		return 0
+	}
+	var tpl v1alpha1.SandboxTemplate
+	if err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: sb.Spec.TemplateRef.Name}, &tpl); err != nil {
+		return 0
+	}
+	if size := tpl.Spec.Workspace.Size; !size.IsZero() {
+		return size.Value()
+	}
+	return 0
+}
+
+func syncError(ctx context.Context, err error) *api.Error {
+	switch {
+	case errors.Is(err, filespace.ErrWorkspaceOverCap):
+		return api.Errorf(api.CodeWorkspaceFull, "%v", err)
+	case supervisorapi.CodeOf(err) != "":
+		return fileError(ctx, err)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return api.Errorf(api.CodeTimeout, "the sync did not finish in %s", syncTimeout)
+	default:
+		return api.Errorf(api.CodeInternal, "the sync failed: %v", err)
+	}
+}
