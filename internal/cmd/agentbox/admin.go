@@ -2,93 +2,21 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/url"
-	"os"
 	"strconv"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
-// connection holds the flags every API command shares.
-type connection struct {
-	endpoint, tokenFile, caFile *string
-	getenv                      func(string) string
-}
-
-func connectionFlags(fs *flag.FlagSet, getenv func(string) string) connection {
-	return connection{
-		endpoint:  fs.String("endpoint", getenv("AGENTBOX_ENDPOINT"), "Compute API URL, e.g. https://agentbox-api.agentbox-system.svc [AGENTBOX_ENDPOINT]"),
-		tokenFile: fs.String("token-file", "", "file holding the API token (default: the AGENTBOX_TOKEN variable)"),
-		caFile:    fs.String("ca-file", getenv("AGENTBOX_CA_FILE"), "PEM file of the platform CA that signed the API's certificate; default: the system roots [AGENTBOX_CA_FILE]"),
-		getenv:    getenv,
-	}
-}
-
-func (c connection) client() (*client.Client, error) {
-	if *c.endpoint == "" {
-		return nil, errors.New("--endpoint (or AGENTBOX_ENDPOINT) is required")
-	}
-	token, err := readToken(*c.tokenFile, c.getenv)
-	if err != nil {
-		return nil, err
-	}
-	var caPEM []byte
-	if *c.caFile != "" {
-		if caPEM, err = os.ReadFile(*c.caFile); err != nil {
-			return nil, fmt.Errorf("read --ca-file: %w", err)
-		}
-	}
-	return client.New(*c.endpoint, token, caPEM)
-}
-
-// adminCommand parses an admin subcommand's flags, connects, and runs do.
-// Errors from the API exit 1, usage errors 2.
-func adminCommand(ctx context.Context, name, help string, args []string, getenv func(string) string, stderr io.Writer,
+// adminCommand runs an admin subcommand, which checks its own arguments.
+func adminCommand(ctx context.Context, name, synopsis string, args []string, getenv func(string) string, stderr io.Writer,
 	define func(*flag.FlagSet), do func(context.Context, *client.Client, []string) error) int {
-	fs := flag.NewFlagSet("agentbox "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: agentbox %s\n\nflags:\n", help)
-		fs.PrintDefaults()
-	}
-	conn := connectionFlags(fs, getenv)
-	define(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
-	}
-	c, err := conn.client()
-	if err != nil {
-		fmt.Fprintf(stderr, "agentbox %s: %v\n", name, err)
-		return exitUsage
-	}
-	defer c.CloseIdleConnections()
-	if err := do(ctx, c, fs.Args()); err != nil {
-		var usageErr usageError
-		if errors.As(err, &usageErr) {
-			fmt.Fprintf(stderr, "agentbox %s: %v\n", name, err)
-			return exitUsage
-		}
-		fmt.Fprintf(stderr, "agentbox %s: %s\n", name, describe(err))
-		return exitAPIError
-	}
-	return 0
-}
-
-type usageError struct{ error }
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	return command{name: name, synopsis: synopsis, flags: define, run: do}.main(ctx, args, getenv, stderr)
 }
 
 // auditCommand: agentbox audit verify | agentbox audit query [filters].

@@ -1,22 +1,30 @@
 // Command agentbox is a small client of the agentbox Compute API, for people
 // and scripts (and the quickstart):
 //
-//	agentbox run-command --endpoint URL [--token-file F] [--ca-file F] AGENT_ID -- CMD [ARGS...]
+//	agentbox exec [flags] AGENT_ID -- CMD [ARGS...]   (alias: run-command)
+//	agentbox cp [--mode 0755] SRC DST                  (one side AGENT_ID:PATH, - for stdin/stdout)
+//	agentbox status [--json] AGENT_ID
+//	agentbox deploy [--wait] [--timeout 10m] AGENT_ID
+//	agentbox leases acquire|heartbeat|release [flags] AGENT_ID
+//	agentbox leases acquire-pool [flags] NAMESPACE POOL
 //	agentbox tokens create --kind agent --agent AGENT_ID [--ttl 720h]
 //	agentbox tokens revoke TOKEN_ID
 //	agentbox audit verify
 //	agentbox audit query [--agent A] [--operation OP] [--since 1h]
 //
-// It prints the command's stdout and stderr as they are, then a summary line
-// "exit_code=N duration=D" on stderr, and exits with the command's exit
-// code: 124 if it timed out, 128+N if signal N ended it, and 1 with a
-// message if the API refused or failed the call.
+// Every command takes --endpoint, --token-file and --ca-file, or the
+// variables AGENTBOX_ENDPOINT, AGENTBOX_TOKEN and AGENTBOX_CA_FILE.
+//
+// exec prints the command's stdout and stderr as they are, then a summary
+// line "exit_code=N duration=D" on stderr, and exits with the command's
+// exit code: 124 if it timed out, 128+N if signal N ended it. Every
+// command exits 1 with a message if the API refused or failed the call,
+// and 2 with a message naming the bad argument for a usage error.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -43,7 +51,11 @@ const (
 const usage = `usage: agentbox <command> [flags]
 
 commands:
-  run-command   run a command in an agent's sandbox
+  exec          run a command in an agent's sandbox (alias: run-command)
+  cp            copy a file to or from an agent's workspace
+  status        show an agent's sandbox, without waking it
+  deploy        start or resume an agent's sandbox
+  leases        acquire, heartbeat and release sandbox leases
   tokens        create or revoke API tokens (admin)
   audit         verify the audit log's hash chain, or query it (admin)
   version       print the version
@@ -64,8 +76,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return exitUsage
 	}
 	switch args[0] {
-	case "run-command":
-		return runCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
+	case "exec", "run-command":
+		return execCommand(ctx, args[0], args[1:], getenv, stdin, stdout, stderr)
+	case "cp":
+		return cpCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
+	case "status":
+		return statusCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "deploy":
+		return deployCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "leases":
+		return leasesCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "audit":
 		return auditCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "tokens":
@@ -80,113 +100,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		fmt.Fprintf(stderr, "agentbox: unknown command %q\n%s", args[0], usage)
 		return exitUsage
 	}
-}
-
-// envFlag collects repeated --env NAME=VALUE flags.
-type envFlag map[string]string
-
-func (e envFlag) String() string { return "" }
-
-func (e envFlag) Set(s string) error {
-	name, value, ok := strings.Cut(s, "=")
-	if !ok || name == "" {
-		return fmt.Errorf("want NAME=VALUE, got %q", s)
-	}
-	e[name] = value
-	return nil
-}
-
-func runCommand(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("agentbox run-command", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: agentbox run-command [flags] AGENT_ID -- CMD [ARGS...]
-
-Runs CMD in the sandbox of AGENT_ID. No shell is involved; use
-"-- sh -c '...'" for one. Flags may also follow AGENT_ID, before "--".
-
-flags:
-`)
-		fs.PrintDefaults()
-	}
-	endpoint := fs.String("endpoint", getenv("AGENTBOX_ENDPOINT"), "Compute API URL, e.g. https://agentbox-api.agentbox-system.svc [AGENTBOX_ENDPOINT]")
-	tokenFile := fs.String("token-file", "", "file holding the API token (default: the AGENTBOX_TOKEN variable)")
-	caFile := fs.String("ca-file", getenv("AGENTBOX_CA_FILE"), "PEM file of the platform CA that signed the API's certificate; default: the system roots [AGENTBOX_CA_FILE]")
-	cwd := fs.String("cwd", "", "working directory in the sandbox (default /workspace)")
-	env := envFlag{}
-	fs.Var(env, "env", "NAME=VALUE to set in the command's environment; repeatable")
-	timeout := fs.Int("timeout", 0, "seconds after which the command is killed (default: the sandbox's, 60)")
-	withStdin := fs.Bool("stdin", false, "send this program's standard input to the command")
-
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
-	}
-	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "agentbox run-command: missing AGENT_ID")
-		fs.Usage()
-		return exitUsage
-	}
-	agentID := fs.Arg(0)
-	// Parse again after the agent ID, so flags may follow it; this also
-	// consumes the "--" before the command.
-	if err := fs.Parse(fs.Args()[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
-	}
-	command := fs.Args()
-	if len(command) == 0 {
-		fmt.Fprintln(stderr, "agentbox run-command: missing the command to run after AGENT_ID --")
-		return exitUsage
-	}
-	if *endpoint == "" {
-		fmt.Fprintln(stderr, "agentbox run-command: --endpoint (or AGENTBOX_ENDPOINT) is required")
-		return exitUsage
-	}
-
-	token, err := readToken(*tokenFile, getenv)
-	if err != nil {
-		fmt.Fprintln(stderr, "agentbox run-command:", err)
-		return exitUsage
-	}
-	var caPEM []byte
-	if *caFile != "" {
-		if caPEM, err = os.ReadFile(*caFile); err != nil {
-			fmt.Fprintln(stderr, "agentbox run-command: read --ca-file:", err)
-			return exitUsage
-		}
-	}
-	req := client.RunCommandRequest{Command: command, Cwd: *cwd, TimeoutSeconds: *timeout}
-	if len(env) > 0 {
-		req.Env = env
-	}
-	if *withStdin {
-		data, err := io.ReadAll(stdin)
-		if err != nil {
-			fmt.Fprintln(stderr, "agentbox run-command: read standard input:", err)
-			return exitAPIError
-		}
-		req.Stdin = string(data)
-	}
-
-	c, err := client.New(*endpoint, token, caPEM)
-	if err != nil {
-		fmt.Fprintln(stderr, "agentbox run-command:", err)
-		return exitUsage
-	}
-	res, err := c.RunCommand(ctx, agentID, req)
-	if err != nil {
-		fmt.Fprintln(stderr, "agentbox run-command:", describe(err))
-		return exitAPIError
-	}
-	_, _ = io.WriteString(stdout, res.Stdout)
-	_, _ = io.WriteString(stderr, res.Stderr)
-	fmt.Fprintln(stderr, summary(res))
-	return exitCode(res)
 }
 
 // readToken prefers --token-file to AGENTBOX_TOKEN: a file keeps the token
@@ -218,6 +131,9 @@ func describe(err error) string {
 	msg := fmt.Sprintf("%s (%s, HTTP %d)", e.Message, e.Code, e.Status)
 	if e.Code == client.CodeUnauthenticated {
 		msg += "; check the token"
+	}
+	if holder, until, ok := client.LeaseHeldBy(err); ok && holder != "" {
+		msg += fmt.Sprintf("; held by %q until %s", holder, until.Local().Format(time.RFC3339))
 	}
 	return msg
 }

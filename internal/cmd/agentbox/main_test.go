@@ -47,6 +47,11 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(client.ErrorBody{Error: client.Errorf(client.CodeUnauthenticated, "invalid bearer token")})
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, "/v1/agents/nobody/") {
+		w.WriteHeader(http.StatusNotFound)
+		_ = json.NewEncoder(w).Encode(client.ErrorBody{Error: client.Errorf(client.CodeSandboxNotFound, `agent "nobody" has no sandbox`)})
+		return
+	}
 	var req client.RunCommandRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		w.WriteHeader(http.StatusBadRequest)
@@ -56,11 +61,6 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	f.requests = append(f.requests, req)
 	f.paths = append(f.paths, r.URL.Path)
 	f.mu.Unlock()
-	if strings.HasPrefix(r.URL.Path, "/v1/agents/nobody/") {
-		w.WriteHeader(http.StatusNotFound)
-		_ = json.NewEncoder(w).Encode(client.ErrorBody{Error: client.Errorf(client.CodeSandboxNotFound, `agent "nobody" has no sandbox`)})
-		return
-	}
 	var res client.CommandResult
 	switch req.Command[0] {
 	case "exit3":
@@ -199,5 +199,64 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if r := runCLI(t, nil, "", "run-command", "-h"); r.code != 0 || !strings.Contains(r.stderr, "AGENT_ID -- CMD") {
 		t.Errorf("-h: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestNewCommandsUsageErrors(t *testing.T) {
+	api := newFakeAPI(t)
+	env := map[string]string{"AGENTBOX_TOKEN": token, "AGENTBOX_ENDPOINT": api.srv.URL, "AGENTBOX_CA_FILE": api.caFile}
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"exec two inputs":      {[]string{"exec", "--stdin", "--stdin-file", "f", "a", "--", "cat"}, `--stdin and --stdin-file "f"`},
+		"exec bad timeout":     {[]string{"exec", "--timeout", "soon", "a", "--", "true"}, `invalid value "soon" for flag -timeout`},
+		"exec no stdin file":   {[]string{"exec", "--stdin-file", "/nonexistent/in", "a", "--", "cat"}, "--stdin-file: open /nonexistent/in"},
+		"cp one operand":       {[]string{"cp", "a:x"}, "missing DST"},
+		"cp three operands":    {[]string{"cp", "a:x", "y", "z"}, `unexpected argument "z"`},
+		"cp both local":        {[]string{"cp", "x", "./a:y"}, `neither SRC "x" nor DST "./a:y" is AGENT_ID:PATH`},
+		"cp both remote":       {[]string{"cp", "a:x", "b:y"}, `SRC "a:x" and DST "b:y" are both in a workspace`},
+		"cp bad mode":          {[]string{"cp", "--mode", "999", "x", "a:y"}, `--mode "999"`},
+		"cp no agent":          {[]string{"cp", "x", ":y"}, `DST ":y": missing AGENT_ID`},
+		"cp stdin no name":     {[]string{"cp", "-", "a:dir/"}, `DST "a:dir/" needs a file name`},
+		"cp remote dir":        {[]string{"cp", "a:", "x"}, `SRC "a:" names no file`},
+		"cp missing source":    {[]string{"cp", "/nonexistent/x", "a:y"}, "SRC: open /nonexistent/x"},
+		"cp directory":         {[]string{"cp", t.TempDir(), "a:y"}, "is a directory"},
+		"cp agent conflict":    {[]string{"cp", "--agent", "u:1", "x", "b:y"}, `names agent "b" and --agent names "u:1"`},
+		"status no agent":      {[]string{"status"}, "missing AGENT_ID"},
+		"status two agents":    {[]string{"status", "a", "b"}, `unexpected argument "b"`},
+		"deploy bad timeout":   {[]string{"deploy", "--timeout", "0s", "a"}, "--timeout 0s"},
+		"leases nothing":       {[]string{"leases"}, "usage: agentbox leases"},
+		"leases unknown":       {[]string{"leases", "steal", "a"}, `unknown subcommand "steal"`},
+		"acquire no holder":    {[]string{"leases", "acquire", "a"}, "--holder (or AGENTBOX_LEASE_HOLDER) is required"},
+		"acquire bad ttl":      {[]string{"leases", "acquire", "--holder", "h", "--ttl", "1.5s", "a"}, `invalid value "1.5s" for flag -ttl`},
+		"acquire long ttl":     {[]string{"leases", "acquire", "--holder", "h", "--ttl", "2h", "a"}, "--ttl 7200s: at most 3600s"},
+		"heartbeat no id":      {[]string{"leases", "heartbeat", "--holder", "h", "a"}, "--lease-id is required"},
+		"acquire-pool no pool": {[]string{"leases", "acquire-pool", "--holder", "h", "ns"}, "missing POOL"},
+	} {
+		r := runCLI(t, env, "", tc.args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q, want 2 and %q", name, r.code, r.stderr, tc.want)
+		}
+	}
+	for _, args := range [][]string{{"exec", "-h"}, {"cp", "-h"}, {"status", "-h"}, {"deploy", "-h"}, {"leases", "acquire", "-h"}} {
+		if r := runCLI(t, env, "", args...); r.code != 0 || !strings.Contains(r.stderr, "usage: agentbox "+args[0]) {
+			t.Errorf("%v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+}
+
+// The 404s of the new commands come through as API errors, not usage ones.
+func TestNewCommandsReportNotFound(t *testing.T) {
+	api := newFakeAPI(t)
+	env := map[string]string{"AGENTBOX_TOKEN": token, "AGENTBOX_ENDPOINT": api.srv.URL, "AGENTBOX_CA_FILE": api.caFile}
+	for _, args := range [][]string{
+		{"status", "nobody"}, {"deploy", "nobody"}, {"cp", "nobody:x", "-"},
+		{"leases", "release", "--holder", "h", "--lease-id", "l", "nobody"},
+	} {
+		r := runCLI(t, env, "", args...)
+		if r.code != exitAPIError || !strings.Contains(r.stderr, `agent "nobody" has no sandbox (sandbox_not_found, HTTP 404)`) || r.stdout != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
+		}
 	}
 }
