@@ -65,7 +65,7 @@ func RESTConfig(o Options) (*rest.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("configuring Kubernetes client for host %q: %w", o.Host, err)
 		}
-		return cfg, nil
+		return withClientRate(cfg), nil
 	}
 
 	overrides.CurrentContext = o.ConfigContext
@@ -99,7 +99,30 @@ func RESTConfig(o Options) (*rest.Config, error) {
 		}
 		return nil, fmt.Errorf("loading Kubernetes configuration from %s: %w", where, err)
 	}
-	return cfg, nil
+	return withClientRate(cfg), nil
+}
+
+// Client-side rate limits. client-go's defaults (5 requests/s, burst 10) are
+// meant for controllers that share an apiserver with many others; Terraform
+// reads every resource of a plan through one provider process, so with them
+// a plan of 200 sandboxes spent 39 s waiting on the limiter, not the server.
+// The apiserver's own priority and fairness still protects it; the burst is
+// the helm provider's default burst_limit.
+const (
+	DefaultQPS   = 50
+	DefaultBurst = 100
+)
+
+// withClientRate raises the rate limits only where neither the kubeconfig nor
+// a caller chose them.
+func withClientRate(cfg *rest.Config) *rest.Config {
+	if cfg.QPS == 0 {
+		cfg.QPS = DefaultQPS
+	}
+	if cfg.Burst == 0 {
+		cfg.Burst = DefaultBurst
+	}
+	return cfg
 }
 
 // Clients are the untyped and core clients most callers need; anything more

@@ -141,6 +141,23 @@ func TestRESTConfig_hostAndToken(t *testing.T) {
 	}
 }
 
+func TestRESTConfig_clientRateLimits(t *testing.T) {
+	dir := isolate(t)
+	t.Setenv("KUBECONFIG", writeKubeconfig(t, dir, twoContexts))
+	for name, o := range map[string]Options{
+		"explicit host": {Host: "https://explicit.example:6443", Token: "t"},
+		"kubeconfig":    {},
+	} {
+		cfg, err := RESTConfig(o)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if cfg.QPS != DefaultQPS || cfg.Burst != DefaultBurst {
+			t.Errorf("%s: QPS %v burst %d, want %d and %d", name, cfg.QPS, cfg.Burst, DefaultQPS, DefaultBurst)
+		}
+	}
+}
+
 func TestRESTConfig_clientCertificateAndCA(t *testing.T) {
 	isolate(t)
 	ca := newCert(t)

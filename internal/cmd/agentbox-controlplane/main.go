@@ -70,6 +70,8 @@ type options struct {
 	trustDomain    string
 	leaderElect    bool
 	pprof          bool
+	kubeQPS        float64
+	kubeBurst      int
 	showVersion    bool
 	storeDSN       string
 	dataDir        string
@@ -122,6 +124,11 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.storeDSN, "store-dsn", getenv("AGENTBOX_STORE_DSN"), "PostgreSQL connection string (postgres://...) of the token and audit store; needed with more than one replica [AGENTBOX_STORE_DSN]")
 	fs.StringVar(&o.dataDir, "data-dir", getenv("AGENTBOX_DATA_DIR"), "directory (the store volume) of the SQLite store, used without -store-dsn; empty runs without a store: admin token only, no audit log [AGENTBOX_DATA_DIR]")
 	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiles under /debug/pprof/ on the metrics listener, for `make bench` and for chasing a slow path in production; off by default because profiles show request internals")
+	// controller-runtime's defaults (20/s, burst 30) cap how fast a thousand
+	// Sandboxes are first reconciled and how many claims per second the API
+	// can write; the apiserver's priority and fairness protects it either way.
+	fs.Float64Var(&o.kubeQPS, "kube-api-qps", 100, "requests per second the control plane may send to the Kubernetes API")
+	fs.IntVar(&o.kubeBurst, "kube-api-burst", 200, "requests the control plane may send to the Kubernetes API in a burst above -kube-api-qps")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -134,6 +141,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.namespace == "" {
 		return nil, errors.New("--namespace must not be empty")
+	}
+	if o.kubeQPS <= 0 || o.kubeBurst <= 0 {
+		return nil, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.kubeQPS, o.kubeBurst)
 	}
 	return o, nil
 }
@@ -171,6 +181,7 @@ func run(ctx context.Context, o *options) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}
+	restConfig.QPS, restConfig.Burst = float32(o.kubeQPS), o.kubeBurst
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("register Kubernetes types: %w", err)

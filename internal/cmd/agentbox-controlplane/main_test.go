@@ -136,6 +136,18 @@ func TestParseOptionsNamespaceFromEnvironment(t *testing.T) {
 	}
 }
 
+func TestParseOptionsKubeAPIRate(t *testing.T) {
+	none := func(string) string { return "" }
+	o, err := parseOptions([]string{"--kube-api-qps", "7.5", "--kube-api-burst", "9"}, none, io.Discard)
+	if err != nil || o.kubeQPS != 7.5 || o.kubeBurst != 9 {
+		t.Errorf("flags not applied: %+v, %v", o, err)
+	}
+	_, err = parseOptions([]string{"--kube-api-qps", "0"}, none, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--kube-api-qps") {
+		t.Errorf("zero QPS accepted or unclear: %v", err)
+	}
+}
+
 // writeCA writes a fresh CA in the layout of the mounted agentbox-ca Secret.
 func writeCA(t *testing.T) string {
 	t.Helper()
