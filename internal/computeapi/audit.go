@@ -136,15 +136,17 @@ func (b hashedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// audited wraps a handler so that its call is recorded once it returns.
-// p is nil for a call refused before anyone was authenticated.
-func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter, *http.Request) *Principal) {
+// audited wraps a handler so that its call is recorded once it returns,
+// and returns the call's result (resultOf). p is nil for a call refused
+// before anyone was authenticated.
+func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter, *http.Request) *Principal) string {
 	start := s.clock.Now()
 	if s.audit == nil {
 		aw := &auditedWriter{ResponseWriter: w}
 		serve(aw, r)
-		metricRequestSeconds.WithLabelValues(op, resultOf(aw)).Observe(s.clock.Since(start).Seconds())
-		return
+		result := resultOf(aw)
+		metricRequestSeconds.WithLabelValues(op, result).Observe(s.clock.Since(start).Seconds())
+		return result
 	}
 	h := sha256.New()
 	// The parameters are the request line's query and the body as read.
@@ -171,12 +173,15 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 	e.Result = resultOf(aw)
 	metricRequestSeconds.WithLabelValues(op, e.Result).Observe(e.Duration.Seconds())
 	s.audit.record(e)
+	return e.Result
 }
 
-// resultOf is "ok", or the code of the API error the response carried.
+const resultOK = "ok"
+
+// resultOf is resultOK, or the code of the API error the response carried.
 func resultOf(aw *auditedWriter) string {
 	if aw.status < 400 {
-		return "ok"
+		return resultOK
 	}
 	var body api.ErrorBody
 	if json.Unmarshal(aw.body.Bytes(), &body) == nil && body.Error != nil && body.Error.Code != "" {

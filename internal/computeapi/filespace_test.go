@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -121,6 +123,43 @@ func TestSyncFilespaceThroughTheAPI(t *testing.T) {
 			t.Fatalf("%d sync_filespace audit records, want 7", len(page.Records))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPushAfterCalls checks seed 000's push after each tool call: a burst
+// of writes through the API reaches the filespace once it is quiet,
+// without any sync_filespace call, and a read does not schedule a push.
+func TestPushAfterCalls(t *testing.T) {
+	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	c := realSupervisorAPIWith(t, apiSetup{store: st, pushDelay: 100 * time.Millisecond})(adminToken)
+	ctx := context.Background()
+	for i := range 5 {
+		if _, err := c.PutFile(ctx, "agent-1", "notes/n.txt", bytes.NewReader([]byte{byte('0' + i)}), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.RunCommand(ctx, "agent-1", api.RunCommandRequest{Command: []string{"sh", "-c", "echo made > made.txt"}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err1 := st.GetFile(ctx, "agent-1", "notes/n.txt")
+		m, err2 := st.GetFile(ctx, "agent-1", "made.txt")
+		if err1 == nil && err2 == nil && n.SizeBytes == 1 && m.SizeBytes == int64(len("made\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writes did not reach the filespace: %+v (%v), %+v (%v)", n, err1, m, err2)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n, err := st.GetFile(ctx, "agent-1", "notes/n.txt")
+	if sum := sha256.Sum256([]byte("4")); err != nil || n.SHA256 != hex.EncodeToString(sum[:]) {
+		t.Errorf("the filespace holds %+v (%v), want the last write", n, err)
 	}
 }
 

@@ -29,9 +29,24 @@ import (
 
 // realSupervisorAPI serves the API in front of the real supervisor (its
 // HTTP handler over mutual TLS with the sandbox's identity), so that the
-// forwarded operations meet the real file, tool and execute code.
+// forwarded operations meet the real file, tool and execute code. The
+// pushes into the filespace after calls are off, so that only a test's own
+// syncs change the filespace.
 func realSupervisorAPI(t *testing.T, st *store.Store, configure func(*supervisor.Config), extra ...client.Object) func(token string) *api.Client {
 	t.Helper()
+	return realSupervisorAPIWith(t, apiSetup{store: st, configure: configure, extra: extra, pushDelay: -1})
+}
+
+type apiSetup struct {
+	store     *store.Store
+	configure func(*supervisor.Config)
+	extra     []client.Object
+	pushDelay time.Duration
+}
+
+func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Client {
+	t.Helper()
+	st, configure, extra := o.store, o.configure, o.extra
 	ca, err := pki.NewCA("ops test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +94,7 @@ func realSupervisorAPI(t *testing.T, st *store.Store, configure func(*supervisor
 		auth = ChainAuthenticators(auth, NewStoreAuthenticator(st))
 	}
 	srv, err := NewServer(Options{Sandboxes: kube, Leases: kube, Supervisors: pool, TrustDomain: testTrustDomain, Clock: clk,
-		Authenticator: auth, Store: st})
+		Authenticator: auth, Store: st, FilespacePushDelay: o.pushDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,6 +93,11 @@ type Options struct {
 	// endpoints answer unavailable and calls are not audited. The caller
 	// closes the Server (which flushes the audit log) before the Store.
 	Store *store.Store
+	// FilespacePushDelay is how long after an agent's last call that can
+	// change its workspace the workspace is pushed into its filespace (in
+	// the Store); it defaults to DefaultFilespacePushDelay, and a negative
+	// value turns these pushes off.
+	FilespacePushDelay time.Duration
 }
 
 // Server serves the Compute API.
@@ -111,6 +116,7 @@ type Server struct {
 	handler         http.Handler
 	store           *store.Store
 	audit           *auditor
+	pushes          *autoPusher // nil without a store
 	poolTakes       poolTakes
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
@@ -166,6 +172,13 @@ func NewServer(opts Options) (*Server, error) {
 	s.leases = newLeaseRenewer(opts.Leases, s.clock, interval, s.log.WithName("lease"))
 	if s.store != nil {
 		s.audit = newAuditor(s.store, s.log.WithName("audit"))
+		delay := opts.FilespacePushDelay
+		if delay == 0 {
+			delay = DefaultFilespacePushDelay
+		}
+		if delay > 0 {
+			s.pushes = newAutoPusher(s, delay)
+		}
 	}
 
 	mux := http.NewServeMux()
@@ -235,6 +248,9 @@ func NewServer(opts Options) (*Server, error) {
 // Close writes the audit records still queued. Call it after the HTTP
 // server has stopped serving, and before closing the Store.
 func (s *Server) Close() {
+	if s.pushes != nil {
+		s.pushes.close()
+	}
 	if s.audit != nil {
 		s.audit.close()
 	}
@@ -248,7 +264,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // and records the call, whatever its outcome, in the audit log as op.
 func (s *Server) authenticated(op string, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.audited(op, w, r, func(w http.ResponseWriter, r *http.Request) *Principal {
+		result := s.audited(op, w, r, func(w http.ResponseWriter, r *http.Request) *Principal {
 			token, ok := bearerToken(r)
 			if !ok {
 				unauthenticated(w, "missing bearer token", false)
@@ -267,6 +283,9 @@ func (s *Server) authenticated(op string, next http.HandlerFunc) http.Handler {
 			next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 			return p
 		})
+		if result == resultOK && pushAfter[op] && s.pushes != nil {
+			s.pushes.touch(r.PathValue("agent_id"))
+		}
 	})
 }
 

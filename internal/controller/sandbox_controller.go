@@ -99,6 +99,11 @@ type SandboxReconciler struct {
 	// Supervisors dials the sandboxes' supervisors, to flush the workspace
 	// before a snapshot and to restore it on resume.
 	Supervisors SupervisorDialer
+	// Filespaces syncs workspaces with the agents' filespaces (seed 000):
+	// a push before an idle stop's snapshot, a pull before a new or resumed
+	// sandbox serves. Nil leaves workspaces alone, as a control plane
+	// without a store must.
+	Filespaces FilespaceSyncer
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -657,6 +662,13 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 			if err != nil || !ok {
 				return err
 			}
+		}
+		if !serving(prevReason) {
+			if err := r.pullFilespace(ctx, sbx, pod); err != nil {
+				return err
+			}
+		}
+		if snap != "" {
 			took := ""
 			if !act.last.IsZero() {
 				took = fmt.Sprintf(" %s after the activity that woke it", r.now().Sub(act.last).Round(time.Millisecond))

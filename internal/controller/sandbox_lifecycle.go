@@ -19,6 +19,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
@@ -53,6 +54,9 @@ const (
 	EventResumed        = "Resumed"
 	EventRestoreFailed  = "RestoreFailed"
 	EventSyncFailed     = "SyncFailed"
+	// EventFilespacePulled says what a pull brought into a workspace
+	// before the sandbox served; a pull with nothing to bring is silent.
+	EventFilespacePulled = "FilespacePulled"
 )
 
 // snapshotPoll is how often a snapshot that is not ready yet is looked at
@@ -69,6 +73,12 @@ const supervisorCallTimeout = 30 * time.Second
 // pool satisfies it, so both share connections.
 type SupervisorDialer interface {
 	Supervisor(endpoint, id string) (*supervisorapi.Client, error)
+}
+
+// FilespaceSyncer runs one sync of a workspace with its agent's filespace;
+// filespace.Syncer, bound to the control plane's store, is one.
+type FilespaceSyncer interface {
+	Sync(ctx context.Context, ws filespace.Workspace, opts filespace.Options) (*filespace.Summary, error)
 }
 
 // activity is what the Lease says about a sandbox's use.
@@ -212,7 +222,7 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		if sup, err = r.supervisor(sbx, pod); err != nil {
 			return ctrl.Result{}, err
 		}
-		if err := r.syncBeforeStop(ctx, sup); err != nil {
+		if err := r.syncBeforeStop(ctx, sbx, sup); err != nil {
 			// Seed 000's sync failure: retried once already; the pod stops
 			// and the sandbox is marked Error. The claim keeps the data (no
 			// snapshot is taken of a volume whose last writes may not have
@@ -292,10 +302,11 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 // syncRetryDelay spaces the two sync attempts of an idle stop.
 var syncRetryDelay = time.Second
 
-// syncBeforeStop makes the workspace's last writes durable before it is
-// snapshotted (today the supervisor's flush; the filespace push joins it),
-// retrying once as seed 000 asks.
-func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sup *supervisorapi.Client) error {
+// syncBeforeStop pushes the workspace into the agent's filespace and then
+// makes the workspace's last writes durable before it is snapshotted,
+// retrying once as seed 000 asks. The push comes first because it writes
+// the sync baseline into the workspace, which the snapshot must hold.
+func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client) error {
 	var err error
 	for attempt := range 2 {
 		if attempt > 0 {
@@ -305,6 +316,9 @@ func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sup *supervisora
 			case <-time.After(syncRetryDelay):
 			}
 		}
+		if err = r.pushFilespace(ctx, sbx, sup); err != nil {
+			continue
+		}
 		fctx, cancel := context.WithTimeout(ctx, supervisorCallTimeout)
 		err = sup.Flush(fctx)
 		cancel()
@@ -313,6 +327,56 @@ func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sup *supervisora
 		}
 	}
 	return err
+}
+
+// filespaceTimeout bounds one sync run by the controller, like the
+// Compute API's: a hang guard sized for a full workspace on slow storage.
+const filespaceTimeout = 30 * time.Minute
+
+func (r *SandboxReconciler) pushFilespace(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client) error {
+	if r.Filespaces == nil || isWarm(sbx) {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, filespaceTimeout)
+	defer cancel()
+	sum, err := r.Filespaces.Sync(sctx, sup, filespace.Options{AgentID: sbx.Spec.AgentID, Direction: filespace.Push, Now: r.now})
+	if err != nil {
+		return fmt.Errorf("push the workspace into the agent's filespace: %w", err)
+	}
+	logf.FromContext(ctx).Info("filespace pushed before the idle stop", "pushed", sum.Pushed, "deleted", sum.Deleted, "bytes", sum.Bytes)
+	return nil
+}
+
+// pullFilespace brings the agent's filespace into a workspace that is about
+// to serve: a new one (the agent's files outlive its sandboxes) or one just
+// restored from a snapshot (the filespace may be newer). A sync is
+// idempotent, so running it again after a crash or an error is safe. A
+// warm sandbox has no agent yet; it pulls when it is adopted.
+func (r *SandboxReconciler) pullFilespace(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod) error {
+	if r.Filespaces == nil || isWarm(sbx) {
+		return nil
+	}
+	sup, err := r.supervisor(sbx, pod)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, filespaceTimeout)
+	defer cancel()
+	sum, err := r.Filespaces.Sync(sctx, sup, filespace.Options{AgentID: sbx.Spec.AgentID, Direction: filespace.Pull, Now: r.now})
+	if err != nil {
+		return fmt.Errorf("pull the agent's filespace into the workspace before serving: %w", err)
+	}
+	if sum.Pulled+sum.Deleted > 0 {
+		r.event(sbx, pod, corev1.EventTypeNormal, EventFilespacePulled, "Sync",
+			fmt.Sprintf("pulled %d files (%s) and %d deletions from the agent's filespace into the workspace", sum.Pulled, formatBytes(sum.Bytes), sum.Deleted))
+	}
+	return nil
+}
+
+// serving reports whether a sandbox whose Ready condition had reason was
+// already taking calls.
+func serving(reason string) bool {
+	return reason == v1alpha1.ReasonRunning || reason == v1alpha1.ReasonAdoptedFromWarmPool
 }
 
 func (r *SandboxReconciler) finishStop(sbx *v1alpha1.Sandbox, pod *corev1.Pod, started time.Time, msg string) {

@@ -88,7 +88,8 @@ type Summary struct {
 	Unchanged int `json:"unchanged"`
 	// Bytes is the content written to the side synced into.
 	Bytes int64 `json:"bytes"`
-	// WorkspaceBytes is the workspace's size before the sync.
+	// WorkspaceBytes is the workspace's size before the sync; 0 for a pull
+	// from an empty filespace, which does not look at the workspace.
 	WorkspaceBytes int64 `json:"workspace_bytes"`
 	// Conflicts lists the paths that changed on both sides and which side
 	// won, at most maxConflicts of them.
@@ -162,6 +163,18 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 	}
 	defer lockAgent(opts.AgentID)()
 
+	nodes, err := listNodes(ctx, st, opts.AgentID)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Direction == Pull && len(nodes) == 0 {
+		// Nothing to bring, and the workspace is not touched: this is every
+		// new sandbox of an agent that never synced, so its start costs a
+		// store query, not a walk of the workspace. It also keeps a store
+		// that lost its data from deleting the workspace's files.
+		return &Summary{Direction: Pull, SyncedAt: now().UTC().Truncate(time.Microsecond)}, nil
+	}
+
 	m, err := ws.Manifest(ctx, ".")
 	if err != nil {
 		return nil, fmt.Errorf("list the workspace: %w", err)
@@ -182,10 +195,6 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 		if e.Path != StatePath {
 			work[e.Path] = e
 		}
-	}
-	nodes, err := listNodes(ctx, st, opts.AgentID)
-	if err != nil {
-		return nil, err
 	}
 	base, err := readBaseline(ctx, ws)
 	if err != nil {
@@ -426,6 +435,16 @@ func pull(ctx context.Context, ws Workspace, st *store.Store, a action, work map
 	sum.Pulled++
 	sum.Bytes += size
 	return true, nil
+}
+
+// Syncer binds Sync to a store, for callers that hold none themselves: the
+// sandbox controller pushes before an idle stop and pulls before a sandbox
+// serves.
+type Syncer struct{ Store *store.Store }
+
+// Sync runs Sync against s.Store.
+func (s Syncer) Sync(ctx context.Context, ws Workspace, opts Options) (*Summary, error) {
+	return Sync(ctx, ws, s.Store, opts)
 }
 
 func listNodes(ctx context.Context, st *store.Store, agentID string) (map[string]store.FileNode, error) {

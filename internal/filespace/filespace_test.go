@@ -142,6 +142,27 @@ func TestPushPull(t *testing.T) {
 	}
 }
 
+// TestPullFromEmptyFilespace leaves a workspace alone, baseline included:
+// a new sandbox of an agent that never synced pays a store query only.
+func TestPullFromEmptyFilespace(t *testing.T) {
+	st := openStore(t)
+	a := newSandbox(t, 0)
+	a.write(t, "kept.txt", "mine", time.Time{})
+	sum, err := filespace.Syncer{Store: st}.Sync(context.Background(), a.client, filespace.Options{AgentID: agent, Direction: filespace.Pull})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Pulled != 0 || sum.Deleted != 0 || sum.WorkspaceBytes != 0 {
+		t.Errorf("summary %+v", sum)
+	}
+	if got := a.read(t, "kept.txt"); got != "mine" {
+		t.Errorf("kept.txt is %q", got)
+	}
+	if got := a.read(t, filespace.StatePath); got != "<absent>" {
+		t.Errorf("the pull wrote a baseline: %q", got)
+	}
+}
+
 // TestLastWriterWins changes a file on both sides and checks that the
 // newer change wins in either direction.
 func TestLastWriterWins(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"path"
 	"strings"
 	"syscall"
+	"time"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -57,7 +58,8 @@ func (s *Server) manifest(r *http.Request, rel string) (*api.Manifest, *api.Erro
 		return nil, api.Errorf(api.CodeNotADirectory, "manifest %q: not a directory", rel)
 	}
 	m := &api.Manifest{Path: rel, Files: []api.ManifestEntry{}, CapBytes: s.usage.cap}
-	buf := make([]byte, copyBufferSize)
+	var buf []byte // allocated on the first file the cache does not know
+	seen := map[string]struct{}{}
 	err = walkRoot(s.root, rel, func(p string, fi fs.FileInfo) error {
 		if err := r.Context().Err(); err != nil {
 			return err
@@ -71,7 +73,8 @@ func (s *Server) manifest(r *http.Request, rel string) (*api.Manifest, *api.Erro
 		case s.inFlight(p):
 			return nil
 		}
-		e, err := s.hashFile(p, buf)
+		seen[p] = struct{}{}
+		e, err := s.hashFile(p, &buf)
 		if errors.Is(err, fs.ErrNotExist) {
 			// Removed since the directory was read.
 			return nil
@@ -90,6 +93,7 @@ func (s *Server) manifest(r *http.Request, rel string) (*api.Manifest, *api.Erro
 	if err != nil {
 		return nil, fsError("manifest", rel, err)
 	}
+	s.digests.keep(rel, seen)
 	return m, nil
 }
 
@@ -107,8 +111,9 @@ func (s *Server) inFlight(p string) bool {
 
 // hashFile describes the regular file p with its digest, or returns nil if
 // it is no longer a regular file. Size and digest are of the bytes read,
-// so they agree even if the file changes meanwhile.
-func (s *Server) hashFile(p string, buf []byte) (*api.ManifestEntry, error) {
+// so they agree even if the file changes meanwhile; a digest the cache
+// holds for the file as it is now is not read again.
+func (s *Server) hashFile(p string, buf *[]byte) (*api.ManifestEntry, error) {
 	// O_NONBLOCK: a FIFO swapped in since the Lstat must not block.
 	f, err := s.root.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
@@ -125,16 +130,23 @@ func (s *Server) hashFile(p string, buf []byte) (*api.ManifestEntry, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, nil
 	}
+	e := &api.ManifestEntry{Path: p, Size: fi.Size(), ModTime: fi.ModTime().UTC(), Mode: formatMode(fi.Mode())}
+	if sum, ok := s.digests.get(p, fi); ok {
+		e.SHA256 = sum
+		return e, nil
+	}
+	if *buf == nil {
+		*buf = make([]byte, copyBufferSize)
+	}
+	hashedAt := time.Now()
 	h := sha256.New()
-	n, err := io.CopyBuffer(h, f, buf)
+	n, err := io.CopyBuffer(h, f, *buf)
 	if err != nil {
 		return nil, err
 	}
-	return &api.ManifestEntry{
-		Path:    p,
-		Size:    n,
-		ModTime: fi.ModTime().UTC(),
-		SHA256:  hex.EncodeToString(h.Sum(nil)),
-		Mode:    formatMode(fi.Mode()),
-	}, nil
+	e.Size, e.SHA256 = n, hex.EncodeToString(h.Sum(nil))
+	if n == fi.Size() {
+		s.digests.put(p, fi, e.SHA256, hashedAt)
+	}
+	return e, nil
 }

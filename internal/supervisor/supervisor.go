@@ -181,6 +181,7 @@ type Server struct {
 	workspaceAliases []string
 	root             *os.Root
 	usage            *workspaceUsage
+	digests          *digestCache
 
 	mu sync.Mutex
 	// running counts requests being served, so that Wait also covers
@@ -310,6 +311,7 @@ func New(cfg Config) (*Server, error) {
 		workspace:  workspace,
 		groups:     make(map[int]struct{}),
 		oomKilled:  make(map[int]bool),
+		digests:    newDigestCache(),
 	}
 	s.workspaceAliases = aliases
 	if workspace != "" {

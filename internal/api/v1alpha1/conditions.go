@@ -109,10 +109,10 @@ const (
 	ReasonRestoreFailed = "RestoreFailed"
 
 	// ReasonSyncFailed (phase Error): making the workspace's last writes
-	// durable before an idle stop's snapshot (the supervisor's flush)
-	// failed, also on the one retry; the pod was stopped without a
-	// snapshot, the workspace claim is kept, and the next activity starts
-	// the sandbox on it.
+	// durable before an idle stop's snapshot (the push into the agent's
+	// filespace, then the supervisor's flush) failed, also on the one
+	// retry; the pod was stopped without a snapshot, the workspace claim
+	// is kept, and the next activity starts the sandbox on it.
 	ReasonSyncFailed = "SyncFailed"
 
 	// ReasonPodFailed (phase Error): the pod failed or its node was lost, or

@@ -39,6 +39,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
+	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/volumesnapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
@@ -72,6 +73,7 @@ type options struct {
 	pprof          bool
 	kubeQPS        float64
 	kubeBurst      int
+	pushDelay      time.Duration
 	showVersion    bool
 	storeDSN       string
 	dataDir        string
@@ -129,6 +131,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	// can write; the apiserver's priority and fairness protects it either way.
 	fs.Float64Var(&o.kubeQPS, "kube-api-qps", 100, "requests per second the control plane may send to the Kubernetes API")
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 200, "requests the control plane may send to the Kubernetes API in a burst above -kube-api-qps")
+	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -240,14 +243,19 @@ func run(ctx context.Context, o *options) error {
 	if c, ok := snapshots.(interface{ Close() }); ok {
 		defer c.Close()
 	}
-	if err := (&controller.SandboxReconciler{
+	sandboxes := &controller.SandboxReconciler{
 		Namespace:    o.namespace,
 		TrustDomain:  o.trustDomain,
 		DefaultImage: o.sandboxImage,
 		CA:           ca,
 		Supervisors:  pool,
 		Snapshots:    snapshots,
-	}).SetupWithManager(mgr); err != nil {
+	}
+	if st != nil {
+		// Only with a store: the interface must stay nil without one.
+		sandboxes.Filespaces = filespace.Syncer{Store: st}
+	}
+	if err := sandboxes.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the sandbox controller: %w", err)
 	}
 	if err := (&controller.EgressProxyReconciler{
@@ -263,14 +271,15 @@ func run(ctx context.Context, o *options) error {
 		return fmt.Errorf("set up the node pool controller: %w", err)
 	}
 	api, err := computeapi.NewServer(computeapi.Options{
-		Sandboxes:     mgr.GetCache(),
-		Leases:        mgr.GetClient(),
-		LeaseReader:   mgr.GetAPIReader(),
-		Supervisors:   pool,
-		Authenticator: authn,
-		TrustDomain:   o.trustDomain,
-		Logger:        ctrl.Log.WithName("computeapi"),
-		Store:         st,
+		Sandboxes:          mgr.GetCache(),
+		Leases:             mgr.GetClient(),
+		LeaseReader:        mgr.GetAPIReader(),
+		Supervisors:        pool,
+		Authenticator:      authn,
+		TrustDomain:        o.trustDomain,
+		Logger:             ctrl.Log.WithName("computeapi"),
+		Store:              st,
+		FilespacePushDelay: o.pushDelay,
 	})
 	if err != nil {
 		return err

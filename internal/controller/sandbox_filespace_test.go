@@ -1,0 +1,141 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/archive"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
+)
+
+// TestFilespaceFollowsTheAgent runs seed 000's filespace sync through the
+// controller on the real cluster, with the real store (SQLite) and a gVisor
+// pod's supervisor: the idle stop pushes the workspace into the agent's
+// filespace; a change made to the filespace while the sandbox is stopped is
+// pulled on resume; and a new sandbox for the same agent, after the first
+// is deleted, starts with the agent's files.
+func TestFilespaceFollowsTheAgent(t *testing.T) {
+	t.Parallel()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: the filespace sync needs the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	s3 := s3server.Start(t)
+	arch, err := archive.New(archive.Config{
+		Endpoint: s3.Endpoint, Bucket: s3.Bucket, Region: s3.Region,
+		AccessKeyID: s3.AccessKeyID, SecretAccessKey: s3.SecretAccessKey,
+	})
+	must(t, err)
+	t.Cleanup(arch.Close)
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	must(t, err)
+	t.Cleanup(func() { st.Close() })
+	var pool *computeapi.SupervisorPool
+	e := newClusterEnv(t, withSnapshots(t, arch, &pool), func(r *SandboxReconciler) {
+		r.Filespaces = filespace.Syncer{Store: st}
+	})
+	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+	})
+	sbx := e.sandbox("first", "tpl")
+	agent := sbx.Spec.AgentID
+
+	sbx, _ = e.waitPhase("first", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup := e.supervisor(t, sbx)
+	if !e.workspaceWritable(t, sup) {
+		t.Fatal("the workspace must be writable for this test")
+	}
+	run(t, e.ctx, sup, `mkdir -p notes && echo "written in the sandbox" > notes/a.txt`)
+
+	// The idle stop pushes before the snapshot.
+	e.setActivity("first", time.Now().Add(-2*time.Hour))
+	e.waitPhase("first", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	n, err := st.GetFile(e.ctx, agent, "notes/a.txt")
+	if err != nil {
+		t.Fatalf("notes/a.txt is not in the filespace after the idle stop: %v", err)
+	}
+	if n.SizeBytes != int64(len("written in the sandbox\n")) {
+		t.Errorf("pushed node %+v", n)
+	}
+
+	// Another writer (here a supervisor process on the host, as a sync
+	// through the Compute API from another workspace would be) changes the
+	// filespace while the sandbox is stopped; the resume pulls it.
+	other := hostWorkspace(t)
+	if _, err := filespace.Sync(e.ctx, other, st, filespace.Options{AgentID: agent, Direction: filespace.Pull}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.PutFile(e.ctx, "notes/b.txt", strings.NewReader("written elsewhere\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := filespace.Sync(e.ctx, other, st, filespace.Options{AgentID: agent, Direction: filespace.Push}); err != nil {
+		t.Fatal(err)
+	}
+	e.setActivity("first", time.Now())
+	sbx, _ = e.waitPhase("first", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup = e.supervisor(t, sbx)
+	if got := run(t, e.ctx, sup, `cat notes/a.txt notes/b.txt`); got != "written in the sandbox\nwritten elsewhere" {
+		t.Errorf("workspace after the resume: %q", got)
+	}
+	e.checkEvent(sbx, EventFilespacePulled)
+
+	// The agent's files outlive its sandbox.
+	must(t, e.c.Delete(e.ctx, sbx))
+	e.gone(&v1alpha1.Sandbox{}, "first")
+	second := &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Name: "second", Namespace: e.ns},
+		Spec:       v1alpha1.SandboxSpec{AgentID: agent, TemplateRef: v1alpha1.LocalObjectReference{Name: "tpl"}},
+	}
+	must(t, e.c.Create(e.ctx, second))
+	sbx, _ = e.waitPhase("second", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup = e.supervisor(t, sbx)
+	if got := run(t, e.ctx, sup, `cat notes/a.txt notes/b.txt`); got != "written in the sandbox\nwritten elsewhere" {
+		t.Errorf("workspace of the agent's new sandbox: %q", got)
+	}
+}
+
+// hostWorkspace is a supervisor serving a temporary directory on the host.
+func hostWorkspace(t *testing.T) *supervisorapi.Client {
+	t.Helper()
+	sup, err := supervisor.New(supervisor.Config{Workspace: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	must(t, err)
+	t.Cleanup(func() { sup.Close() })
+	srv := httptest.NewServer(sup)
+	t.Cleanup(srv.Close)
+	return supervisorapi.NewClient(srv.URL, srv.Client())
+}
+
+// checkEvent fails the test unless an event of reason was recorded on sbx.
+func (e *clusterEnv) checkEvent(sbx *v1alpha1.Sandbox, reason string) {
+	e.t.Helper()
+	e.eventually("event "+reason+" on "+sbx.Name, func() error {
+		var list corev1.EventList
+		if err := e.c.List(e.ctx, &list, client.InNamespace(e.ns)); err != nil {
+			return err
+		}
+		for _, ev := range list.Items {
+			if ev.Reason == reason && ev.InvolvedObject.UID == sbx.UID {
+				return nil
+			}
+		}
+		return fmt.Errorf("not recorded yet")
+	})
+}
