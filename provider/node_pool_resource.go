@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
-	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
 	"github.com/hashicorp/terraform-plugin-framework-validators/mapvalidator"
 	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
 	"github.com/hashicorp/terraform-plugin-framework/attr"
@@ -65,14 +64,6 @@ type nodePoolObjectModel struct {
 	Tolerations      types.List   `tfsdk:"tolerations"`
 	Taint            types.Object `tfsdk:"taint"`
 	Overhead         types.Map    `tfsdk:"overhead"`
-}
-
-type tolerationModel struct {
-	Key               types.String `tfsdk:"key"`
-	Operator          types.String `tfsdk:"operator"`
-	Value             types.String `tfsdk:"value"`
-	Effect            types.String `tfsdk:"effect"`
-	TolerationSeconds types.Int64  `tfsdk:"toleration_seconds"`
 }
 
 type taintModel struct {
@@ -134,13 +125,6 @@ func findNodePoolMode(name string) (nodePoolMode, bool) {
 }
 
 var (
-	tolerationOperators = []string{string(corev1.TolerationOpEqual), string(corev1.TolerationOpExists)}
-	taintEffects        = []string{string(corev1.TaintEffectNoSchedule), string(corev1.TaintEffectPreferNoSchedule), string(corev1.TaintEffectNoExecute)}
-
-	tolerationAttrTypes = map[string]attr.Type{
-		"key": types.StringType, "operator": types.StringType, "value": types.StringType,
-		"effect": types.StringType, "toleration_seconds": types.Int64Type,
-	}
 	taintAttrTypes          = map[string]attr.Type{"key": types.StringType, "value": types.StringType, "effect": types.StringType}
 	nodePoolStatusAttrTypes = map[string]attr.Type{"nodes": types.ListType{ElemType: types.StringType}, "ready_nodes": types.Int64Type}
 
@@ -180,7 +164,6 @@ func (r *nodePoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 	for i, m := range nodePoolModes {
 		modes[i] = "`" + string(m.name) + "`: " + m.description + "."
 	}
-	effectDesc := "One of " + codeList(taintEffects) + "."
 	resp.Schema = schema.Schema{
 		MarkdownDescription: "A gVisor node pool: a set of nodes prepared to run sandboxes under gVisor, and the RuntimeClass " +
 			"(handler `runsc`, scheduling node selector and tolerations, pod overhead) that schedules sandbox pods onto them. " +
@@ -214,34 +197,7 @@ func (r *nodePoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					mapvalidator.ValueStringsAre(labelValueCheck),
 				},
 			},
-			"tolerations": schema.ListNestedAttribute{
-				Optional:            true,
-				MarkdownDescription: "The RuntimeClass's scheduling tolerations, added to every sandbox pod; they should tolerate the pool's `taint`.",
-				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
-					"key": schema.StringAttribute{
-						Optional:            true,
-						MarkdownDescription: "Taint key to tolerate; unset with operator `Exists` tolerates every taint.",
-					},
-					"operator": schema.StringAttribute{
-						Optional:            true,
-						MarkdownDescription: "One of " + codeList(tolerationOperators) + ". Unset means `Equal`.",
-						Validators:          []validator.String{stringvalidator.OneOf(tolerationOperators...)},
-					},
-					"value": schema.StringAttribute{
-						Optional: true, MarkdownDescription: "Taint value to match with operator `Equal`.",
-					},
-					"effect": schema.StringAttribute{
-						Optional:            true,
-						MarkdownDescription: "Taint effect to tolerate. " + effectDesc + " Unset means every effect.",
-						Validators:          []validator.String{stringvalidator.OneOf(taintEffects...)},
-					},
-					"toleration_seconds": schema.Int64Attribute{
-						Optional:            true,
-						MarkdownDescription: "For effect `NoExecute`: how long a pod stays bound after the taint appears. Unset means forever.",
-						Validators:          []validator.Int64{int64validator.AtLeast(0)},
-					},
-				}},
-			},
+			"tolerations": tolerationsAttribute("The RuntimeClass's scheduling tolerations, added to every sandbox pod; they should tolerate the pool's `taint`."),
 			"taint": schema.SingleNestedAttribute{
 				Optional: true,
 				MarkdownDescription: "Taint put on the pool's nodes in " + codeList(modesUsingTaint()) + " mode to keep other pods " +
@@ -256,7 +212,7 @@ func (r *nodePoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 						Validators: []validator.String{labelValueCheck},
 					},
 					"effect": schema.StringAttribute{
-						Required: true, MarkdownDescription: "Taint effect. " + effectDesc,
+						Required: true, MarkdownDescription: "Taint effect. " + taintEffectDesc,
 						Validators: []validator.String{stringvalidator.OneOf(taintEffects...)},
 					},
 				},
@@ -515,23 +471,7 @@ func (m *nodePoolObjectModel) spec(ctx context.Context, diags *diag.Diagnostics)
 		NodeSelector:     goMap(ctx, m.NodeSelector, diags),
 		Overhead:         resourceList(goMap(ctx, m.Overhead, diags), "overhead", diags),
 	}
-	if !m.Tolerations.IsNull() && !m.Tolerations.IsUnknown() {
-		var tols []tolerationModel
-		diags.Append(m.Tolerations.ElementsAs(ctx, &tols, false)...)
-		for _, t := range tols {
-			tol := corev1.Toleration{
-				Key:      t.Key.ValueString(),
-				Operator: corev1.TolerationOperator(t.Operator.ValueString()),
-				Value:    t.Value.ValueString(),
-				Effect:   corev1.TaintEffect(t.Effect.ValueString()),
-			}
-			if !t.TolerationSeconds.IsNull() && !t.TolerationSeconds.IsUnknown() {
-				secs := t.TolerationSeconds.ValueInt64()
-				tol.TolerationSeconds = &secs
-			}
-			s.Tolerations = append(s.Tolerations, tol)
-		}
-	}
+	s.Tolerations = tolerationsSpec(ctx, m.Tolerations, diags)
 	if !m.Taint.IsNull() && !m.Taint.IsUnknown() {
 		var tm taintModel
 		diags.Append(m.Taint.As(ctx, &tm, objectAsOptions)...)
@@ -552,23 +492,7 @@ func (m *nodePoolObjectModel) fromSpec(ctx context.Context, s *agentboxv1alpha1.
 	m.NodeSelector = mapValue(ctx, m.NodeSelector, s.NodeSelector, diags)
 	m.Overhead = quantityMap(ctx, m.Overhead, s.Overhead, diags)
 
-	tolType := types.ObjectType{AttrTypes: tolerationAttrTypes}
-	if len(s.Tolerations) == 0 {
-		if m.Tolerations.IsNull() || m.Tolerations.IsUnknown() || len(m.Tolerations.Elements()) != 0 {
-			m.Tolerations = types.ListNull(tolType)
-		}
-	} else {
-		tols := make([]tolerationModel, len(s.Tolerations))
-		for i, t := range s.Tolerations {
-			tols[i] = tolerationModel{
-				Key: stringOrNull(t.Key), Operator: stringOrNull(string(t.Operator)), Value: stringOrNull(t.Value),
-				Effect: stringOrNull(string(t.Effect)), TolerationSeconds: types.Int64PointerValue(t.TolerationSeconds),
-			}
-		}
-		v, d := types.ListValueFrom(ctx, tolType, tols)
-		diags.Append(d...)
-		m.Tolerations = v
-	}
+	m.Tolerations = tolerationsValue(ctx, m.Tolerations, s.Tolerations, diags)
 
 	if s.Taint == nil {
 		m.Taint = types.ObjectNull(taintAttrTypes)

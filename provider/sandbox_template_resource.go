@@ -52,6 +52,7 @@ type sandboxTemplateModel struct {
 	EgressProxy      types.String `tfsdk:"egress_proxy"`
 	NodePool         types.String `tfsdk:"node_pool"`
 	NodeSelector     types.Map    `tfsdk:"node_selector"`
+	Tolerations      types.List   `tfsdk:"tolerations"`
 }
 
 type resourcesModel struct {
@@ -235,6 +236,9 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 				Optional: true, MarkdownDescription: "Name of the `agentbox_node_pool` whose nodes run the sandboxes.",
 			},
 			"node_selector": optionalMap("Extra node labels the sandbox pods require."),
+			"tolerations": tolerationsAttribute("Tolerations added to the sandbox pods, beside those of the `node_pool`'s " +
+				"RuntimeClass: for nodes tainted for reasons of the cluster's own (dedicated hardware, a spot pool) that " +
+				"the template's sandboxes may use."),
 		},
 	}
 }
@@ -350,6 +354,7 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 		RuntimeClassName: m.RuntimeClassName.ValueString(),
 		IdleTimeout:      parseDuration(m.IdleTimeout, "idle_timeout", diags),
 		NodeSelector:     goMap(ctx, m.NodeSelector, diags),
+		Tolerations:      tolerationsSpec(ctx, m.Tolerations, diags),
 	}
 	env := goMap(ctx, m.Env, diags)
 	for _, k := range sortedKeys(env) {
@@ -414,6 +419,7 @@ func (m *sandboxTemplateModel) fromSpec(ctx context.Context, s *agentboxv1alpha1
 	m.RuntimeClassName = types.StringValue(s.RuntimeClassName)
 	m.IdleTimeout = keepDuration(m.IdleTimeout, s.IdleTimeout.Duration)
 	m.NodeSelector = mapValue(ctx, m.NodeSelector, s.NodeSelector, diags)
+	m.Tolerations = tolerationsValue(ctx, m.Tolerations, s.Tolerations, diags)
 	env := map[string]string{}
 	for _, e := range s.Env {
 		// Values from Secrets or fields are not Terraform's to manage here.

@@ -31,6 +31,10 @@ resource "agentbox_sandbox_template" "test" {
   workspace = { size = "2Gi" }
   python    = { max_timeout = "120s", allowed_packages = ["numpy"] }
   mcp_servers = [{ name = "files", command = "mcp-files", args = ["--root", "/workspace"] }]
+  tolerations = [
+    { key = "dedicated", value = "agents", effect = "NoSchedule" },
+    { key = "spot", operator = "Exists", effect = "NoExecute", toleration_seconds = 30 },
+  ]
 }
 `, ns, image)
 }
@@ -52,6 +56,16 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("resources").AtMapKey("requests").AtMapKey("cpu"), knownvalue.StringExact("0.5")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("default_timeout"), knownvalue.StringExact("30s")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("max_timeout"), knownvalue.StringExact("120s")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("tolerations"), knownvalue.ListExact([]knownvalue.Check{
+						knownvalue.ObjectExact(map[string]knownvalue.Check{
+							"key": knownvalue.StringExact("dedicated"), "operator": knownvalue.Null(), "value": knownvalue.StringExact("agents"),
+							"effect": knownvalue.StringExact("NoSchedule"), "toleration_seconds": knownvalue.Null(),
+						}),
+						knownvalue.ObjectExact(map[string]knownvalue.Check{
+							"key": knownvalue.StringExact("spot"), "operator": knownvalue.StringExact("Exists"), "value": knownvalue.Null(),
+							"effect": knownvalue.StringExact("NoExecute"), "toleration_seconds": knownvalue.Int64Exact(30),
+						}),
+					})),
 				},
 			},
 			{
@@ -74,7 +88,10 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 			{
 				// Out-of-band edit: the next plan updates it back.
 				PreConfig: func() {
-					mutate(t, c, key, func(o *agentboxv1alpha1.SandboxTemplate) { o.Spec.Image = "someone/else:2" })
+					mutate(t, c, key, func(o *agentboxv1alpha1.SandboxTemplate) {
+						o.Spec.Image = "someone/else:2"
+						o.Spec.Tolerations = o.Spec.Tolerations[:1]
+					})
 				},
 				Config: testAccTemplateConfig(ns, "example/sandbox:1"),
 				ConfigPlanChecks: resource.ConfigPlanChecks{
@@ -82,6 +99,7 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 				},
 				ConfigStateChecks: []statecheck.StateCheck{
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("image"), knownvalue.StringExact("example/sandbox:1")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("tolerations").AtSliceIndex(1).AtMapKey("key"), knownvalue.StringExact("spot")),
 				},
 			},
 			{
