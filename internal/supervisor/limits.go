@@ -41,21 +41,13 @@ const memorySettle = 500 * time.Millisecond
 // so the floor is half as much again.
 func defaultMemoryReserve(limit int64) int64 { return max(96<<20, limit/8) }
 
-// startConfined starts cmd as children.start does, then applies the
-// per-command limits. The limit is set after the start, so a child that
-// forked before it would escape it; the child has only just been exec'd
-// (Start returns once exec succeeded) and has not run its loader yet, and
-// the command's timeout still kills whatever escaped.
+// startConfined starts cmd as children.start does, with the per-command
+// process limit in force before the command runs (see startLimited).
 func (s *Server) startConfined(cmd *exec.Cmd) error {
-	if err := children.start(cmd); err != nil {
-		return err
-	}
 	if n := s.cfg.CommandPidsLimit; n > 0 {
-		if err := limitProcesses(cmd.Process.Pid, n); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			s.log.Warn("could not limit a command's processes", "pid", cmd.Process.Pid, "error", err.Error())
-		}
+		return startLimited(cmd, n)
 	}
-	return nil
+	return children.start(cmd)
 }
 
 // memoryGuard kills the command group that holds the most memory when the
