@@ -50,6 +50,9 @@ func TestSupervisorGVisorBench(t *testing.T) {
 	e := newClusterEnv(t)
 	_, kubeconfig := testenv.Shared(t)
 	p := e.gvisorPod(t, "bench", gvisorPodOptions{memoryLimit: "1Gi", workspaceCap: "512MiB", emptyDirSize: "1Gi"})
+	// The same supervisor with no per-command process limit prices the
+	// limit's gate (the command held at its exec until the limit is set).
+	unlimited := e.gvisorPod(t, "nolimit", gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "64MiB", emptyDirSize: "128Mi", pidsLimit: "-1"})
 	ctx := e.ctx
 	var table [][3]string
 	row := func(what, value, note string) { table = append(table, [3]string{what, value, note}) }
@@ -58,35 +61,58 @@ func TestSupervisorGVisorBench(t *testing.T) {
 	// as a raw spawn in the pod, alternating batches so that both see the
 	// same load on the shared machine.
 	const rounds, batch = 10, 20
-	var viaSup, health, raw []time.Duration
-	for range 3 { // warm the connection and the page cache
-		if _, err := p.alive(ctx); err != nil {
-			t.Fatal(err)
+	// The same spawn as a bare Go program in the pod (testdata/gospawn).
+	goSpawn := filepath.Join(t.TempDir(), "gospawn")
+	build := exec.CommandContext(ctx, "go", "build", "-o", goSpawn, "./testdata/gospawn")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build gospawn: %v\n%s", err, out)
+	}
+	bin, err := os.ReadFile(goSpawn)
+	must(t, err)
+	_, err = p.sup.PutFile(ctx, "gospawn", bytes.NewReader(bin), 0o755)
+	must(t, err)
+
+	var viaSup, noLimit, health, raw, bareGo []time.Duration
+	durations := func(out string) []time.Duration {
+		var ds []time.Duration
+		for _, f := range strings.Fields(out) {
+			ns, err := strconv.ParseInt(f, 10, 64)
+			must(t, err)
+			ds = append(ds, time.Duration(ns))
 		}
+		return ds
+	}
+	for range 3 { // warm the connections and the page caches
+		for _, pod := range []*gvisorPod{p, unlimited} {
+			if _, err := pod.alive(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	runTrue := func(pod *gvisorPod) time.Duration {
+		start := time.Now()
+		res, err := pod.sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"true"}, Cwd: "/tmp"})
+		d := time.Since(start)
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("true through the supervisor of %s: %v %+v", pod.name, err, res)
+		}
+		return d
 	}
 	for range rounds {
 		for range batch {
-			start := time.Now()
-			res, err := p.sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"true"}, Cwd: "/tmp"})
-			d := time.Since(start)
-			if err != nil || res.ExitCode != 0 {
-				t.Fatalf("true through the supervisor: %v %+v", err, res)
-			}
-			viaSup = append(viaSup, d)
+			viaSup = append(viaSup, runTrue(p))
+			noLimit = append(noLimit, runTrue(unlimited))
 			// The same connection's floor: a request that runs nothing,
 			// so that the transport and the exec path can be told apart.
-			start = time.Now()
+			start := time.Now()
 			if _, err := p.sup.Health(ctx); err != nil {
 				t.Fatalf("health: %v", err)
 			}
 			health = append(health, time.Since(start))
 		}
-		out := p.run(t, "python3", "-c", rawSpawn, strconv.Itoa(batch)).Stdout
-		for _, f := range strings.Fields(out) {
-			ns, err := strconv.ParseInt(f, 10, 64)
-			must(t, err)
-			raw = append(raw, time.Duration(ns))
-		}
+		raw = append(raw, durations(p.run(t, "python3", "-c", rawSpawn, strconv.Itoa(batch)).Stdout)...)
+		bareGo = append(bareGo, durations(p.run(t, "/workspace/gospawn", strconv.Itoa(batch)).Stdout)...)
 	}
 	supP50, rawP50 := percentile(viaSup, 50), percentile(raw, 50)
 	t.Logf("true via supervisor: n=%d p50 %v p90 %v; raw posix_spawn in pod: n=%d p50 %v p90 %v; supervisor adds %v at p50",
@@ -94,9 +120,15 @@ func TestSupervisorGVisorBench(t *testing.T) {
 	row("`true` via supervisor (mTLS from host), p50", supP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v", len(viaSup), percentile(viaSup, 90).Round(time.Microsecond)))
 	row("`true` raw posix_spawn in the pod, p50", rawP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v", len(raw), percentile(raw, 90).Round(time.Microsecond)))
 	row("supervisor overhead at p50", (supP50 - rawP50).Round(time.Microsecond).String(), "target <= 1ms")
+	goP50 := percentile(bareGo, 50)
+	row("`true` by a bare Go os/exec in the pod, p50", goP50.Round(time.Microsecond).String(),
+		fmt.Sprintf("n=%d, p90 %v: Go's exec under gVisor, %v over posix_spawn", len(bareGo), percentile(bareGo, 90).Round(time.Microsecond), (goP50-rawP50).Round(time.Microsecond)))
 	hP50 := percentile(health, 50)
 	row("health round trip (mTLS from host), p50", hP50.Round(time.Microsecond).String(), fmt.Sprintf("n=%d, p90 %v: the transport floor", len(health), percentile(health, 90).Round(time.Microsecond)))
 	row("`true` minus health, p50", (supP50 - hP50).Round(time.Microsecond).String(), "the exec path inside the supervisor")
+	nlP50 := percentile(noLimit, 50)
+	row("`true` via supervisor, no process limit, p50", nlP50.Round(time.Microsecond).String(),
+		fmt.Sprintf("n=%d, p90 %v; the limit's gate costs %v", len(noLimit), percentile(noLimit, 90).Round(time.Microsecond), (supP50-nlP50).Round(time.Microsecond)))
 
 	// (b) 100 MiB in and out, through the file API and through kubectl
 	// cp (which runs tar in the pod over an exec stream through the API

@@ -49,6 +49,15 @@ func StartReaper(ctx context.Context, log *slog.Logger) error {
 			if n := reapOrphans(); n > 0 {
 				log.Debug("reaped orphaned processes", "count", n)
 			}
+			// Every command's exit raises SIGCHLD too, and a scan reads
+			// all of /proc (a millisecond or more under gVisor): scans
+			// are spaced so that a stream of short commands does not pay
+			// for one each.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(reapSpacing):
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -60,27 +69,38 @@ func StartReaper(ctx context.Context, log *slog.Logger) error {
 	return nil
 }
 
+// reapSpacing is the least time between two scans for orphans: how long
+// an orphan may stay a zombie after the previous scan.
+const reapSpacing = 250 * time.Millisecond
+
 // reapOrphans waits for every zombie child of this process that the
-// package did not start itself.
+// package did not start itself. /proc is read without holding children.mu,
+// which every start takes: a zombie seen there was forked before, so once
+// the lock is held it is registered if it is the package's own.
 func reapOrphans() int {
-	children.mu.Lock()
-	defer children.mu.Unlock()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
 	}
 	self := os.Getpid()
-	reaped := 0
+	var zombies []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		if _, ours := children.pids[pid]; ours {
-			continue
+		if state, ppid, ok := procStat(pid); ok && ppid == self && state == 'Z' {
+			zombies = append(zombies, pid)
 		}
-		state, ppid, ok := procStat(pid)
-		if !ok || ppid != self || state != 'Z' {
+	}
+	if len(zombies) == 0 {
+		return 0
+	}
+	children.mu.Lock()
+	defer children.mu.Unlock()
+	reaped := 0
+	for _, pid := range zombies {
+		if _, ours := children.pids[pid]; ours {
 			continue
 		}
 		var ws syscall.WaitStatus
