@@ -60,7 +60,7 @@ func storeAPI(t *testing.T, f *fixture) (*Server, *store.Store, func(token strin
 // same whether or not the other sandbox exists, and that every call,
 // refused ones included, lands in a verifiable audit chain.
 func TestTokensScopeAndAudit(t *testing.T) {
-	f := newFixture(t, "", readySandbox("team-b", "sb-2", "agent-2", "https://198.18.0.9:8443"))
+	f := newFixture(t, "", readySandbox("team-b", "sb-2", "agent-2", "https://127.0.0.1:1"))
 	_, st, client := storeAPI(t, f)
 	ctx := context.Background()
 	admin := client(adminToken)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
-	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
 // Seed 000 pushes the workspace into the agent's filespace after each tool
@@ -86,7 +85,7 @@ func (p *autoPusher) push(agentID string) {
 	if apiErr != nil || sb.Status.ServiceEndpoint == "" || !meta.IsStatusConditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
 		return
 	}
-	sup, err := p.s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(p.s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
+	sup, err := p.s.dialSupervisor(sb)
 	if err != nil {
 		log.Error(err, "dial the supervisor to push the workspace")
 		return

@@ -15,7 +15,6 @@ import (
 	"github.com/coder/websocket"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -164,7 +163,7 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.recordActivity(r.Context(), sb)
-	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
+	sup, err := s.dialSupervisor(sb)
 	if err != nil {
 		writeError(w, api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", c.AgentID))
 		return

@@ -257,10 +257,24 @@ func (s *Server) changeLease(ctx context.Context, sb *v1alpha1.Sandbox, change l
 		now    time.Time
 		wrote  bool
 	)
+	// The first read is through Leases, the manager's cache in the control
+	// plane: a claim then makes two API round trips, not three. The write
+	// carries the resourceVersion read, so a cache that was behind costs a
+	// conflict, and the retries read directly.
+	direct := false
+	get := func(l *coordinationv1.Lease) error {
+		if !direct {
+			if err := s.leaseWriter.Get(ctx, key, l); !apierrors.IsNotFound(err) {
+				return err
+			}
+			// Maybe only not in the cache yet.
+		}
+		return s.leaseReader.Get(ctx, key, l)
+	}
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		apiErr, wrote = nil, false
 		lease = coordinationv1.Lease{}
-		if err := s.leaseReader.Get(ctx, key, &lease); err != nil {
+		if err := get(&lease); err != nil {
 			return fmt.Errorf("get lease %s: %w", key, err)
 		}
 		// Microseconds are what a Lease stores; truncating here makes the
@@ -272,6 +286,7 @@ func (s *Server) changeLease(ctx context.Context, sb *v1alpha1.Sandbox, change l
 			return nil
 		}
 		if err := s.leaseWriter.Update(ctx, &lease); err != nil {
+			direct = true
 			return fmt.Errorf("update lease %s: %w", key, err)
 		}
 		wrote = true

@@ -9,12 +9,15 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
@@ -257,7 +260,7 @@ func TestActivityRenewalKeepsTheHolder(t *testing.T) {
 }
 
 func TestLeaseBadRequests(t *testing.T) {
-	f := newFixture(t, "", readySandbox("team-a", "sb-nolease", "agent-nolease", "https://198.18.0.9:8443"))
+	f := newFixture(t, "", readySandbox("team-a", "sb-nolease", "agent-nolease", "https://127.0.0.1:1"))
 	c := f.client(t, adminToken)
 	ctx := context.Background()
 	for name, req := range map[string]api.AcquireLeaseRequest{
@@ -321,5 +324,57 @@ func TestAgentMayNotLeaseAnotherAgentsSandbox(t *testing.T) {
 	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
 	if h := f.lease(t).Spec.HolderIdentity; h != nil {
 		t.Errorf("holder %q was written by another agent", *h)
+	}
+}
+
+// A lease call reads the Lease through Leases (the manager's cache in the
+// control plane) first. When that copy is behind, the write conflicts and
+// the retry reads directly, so the call still succeeds.
+func TestChangeLeaseStaleFirstRead(t *testing.T) {
+	f := newFixture(t, "")
+	ctx := context.Background()
+	key := types.NamespacedName{Namespace: "team-a", Name: "sb-1"}
+	var stale coordinationv1.Lease
+	if err := f.kube.Get(ctx, key, &stale); err != nil {
+		t.Fatal(err)
+	}
+	// Another writer moves the Lease on after the cached copy was taken.
+	moved := stale.DeepCopy()
+	moved.Annotations = map[string]string{"other-writer": "yes"}
+	if err := f.kube.Update(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	var cacheReads, directReads atomic.Int32
+	cache := interceptor.NewClient(f.kube.(client.WithWatch), interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if l, ok := obj.(*coordinationv1.Lease); ok && k == key {
+			cacheReads.Add(1)
+			stale.DeepCopyInto(l)
+			return nil
+		}
+		return c.Get(ctx, k, obj, opts...)
+	}})
+	direct := interceptor.NewClient(f.kube.(client.WithWatch), interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		directReads.Add(1)
+		return c.Get(ctx, k, obj, opts...)
+	}})
+	s, err := NewServer(Options{Sandboxes: f.kube, Leases: cache, LeaseReader: direct, Supervisors: f.services.supervisors,
+		Authenticator: f.services.auth, TrustDomain: testTrustDomain, Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sb := f.sandboxNamed(t, "sb-1")
+	l, apiErr := s.hold(ctx, sb, api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1", TTLSeconds: 30})
+	if apiErr != nil {
+		t.Fatal(apiErr)
+	}
+	if ptr.Deref(l.Spec.HolderIdentity, "") != "run-1" || l.Annotations["other-writer"] != "yes" {
+		t.Errorf("hold wrote %+v %v; want run-1's hold on top of the other writer's change", l.Spec, l.Annotations)
+	}
+	if cacheReads.Load() != 1 || directReads.Load() != 1 {
+		t.Errorf("%d reads through the cache and %d direct; want 1 and 1 (the retry after the conflict)", cacheReads.Load(), directReads.Load())
+	}
+	if got := f.leaseNamed(t, "sb-1"); ptr.Deref(got.Spec.HolderIdentity, "") != "run-1" {
+		t.Errorf("stored Lease holder %v", got.Spec.HolderIdentity)
 	}
 }

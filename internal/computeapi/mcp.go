@@ -14,7 +14,6 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
@@ -117,7 +116,7 @@ func (s *Server) mcpTools(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
+	sup, err := s.dialSupervisor(sb)
 	if err != nil {
 		writeError(w, api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID))
 		return

@@ -15,7 +15,6 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -46,7 +45,7 @@ func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Clien
 	}
 	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
 	s.recordActivity(r.Context(), sb)
-	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
+	sup, err := s.dialSupervisor(sb)
 	if err != nil {
 		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
 		s.logFailure(log, apiErr, err)

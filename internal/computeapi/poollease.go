@@ -69,6 +69,7 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log = log.WithValues("sandbox", sb.Name)
+	s.warmConnection(sb)
 	l, apiErr := s.hold(r.Context(), sb, req)
 	if apiErr != nil {
 		fail(apiErr)

@@ -19,12 +19,13 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
 // warmSandbox is a ready sandbox of warm pool "p" in team-a, created age
 // ago, with its Lease.
 func warmSandbox(name string, age time.Duration, now time.Time) []client.Object {
-	s := readySandbox("team-a", name, "warm.p."+name, "https://198.18.0.9:8443")
+	s := readySandbox("team-a", name, "warm.p."+name, "https://127.0.0.1:1")
 	s.Labels[v1alpha1.LabelWarmPool] = "p"
 	s.CreationTimestamp = metav1.NewTime(now.Add(-age))
 	s.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "SandboxWarmPool",
@@ -115,6 +116,37 @@ func TestPoolLease(t *testing.T) {
 	wantAPIError(t, err, api.CodePoolNotFound, http.StatusNotFound)
 	_, err = c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-4"})
 	wantAPIError(t, err, api.CodeInvalidArgument, http.StatusBadRequest)
+}
+
+// A pool lease opens the verified connection to the leased sandbox's
+// supervisor while it writes the lease, so that the holder's first command
+// does not wait for a TLS handshake.
+func TestPoolLeaseWarmsConnection(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
+	f := newFixture(t, pki.SandboxID(testTrustDomain, "team-a", "w-1").String(), warmSandbox("w-1", time.Minute, now)...)
+	sb := f.sandboxNamed(t, "w-1")
+	sb.Status.ServiceEndpoint = f.sup.srv.URL
+	if err := f.kube.Status().Update(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client(t, adminToken)
+	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); f.sup.handshakes.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no connection to the leased sandbox's supervisor 10 s after the lease")
+		}
+	}
+	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("first command: %+v, %v", res, err)
+	}
+	if n := f.sup.handshakes.Load(); n != 1 {
+		t.Errorf("%d TLS handshakes with the supervisor; the first command should reuse the one the lease opened", n)
+	}
 }
 
 // TestPoolLeaseRace sends more concurrent acquires than the pool has

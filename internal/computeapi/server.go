@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -63,12 +64,13 @@ type Options struct {
 	// manager's cache, so lookups do not load the API server.
 	Sandboxes client.Reader
 	// Leases writes the activity renewals and lease holds to sandbox
-	// Leases. It must write directly, not through a cache.
+	// Leases, and its reads are a lease call's first look at the Lease; in
+	// the control plane it is the manager's client, which writes directly
+	// and reads from the cache.
 	Leases client.Client
-	// LeaseReader reads Leases before a lease call changes them; it
-	// defaults to Leases. A cache works, since writes carry the
-	// resourceVersion read and are retried on conflict, but a direct
-	// reader avoids retrying while the cache catches up.
+	// LeaseReader reads Leases directly, for the retries of a lease call
+	// whose first read, through Leases, was stale or missed; it defaults
+	// to Leases.
 	LeaseReader client.Reader
 	// Supervisors dials sandbox supervisors; see SupervisorPool.
 	Supervisors SupervisorDialer
@@ -118,6 +120,10 @@ type Server struct {
 	audit           *auditor
 	pushes          *autoPusher // nil without a store
 	poolTakes       poolTakes
+	// background holds work a call starts and does not wait for (see
+	// warmConnection); Close waits for it.
+	background sync.WaitGroup
+	warmSlots  chan struct{} // see warmConnection
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
 }
@@ -137,6 +143,7 @@ func NewServer(opts Options) (*Server, error) {
 	s := &Server{
 		sandboxes:       opts.Sandboxes,
 		supervisors:     opts.Supervisors,
+		warmSlots:       make(chan struct{}, maxWarmConnections),
 		auth:            opts.Authenticator,
 		trustDomain:     opts.TrustDomain,
 		clock:           opts.Clock,
@@ -248,6 +255,7 @@ func NewServer(opts Options) (*Server, error) {
 // Close writes the audit records still queued. Call it after the HTTP
 // server has stopped serving, and before closing the Store.
 func (s *Server) Close() {
+	s.background.Wait()
 	if s.pushes != nil {
 		s.pushes.close()
 	}
@@ -336,10 +344,7 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
 	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
 	s.recordActivity(r.Context(), sb)
 
-	// The workload name comes from status, which only the controller writes
-	// (RBAC gives clients no status rights), so it can be trusted as the
-	// identity to verify.
-	sup, err := s.supervisors.Supervisor(sb.Status.ServiceEndpoint, pki.SandboxID(s.trustDomain, sb.Namespace, sb.WorkloadName()).String())
+	sup, err := s.dialSupervisor(sb)
 	if err != nil {
 		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
 		s.logFailure(log, apiErr, err)

@@ -331,7 +331,7 @@ func TestAuthentication(t *testing.T) {
 }
 
 func TestUnknownAgent(t *testing.T) {
-	other := readySandbox("team-b", "secret-sandbox", "agent-2", "https://198.18.0.9:8443")
+	other := readySandbox("team-b", "secret-sandbox", "agent-2", "https://127.0.0.1:1")
 	f := newFixture(t, "", other)
 	_, err := f.client(t, adminToken).RunCommand(context.Background(), "agent-404", api.RunCommandRequest{Command: []string{"true"}})
 	e := wantAPIError(t, err, api.CodeSandboxNotFound, http.StatusNotFound)
@@ -345,7 +345,7 @@ func TestUnknownAgent(t *testing.T) {
 // An agent whose ID hashes like another's label (which the label alone
 // cannot rule out) is still told apart by spec.agentID.
 func TestLabelIsNotTrustedAlone(t *testing.T) {
-	impostor := readySandbox("team-b", "impostor", "agent-1", "https://198.18.0.9:8443")
+	impostor := readySandbox("team-b", "impostor", "agent-1", "https://127.0.0.1:1")
 	impostor.Spec.AgentID = "agent-9"
 	f := newFixture(t, "")
 	if err := f.kube.Create(context.Background(), impostor); err != nil {
@@ -600,7 +600,7 @@ func (agentToken) Authenticate(_ context.Context, token string) (*Principal, err
 }
 
 func TestAgentMayNotReachAnotherAgentsSandbox(t *testing.T) {
-	f := newFixture(t, "", readySandbox("team-b", "sb-2", "agent-2", "https://198.18.0.9:8443"))
+	f := newFixture(t, "", readySandbox("team-b", "sb-2", "agent-2", "https://127.0.0.1:1"))
 	srv, err := NewServer(Options{Sandboxes: f.kube, Leases: f.kube, Authenticator: agentToken{},
 		Supervisors: f.services.supervisors, Clock: f.clock})
 	if err != nil {
