@@ -141,6 +141,7 @@ func (b hashedBody) Read(p []byte) (int, error) {
 // before anyone was authenticated.
 func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter, *http.Request) *Principal) string {
 	start := s.clock.Now()
+	r, requestID := withRequestID(w, r)
 	if s.audit == nil {
 		aw := &auditedWriter{ResponseWriter: w}
 		serve(aw, r)
@@ -165,7 +166,7 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 		ParamsHash: hex.EncodeToString(h.Sum(nil)),
 		Duration:   s.clock.Since(start),
 		Status:     aw.status,
-		RequestID:  r.Header.Get("X-Request-Id"),
+		RequestID:  requestID,
 	}
 	if p != nil {
 		e.Caller, e.CallerKind = p.Name, p.Kind

@@ -226,7 +226,7 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 // a stopped sandbox can be reserved before its first command resumes it.
 func (s *Server) leaseRequest(w http.ResponseWriter, r *http.Request, op string, into any) (*v1alpha1.Sandbox, logr.Logger, *api.Error) {
 	agentID := r.PathValue("agent_id")
-	log := s.log.WithValues("op", op, "agent", agentID)
+	log := s.callLog(r, op).WithValues("agent", agentID)
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		return nil, log, apiErr
 	}

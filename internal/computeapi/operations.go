@@ -34,7 +34,7 @@ const fileCallTimeout = 10 * time.Minute
 // dial its supervisor, verifying the identity the controller recorded.
 func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Client, logr.Logger, *api.Error) {
 	agentID := r.PathValue("agent_id")
-	log := s.log.WithValues("op", op, "agent", agentID)
+	log := s.callLog(r, op).WithValues("agent", agentID)
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		return nil, log, apiErr
 	}

@@ -40,7 +40,7 @@ const poolExhaustedRetry = 2 * time.Second
 // taken sandbox once v1alpha1.PoolLeaseGrace has passed without a hold.
 func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 	ns, pool := r.PathValue("namespace"), r.PathValue("pool")
-	log := s.log.WithValues("op", "acquire_pool_lease", "namespace", ns, "pool", pool)
+	log := s.callLog(r, "acquire_pool_lease").WithValues("namespace", ns, "pool", pool)
 	fail := func(apiErr *api.Error) {
 		s.logFailure(log, apiErr, nil)
 		writeError(w, apiErr)

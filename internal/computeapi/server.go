@@ -316,7 +316,7 @@ func methodNotAllowed(allow string) http.HandlerFunc {
 func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
 	start := s.clock.Now()
 	agentID := r.PathValue("agent_id")
-	log := s.log.WithValues("op", "run_command", "agent", agentID)
+	log := s.callLog(r, "run_command").WithValues("agent", agentID)
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		writeError(w, apiErr)
 		return

@@ -40,7 +40,7 @@ const defaultIdleTimeout = time.Hour
 
 func (s *Server) terminate(w http.ResponseWriter, r *http.Request) {
 	agentID := r.PathValue("agent_id")
-	log := s.log.WithValues("op", "terminate", "agent", agentID)
+	log := s.callLog(r, "terminate").WithValues("agent", agentID)
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		writeError(w, apiErr)
 		return

@@ -177,7 +177,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		return fmt.Errorf("%s %s: response larger than %d bytes", method, path, limit)
 	}
 	if resp.StatusCode/100 != 2 {
-		return decodeError(resp.StatusCode, data)
+		return decodeError(resp, data)
 	}
 	if out == nil {
 		// Calls without a result (a release answers 204) read the body only
@@ -190,10 +190,12 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	return nil
 }
 
-func decodeError(status int, data []byte) *Error {
+func decodeError(resp *http.Response, data []byte) *Error {
+	status := resp.StatusCode
 	var body ErrorBody
 	if err := json.Unmarshal(data, &body); err == nil && body.Error != nil && body.Error.Code != "" {
 		body.Error.Status = status
+		body.Error.RequestID = resp.Header.Get("X-Request-Id")
 		return body.Error
 	}
 	msg := strings.TrimSpace(string(data))
@@ -203,7 +205,7 @@ func decodeError(status int, data []byte) *Error {
 	if msg == "" {
 		msg = http.StatusText(status)
 	}
-	return &Error{Code: CodeUnknown, Message: msg, Status: status}
+	return &Error{Code: CodeUnknown, Message: msg, Status: status, RequestID: resp.Header.Get("X-Request-Id")}
 }
 
 // CodeOf returns the code of the *Error in err's chain, or "" if there is
@@ -364,7 +366,7 @@ func (c *Client) stream(ctx context.Context, method, path string, body io.Reader
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return nil, decodeError(resp.StatusCode, data)
+		return nil, decodeError(resp, data)
 	}
 	return resp, nil
 }

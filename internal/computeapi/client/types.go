@@ -460,19 +460,26 @@ type Error struct {
 	// Status is the HTTP status the response carried; it is not sent in
 	// the body.
 	Status int `json:"-"`
+	// RequestID is the call's request ID from the response's X-Request-Id
+	// header: the key to the call's audit record and the API's log lines.
+	RequestID string `json:"-"`
 }
 
 func (e *Error) Error() string {
+	msg := fmt.Sprintf("agentbox: %s: %s", e.Code, e.Message)
 	if e.Status != 0 {
-		return fmt.Sprintf("agentbox: %s (%d): %s", e.Code, e.Status, e.Message)
+		msg = fmt.Sprintf("agentbox: %s (%d): %s", e.Code, e.Status, e.Message)
 	}
-	return fmt.Sprintf("agentbox: %s: %s", e.Code, e.Message)
+	if e.RequestID != "" {
+		msg += " (request " + e.RequestID + ")"
+	}
+	return msg
 }
 
 // Is makes errors.Is(err, &Error{Code: c}) match any error with code c.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && t.Code == e.Code && t.Message == "" && t.Status == 0 && t.Details == nil
+	return ok && t.Code == e.Code && t.Message == "" && t.Status == 0 && t.Details == nil && t.RequestID == ""
 }
 
 // Errorf returns an *Error with code and the status that goes with it.
