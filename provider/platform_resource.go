@@ -177,8 +177,8 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
 				MarkdownDescription: "Wait on create and update until the control plane Deployment is ready (every replica " +
 					"updated and available), and undo the change if it is not within the timeout; the error then says why, " +
-					"for example an image that cannot be pulled. `false` returns once Kubernetes accepted the objects. " +
-					"Defaults to `true`.",
+					"for example an image that cannot be pulled; and on destroy until the release's objects are gone. " +
+					"`false` returns once Kubernetes accepted the objects, or their deletion. Defaults to `true`.",
 			},
 			"timeouts": platformTimeouts(ctx),
 			"revision": schema.Int64Attribute{
@@ -341,7 +341,7 @@ func (r *platformResource) Delete(ctx context.Context, req resource.DeleteReques
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	if err := c.Uninstall(ctx, state.Namespace.ValueString(), state.ReleaseName.ValueString(), timeout); err != nil {
+	if err := c.Uninstall(ctx, state.Namespace.ValueString(), state.ReleaseName.ValueString(), timeout, state.Wait.ValueBool()); err != nil {
 		resp.Diagnostics.AddError("Cannot uninstall the agentbox platform", err.Error())
 	}
 }

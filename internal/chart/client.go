@@ -234,7 +234,7 @@ func (c *Client) uninstallAfterFailure(o Options) error {
 	c.log("install of %s/%s failed: uninstalling it", o.Namespace, o.ReleaseName)
 	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
-	if err := c.Uninstall(ctx, o.Namespace, o.ReleaseName, rollbackTimeout); err != nil {
+	if err := c.Uninstall(ctx, o.Namespace, o.ReleaseName, rollbackTimeout, true); err != nil {
 		return fmt.Errorf("uninstalling the failed release: %w", err)
 	}
 	return nil
@@ -314,21 +314,27 @@ func (c *Client) rollback(ac *action.Configuration, o Options, revision int) err
 	return nil
 }
 
-// Uninstall deletes the release and its objects, and waits until they are
-// gone. A release that does not exist is not an error. The agentbox.dev
-// CRDs, and with them every Sandbox, stay: deleting a CRD deletes all its
-// objects. So does the generated CA Secret (see values.yaml).
-func (c *Client) Uninstall(_ context.Context, namespace, name string, timeout time.Duration) error {
+// Uninstall deletes the release and its objects and, with wait, waits
+// until they are gone. A release that does not exist is not an error. The
+// agentbox.dev CRDs, and with them every Sandbox, stay: deleting a CRD
+// deletes all its objects. So does the generated CA Secret (see
+// values.yaml).
+func (c *Client) Uninstall(_ context.Context, namespace, name string, timeout time.Duration, wait bool) error {
 	ac, _, err := c.actionConfig(namespace)
 	if err != nil {
 		return err
 	}
 	un := action.NewUninstall(ac)
 	un.IgnoreNotFound = true
-	un.Wait = true
+	un.Wait = wait
 	// Foreground: the Deployment is gone only once its pods are, so the
 	// store volume is free when the platform is installed again right away.
-	un.DeletionPropagation = "foreground"
+	// Without waiting, background: foreground deletion leaves the objects
+	// behind until the garbage collector has removed their dependents.
+	un.DeletionPropagation = "background"
+	if wait {
+		un.DeletionPropagation = "foreground"
+	}
 	un.Timeout = timeout
 	if un.Timeout <= 0 {
 		un.Timeout = defaultTimeout

@@ -171,7 +171,7 @@ func TestLifecycleWithoutWait(t *testing.T) {
 		t.Errorf("values from the release: %+v", back)
 	}
 
-	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute, true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Status(ctx, ns, DefaultReleaseName); !errors.Is(err, ErrNotFound) {
@@ -180,7 +180,7 @@ func TestLifecycleWithoutWait(t *testing.T) {
 	if _, err := cs.CoreV1().Secrets(ns).Get(ctx, DefaultCASecret, metav1.GetOptions{}); err != nil {
 		t.Errorf("the CA Secret did not survive uninstall: %v", err)
 	}
-	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute, true); err != nil {
 		t.Errorf("uninstalling twice: %v", err)
 	}
 	// The kept CA is adopted by a new release of the same name.
@@ -191,7 +191,7 @@ func TestLifecycleWithoutWait(t *testing.T) {
 	if reinstalled, err := ReadAccess(ctx, cs, rel); err != nil || reinstalled.CACertificate != access.CACertificate {
 		t.Errorf("reinstall did not reuse the kept CA: %v", err)
 	}
-	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute, true); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -254,7 +254,7 @@ func TestUpgradeNotReadyRollsBack(t *testing.T) {
 	if rel.Revision != 3 || rel.Status != "deployed" || back.ImageTag != "absent" {
 		t.Errorf("after the failed upgrade: revision %d, status %s, tag %s", rel.Revision, rel.Status, back.ImageTag)
 	}
-	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute); err != nil {
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute, true); err != nil {
 		t.Fatal(err)
 	}
 }

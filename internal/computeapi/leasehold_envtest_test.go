@@ -5,8 +5,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -24,7 +22,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
 
 // TestLeaseHoldsAgainstAPIServer runs the lease calls against a real
@@ -35,7 +33,7 @@ func TestLeaseHoldsAgainstAPIServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver")
 	}
-	env := &envtest.Environment{BinaryAssetsDirectory: envtestAssets(t)}
+	env := &envtest.Environment{BinaryAssetsDirectory: testenv.EnvtestAssets(t)}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)
@@ -142,28 +140,4 @@ func TestLeaseHoldsAgainstAPIServer(t *testing.T) {
 	if _, err := c.AcquireLease(ctx, "agent-1", api.AcquireLeaseRequest{Holder: "run-10", RequestID: "req-10"}); !errors.Is(err, api.ErrLeaseHeld) {
 		t.Errorf("another holder's acquire after the retry: %v, want lease_held", err)
 	}
-}
-
-// envtestAssets returns the folder holding kube-apiserver and etcd:
-// KUBEBUILDER_ASSETS when set, else the toolchain `make testenv` builds.
-// It skips when they are missing, except in CI.
-func envtestAssets(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("KUBEBUILDER_ASSETS")
-	if bin == "" {
-		dir, err := toolchain.DefaultDir()
-		if err != nil {
-			t.Skip(err)
-		}
-		bin = toolchain.BinDir(dir)
-	}
-	for _, b := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is not built; run `make testenv`", b)
-			}
-			t.Skipf("%s is not built; run `make testenv`", b)
-		}
-	}
-	return bin
 }

@@ -2,10 +2,13 @@ package testenv
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
 
 // EnvKubeconfig names the variable through which `make test` hands the one
@@ -31,4 +34,28 @@ func Shared(t testing.TB) (*rest.Config, string) {
 		t.Fatalf("load %s=%s: %v", EnvKubeconfig, path, err)
 	}
 	return cfg, path
+}
+
+// EnvtestAssets returns the folder holding the kube-apiserver and etcd that
+// envtest runs: KUBEBUILDER_ASSETS when set, else the toolchain `make
+// testenv` builds. It skips the test when they are missing, except in CI.
+func EnvtestAssets(t testing.TB) string {
+	t.Helper()
+	bin := os.Getenv("KUBEBUILDER_ASSETS")
+	if bin == "" {
+		dir, err := toolchain.DefaultDir()
+		if err != nil {
+			t.Skip(err)
+		}
+		bin = toolchain.BinDir(dir)
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is not built; run `make testenv`", b)
+			}
+			t.Skipf("%s is not built; run `make testenv`", b)
+		}
+	}
+	return bin
 }
