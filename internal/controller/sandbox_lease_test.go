@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
@@ -29,7 +28,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
-	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
 
 // TestExpiredHoldIsReclaimed runs the reconciler against a real
@@ -43,7 +42,7 @@ func TestExpiredHoldIsReclaimed(t *testing.T) {
 	}
 	_, file, _, _ := goruntime.Caller(0)
 	env := &envtest.Environment{
-		BinaryAssetsDirectory: envtestAssets(t),
+		BinaryAssetsDirectory: testenv.EnvtestAssets(t),
 		CRDDirectoryPaths:     []string{filepath.Join(filepath.Dir(file), "..", "..", "charts", "agentbox", "crds")},
 		ErrorIfCRDPathMissing: true,
 	}
@@ -188,30 +187,6 @@ func drainEvents(rec *events.FakeRecorder) []string {
 			return out
 		}
 	}
-}
-
-// envtestAssets returns the folder holding kube-apiserver and etcd:
-// KUBEBUILDER_ASSETS when set, else the toolchain `make testenv` builds.
-// It skips when they are missing, except in CI.
-func envtestAssets(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("KUBEBUILDER_ASSETS")
-	if bin == "" {
-		dir, err := toolchain.DefaultDir()
-		if err != nil {
-			t.Skip(err)
-		}
-		bin = toolchain.BinDir(dir)
-	}
-	for _, b := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is not built; run `make testenv`", b)
-			}
-			t.Skipf("%s is not built; run `make testenv`", b)
-		}
-	}
-	return bin
 }
 
 // TestUnitReclaimLosesToHeartbeat: when a heartbeat renews the hold between
