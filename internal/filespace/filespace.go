@@ -13,6 +13,11 @@
 // clock, which also wins ties. A workspace deletion has no time, so it
 // propagates only when the filespace has not changed the file since the
 // baseline, which is when it is provably the newer change.
+//
+// Regular files are synced, with their permission bits: a pull restores
+// the mode a file had when it was pushed. A change of mode alone moves no
+// modification time and is not a change; it travels with the next change
+// of content. Symbolic links and empty directories are not synced.
 package filespace
 
 import (
@@ -375,6 +380,9 @@ func push(ctx context.Context, ws Workspace, st *store.Store, agentID string, a 
 			return false, fmt.Errorf("store the content of %s: %w", a.path, err)
 		}
 		node.SizeBytes, node.SHA256 = w.Size, w.SHA256
+		if m, err := supervisorapi.ParseMode(w.Mode); err == nil {
+			node.Mode = m
+		}
 	} else {
 		node.Deleted = true
 	}
@@ -419,8 +427,10 @@ func pull(ctx context.Context, ws Workspace, st *store.Store, a action, work map
 		return false, fmt.Errorf("read the content of %s: %w", a.path, err)
 	}
 	defer body.Close()
-	var mode fs.FileMode
-	if w, ok := work[a.path]; ok {
+	// The mode the file had where it was written; for nodes that recorded
+	// none, the workspace's own.
+	mode := n.Mode
+	if w, ok := work[a.path]; ok && mode == 0 {
 		if m, err := supervisorapi.ParseMode(w.Mode); err == nil {
 			mode = m
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,32 +113,42 @@ func TestPushPull(t *testing.T) {
 	a.write(t, "notes/a.txt", "hello", time.Time{})
 	a.write(t, "big.bin", big, time.Time{})
 	a.write(t, "empty", "", time.Time{})
+	// An executable keeps its mode on the way.
+	if _, err := a.client.PutFile(context.Background(), "run.sh", strings.NewReader("#!/bin/sh\n"), 0o750); err != nil {
+		t.Fatal(err)
+	}
 
 	sum := syncAt(t, a, st, filespace.Push, t0)
-	if sum.Pushed != 3 || sum.Bytes != int64(len(big)+5) || sum.Skipped != 0 {
+	if sum.Pushed != 4 || sum.Bytes != int64(len(big)+5+10) || sum.Skipped != 0 {
 		t.Fatalf("first push: %+v", sum)
+	}
+	if n := node(t, st, "run.sh"); n.Mode != 0o750 {
+		t.Errorf("run.sh stored with mode %v, want 0750", n.Mode)
 	}
 	if n := node(t, st, "big.bin"); !n.UpdatedAt.Equal(t0.UTC().Truncate(time.Microsecond)) || n.SizeBytes != int64(len(big)) {
 		t.Fatalf("pushed node: %+v", n)
 	}
-	if sum := syncAt(t, a, st, filespace.Push, t0.Add(time.Minute)); sum.Pushed != 0 || sum.Unchanged != 3 {
+	if sum := syncAt(t, a, st, filespace.Push, t0.Add(time.Minute)); sum.Pushed != 0 || sum.Unchanged != 4 {
 		t.Fatalf("second push: %+v", sum)
 	}
 
 	sum = syncAt(t, b, st, filespace.Pull, t0.Add(2*time.Minute))
-	if sum.Pulled != 3 || sum.Bytes != int64(len(big)+5) {
+	if sum.Pulled != 4 || sum.Bytes != int64(len(big)+5+10) {
 		t.Fatalf("pull: %+v", sum)
 	}
-	for p, want := range map[string]string{"notes/a.txt": "hello", "big.bin": big, "empty": ""} {
+	for p, want := range map[string]string{"notes/a.txt": "hello", "big.bin": big, "empty": "", "run.sh": "#!/bin/sh\n"} {
 		if got := b.read(t, p); got != want {
 			t.Errorf("%s pulled as %d bytes, want %d", p, len(got), len(want))
 		}
 	}
-	if sum := syncAt(t, b, st, filespace.Pull, t0.Add(3*time.Minute)); sum.Pulled != 0 || sum.Unchanged != 3 {
+	if fi, err := os.Stat(filepath.Join(b.dir, "run.sh")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("run.sh pulled with mode %v (%v), want 0750", fi.Mode(), err)
+	}
+	if sum := syncAt(t, b, st, filespace.Pull, t0.Add(3*time.Minute)); sum.Pulled != 0 || sum.Unchanged != 4 {
 		t.Fatalf("second pull: %+v", sum)
 	}
 	// The pulled files are not changes to push back.
-	if sum := syncAt(t, b, st, filespace.Push, t0.Add(4*time.Minute)); sum.Pushed != 0 || sum.Unchanged != 3 {
+	if sum := syncAt(t, b, st, filespace.Push, t0.Add(4*time.Minute)); sum.Pushed != 0 || sum.Unchanged != 4 {
 		t.Fatalf("push after pull: %+v", sum)
 	}
 }

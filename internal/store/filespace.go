@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"time"
 )
 
@@ -22,6 +23,9 @@ type FileNode struct {
 	SHA256    string
 	UpdatedAt time.Time
 	Deleted   bool
+	// Mode holds the file's permission bits (0o777 at most); zero means
+	// not recorded.
+	Mode fs.FileMode
 }
 
 // PutFiles applies a batch of writes and deletions to an agent's filespace
@@ -36,6 +40,9 @@ func (s *Store) PutFiles(ctx context.Context, agentID string, files []FileNode) 
 		if f.AgentID != agentID || f.Path == "" || f.UpdatedAt.IsZero() || f.SizeBytes < 0 {
 			return nil, fmt.Errorf("%w: file %d (%q) needs agent %s, a path, a size and an UpdatedAt", ErrInvalid, i, f.Path, agentID)
 		}
+		if f.Mode&^fs.ModePerm != 0 {
+			return nil, fmt.Errorf("%w: file %d (%q) has mode %v; only permission bits are kept", ErrInvalid, i, f.Path, f.Mode)
+		}
 		if err := checkText("path", f.Path); err != nil {
 			return nil, err
 		}
@@ -46,21 +53,21 @@ func (s *Store) PutFiles(ctx context.Context, agentID string, files []FileNode) 
 	applied = make([]bool, len(files))
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `INSERT INTO filespace_nodes
-			(agent_id, path, size_bytes, sha256, updated_at, deleted) VALUES ($1, $2, $3, $4, $5, $6)
+			(agent_id, path, size_bytes, sha256, updated_at, deleted, mode) VALUES ($1, $2, $3, $4, $5, $6, $7)
 			ON CONFLICT (agent_id, path) DO UPDATE SET
 				size_bytes = excluded.size_bytes, sha256 = excluded.sha256,
-				updated_at = excluded.updated_at, deleted = excluded.deleted
+				updated_at = excluded.updated_at, deleted = excluded.deleted, mode = excluded.mode
 			WHERE excluded.updated_at > filespace_nodes.updated_at`)
 		if err != nil {
 			return fmt.Errorf("put files: %w", err)
 		}
 		defer stmt.Close()
 		for i, f := range files {
-			size, sum := f.SizeBytes, f.SHA256
+			size, sum, mode := f.SizeBytes, f.SHA256, int64(f.Mode)
 			if f.Deleted {
-				size, sum = 0, ""
+				size, sum, mode = 0, "", 0
 			}
-			res, err := stmt.ExecContext(ctx, agentID, f.Path, size, sum, dbTime(f.UpdatedAt), f.Deleted)
+			res, err := stmt.ExecContext(ctx, agentID, f.Path, size, sum, dbTime(f.UpdatedAt), f.Deleted, mode)
 			if err != nil {
 				return fmt.Errorf("put file %q: %w", f.Path, err)
 			}
@@ -87,13 +94,15 @@ func (s *Store) PutFile(ctx context.Context, f FileNode) (bool, error) {
 	return applied[0], nil
 }
 
-const fileColumns = `agent_id, path, size_bytes, sha256, updated_at, deleted`
+const fileColumns = `agent_id, path, size_bytes, sha256, updated_at, deleted, mode`
 
 func scanFile(row interface{ Scan(...any) error }) (FileNode, error) {
 	var f FileNode
-	if err := row.Scan(&f.AgentID, &f.Path, &f.SizeBytes, &f.SHA256, &f.UpdatedAt, &f.Deleted); err != nil {
+	var mode int64
+	if err := row.Scan(&f.AgentID, &f.Path, &f.SizeBytes, &f.SHA256, &f.UpdatedAt, &f.Deleted, &mode); err != nil {
 		return FileNode{}, err
 	}
+	f.Mode = fs.FileMode(mode)
 	f.UpdatedAt = f.UpdatedAt.UTC()
 	return f, nil
 }

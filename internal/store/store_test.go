@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"sync"
@@ -827,6 +828,29 @@ func testFilespace(t *testing.T, b backend) {
 		if applied != st.applied || got != st.want {
 			t.Errorf("%s: applied %v, stored %+v; want %v, %+v", st.name, applied, got, st.applied, st.want)
 		}
+	}
+
+	// The mode travels with a write; a deletion drops it, and so does a
+	// write without one. Only permission bits are taken.
+	script := store.FileNode{AgentID: "agent-3", Path: "run.sh", SizeBytes: 3, SHA256: "cc", UpdatedAt: at(1), Mode: 0o755}
+	for _, w := range []struct {
+		node store.FileNode
+		want fs.FileMode
+	}{
+		{script, 0o755},
+		{store.FileNode{AgentID: "agent-3", Path: "run.sh", UpdatedAt: at(2), Deleted: true, Mode: 0o755}, 0},
+		{store.FileNode{AgentID: "agent-3", Path: "run.sh", SizeBytes: 3, SHA256: "cc", UpdatedAt: at(3)}, 0},
+	} {
+		if _, err := s.PutFile(ctx, w.node); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.GetFile(ctx, "agent-3", "run.sh"); err != nil || got.Mode != w.want {
+			t.Errorf("after %+v: mode %v (%v), want %v", w.node, got.Mode, err, w.want)
+		}
+	}
+	script.Mode, script.UpdatedAt = fs.ModeDir|0o755, at(4)
+	if _, err := s.PutFile(ctx, script); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("a mode with more than permission bits: %v, want ErrInvalid", err)
 	}
 
 	// A batch: tombstones for unknown paths are kept (so an older write
