@@ -27,6 +27,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/archive"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
 )
@@ -79,17 +80,26 @@ func (e *clusterEnv) setActivity(name string, at time.Time) {
 // computeAPI serves the Compute API on loopback, as the control plane does
 // beside the controller: same cluster, same supervisor pool.
 func (e *clusterEnv) computeAPI(pool *computeapi.SupervisorPool) *apiclient.Client {
+	return e.computeAPIWithStore(pool, nil)
+}
+
+// computeAPIWithStore is computeAPI with a store behind it (audit, lease
+// history, the filespace), as the control plane has.
+func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *store.Store) *apiclient.Client {
 	e.t.Helper()
 	const token = "lifecycle-test-token"
 	auth, err := computeapi.NewAdminTokenAuthenticator(computeapi.HashToken(token))
 	must(e.t, err)
 	srv, err := computeapi.NewServer(computeapi.Options{
 		Sandboxes: e.c, Leases: e.c, Supervisors: pool, Authenticator: auth, TrustDomain: testTrustDomain,
-		ResumeTimeout: waitTimeout,
+		ResumeTimeout: waitTimeout, Store: st, FilespacePushDelay: -1,
 	})
 	must(e.t, err)
 	hs := httptest.NewServer(srv.Handler())
-	e.t.Cleanup(hs.Close)
+	e.t.Cleanup(func() {
+		hs.Close()
+		srv.Close()
+	})
 	c, err := apiclient.New(hs.URL, token, nil)
 	must(e.t, err)
 	return c
