@@ -145,8 +145,18 @@ func (c *contract) check(method, pattern string, reqType string, reqBody []byte,
 		return ""
 	}
 	if !isJSON(respType) {
-		if _, ok := content[mediaType(respType)]; !ok {
+		mt := mediaType(respType)
+		media, ok := content[mt].(map[string]any)
+		if !ok {
 			return "response content type " + respType + " is not documented"
+		}
+		if _, ok := media["schema"]; ok && mt == "application/x-ndjson" {
+			// A stream: every line is one value of the schema.
+			for i, line := range bytes.Split(bytes.TrimSpace(respBody), []byte("\n")) {
+				if msg := c.validate(pointer(append(base, "content", mt, "schema")...), line); msg != "" {
+					return "response " + strconv.Itoa(status) + " line " + strconv.Itoa(i+1) + ": " + msg
+				}
+			}
 		}
 		return ""
 	}

@@ -209,6 +209,7 @@ func NewServer(opts Options) (*Server, error) {
 	post, del, get := http.MethodPost, http.MethodDelete, http.MethodGet
 	route("/v1/openapi.yaml", method{get, "openapi", s.serveOpenAPI})
 	route("/v1/agents/{agent_id}/run_command", method{post, "run_command", s.runCommand})
+	route("/v1/agents/{agent_id}/run_command/stream", method{post, "run_command_stream", s.runCommandStream})
 	route("/v1/agents/{agent_id}/lease", method{post, "acquire_lease", s.acquireLease}, method{del, "release_lease", s.releaseLease})
 	route("/v1/agents/{agent_id}/lease/heartbeat", method{post, "heartbeat_lease", s.heartbeatLease})
 	route("/v1/namespaces/{namespace}/warm-pools/{pool}/leases", method{post, "acquire_pool_lease", s.acquirePoolLease})
@@ -313,33 +314,46 @@ func methodNotAllowed(allow string) http.HandlerFunc {
 	}
 }
 
-func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
-	start := s.clock.Now()
+// commandCall is a run_command call checked and bound to its sandbox's
+// supervisor, for runCommand and runCommandStream.
+type commandCall struct {
+	sup *supervisorapi.Client
+	req supervisorapi.CommandRequest
+	log logr.Logger
+	// ctx bounds the call by the command's timeout and a grace.
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// startCommand does what both run_command calls start with: authorize,
+// decode and check the request, wake the sandbox, count the activity and
+// dial the supervisor. It answers the error itself and returns nil.
+func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, op string) *commandCall {
 	agentID := r.PathValue("agent_id")
-	log := s.callLog(r, "run_command").WithValues("agent", agentID)
+	log := s.callLog(r, op).WithValues("agent", agentID)
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		writeError(w, apiErr)
-		return
+		return nil
 	}
 	var req api.RunCommandRequest
 	if apiErr := s.decode(w, r, &req); apiErr != nil {
 		writeError(w, apiErr)
-		return
+		return nil
 	}
 	if len(req.Command) == 0 {
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "command must not be empty"))
-		return
+		return nil
 	}
 	if req.TimeoutSeconds < 0 {
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds))
-		return
+		return nil
 	}
 
 	sb, apiErr := s.readySandbox(r.Context(), agentID)
 	if apiErr != nil {
 		s.logFailure(log, apiErr, nil)
 		writeError(w, apiErr)
-		return
+		return nil
 	}
 	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
 	s.recordActivity(r.Context(), sb)
@@ -349,31 +363,25 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
 		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
 		s.logFailure(log, apiErr, err)
 		writeError(w, apiErr)
-		return
+		return nil
 	}
 	timeout := req.TimeoutSeconds
 	if timeout == 0 {
 		timeout = supervisorapi.DefaultTimeoutSeconds
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout)*time.Second+supervisorGrace)
-	defer cancel()
-	res, err := sup.RunCommand(ctx, supervisorapi.CommandRequest{
+	return &commandCall{sup: sup, log: log, ctx: ctx, cancel: cancel, req: supervisorapi.CommandRequest{
 		Command:        req.Command,
 		Cwd:            req.Cwd,
 		Env:            req.Env,
 		Stdin:          req.Stdin,
 		TimeoutSeconds: req.TimeoutSeconds,
 		MaxOutputBytes: req.MaxOutputBytes,
-	})
-	if err != nil {
-		apiErr := supervisorError(ctx, err)
-		s.logFailure(log, apiErr, err)
-		writeError(w, apiErr)
-		return
-	}
-	log.V(1).Info("command ran", "exit_code", res.ExitCode, "timed_out", res.TimedOut,
-		"duration", s.clock.Since(start).String())
-	writeJSON(w, http.StatusOK, api.CommandResult{
+	}}
+}
+
+func commandResult(res *supervisorapi.CommandResult) *api.CommandResult {
+	return &api.CommandResult{
 		Stdout:     res.Stdout,
 		Stderr:     res.Stderr,
 		ExitCode:   res.ExitCode,
@@ -381,7 +389,73 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
 		TimedOut:   res.TimedOut,
 		Truncated:  res.Truncated,
 		DurationMS: res.DurationMS,
+	}
+}
+
+func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
+	start := s.clock.Now()
+	call := s.startCommand(w, r, "run_command")
+	if call == nil {
+		return
+	}
+	defer call.cancel()
+	res, err := call.sup.RunCommand(call.ctx, call.req)
+	if err != nil {
+		apiErr := supervisorError(call.ctx, err)
+		s.logFailure(call.log, apiErr, err)
+		writeError(w, apiErr)
+		return
+	}
+	call.log.V(1).Info("command ran", "exit_code", res.ExitCode, "timed_out", res.TimedOut,
+		"duration", s.clock.Since(start).String())
+	writeJSON(w, http.StatusOK, commandResult(res))
+}
+
+// runCommandStream runs a command and answers its output as it comes, one
+// JSON event a line (api.CommandEvent), ending with its result. The status
+// line is sent with the first event, so a failure after that is an error
+// event, not an HTTP status.
+func (s *Server) runCommandStream(w http.ResponseWriter, r *http.Request) {
+	start := s.clock.Now()
+	call := s.startCommand(w, r, "run_command_stream")
+	if call == nil {
+		return
+	}
+	defer call.cancel()
+	flusher, _ := w.(http.Flusher)
+	started := false
+	enc := json.NewEncoder(w)
+	send := func(ev api.CommandEvent) error {
+		if !started {
+			w.Header().Set("Content-Type", supervisorapi.ContentTypeNDJSON)
+			w.Header().Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		if err := enc.Encode(ev); err != nil {
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	}
+	res, err := call.sup.RunCommandStream(call.ctx, call.req, func(ev supervisorapi.CommandEvent) error {
+		return send(api.CommandEvent{Stream: ev.Stream, Data: ev.Data, Truncated: ev.Truncated})
 	})
+	if err != nil {
+		apiErr := supervisorError(call.ctx, err)
+		s.logFailure(call.log, apiErr, err)
+		if !started {
+			writeError(w, apiErr)
+			return
+		}
+		_ = send(api.CommandEvent{Error: apiErr})
+		return
+	}
+	call.log.V(1).Info("command ran", "exit_code", res.ExitCode, "timed_out", res.TimedOut,
+		"duration", s.clock.Since(start).String(), "streamed", true)
+	_ = send(api.CommandEvent{Exit: commandResult(res)})
 }
 
 // recordActivity renews the sandbox's Lease before the command runs, so

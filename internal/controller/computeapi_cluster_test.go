@@ -29,7 +29,8 @@ import (
 
 // TestComputeAPIOnCluster drives the Compute API's operations against a
 // real gVisor sandbox on the cluster, with the controller, the real store
-// and the archive snapshot driver behind them: commands, files in and out
+// and the archive snapshot driver behind them: commands (plain and
+// streamed), files in and out
 // byte for byte, the sandboxed tools, /execute, status, a filespace push,
 // the audit chain, and terminate with a snapshot (then a call resumes the
 // sandbox with its workspace) and without (the sandbox is gone).
@@ -69,6 +70,16 @@ func TestComputeAPIOnCluster(t *testing.T) {
 	res, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
 	if err != nil || res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "err\n" {
 		t.Fatalf("run_command: %+v, %v", res, err)
+	}
+
+	var streamed strings.Builder
+	res, err = api.RunCommandStream(ctx, agent, apiclient.RunCommandRequest{Command: []string{"sh", "-c", "echo a; echo b"}},
+		func(ev apiclient.CommandEvent) error {
+			streamed.WriteString(ev.Data)
+			return nil
+		})
+	if err != nil || res.ExitCode != 0 || streamed.String() != "a\nb\n" {
+		t.Fatalf("run_command_stream: %+v, %v, streamed %q", res, err, streamed.String())
 	}
 
 	// A binary file in and out, byte for byte.
@@ -152,7 +163,7 @@ func TestComputeAPIOnCluster(t *testing.T) {
 	for _, r := range page.Records {
 		ops[r.Operation] = true
 	}
-	for _, op := range []string{"run_command", "put_file", "get_file", "tool_request", "execute", "delete_file", "status", "sync_filespace", "terminate"} {
+	for _, op := range []string{"run_command", "run_command_stream", "put_file", "get_file", "tool_request", "execute", "delete_file", "status", "sync_filespace", "terminate"} {
 		if !ops[op] {
 			t.Errorf("no audit record of %s (have %v)", op, ops)
 		}
