@@ -155,7 +155,16 @@ flags:
 		req.Stdin = string(data)
 	}
 
-	res, err := c.RunCommand(ctx, agentID, req)
+	// Streamed, so that a long command's output shows as it comes.
+	res, err := c.RunCommandStream(ctx, agentID, req, func(ev client.CommandEvent) error {
+		switch ev.Stream {
+		case client.StreamStdout:
+			_, _ = io.WriteString(stdout, ev.Data)
+		case client.StreamStderr:
+			_, _ = io.WriteString(stderr, ev.Data)
+		}
+		return nil
+	})
 	if err != nil {
 		msg := describe(err)
 		if client.CodeOf(err) == client.CodePayloadTooLarge && input != nil {
@@ -164,8 +173,6 @@ flags:
 		fmt.Fprintf(stderr, "agentbox %s: %s\n", name, msg)
 		return exitAPIError
 	}
-	_, _ = io.WriteString(stdout, res.Stdout)
-	_, _ = io.WriteString(stderr, res.Stderr)
 	fmt.Fprintln(stderr, summary(res))
 	return exitCode(res)
 }

@@ -18,8 +18,9 @@ import (
 
 const token = "tok-123"
 
-// fakeAPI is a Compute API that answers run_command from a table keyed by
-// the command's first word and records the requests it got.
+// fakeAPI is a Compute API that answers run_command and
+// run_command_stream from a table keyed by the command's first word and
+// records the requests it got.
 type fakeAPI struct {
 	srv      *httptest.Server
 	caFile   string
@@ -72,7 +73,20 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		res = client.CommandResult{Stdout: strings.Join(req.Command, " ") + "\n", DurationMS: 12}
 	}
-	_ = json.NewEncoder(w).Encode(res)
+	if !strings.HasSuffix(r.URL.Path, "/stream") {
+		_ = json.NewEncoder(w).Encode(res)
+		return
+	}
+	// The stream: the output as events, then the result without it.
+	w.Header().Set("Content-Type", client.ContentTypeNDJSON)
+	enc := json.NewEncoder(w)
+	for _, ev := range []client.CommandEvent{{Stream: client.StreamStdout, Data: res.Stdout}, {Stream: client.StreamStderr, Data: res.Stderr}} {
+		if ev.Data != "" {
+			_ = enc.Encode(ev)
+		}
+	}
+	res.Stdout, res.Stderr = "", ""
+	_ = enc.Encode(client.CommandEvent{Exit: &res})
 }
 
 func (f *fakeAPI) last(t *testing.T) (client.RunCommandRequest, string) {
@@ -120,7 +134,7 @@ func TestRunCommandPrintsOutputAndExitsWithTheCommandsCode(t *testing.T) {
 		t.Errorf("stderr %q", r.stderr)
 	}
 	req, path := api.last(t)
-	if path != "/v1/agents/agent-1/run_command" || strings.Join(req.Command, " ") != "exit3 -x" {
+	if path != "/v1/agents/agent-1/run_command/stream" || strings.Join(req.Command, " ") != "exit3 -x" {
 		t.Errorf("request %s %+v", path, req)
 	}
 }
@@ -137,7 +151,7 @@ func TestFlagsAfterAgentIDAndEnvironmentToken(t *testing.T) {
 		t.Errorf("stdout %q stderr %q", r.stdout, r.stderr)
 	}
 	req, path := api.last(t)
-	if path != "/v1/agents/user@example.com/run_command" || req.Cwd != "/workspace/x" || req.Env["A"] != "1" ||
+	if path != "/v1/agents/user@example.com/run_command/stream" || req.Cwd != "/workspace/x" || req.Env["A"] != "1" ||
 		req.Env["B"] != "x=y" || req.TimeoutSeconds != 9 || req.Stdin != "some input" {
 		t.Errorf("request %s %+v", path, req)
 	}
