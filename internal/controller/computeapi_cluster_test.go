@@ -2,7 +2,6 @@ package controller
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,19 +17,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
-	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
-	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/archive"
-	"github.com/agentbox/terraform-provider-agentbox/internal/store"
-	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
 )
 
 // TestComputeAPIOnCluster drives the Compute API's operations against a
 // real gVisor sandbox on the cluster, with the controller, the real store
 // and the archive snapshot driver behind them: commands (plain and
-// streamed), files in and out
-// byte for byte, the sandboxed tools, /execute, status, a filespace push,
+// streamed), files in and out byte for byte, the sandboxed tools, /execute, status, a filespace push,
 // the audit chain, and terminate with a snapshot (then a call resumes the
 // sandbox with its workspace) and without (the sandbox is gone).
 func TestComputeAPIOnCluster(t *testing.T) {
@@ -40,20 +32,7 @@ func TestComputeAPIOnCluster(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: the operations need the real sandbox image's supervisor", EnvSandboxImage)
 	}
-	s3 := s3server.Start(t)
-	arch, err := archive.New(archive.Config{
-		Endpoint: s3.Endpoint, Bucket: s3.Bucket, Region: s3.Region,
-		AccessKeyID: s3.AccessKeyID, SecretAccessKey: s3.SecretAccessKey,
-	})
-	must(t, err)
-	t.Cleanup(arch.Close)
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	must(t, err)
-	t.Cleanup(func() { st.Close() })
-	var pool *computeapi.SupervisorPool
-	e := newClusterEnv(t, withSnapshots(t, arch, &pool), func(r *SandboxReconciler) {
-		r.Filespaces = filespace.Syncer{Store: st}
-	})
+	e, st, pool := platformEnv(t)
 	api := e.computeAPIWithStore(pool, st)
 	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
 		tpl.Spec.Image = image

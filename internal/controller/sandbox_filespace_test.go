@@ -37,20 +37,7 @@ func TestFilespaceFollowsTheAgent(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: the filespace sync needs the real sandbox image's supervisor", EnvSandboxImage)
 	}
-	s3 := s3server.Start(t)
-	arch, err := archive.New(archive.Config{
-		Endpoint: s3.Endpoint, Bucket: s3.Bucket, Region: s3.Region,
-		AccessKeyID: s3.AccessKeyID, SecretAccessKey: s3.SecretAccessKey,
-	})
-	must(t, err)
-	t.Cleanup(arch.Close)
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	must(t, err)
-	t.Cleanup(func() { st.Close() })
-	var pool *computeapi.SupervisorPool
-	e := newClusterEnv(t, withSnapshots(t, arch, &pool), func(r *SandboxReconciler) {
-		r.Filespaces = filespace.Syncer{Store: st}
-	})
+	e, st, _ := platformEnv(t)
 	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
 		tpl.Spec.Image = image
 		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
@@ -138,4 +125,27 @@ func (e *clusterEnv) checkEvent(sbx *v1alpha1.Sandbox, reason string) {
 		}
 		return fmt.Errorf("not recorded yet")
 	})
+}
+
+// platformEnv is a cluster environment set up as the control plane is: the
+// archive snapshot driver on a real S3 store on loopback, the store
+// (SQLite) for the filespace, and the Compute API's supervisor pool, which
+// it returns with the store.
+func platformEnv(t *testing.T) (*clusterEnv, *store.Store, *computeapi.SupervisorPool) {
+	t.Helper()
+	s3 := s3server.Start(t)
+	arch, err := archive.New(archive.Config{
+		Endpoint: s3.Endpoint, Bucket: s3.Bucket, Region: s3.Region,
+		AccessKeyID: s3.AccessKeyID, SecretAccessKey: s3.SecretAccessKey,
+	})
+	must(t, err)
+	t.Cleanup(arch.Close)
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	must(t, err)
+	t.Cleanup(func() { st.Close() })
+	var pool *computeapi.SupervisorPool
+	e := newClusterEnv(t, withSnapshots(t, arch, &pool), func(r *SandboxReconciler) {
+		r.Filespaces = filespace.Syncer{Store: st}
+	})
+	return e, st, pool
 }
