@@ -580,3 +580,26 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// TestSupervisorGVisorPTY opens an interactive terminal in a real gVisor
+// pod: the shell sees a terminal of the requested size, runs what is typed
+// and its exit code comes back when the session ends.
+func TestSupervisorGVisorPTY(t *testing.T) {
+	e := newClusterEnv(t)
+	p := e.gvisorPod(t, "pty", gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "32MiB", emptyDirSize: "64Mi"})
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+	defer cancel()
+	term, err := p.sup.OpenPTY(ctx, supervisorapi.PTYRequest{Command: []string{"sh"}, Cwd: "/tmp", Cols: 100, Rows: 30})
+	must(t, err)
+	defer term.Close()
+	if _, err := term.Write([]byte("stty size; tty; exit 3\n")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(term)
+	must(t, err)
+	exit, err := term.Wait(ctx)
+	must(t, err)
+	if exit.ExitCode != 3 || !strings.Contains(string(out), "30 100") || !strings.Contains(string(out), "/dev/pts/") {
+		t.Errorf("PTY session: exit %+v, output %q; want exit 3, size 30 100 and a /dev/pts terminal", exit, out)
+	}
+}
