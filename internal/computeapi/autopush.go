@@ -78,7 +78,7 @@ func (p *autoPusher) touch(agentID string) {
 // that stopped meanwhile is left alone: its stop pushed, and a push must
 // never wake it.
 func (p *autoPusher) push(agentID string) {
-	ctx, cancel := context.WithTimeout(p.ctx, syncTimeout)
+	ctx, cancel := context.WithTimeout(p.ctx, filespace.Timeout)
 	defer cancel()
 	log := p.log.WithValues("agent", agentID)
 	sb, apiErr := p.s.agentSandbox(ctx, agentID)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -13,11 +12,6 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
-
-// syncTimeout bounds one filespace sync: hashing and copying a full 1 GB
-// workspace at a slow 10 MB/s takes a few minutes, so this is a hang
-// guard.
-const syncTimeout = 30 * time.Minute
 
 // syncFilespace runs seed 000's sync_filespace: one push or pull between
 // the agent's workspace and its filespace in the store.
@@ -42,7 +36,7 @@ func (s *Server) syncFilespace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	agentID := r.PathValue("agent_id")
-	ctx, cancel := context.WithTimeout(r.Context(), syncTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), filespace.Timeout)
 	defer cancel()
 	sum, err := filespace.Sync(ctx, sup, s.store, filespace.Options{
 		AgentID:   agentID,
@@ -100,7 +94,7 @@ func syncError(ctx context.Context, err error) *api.Error {
 	case supervisorapi.CodeOf(err) != "":
 		return fileError(ctx, err)
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return api.Errorf(api.CodeTimeout, "the sync did not finish in %s", syncTimeout)
+		return api.Errorf(api.CodeTimeout, "the sync did not finish in %s", filespace.Timeout)
 	default:
 		return api.Errorf(api.CodeInternal, "the sync failed: %v", err)
 	}

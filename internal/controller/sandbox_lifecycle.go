@@ -329,19 +329,10 @@ func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sbx *v1alpha1.Sa
 	return err
 }
 
-// filespaceTimeout bounds one sync run by the controller, like the
-// Compute API's: a hang guard sized for a full workspace on slow storage.
-const filespaceTimeout = 30 * time.Minute
-
 func (r *SandboxReconciler) pushFilespace(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client) error {
-	if r.Filespaces == nil || isWarm(sbx) {
-		return nil
-	}
-	sctx, cancel := context.WithTimeout(ctx, filespaceTimeout)
-	defer cancel()
-	sum, err := r.Filespaces.Sync(sctx, sup, filespace.Options{AgentID: sbx.Spec.AgentID, Direction: filespace.Push, Now: r.now})
-	if err != nil {
-		return fmt.Errorf("push the workspace into the agent's filespace: %w", err)
+	sum, err := r.syncFilespace(ctx, sbx, sup, filespace.Push)
+	if err != nil || sum == nil {
+		return err
 	}
 	logf.FromContext(ctx).Info("filespace pushed before the idle stop", "pushed", sum.Pushed, "deleted", sum.Deleted, "bytes", sum.Bytes)
 	return nil
@@ -350,8 +341,7 @@ func (r *SandboxReconciler) pushFilespace(ctx context.Context, sbx *v1alpha1.San
 // pullFilespace brings the agent's filespace into a workspace that is about
 // to serve: a new one (the agent's files outlive its sandboxes) or one just
 // restored from a snapshot (the filespace may be newer). A sync is
-// idempotent, so running it again after a crash or an error is safe. A
-// warm sandbox has no agent yet; it pulls when it is adopted.
+// idempotent, so running it again after a crash or an error is safe.
 func (r *SandboxReconciler) pullFilespace(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod) error {
 	if r.Filespaces == nil || isWarm(sbx) {
 		return nil
@@ -360,17 +350,31 @@ func (r *SandboxReconciler) pullFilespace(ctx context.Context, sbx *v1alpha1.San
 	if err != nil {
 		return err
 	}
-	sctx, cancel := context.WithTimeout(ctx, filespaceTimeout)
-	defer cancel()
-	sum, err := r.Filespaces.Sync(sctx, sup, filespace.Options{AgentID: sbx.Spec.AgentID, Direction: filespace.Pull, Now: r.now})
-	if err != nil {
-		return fmt.Errorf("pull the agent's filespace into the workspace before serving: %w", err)
+	sum, err := r.syncFilespace(ctx, sbx, sup, filespace.Pull)
+	if err != nil || sum == nil {
+		return err
 	}
 	if sum.Pulled+sum.Deleted > 0 {
 		r.event(sbx, pod, corev1.EventTypeNormal, EventFilespacePulled, "Sync",
 			fmt.Sprintf("pulled %d files (%s) and %d deletions from the agent's filespace into the workspace", sum.Pulled, formatBytes(sum.Bytes), sum.Deleted))
 	}
 	return nil
+}
+
+// syncFilespace runs one sync of sbx's workspace with its agent's
+// filespace, or nothing (nil, nil) without a syncer or for a warm sandbox,
+// which has no agent yet and pulls once it is adopted.
+func (r *SandboxReconciler) syncFilespace(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client, dir filespace.Direction) (*filespace.Summary, error) {
+	if r.Filespaces == nil || isWarm(sbx) {
+		return nil, nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, filespace.Timeout)
+	defer cancel()
+	sum, err := r.Filespaces.Sync(sctx, sup, filespace.Options{AgentID: sbx.Spec.AgentID, Direction: dir, Now: r.now})
+	if err != nil {
+		return nil, fmt.Errorf("%s between the workspace and the agent's filespace: %w", dir, err)
+	}
+	return sum, nil
 }
 
 // serving reports whether a sandbox whose Ready condition had reason was

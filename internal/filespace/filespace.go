@@ -37,6 +37,11 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
+// Timeout is what callers bound one sync with: hashing and copying a full
+// 1 GB workspace at a slow 10 MB/s takes a few minutes, so it is a hang
+// guard.
+const Timeout = 30 * time.Minute
+
 // Workspace is the sandbox side of a sync; *supervisorapi.Client is one.
 type Workspace interface {
 	Manifest(ctx context.Context, dir string) (*supervisorapi.Manifest, error)
