@@ -25,7 +25,7 @@ const DefaultFilespacePushDelay = 2 * time.Second
 
 // pushAfter are the operations after which the workspace may have changed.
 var pushAfter = map[string]bool{
-	"run_command": true, "run_command_stream": true, "put_file": true, "delete_file": true,
+	"run_command": true, "run_command_stream": true, "run_command_pty": true, "put_file": true, "delete_file": true,
 	"tool_request": true, "execute": true, "mcp_request": true,
 }
 

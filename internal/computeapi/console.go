@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -146,17 +145,13 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeConsoleExpired, "console session %s was already used; a session connects once", id))
 		return
 	}
-	var size supervisorapi.PTYRequest
-	for k, dst := range map[string]*uint16{"cols": &size.Cols, "rows": &size.Rows} {
-		if v := r.URL.Query().Get(k); v != "" {
-			n, err := strconv.ParseUint(v, 10, 16)
-			if err != nil || n == 0 {
-				writeError(w, api.Errorf(api.CodeInvalidArgument, "%s must be a positive number, got %q", k, v))
-				return
-			}
-			*dst = uint16(n)
-		}
+	// A console is a shell: only its size is the caller's to choose.
+	req, apiErr := ptyRequest(r)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
 	}
+	size := supervisorapi.PTYRequest{Cols: req.Cols, Rows: req.Rows}
 	sb, apiErr := s.readySandbox(r.Context(), c.AgentID)
 	if apiErr != nil {
 		writeError(w, apiErr)
@@ -196,56 +191,16 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 			s.log.Error(err, "record console disconnect", "session", id)
 		}
 	}()
-	client, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{supervisorapi.PTYSubprotocol}})
+	client, err := acceptPTY(w, r)
 	if err != nil {
-		// Accept has answered the client.
 		return
 	}
 	defer client.CloseNow()
-	client.SetReadLimit(2 * supervisorapi.PTYMaxInputFrame)
-	s.relayConsole(r.Context(), id, c.ExpiresAt, client, upstream)
-}
-
-// relayConsole copies frames both ways until either side ends or the
-// session expires, keeping the supervisor's output in the transcript.
-func (s *Server) relayConsole(ctx context.Context, id string, expires time.Time, client, upstream *websocket.Conn) {
-	ctx, cancel := context.WithDeadline(ctx, expires)
+	ctx, cancel := context.WithDeadline(r.Context(), c.ExpiresAt)
 	defer cancel()
 	tr := &transcript{st: s.store, id: id, log: s.log}
 	defer tr.flush()
-	var wg sync.WaitGroup
-	wg.Add(2)
-	closeBoth := func(code websocket.StatusCode, reason string) {
-		_ = client.Close(code, reason)
-		_ = upstream.Close(code, reason)
-	}
-	relay := func(from, to *websocket.Conn, record bool) {
-		defer wg.Done()
-		defer cancel()
-		for {
-			typ, data, err := from.Read(ctx)
-			if err != nil {
-				if code := websocket.CloseStatus(err); code != -1 {
-					// Pass the closing side's code and reason on.
-					var ce websocket.CloseError
-					errors.As(err, &ce)
-					closeBoth(code, ce.Reason)
-				} else if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-					closeBoth(websocket.StatusPolicyViolation, "console session expired")
-				}
-				return
-			}
-			if record && typ == websocket.MessageBinary {
-				tr.write(data)
-			}
-			if err := to.Write(ctx, typ, data); err != nil {
-				return
-			}
-		}
-	}
-	go relay(client, upstream, false)
-	go relay(upstream, client, true)
-	wg.Wait()
+	relayPTY(ctx, client, upstream, tr.write)
 }
 
 // transcript batches terminal output into the session's record.

@@ -6,42 +6,12 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
-	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
-
-// openConsole dials a console session's terminal as the CLI does.
-func openConsole(ctx context.Context, c *api.Client, id string) (*supervisorapi.PTY, error) {
-	u := c.Endpoint() + api.PathConsolePTY(id) + "?cols=100&rows=30"
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
-		HTTPClient:   c.HTTPClient(),
-		HTTPHeader:   http.Header{"Authorization": {"Bearer " + c.Token()}},
-		Subprotocols: []string{supervisorapi.PTYSubprotocol},
-	})
-	if err != nil {
-		if resp != nil {
-			body, _ := io.ReadAll(resp.Body)
-			return nil, &httpError{status: resp.StatusCode, body: string(body)}
-		}
-		return nil, err
-	}
-	return supervisorapi.NewPTY(conn), nil
-}
-
-type httpError struct {
-	status int
-	body   string
-}
-
-func (e *httpError) Error() string { return strconv.Itoa(e.status) + ": " + e.body }
 
 // TestStaffConsole: a staff member with a reason gets a time-boxed shell
 // in an agent's sandbox, once; everything about the access is recorded.
@@ -76,7 +46,7 @@ func TestStaffConsole(t *testing.T) {
 	}
 
 	start := time.Now()
-	pty, err := openConsole(ctx, staff, sess.ID)
+	pty, err := staff.OpenConsole(ctx, sess.ID, 100, 30)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,17 +69,15 @@ func TestStaffConsole(t *testing.T) {
 	t.Logf("console opened in %s, shell exited with %d", opened.Round(time.Millisecond), exit.ExitCode)
 
 	// Once only.
-	if _, err := openConsole(ctx, staff, sess.ID); err == nil || !strings.Contains(err.Error(), string(api.CodeConsoleExpired)) {
-		t.Errorf("second connect: %v", err)
-	}
+	_, err = staff.OpenConsole(ctx, sess.ID, 0, 0)
+	wantAPIError(t, err, api.CodeConsoleExpired, http.StatusGone)
 	// Another staff member cannot use it.
 	bobTok, err := admin.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindStaff, Subject: "bob@ops"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := openConsole(ctx, clients(bobTok.Token), sess.ID); err == nil || !strings.Contains(err.Error(), "404") {
-		t.Errorf("another staff member's connect: %v", err)
-	}
+	_, err = clients(bobTok.Token).OpenConsole(ctx, sess.ID, 0, 0)
+	wantAPIError(t, err, api.CodeNotFound, http.StatusNotFound)
 
 	// The record: who, why, when, what was seen. The disconnect is written
 	// as the relay ends, just after the client saw the exit.
@@ -136,7 +104,6 @@ func TestStaffConsole(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)
-	if _, err := openConsole(ctx, staff, short.ID); err == nil || !strings.Contains(err.Error(), "410") {
-		t.Errorf("expired session connect: %v", err)
-	}
+	_, err = staff.OpenConsole(ctx, short.ID, 0, 0)
+	wantAPIError(t, err, api.CodeConsoleExpired, http.StatusGone)
 }

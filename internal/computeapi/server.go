@@ -210,6 +210,7 @@ func NewServer(opts Options) (*Server, error) {
 	route("/v1/openapi.yaml", method{get, "openapi", s.serveOpenAPI})
 	route("/v1/agents/{agent_id}/run_command", method{post, "run_command", s.runCommand})
 	route("/v1/agents/{agent_id}/run_command/stream", method{post, "run_command_stream", s.runCommandStream})
+	route("/v1/agents/{agent_id}/pty", method{get, "run_command_pty", s.agentPTY})
 	route("/v1/agents/{agent_id}/lease", method{post, "acquire_lease", s.acquireLease}, method{del, "release_lease", s.releaseLease})
 	route("/v1/agents/{agent_id}/lease/heartbeat", method{post, "heartbeat_lease", s.heartbeatLease})
 	route("/v1/namespaces/{namespace}/warm-pools/{pool}/leases", method{post, "acquire_pool_lease", s.acquirePoolLease})

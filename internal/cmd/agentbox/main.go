@@ -2,6 +2,8 @@
 // and scripts (and the quickstart):
 //
 //	agentbox exec [flags] AGENT_ID -- CMD [ARGS...]   (alias: run-command)
+//	agentbox shell [flags] AGENT_ID [-- CMD [ARGS...]]
+//	agentbox console --reason TEXT [--ttl 15m] AGENT_ID   (staff token)
 //	agentbox cp [--mode 0755] SRC DST                  (one side AGENT_ID:PATH, - for stdin/stdout)
 //	agentbox status [--json] AGENT_ID
 //	agentbox deploy [--wait] [--timeout 10m] AGENT_ID
@@ -52,6 +54,8 @@ const usage = `usage: agentbox <command> [flags]
 
 commands:
   exec          run a command in an agent's sandbox (alias: run-command)
+  shell         open an interactive terminal in an agent's sandbox
+  console       open a staff console on an agent's sandbox, with a reason (staff)
   cp            copy a file to or from an agent's workspace
   status        show an agent's sandbox, without waking it
   deploy        start or resume an agent's sandbox
@@ -78,6 +82,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	switch args[0] {
 	case "exec", "run-command":
 		return execCommand(ctx, args[0], args[1:], getenv, stdin, stdout, stderr)
+	case "shell":
+		return shellCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
+	case "console":
+		return consoleCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
 	case "cp":
 		return cpCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
 	case "status":
@@ -162,15 +170,22 @@ var signalNumbers = map[string]int{
 }
 
 func exitCode(res *client.CommandResult) int {
-	switch {
-	case res.TimedOut:
+	if res.TimedOut {
 		return exitTimedOut
-	case res.ExitCode >= 0:
+	}
+	return processExit(res.ExitCode, res.Signal)
+}
+
+// processExit is the shell's status for a process that exited with code,
+// or was ended by signal when code is negative.
+func processExit(code int, signal string) int {
+	switch {
+	case code >= 0:
 		// Linux exit statuses fit a byte; clamping rather than masking
 		// keeps an impossible larger code from turning into success.
-		return min(res.ExitCode, 255)
-	case signalNumbers[res.Signal] != 0:
-		return 128 + signalNumbers[res.Signal]
+		return min(code, 255)
+	case signalNumbers[signal] != 0:
+		return 128 + signalNumbers[signal]
 	default:
 		return exitAPIError
 	}
