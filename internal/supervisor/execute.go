@@ -229,7 +229,7 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, info *req
 		TimeoutSeconds: req.TimeoutSeconds,
 		MaxOutputBytes: req.MaxOutputBytes,
 	}, s.cfg.PythonDefaultTimeout, s.cfg.PythonMaxTimeout)
-	release, ok := s.admit(w, info, apiErr)
+	release, ok := s.admit(r.Context(), w, info, apiErr)
 	if !ok {
 		return
 	}

@@ -153,7 +153,7 @@ func (s *Server) servePTY(w *recorder, r *http.Request, info *requestInfo) bool 
 		return true
 	}
 	defer s.unregisterPTY(sess)
-	release, apiErr := s.acquire()
+	release, apiErr := s.tryAcquire()
 	if apiErr != nil {
 		info.fail(w, apiErr)
 		return true

@@ -172,7 +172,7 @@ func TestPythonInvalidRequests(t *testing.T) {
 // python_exec shares the command slots: it cannot be used to run more
 // processes at once than the supervisor allows.
 func TestPythonSharesCommandSlots(t *testing.T) {
-	s := newServer(t, Config{Python: pythonInterpreter(t), MaxConcurrentCommands: 1})
+	s := newServer(t, Config{Python: pythonInterpreter(t), MaxConcurrentCommands: 1, MaxQueuedCommands: -1})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

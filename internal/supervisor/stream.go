@@ -20,7 +20,7 @@ const streamWriteTimeout = 30 * time.Second
 // prepared, admitted and run exactly as for /v1/commands; only where its
 // output goes differs.
 func (s *Server) executeStream(w http.ResponseWriter, r *http.Request, info *requestInfo, spec *commandSpec, apiErr *api.Error) {
-	release, ok := s.admit(w, info, apiErr)
+	release, ok := s.admit(r.Context(), w, info, apiErr)
 	if !ok {
 		return
 	}

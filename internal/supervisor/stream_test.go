@@ -173,7 +173,7 @@ func TestStreamErrorsAndAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer audit.Close()
-	s, c := streamClient(t, Config{Audit: audit, MaxConcurrentCommands: 1})
+	s, c := streamClient(t, Config{Audit: audit, MaxConcurrentCommands: 1, MaxQueuedCommands: -1})
 	ctx := context.Background()
 	if _, err := c.RunCommandStream(ctx, api.CommandRequest{}, nil); api.CodeOf(err) != api.CodeInvalidArgument {
 		t.Errorf("empty command: %v", err)

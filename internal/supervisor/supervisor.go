@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,6 +43,8 @@ const (
 	DefaultMaxOutputBytes        = api.DefaultMaxOutputBytes
 	DefaultMaxRequestBytes       = 8 << 20
 	DefaultMaxConcurrentCommands = 16
+	DefaultMaxQueuedCommands     = 256
+	DefaultCommandQueueWait      = 30 * time.Second
 	DefaultWaitDelay             = time.Second
 	DefaultPath                  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	DefaultWorkspaceCap          = api.DefaultWorkspaceCapBytes
@@ -92,10 +95,18 @@ type Config struct {
 	MaxOutputBytesLimit int64
 	// MaxRequestBytes bounds the request body, stdin included.
 	MaxRequestBytes int64
-	// MaxConcurrentCommands bounds commands running at once; more are
-	// refused with resource_exhausted. Output buffers live in the
-	// supervisor, so this bounds its memory too.
+	// MaxConcurrentCommands bounds commands running at once. Output
+	// buffers live in the supervisor, so this bounds its memory too.
 	MaxConcurrentCommands int
+	// MaxQueuedCommands bounds the commands that wait for one of those
+	// slots (DefaultMaxQueuedCommands if zero; negative: none wait). A
+	// burst of calls is a normal load for an agent with many tools, so it
+	// waits its turn instead of failing; what does not fit in the queue,
+	// or waits longer than CommandQueueWait (DefaultCommandQueueWait if
+	// zero), is refused with resource_exhausted. Interactive PTY sessions
+	// never wait.
+	MaxQueuedCommands int
+	CommandQueueWait  time.Duration
 	// WaitDelay is how long the supervisor keeps collecting output after
 	// the command exited (or was killed) while something else, such as a
 	// background job, still holds its stdout or stderr open. After it the
@@ -170,6 +181,7 @@ type Server struct {
 	defaultCwd string
 	baseEnv    map[string]string
 	slots      chan struct{}
+	queued     atomic.Int32 // commands waiting for a slot
 	log        *slog.Logger
 
 	// workspace is the absolute path of the workspace and root the
@@ -231,6 +243,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxConcurrentCommands <= 0 {
 		cfg.MaxConcurrentCommands = DefaultMaxConcurrentCommands
+	}
+	switch {
+	case cfg.MaxQueuedCommands == 0:
+		cfg.MaxQueuedCommands = DefaultMaxQueuedCommands
+	case cfg.MaxQueuedCommands < 0:
+		cfg.MaxQueuedCommands = 0
+	}
+	if cfg.CommandQueueWait <= 0 {
+		cfg.CommandQueueWait = DefaultCommandQueueWait
 	}
 	if cfg.WaitDelay <= 0 {
 		cfg.WaitDelay = DefaultWaitDelay
@@ -775,7 +796,7 @@ func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, info *req
 // execute runs a prepared command and writes its result; apiErr is a
 // failure to prepare it.
 func (s *Server) execute(w http.ResponseWriter, r *http.Request, info *requestInfo, spec *commandSpec, apiErr *api.Error) {
-	release, ok := s.admit(w, info, apiErr)
+	release, ok := s.admit(r.Context(), w, info, apiErr)
 	if !ok {
 		return
 	}
@@ -792,10 +813,10 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, info *requestIn
 }
 
 // admit answers apiErr, a failure to prepare a command, or takes one of
-// the MaxConcurrentCommands slots for it.
-func (s *Server) admit(w http.ResponseWriter, info *requestInfo, apiErr *api.Error) (release func(), ok bool) {
+// the MaxConcurrentCommands slots for it, waiting its turn if need be.
+func (s *Server) admit(ctx context.Context, w http.ResponseWriter, info *requestInfo, apiErr *api.Error) (release func(), ok bool) {
 	if apiErr == nil {
-		release, apiErr = s.acquire()
+		release, apiErr = s.acquire(ctx)
 	}
 	if apiErr != nil {
 		info.fail(w, apiErr)
@@ -804,8 +825,31 @@ func (s *Server) admit(w http.ResponseWriter, info *requestInfo, apiErr *api.Err
 	return release, true
 }
 
-// acquire takes one of the MaxConcurrentCommands slots.
-func (s *Server) acquire() (release func(), _ *api.Error) {
+// acquire takes one of the MaxConcurrentCommands slots, waiting in the
+// queue (see Config.MaxQueuedCommands) while all are taken.
+func (s *Server) acquire(ctx context.Context) (release func(), _ *api.Error) {
+	if release, apiErr := s.tryAcquire(); apiErr == nil {
+		return release, nil
+	}
+	if int(s.queued.Add(1)) > s.cfg.MaxQueuedCommands {
+		s.queued.Add(-1)
+		return nil, api.Errorf(api.CodeResourceExhausted, "%d commands are running and %d more are waiting", cap(s.slots), s.cfg.MaxQueuedCommands)
+	}
+	defer s.queued.Add(-1)
+	timer := time.NewTimer(s.cfg.CommandQueueWait)
+	defer timer.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, nil
+	case <-timer.C:
+		return nil, api.Errorf(api.CodeResourceExhausted, "%d commands are running; this one waited %s for its turn", cap(s.slots), s.cfg.CommandQueueWait)
+	case <-ctx.Done():
+		return nil, api.Errorf(api.CodeResourceExhausted, "the caller went away while %d commands were running", cap(s.slots))
+	}
+}
+
+// tryAcquire takes a slot only if one is free.
+func (s *Server) tryAcquire() (release func(), _ *api.Error) {
 	select {
 	case s.slots <- struct{}{}:
 		return func() { <-s.slots }, nil

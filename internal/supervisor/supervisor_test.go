@@ -479,7 +479,7 @@ func TestInvalidInput(t *testing.T) {
 }
 
 func TestConcurrencyLimit(t *testing.T) {
-	s := newServer(t, Config{MaxConcurrentCommands: 1})
+	s := newServer(t, Config{MaxConcurrentCommands: 1, MaxQueuedCommands: -1})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -497,6 +497,66 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 	wg.Wait()
 	mustRun(t, s, api.CommandRequest{Command: []string{"true"}})
+}
+
+// A burst larger than the slots waits its turn: every command runs, and
+// never more than the slots at once.
+func TestCommandQueue(t *testing.T) {
+	dir := t.TempDir()
+	s := newServer(t, Config{MaxConcurrentCommands: 2})
+	const n = 24
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each command records how many ran beside it: a file per
+			// running command, counted while it runs.
+			script := `touch "$1/$2"; sleep 0.05; ls "$1" | wc -l; rm "$1/$2"`
+			_, res, e := post(t, s, api.CommandRequest{Command: []string{"sh", "-c", script, "sh", dir, strconv.Itoa(i)}})
+			if e != nil {
+				t.Errorf("command %d: %v", i, e)
+				return
+			}
+			if got, _ := strconv.Atoi(strings.TrimSpace(res.Stdout)); got < 1 || got > 2 {
+				t.Errorf("command %d saw %q running", i, res.Stdout)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func TestCommandQueueBounds(t *testing.T) {
+	s := newServer(t, Config{MaxConcurrentCommands: 1, MaxQueuedCommands: 1, CommandQueueWait: 300 * time.Millisecond})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, _, e := post(t, s, api.CommandRequest{Command: []string{"sleep", "1"}}); e != nil {
+			t.Error(e)
+		}
+	}()
+	for len(s.slots) == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// One waits (and gives up after CommandQueueWait); with it waiting,
+	// the queue is full and the next is refused at once.
+	waited := make(chan *api.Error, 1)
+	go func() {
+		_, _, e := post(t, s, api.CommandRequest{Command: []string{"true"}})
+		waited <- e
+	}()
+	for s.queued.Load() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, _, e := post(t, s, api.CommandRequest{Command: []string{"true"}})
+	if e == nil || e.Code != api.CodeResourceExhausted || !strings.Contains(e.Message, "more are waiting") {
+		t.Errorf("past the queue: %v, want resource_exhausted", e)
+	}
+	if e := <-waited; e == nil || e.Code != api.CodeResourceExhausted || !strings.Contains(e.Message, "waited") {
+		t.Errorf("past the queue wait: %v, want resource_exhausted", e)
+	}
+	wg.Wait()
 }
 
 func TestRequestLog(t *testing.T) {

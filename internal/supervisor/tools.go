@@ -417,7 +417,7 @@ func toolAuditName(r *http.Request) string {
 // runCaptured runs a prepared command in one of the concurrent-command
 // slots and collects its capped output, as /v1/commands does.
 func (s *Server) runCaptured(ctx context.Context, spec *commandSpec) (*api.CommandResult, *api.Error) {
-	release, e := s.acquire()
+	release, e := s.acquire(ctx)
 	if e != nil {
 		return nil, e
 	}

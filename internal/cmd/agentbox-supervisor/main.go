@@ -92,6 +92,8 @@ type options struct {
 	memoryReserve    int64
 	maxTimeout       time.Duration
 	maxConcurrent    int
+	maxQueued        int
+	queueWait        time.Duration
 	maxProcesses     int
 	passEnv          []string
 	shutdownGrace    time.Duration
@@ -164,6 +166,8 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&workspaceCap, "workspace-cap", env("AGENTBOX_WORKSPACE_CAP", "1GiB"), "largest total size of the files in the workspace, in bytes or with a KiB, MiB, GiB (or KB, MB, GB) suffix; file writes past it fail")
 	fs.DurationVar(&o.maxTimeout, "max-timeout", supervisor.DefaultMaxTimeout, "largest timeout a command may ask for")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", supervisor.DefaultMaxConcurrentCommands, "commands allowed to run at once")
+	fs.IntVar(&o.maxQueued, "max-queued", supervisor.DefaultMaxQueuedCommands, "commands that may wait for one of the -max-concurrent slots; negative: none wait")
+	fs.DurationVar(&o.queueWait, "queue-wait", supervisor.DefaultCommandQueueWait, "how long a command waits for a slot before it is refused")
 	fs.IntVar(&o.maxProcesses, "max-processes", supervisor.DefaultMaxProcesses, "background processes allowed to exist at once")
 	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
@@ -356,6 +360,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		MemoryReserve:         o.memoryReserve,
 		MaxTimeout:            o.maxTimeout,
 		MaxConcurrentCommands: o.maxConcurrent,
+		MaxQueuedCommands:     o.maxQueued,
+		CommandQueueWait:      o.queueWait,
 		MaxProcesses:          o.maxProcesses,
 		ProcessKillGrace:      o.killGrace,
 		PassEnv:               o.passEnv,
