@@ -83,7 +83,11 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 		// Service's Host.
 		DisableLocalhostProtection: true,
 		MaxRequestBodyBytes:        s.maxRequestBytes,
-		Logger:                     slog.New(logr.ToSlogHandler(s.log.WithName("mcp"))),
+		// With the protocol versions that allow it, the SDK itself ends a
+		// tool call whose POST is gone; mcpCaller.call does it for the
+		// others.
+		PropagateRequestCancellation: true,
+		Logger:                       slog.New(logr.ToSlogHandler(s.log.WithName("mcp"))),
 	})
 	h.ServeHTTP(w, r)
 }
@@ -95,10 +99,14 @@ type mcpCaller struct {
 	agentID       string
 	authorization string
 	requestID     string
+	// post is the context of the HTTP POST that carries the tool call (the
+	// server is made for that one POST): when the client goes away, the
+	// REST call is cancelled, as it would be for a REST client.
+	post context.Context
 }
 
 func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
-	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization")}
+	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), post: r.Context()}
 	c.requestID, _ = r.Context().Value(requestIDKey{}).(string)
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandbox of agent " + agentID, Version: "v1"},
 		&mcp.ServerOptions{
@@ -117,7 +125,8 @@ func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
 		"truncated says the file is longer.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, c.readFile)
 	mcp.AddTool(srv, &mcp.Tool{Name: "write_file", Description: "Write a whole file of the workspace, creating its parent " +
 		"directories and replacing the file if it exists; readers see the old or the new content, never a mix. " +
-		"Use encoding base64 for binary content.", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, c.writeFile)
+		"Use encoding base64 for binary content. The message carrying the content is limited to a few MiB; bigger files " +
+		"go through the API's files endpoint.", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, c.writeFile)
 	mcp.AddTool(srv, &mcp.Tool{Name: "delete_file", Description: "Delete a file, symbolic link or (with recursive) a directory " +
 		"of the workspace.", Annotations: &mcp.ToolAnnotations{DestructiveHint: ptrTo(true)}}, c.deleteFile)
 	mcp.AddTool(srv, &mcp.Tool{Name: "python_exec", Description: "Run a Python 3 snippet with the sandbox's python3 and return " +
@@ -373,6 +382,9 @@ type restResult struct {
 // which the SDK returns to the client as a tool error (IsError) whose
 // text starts with the API's error code.
 func (c *mcpCaller) call(ctx context.Context, method, path, contentType string, body []byte, limit int) (*restResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(c.post, cancel)()
 	req, err := http.NewRequestWithContext(ctx, method, path, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("build the %s %s request: %w", method, path, err)

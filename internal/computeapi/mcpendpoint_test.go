@@ -305,3 +305,27 @@ func TestMCPToolCallsPushTheWorkspace(t *testing.T) {
 		}
 	}
 }
+
+// TestMCPCallEndsWithItsRequest: a client that gives up on a tool call
+// ends the command in the sandbox, as closing a REST call does.
+func TestMCPCallEndsWithItsRequest(t *testing.T) {
+	// Without the contract check: the answer to the abandoned POST, which
+	// nobody reads, is an empty 200.
+	c := realSupervisorAPIWith(t, apiSetup{pushDelay: -1, noContract: true})(adminToken)
+	ctx := context.Background()
+	cs, err := connectMCP(ctx, c, "agent-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	callCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = cs.CallTool(callCtx, &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{"shell": "sleep 2 && echo late > late.txt"}})
+	if err == nil {
+		t.Fatal("the call outlived its context")
+	}
+	time.Sleep(3 * time.Second)
+	if res := callTool(t, cs, "read_file", map[string]any{"path": "late.txt"}, nil); !res.IsError {
+		t.Errorf("the command went on after its call was given up: late.txt reads %s", toolText(res))
+	}
+}
