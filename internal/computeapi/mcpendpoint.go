@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"k8s.io/utils/ptr"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
@@ -128,7 +129,7 @@ func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
 		"Use encoding base64 for binary content. The message carrying the content is limited to a few MiB; bigger files " +
 		"go through the API's files endpoint.", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, c.writeFile)
 	mcp.AddTool(srv, &mcp.Tool{Name: "delete_file", Description: "Delete a file, symbolic link or (with recursive) a directory " +
-		"of the workspace.", Annotations: &mcp.ToolAnnotations{DestructiveHint: ptrTo(true)}}, c.deleteFile)
+		"of the workspace.", Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr.To(true)}}, c.deleteFile)
 	mcp.AddTool(srv, &mcp.Tool{Name: "python_exec", Description: "Run a Python 3 snippet with the sandbox's python3 and return " +
 		"its stdout, stderr and exit code (an exception is a non-zero exit_code with the traceback on stderr, not an error). " +
 		"Files it writes stay in the workspace."}, c.pythonExec)
@@ -141,8 +142,6 @@ func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, c.status)
 	return srv
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 type mcpRunCommandInput struct {
 	Command        []string          `json:"command,omitempty" jsonschema:"the program and its arguments, run without a shell, e.g. [\"ls\", \"-la\"]; give command or shell"`
@@ -179,12 +178,11 @@ type mcpReadFileInput struct {
 }
 
 type mcpReadFileOutput struct {
-	Path     string `json:"path"`
-	Content  string `json:"content"`
-	Encoding string `json:"encoding" jsonschema:"utf-8 when content is the file's text, base64 when it encodes the bytes"`
-	// Bytes is how many bytes of the file content holds.
-	Bytes     int  `json:"bytes"`
-	Truncated bool `json:"truncated" jsonschema:"the file is longer than what was returned"`
+	Path      string `json:"path"`
+	Content   string `json:"content"`
+	Encoding  string `json:"encoding" jsonschema:"utf-8 when content is the file's text, base64 when it encodes the bytes"`
+	Bytes     int    `json:"bytes" jsonschema:"how many bytes of the file content holds"`
+	Truncated bool   `json:"truncated" jsonschema:"the file is longer than what was returned"`
 }
 
 func (c *mcpCaller) readFile(ctx context.Context, _ *mcp.CallToolRequest, in mcpReadFileInput) (*mcp.CallToolResult, *mcpReadFileOutput, error) {
@@ -378,9 +376,9 @@ type restResult struct {
 
 // call serves one REST request through the Server's own handler, as the
 // caller of the MCP request, and returns the first limit bytes of a
-// successful answer. An error answer becomes the *api.Error it carries,
-// which the SDK returns to the client as a tool error (IsError) whose
-// text starts with the API's error code.
+// successful answer. An error answer becomes an mcpToolError, which the
+// SDK returns to the client as a tool error (IsError) whose text starts
+// with the API's error code.
 func (c *mcpCaller) call(ctx context.Context, method, path, contentType string, body []byte, limit int) (*restResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -444,7 +442,13 @@ func (r *boundedRecorder) WriteHeader(status int) {
 
 func (r *boundedRecorder) Write(p []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
-	if room := r.limit - r.body.Len(); len(p) > room {
+	limit := r.limit
+	if r.status >= http.StatusBadRequest {
+		// An error is kept whole, whatever the caller asked for of a
+		// success, to learn its code.
+		limit = max(limit, auditDetailBytes)
+	}
+	if room := limit - r.body.Len(); len(p) > room {
 		r.body.Write(p[:room])
 		r.over = true
 		return room, errAnswerTooLarge

@@ -149,7 +149,7 @@ func TestMCPEndpoint(t *testing.T) {
 		t.Errorf("read_file of a cut text: %+v (%s)", rf, toolText(res))
 	}
 	// A REST error is a tool error naming the API's code.
-	res = callTool(t, cs, "read_file", map[string]any{"path": "missing.txt"}, nil)
+	res = callTool(t, cs, "read_file", map[string]any{"path": "missing.txt", "max_bytes": 1}, nil)
 	wantOps["get_file"]++
 	if !res.IsError || !strings.HasPrefix(toolText(res), string(api.CodeFileNotFound)+":") {
 		t.Errorf("read_file of a missing file: error %v, %q", res.IsError, toolText(res))
