@@ -306,26 +306,70 @@ func TestMCPToolCallsPushTheWorkspace(t *testing.T) {
 	}
 }
 
-// TestMCPCallEndsWithItsRequest: a client that gives up on a tool call
-// ends the command in the sandbox, as closing a REST call does.
-func TestMCPCallEndsWithItsRequest(t *testing.T) {
-	// Without the contract check: the answer to the abandoned POST, which
+// TestMCPEndpointWithAnOlderProtocol: a client of the 2025 protocol
+// versions, which keeps no session with a stateless server either, is
+// served as the SDK's client (of the 2026 version) is; and for both, a call
+// the client gives up ends its command, as closing a REST call does (the
+// SDK ends it for the 2026 version, the endpoint for the older ones).
+func TestMCPEndpointWithAnOlderProtocol(t *testing.T) {
+	// Without the contract check: the answer to an abandoned POST, which
 	// nobody reads, is an empty 200.
 	c := realSupervisorAPIWith(t, apiSetup{pushDelay: -1, noContract: true})(adminToken)
-	ctx := context.Background()
-	cs, err := connectMCP(ctx, c, "agent-1")
+	post := func(ctx context.Context, shell string) (*http.Response, error) {
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+			"params": map[string]any{"name": "run_command", "arguments": map[string]any{"shell": shell}}})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Endpoint()+api.PathMCP("agent-1"), bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+		return c.MCPHTTPClient().Do(req)
+	}
+	resp, err := post(context.Background(), "echo hi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer struct {
+		Result mcp.CallToolResult `json:"result"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&answer)
+	resp.Body.Close()
+	if out, _ := answer.Result.StructuredContent.(map[string]any); err != nil || resp.StatusCode != http.StatusOK || answer.Result.IsError || out["stdout"] != "hi\n" {
+		t.Fatalf("tools/call with protocol 2025-06-18: %d, %+v, %v", resp.StatusCode, answer.Result, err)
+	}
+
+	cs, err := connectMCP(context.Background(), c, "agent-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cs.Close()
-	callCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	_, err = cs.CallTool(callCtx, &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{"shell": "sleep 2 && echo late > late.txt"}})
-	if err == nil {
-		t.Fatal("the call outlived its context")
+	giveUp := map[string]func(ctx context.Context, shell string) error{
+		"2025-06-18": func(ctx context.Context, shell string) error {
+			resp, err := post(ctx, shell)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		},
+		"sdk": func(ctx context.Context, shell string) error {
+			_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{"shell": shell}})
+			return err
+		},
+	}
+	for name, call := range giveUp {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := call(ctx, "sleep 2 && echo late > late-"+name)
+		cancel()
+		if err == nil {
+			t.Fatalf("%s: the call outlived its context", name)
+		}
 	}
 	time.Sleep(3 * time.Second)
-	if res := callTool(t, cs, "read_file", map[string]any{"path": "late.txt"}, nil); !res.IsError {
-		t.Errorf("the command went on after its call was given up: late.txt reads %s", toolText(res))
+	for name := range giveUp {
+		if _, err := c.GetFile(context.Background(), "agent-1", "late-"+name); api.CodeOf(err) != api.CodeFileNotFound {
+			t.Errorf("%s: the command went on after its call was given up: %v", name, err)
+		}
 	}
 }
