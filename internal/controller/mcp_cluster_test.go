@@ -123,14 +123,16 @@ func TestMCPOnCluster(t *testing.T) {
 	_, err = api.PutFile(ctx, agent, filepath.Base(calcPath), f, 0o755)
 	f.Close()
 	must(t, err)
-	waitCalc := func() {
+	waitCalc := func(when string) {
 		t.Helper()
+		start := time.Now()
 		// The bridge's backoff between starts grows to 30s.
 		e.eventually("the stdio MCP server in the sandbox", func() error {
 			return mcpCalcAdd(ctx, api, agent)
 		})
+		t.Logf("the stdio MCP server answered mcp_request %s after %s", when, time.Since(start).Round(time.Millisecond))
 	}
-	waitCalc()
+	waitCalc("once its binary was put")
 	list, err := api.MCPRequest(ctx, agent, "calc", map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
 	must(t, err)
 	var listed struct {
@@ -169,11 +171,13 @@ func TestMCPOnCluster(t *testing.T) {
 	if status.Phase != string(v1alpha1.SandboxPhaseStopped) {
 		t.Errorf("status of the stopped sandbox: %+v", status)
 	}
+	start := time.Now()
 	call("run_command", map[string]any{"command": []string{"cat", "greeting.txt"}}, &cmd)
 	if cmd.ExitCode != 0 || cmd.Stdout != greeting {
 		t.Errorf("run_command that resumed the sandbox: %+v", cmd)
 	}
-	waitCalc()
+	t.Logf("the MCP run_command that resumed the stopped sandbox took %s", time.Since(start).Round(time.Millisecond))
+	waitCalc("after the resume")
 
 	// The audit log holds each tool call under its REST operation.
 	ops := map[string]int{}
