@@ -222,6 +222,7 @@ func NewServer(opts Options) (*Server, error) {
 		method{http.MethodPut, "put_file", s.putFile}, method{get, "get_file", s.getFile}, method{del, "delete_file", s.deleteFile})
 	route("/v1/agents/{agent_id}/tools/{tool}", method{post, "tool_request", s.toolRequest})
 	route("/v1/agents/{agent_id}/execute", method{post, "execute", s.execute})
+	route("/v1/agents/{agent_id}/mcp", method{post, "mcp", s.serveMCP})
 	route("/v1/agents/{agent_id}/mcp/{server}", method{post, "mcp_request", s.mcpRequest})
 	route("/v1/agents/{agent_id}/mcp/{server}/tools", method{get, "list_mcp_tools", s.mcpTools})
 	route("/v1/console/sessions", method{post, "create_console_session", s.createConsoleSession})

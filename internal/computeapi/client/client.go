@@ -404,6 +404,26 @@ func (c *Client) Token() string { return c.token }
 // HTTPClient returns the client's HTTP client.
 func (c *Client) HTTPClient() *http.Client { return c.httpClient }
 
+// MCPHTTPClient returns an HTTP client for an MCP client's streamable HTTP
+// transport to the agent's MCP endpoint (Endpoint()+PathMCP(agentID)): it
+// has this client's TLS settings and sends the bearer token on every
+// request, which MCP libraries leave to the HTTP client.
+func (c *Client) MCPHTTPClient() *http.Client {
+	return &http.Client{Transport: bearerTransport{token: c.token, base: c.httpClient.Transport}}
+}
+
+type bearerTransport struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (t bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	// A RoundTripper must not change the caller's request.
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+t.token)
+	return t.base.RoundTrip(r)
+}
+
 // MCPRequest sends one JSON-RPC request (request, encoded as JSON unless it
 // is a json.RawMessage) to the stdio MCP server of the agent's sandbox and
 // returns the JSON-RPC response.

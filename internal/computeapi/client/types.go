@@ -19,6 +19,8 @@
 //	DELETE /v1/agents/{agent_id}/files/{path}?recursive=true -> 204 No Content
 //	POST   /v1/agents/{agent_id}/tools/{tool}    the tool's JSON input -> its JSON output
 //	POST   /v1/agents/{agent_id}/execute         seed 001's execute request -> its result
+//	POST   /v1/agents/{agent_id}/mcp             MCP streamable HTTP (stateless): the sandbox's
+//	                                             operations as MCP tools, for any MCP client
 //	POST   /v1/agents/{agent_id}/mcp/{server}    a JSON-RPC request -> its response (wakes the sandbox)
 //	GET    /v1/agents/{agent_id}/mcp/{server}/tools?refresh= -> MCPToolCatalog (cached; never wakes
 //	                                             the sandbox unless refresh=true)
@@ -133,6 +135,11 @@ type PoolLease struct {
 func PathAgent(agentID, op string) string {
 	return "/v1/agents/" + url.PathEscape(agentID) + "/" + op
 }
+
+// PathMCP returns the path of an agent's MCP endpoint (streamable HTTP):
+// an MCP client connects to the API's endpoint followed by it, sending
+// the bearer token on every request.
+func PathMCP(agentID string) string { return PathAgent(agentID, "mcp") }
 
 // PathFile returns the path of a workspace file of an agent's sandbox; each
 // segment of the workspace path is escaped.
