@@ -10,7 +10,10 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,10 +25,13 @@ import (
 
 // TestComputeAPIOnCluster drives the Compute API's operations against a
 // real gVisor sandbox on the cluster, with the controller, the real store
-// and the archive snapshot driver behind them: commands (plain and
-// streamed), files in and out byte for byte, the sandboxed tools, /execute, status, a filespace push,
-// the audit chain, and terminate with a snapshot (then a call resumes the
-// sandbox with its workspace) and without (the sandbox is gone).
+// and the archive snapshot driver behind them: commands (plain, streamed,
+// 100 in flight at once, and an interactive PTY), another agent's token
+// refused and audited, files in and out byte for byte, the sandboxed
+// tools, /execute, status, a filespace push, terminate with a snapshot
+// (then a call resumes the sandbox with its workspace), a staff console
+// through the real CLI binary (and an expired one refused), the audit
+// chain, and terminate without a snapshot (the sandbox is gone).
 func TestComputeAPIOnCluster(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -60,6 +66,11 @@ func TestComputeAPIOnCluster(t *testing.T) {
 	if err != nil || res.ExitCode != 0 || streamed.String() != "a\nb\n" {
 		t.Fatalf("run_command_stream: %+v, %v, streamed %q", res, err, streamed.String())
 	}
+
+	agentAPI, otherAPI := agentClients(t, api, agent)
+	concurrentRunCommands(t, agentAPI, agent, 100)
+	agentScope(t, api, otherAPI, agent)
+	agentPTY(t, agentAPI, agent)
 
 	// A binary file in and out, byte for byte.
 	data := make([]byte, 1<<20)
@@ -135,14 +146,18 @@ func TestComputeAPIOnCluster(t *testing.T) {
 		t.Errorf("after the call that resumed it, the sandbox is %s", resumed.Status.Phase)
 	}
 
+	// A staff console through the CLI, now that the sandbox has a
+	// snapshot to record.
+	cliConsole(t, api, agent, resumed.Status.Snapshot)
+
 	// The audit chain holds every call and verifies.
-	page, err := api.QueryAudit(ctx, url.Values{"agent_id": {agent}})
+	page, err := api.QueryAudit(ctx, url.Values{"agent_id": {agent}, "limit": {"1000"}})
 	must(t, err)
 	ops := map[string]bool{}
 	for _, r := range page.Records {
 		ops[r.Operation] = true
 	}
-	for _, op := range []string{"run_command", "run_command_stream", "put_file", "get_file", "tool_request", "execute", "delete_file", "status", "sync_filespace", "terminate"} {
+	for _, op := range []string{"run_command", "run_command_stream", "run_command_pty", "put_file", "get_file", "tool_request", "execute", "delete_file", "status", "sync_filespace", "terminate"} {
 		if !ops[op] {
 			t.Errorf("no audit record of %s (have %v)", op, ops)
 		}
@@ -158,5 +173,153 @@ func TestComputeAPIOnCluster(t *testing.T) {
 	e.gone(&v1alpha1.Sandbox{}, "ops")
 	if _, err := api.Status(ctx, agent); !errors.Is(err, &apiclient.Error{Code: apiclient.CodeSandboxNotFound}) {
 		t.Errorf("status after terminate: %v, want sandbox_not_found", err)
+	}
+}
+
+// agentClients mints a token for agent and one for another agent, and
+// returns clients that use them.
+func agentClients(t *testing.T, admin *apiclient.Client, agent string) (own, other *apiclient.Client) {
+	t.Helper()
+	ctx := t.Context()
+	var clients []*apiclient.Client
+	for _, id := range []string{agent, agent + "-other"} {
+		tok, err := admin.CreateToken(ctx, apiclient.CreateTokenRequest{Kind: apiclient.TokenKindAgent, AgentID: id})
+		must(t, err)
+		c, err := apiclient.New(admin.Endpoint(), tok.Token, nil)
+		must(t, err)
+		t.Cleanup(c.CloseIdleConnections)
+		clients = append(clients, c)
+	}
+	return clients[0], clients[1]
+}
+
+// concurrentRunCommands sends n run_command calls at once with the
+// agent's own token: every one is answered with its own output, although
+// the supervisor runs only a few at a time (the rest wait their turn).
+func concurrentRunCommands(t *testing.T, api *apiclient.Client, agent string, n int) {
+	t.Helper()
+	ctx := t.Context()
+	errs := make(chan error, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"echo", strconv.Itoa(i)}})
+			switch {
+			case err != nil:
+				errs <- fmt.Errorf("call %d: %w", i, err)
+			case res.ExitCode != 0 || res.Stdout != strconv.Itoa(i)+"\n":
+				errs <- fmt.Errorf("call %d: %+v", i, res)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d concurrent run_command calls answered in %s", n, time.Since(start).Round(time.Millisecond))
+}
+
+// agentScope: another agent's token is refused the sandbox with the same
+// answer as for an agent that has none, and the attempts are audited.
+func agentScope(t *testing.T, admin, other *apiclient.Client, agent string) {
+	t.Helper()
+	ctx := t.Context()
+	var answers []string
+	for _, target := range []string{agent, "no-such-agent"} {
+		_, err := other.RunCommand(ctx, target, apiclient.RunCommandRequest{Command: []string{"true"}})
+		var apiErr *apiclient.Error
+		if !errors.As(err, &apiErr) || apiErr.Code != apiclient.CodePermissionDenied {
+			t.Fatalf("another agent's token on %s: %v, want permission_denied", target, err)
+		}
+		answers = append(answers, strings.ReplaceAll(apiErr.Message, target, "AGENT"))
+	}
+	if answers[0] != answers[1] {
+		t.Errorf("the refusals differ, which tells whether the sandbox exists: %q vs %q", answers[0], answers[1])
+	}
+	page, err := admin.QueryAudit(ctx, url.Values{"agent_id": {agent}, "operation": {"run_command"}, "limit": {"1000"}})
+	must(t, err)
+	denied := 0
+	for _, r := range page.Records {
+		if r.Result == string(apiclient.CodePermissionDenied) && r.CallerKind == "agent" {
+			denied++
+		}
+	}
+	if denied != 1 {
+		t.Errorf("%d audited refusals of another agent's token, want 1", denied)
+	}
+}
+
+// agentPTY opens the agent's own terminal in the gVisor sandbox.
+func agentPTY(t *testing.T, api *apiclient.Client, agent string) {
+	t.Helper()
+	ctx := t.Context()
+	p, err := api.OpenPTY(ctx, agent, apiclient.PTYOptions{
+		Command: []string{"sh", "-c", "stty size; tty; read x; echo got-$x; exit 2"}, Cols: 90, Rows: 20,
+	})
+	must(t, err)
+	defer p.Close()
+	_, err = p.Write([]byte("typed\n"))
+	must(t, err)
+	out, err := io.ReadAll(p)
+	must(t, err)
+	exit, err := p.Wait(ctx)
+	if err != nil || exit.ExitCode != 2 {
+		t.Fatalf("pty exit %+v, %v", exit, err)
+	}
+	for _, want := range []string{"20 90", "/dev/pts/", "got-typed"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("terminal output %q lacks %q", out, want)
+		}
+	}
+}
+
+// cliConsole runs "agentbox console" (the real CLI binary) with a staff
+// token and checks the record; then an expired session is refused.
+func cliConsole(t *testing.T, admin *apiclient.Client, agent string, snapshot *v1alpha1.SandboxSnapshot) {
+	t.Helper()
+	ctx := t.Context()
+	staff, err := admin.CreateToken(ctx, apiclient.CreateTokenRequest{Kind: apiclient.TokenKindStaff, Subject: "dana@ops"})
+	must(t, err)
+	cli := goBuild(t, "../cmd/agentbox", "agentbox")
+	cmd := exec.CommandContext(ctx, cli, "console", "--reason", "ticket 7: check the workspace", "--ttl", "5m", agent)
+	cmd.Env = append(os.Environ(), "AGENTBOX_ENDPOINT="+admin.Endpoint(), "AGENTBOX_TOKEN="+staff.Token)
+	cmd.Stdin = strings.NewReader("ls data; echo console-$((40+2)); exit 4\n")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 4 || !strings.Contains(stdout.String(), "console-42") ||
+		!strings.Contains(stdout.String(), "in.bin") {
+		t.Fatalf("agentbox console: %v\nstdout %q\nstderr %q", err, stdout.String(), stderr.String())
+	}
+	id := strings.Fields(strings.TrimPrefix(stderr.String(), "console session "))[0]
+	var rec *apiclient.ConsoleSession
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		rec, err = admin.GetConsoleSession(ctx, id)
+		must(t, err)
+		if rec.DisconnectedAt != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if rec.StaffID != "dana@ops" || rec.AgentID != agent || rec.Reason != "ticket 7: check the workspace" ||
+		rec.ConnectedAt == nil || rec.DisconnectedAt == nil || !bytes.Contains(rec.Transcript, []byte("console-42")) {
+		t.Errorf("recorded console session %+v, transcript %q", rec, rec.Transcript)
+	}
+	if snapshot == nil || rec.SnapshotID != snapshot.Name {
+		t.Errorf("console session recorded snapshot %q, the sandbox's is %+v", rec.SnapshotID, snapshot)
+	}
+
+	staffAPI, err := apiclient.New(admin.Endpoint(), staff.Token, nil)
+	must(t, err)
+	defer staffAPI.CloseIdleConnections()
+	short, err := staffAPI.CreateConsoleSession(ctx, apiclient.CreateConsoleSessionRequest{AgentID: agent, Reason: "expires", TTLSeconds: 1})
+	must(t, err)
+	time.Sleep(time.Until(short.ExpiresAt) + 100*time.Millisecond)
+	if _, err := staffAPI.OpenConsole(ctx, short.ID, 0, 0); apiclient.CodeOf(err) != apiclient.CodeConsoleExpired {
+		t.Errorf("an expired console session: %v, want console_session_expired", err)
 	}
 }

@@ -182,7 +182,7 @@ func TestMCPOnCluster(t *testing.T) {
 	// The audit log holds each tool call under its REST operation.
 	ops := map[string]int{}
 	e.eventually("the audit records", func() error {
-		page, err := api.QueryAudit(ctx, url.Values{"agent_id": {agent}, "limit": {"500"}})
+		page, err := api.QueryAudit(ctx, url.Values{"agent_id": {agent}, "limit": {"1000"}})
 		if err != nil {
 			return err
 		}
@@ -207,11 +207,18 @@ func TestMCPOnCluster(t *testing.T) {
 // needs nothing of the sandbox image.
 func buildMCPCalc(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "mcpcalc")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./testdata/mcpcalc")
+	return goBuild(t, "./testdata/mcpcalc", "mcpcalc")
+}
+
+// goBuild builds the main package pkg (relative to this package) as a
+// static Linux binary, to run on the host or copy into a sandbox.
+func goBuild(t *testing.T, pkg, name string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), name)
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 	if msg, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build testdata/mcpcalc: %v\n%s", err, msg)
+		t.Fatalf("build %s: %v\n%s", pkg, err, msg)
 	}
 	return out
 }

@@ -88,10 +88,22 @@ func (e *clusterEnv) computeAPI(pool *computeapi.SupervisorPool) *apiclient.Clie
 func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *store.Store) *apiclient.Client {
 	e.t.Helper()
 	const token = "lifecycle-test-token"
-	auth, err := computeapi.NewAdminTokenAuthenticator(computeapi.HashToken(token))
+	admin, err := computeapi.NewAdminTokenAuthenticator(computeapi.HashToken(token))
 	must(e.t, err)
+	// Tokens the admin mints (agent, staff) are looked up in the store.
+	var auth computeapi.Authenticator = admin
+	if st != nil {
+		auth = computeapi.ChainAuthenticators(admin, computeapi.NewStoreAuthenticator(st))
+	}
+	// Sandboxes are read from the manager's cache, as in the control
+	// plane: straight reads go through client-go's rate limiter (5/s by
+	// default), which would make a burst of calls queue for seconds.
+	var sandboxes client.Reader = e.c
+	if e.r != nil {
+		sandboxes = e.r.Client
+	}
 	srv, err := computeapi.NewServer(computeapi.Options{
-		Sandboxes: e.c, Leases: e.c, Supervisors: pool, Authenticator: auth, TrustDomain: testTrustDomain,
+		Sandboxes: sandboxes, Leases: e.c, Supervisors: pool, Authenticator: auth, TrustDomain: testTrustDomain,
 		ResumeTimeout: waitTimeout, Store: st, FilespacePushDelay: -1,
 	})
 	must(e.t, err)
