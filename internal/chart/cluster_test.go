@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
@@ -143,6 +145,58 @@ func TestLifecycleWithoutWait(t *testing.T) {
 		t.Errorf("the deleted admin token was not generated again: %q", repaired.AdminToken)
 	}
 
+	// Out-of-band changes to fields the release sets are drift; what others
+	// legitimately own is not, and an upgrade to the same values undoes the
+	// changes while keeping the rest.
+	changeOutOfBand(t, ctx, cs, ns)
+	drift, err = LiveDrift(ctx, cfg, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	for _, d := range drift {
+		got = append(got, d.String())
+	}
+	want = []string{
+		"Deployment " + ns + "/agentbox-controlplane changed out of band: spec.replicas, spec.template.spec.containers[0].env[2].value",
+		"Service " + ns + "/agentbox-api changed out of band: metadata.labels[app.kubernetes.io/component]",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("drift\n got %q\nwant %q", got, want)
+	}
+	// Under an autoscaler the replicas are its business.
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{
+		ObjectMeta: metav1.ObjectMeta{Name: "controlplane", Namespace: ns},
+		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: ControlPlaneDeployment},
+			MinReplicas:    ptr.To[int32](1), MaxReplicas: 3,
+		},
+	}
+	if _, err := cs.AutoscalingV2().HorizontalPodAutoscalers(ns).Create(ctx, hpa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	drift, err = LiveDrift(ctx, cfg, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drift) != 2 || drift[0].Reason != ReasonChanged+": spec.template.spec.containers[0].env[2].value" {
+		t.Errorf("drift under an autoscaler: %v", drift)
+	}
+	rel, err = c.Upgrade(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if drift, err := LiveDrift(ctx, cfg, rel); err != nil || len(drift) != 0 {
+		t.Errorf("drift after repairing changes: %v %v", drift, err)
+	}
+	checkRepaired(t, ctx, cs, ns)
+	if err := cs.AutoscalingV2().HorizontalPodAutoscalers(ns).Delete(ctx, hpa.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if repaired, err = ReadAccess(ctx, cs, rel); err != nil || repaired.AdminToken != rotatedToken {
+		t.Errorf("the rotated admin token did not survive the upgrade: %v", err)
+	}
+
 	// A changed value reaches the cluster; generated secrets stay.
 	opts.Values.Raw = "trustDomain: example.org\n"
 	rel, err = c.Upgrade(ctx, opts)
@@ -256,6 +310,71 @@ func TestUpgradeNotReadyRollsBack(t *testing.T) {
 	}
 	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute, true); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// rotatedToken is what changeOutOfBand puts in the admin token Secret.
+const rotatedToken = "rotatedrotatedrotatedrotatedrotatedrotatedrotate"
+
+// changeOutOfBand edits release objects the way people and controllers do:
+// two fields the release sets (drift), and fields it does not set or that
+// legitimately change (not drift).
+func changeOutOfBand(t *testing.T, ctx context.Context, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	d, err := cs.AppsV1().Deployments(ns).Get(ctx, ControlPlaneDeployment, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Spec.Replicas = ptr.To[int32](2)
+	c := &d.Spec.Template.Spec.Containers[0]
+	if c.Env[2].Name != "AGENTBOX_SANDBOX_IMAGE_PULL_POLICY" {
+		t.Fatalf("env %v", c.Env)
+	}
+	c.Env[2].Value = "Always"
+	// What `kubectl rollout restart` does: not a field the release sets.
+	d.Spec.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": time.Now().Format(time.RFC3339)}
+	if _, err := cs.AppsV1().Deployments(ns).Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := cs.CoreV1().Services(ns).Get(ctx, APIService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(svc.Labels, "app.kubernetes.io/component")
+	svc.Annotations = map[string]string{"example.com/owner": "someone else"}
+	if _, err := cs.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sec, err := cs.CoreV1().Secrets(ns).Get(ctx, DefaultAdminTokenSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec.Data[AdminTokenKey] = []byte(rotatedToken)
+	if _, err := cs.CoreV1().Secrets(ns).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkRepaired checks that an upgrade undid changeOutOfBand's drift and
+// kept what others own.
+func checkRepaired(t *testing.T, ctx context.Context, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	d, err := cs.AppsV1().Deployments(ns).Get(ctx, ControlPlaneDeployment, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *d.Spec.Replicas != 1 || d.Spec.Template.Spec.Containers[0].Env[2].Value != "Never" {
+		t.Errorf("deployment not repaired: replicas %d, env %v", *d.Spec.Replicas, d.Spec.Template.Spec.Containers[0].Env[2])
+	}
+	if d.Spec.Template.Annotations["kubectl.kubernetes.io/restartedAt"] == "" {
+		t.Error("the upgrade removed the restart annotation, which the release does not set")
+	}
+	svc, err := cs.CoreV1().Services(ns).Get(ctx, APIService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.Labels["app.kubernetes.io/component"] != "controlplane" || svc.Annotations["example.com/owner"] != "someone else" {
+		t.Errorf("service not repaired: labels %v annotations %v", svc.Labels, svc.Annotations)
 	}
 }
 
