@@ -227,8 +227,9 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"fields that others add. Left out because others legitimately own them: the control plane Deployment's " +
 					"`replicas` while a HorizontalPodAutoscaler targets it; the data of the generated Secrets `agentbox-ca` " +
 					"and `agentbox-admin-token`, which the chart keeps as the cluster holds them (replacing them is how they " +
-					"are rotated); and the size of the store's volume claim, which may be expanded but never shrunk. An " +
-					"object the provider's credentials may not patch, even in a dry run, is checked for presence only.",
+					"are rotated); and the size of the store's volume claim, which may be expanded but never shrunk. The " +
+					"CRDs, which every platform in the cluster shares, and objects the API server will not apply in a dry " +
+					"run (for lack of the rights to patch them, for one) are checked for presence only.",
 			},
 		},
 	}

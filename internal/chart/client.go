@@ -13,7 +13,6 @@ import (
 	"helm.sh/helm/v3/pkg/kube"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage/driver"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -74,9 +73,6 @@ type Release struct {
 	// are not in Manifest: Helm handles crds/ apart from templates.
 	CRDs []string
 
-	// crds are the CRD objects of the release's chart, to compare with the
-	// cluster's.
-	crds []*unstructured.Unstructured
 	// values are the chart defaults with Config merged in: what the
 	// templates saw.
 	values map[string]any
@@ -123,7 +119,6 @@ func fromHelm(r *release.Release) *Release {
 			for _, o := range objs {
 				out.CRDs = append(out.CRDs, o.GetName())
 			}
-			out.crds = objs
 		}
 		if vals, err := chartutil.CoalesceValues(r.Chart, r.Config); err == nil {
 			out.values = vals

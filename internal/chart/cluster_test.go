@@ -10,6 +10,7 @@ import (
 	"time"
 
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -247,6 +248,94 @@ func TestLifecycleWithoutWait(t *testing.T) {
 	}
 	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute, true); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDriftWithoutDryRun refreshes where the API server will not do the
+// dry run: a refresh must not fail then, and still sees missing objects.
+func TestDriftWithoutDryRun(t *testing.T) {
+	cfg, cs := clusterClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ns := testNamespaceFor(t, cs, "chart-nodryrun")
+	c := testClient(t, cfg)
+	// Overriding a variable of the chart through extraEnv repeats its name,
+	// which Kubernetes accepts and server-side apply cannot merge.
+	opts := Options{Namespace: ns, ReleaseName: DefaultReleaseName, Values: Values{
+		ImageTag: "absent", ImagePullPolicy: "Never",
+		Raw: "extraEnv: [{name: AGENTBOX_SNAPSHOT_DRIVER, value: archive-of-my-own}]\n",
+	}}
+	rel, err := c.Install(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Uninstall(context.Background(), ns, DefaultReleaseName, time.Minute, true); err != nil {
+			t.Error(err)
+		}
+	})
+	if drift, err := LiveDrift(ctx, cfg, rel); err != nil || len(drift) != 0 {
+		t.Errorf("drift with a repeated variable: %v %v", drift, err)
+	}
+
+	// Credentials that may read everything and write nothing, as a plan in
+	// CI often has.
+	reader := "drift-reader-" + ns
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: reader},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: reader},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: reader},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: reader}},
+	}
+	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.RbacV1().ClusterRoles().Delete(context.Background(), reader, metav1.DeleteOptions{}) })
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.RbacV1().ClusterRoleBindings().Delete(context.Background(), reader, metav1.DeleteOptions{})
+	})
+	readOnly := rest.CopyConfig(cfg)
+	readOnly.Impersonate = rest.ImpersonationConfig{UserName: reader}
+
+	svc, err := cs.CoreV1().Services(ns).Get(ctx, APIService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(svc.Labels, "app.kubernetes.io/component")
+	if _, err := cs.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoreV1().ServiceAccounts(ns).Delete(ctx, "agentbox-controlplane", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// RBAC takes effect at once, but the impersonated user's first request
+	// may race the binding's arrival in the authorizer's cache.
+	var drift []DriftItem
+	for i := 0; i < 50; i++ {
+		if drift, err = LiveDrift(ctx, readOnly, rel); !apierrors.IsForbidden(err) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drift) != 1 || drift[0].String() != "ServiceAccount "+ns+"/agentbox-controlplane is missing" {
+		t.Errorf("read-only drift %v", drift)
+	}
+	// With the rights to patch, the change shows too.
+	drift, err = LiveDrift(ctx, cfg, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drift) != 2 || drift[0].String() != "Service "+ns+"/agentbox-api changed out of band: metadata.labels[app.kubernetes.io/component]" {
+		t.Errorf("drift %v", drift)
 	}
 }
 

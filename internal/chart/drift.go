@@ -38,12 +38,15 @@ type DriftItem struct {
 	Fields []string
 }
 
-func (d DriftItem) String() string {
+func (d DriftItem) String() string { return d.object() + " " + d.Reason }
+
+// object names the object as "<kind> <namespace>/<name>".
+func (d DriftItem) object() string {
 	name := d.Name
 	if d.Namespace != "" {
 		name = d.Namespace + "/" + name
 	}
-	return fmt.Sprintf("%s %s %s", d.Kind, name, d.Reason)
+	return d.Kind + " " + name
 }
 
 // Reasons of DriftItem. An object that was changed has a Reason starting
@@ -55,15 +58,18 @@ const (
 	ReasonChanged  = "changed out of band"
 )
 
+// driftFieldManager names the dry runs of LiveDrift; they persist nothing.
+const driftFieldManager = "agentbox-drift"
+
 // maxReasonFields is how many field paths a Reason names: enough to say
 // what happened without turning a plan into a diff.
 const maxReasonFields = 3
 
 // LiveDrift compares the objects of rel (its manifest and its chart's CRDs)
 // with the cluster and reports those that are missing, being deleted, or
-// changed out of band in fields the release sets. An upgrade to the same
-// values restores them: Helm's three-way merge patches every field where
-// the live object differs from the manifest, and the CRDs are applied again.
+// (manifest objects only) changed out of band in fields the release sets.
+// An upgrade to the same values restores them: Helm's three-way merge
+// patches every field where the live object differs from the manifest.
 //
 // How "changed" is decided: each object is applied to the cluster with a
 // server-side apply dry run, and the result is compared with the live
@@ -78,30 +84,30 @@ const maxReasonFields = 3
 // manifest sets can differ. Fields that legitimately change after install
 // are taken out of both sides first; see ignoredFields.
 //
-// A dry run needs the rights of a real write. Where the API server refuses
-// it (credentials that may only read, a webhook that does not support dry
-// runs), that object is checked for presence only.
+// A dry run needs the rights of a real write, and not every object can be
+// applied. Where the API server refuses or fails the dry run (credentials
+// that may only read, a webhook that does not support dry runs or is down,
+// an object server-side apply cannot express, such as extraEnv repeating a
+// variable of the chart), that object is checked for presence only: a
+// refresh must not fail over what the upgrade, with Helm's patches, may
+// well do.
 func LiveDrift(ctx context.Context, cfg *rest.Config, rel *Release) ([]DriftItem, error) {
 	objs, err := manifestObjects(rel.Manifest)
 	if err != nil {
 		return nil, err
 	}
-	// A Release built without its chart knows the CRDs' names only, so
-	// their presence is all that can be compared.
+	// The CRDs are compared for presence only. They are cluster-wide and
+	// shared by every platform in the cluster, whose providers may embed
+	// other chart versions and each apply their own; comparing fields would
+	// have two such platforms upgrade each other on every run.
 	presenceOnly := map[*unstructured.Unstructured]bool{}
-	if len(rel.crds) > 0 {
-		for _, crd := range rel.crds {
-			objs = append(objs, crd.DeepCopy())
-		}
-	} else {
-		for _, name := range rel.CRDs {
-			crd := &unstructured.Unstructured{}
-			crd.SetAPIVersion("apiextensions.k8s.io/v1")
-			crd.SetKind("CustomResourceDefinition")
-			crd.SetName(name)
-			objs = append(objs, crd)
-			presenceOnly[crd] = true
-		}
+	for _, name := range rel.CRDs {
+		crd := &unstructured.Unstructured{}
+		crd.SetAPIVersion("apiextensions.k8s.io/v1")
+		crd.SetKind("CustomResourceDefinition")
+		crd.SetName(name)
+		objs = append(objs, crd)
+		presenceOnly[crd] = true
 	}
 
 	getter := newRESTClientGetter(cfg, rel.Namespace)
@@ -143,7 +149,7 @@ func LiveDrift(ctx context.Context, cfg *rest.Config, rel *Release) ([]DriftItem
 		case apierrors.IsNotFound(err):
 			item.Reason = ReasonMissing
 		case err != nil:
-			return nil, fmt.Errorf("reading %s: %w", item, err)
+			return nil, fmt.Errorf("reading %s: %w", item.object(), err)
 		case live.GetDeletionTimestamp() != nil:
 			item.Reason = ReasonDeleting
 		case presenceOnly[obj]:
@@ -162,7 +168,7 @@ func LiveDrift(ctx context.Context, cfg *rest.Config, rel *Release) ([]DriftItem
 			case dryRunRefused(err):
 				continue
 			case err != nil:
-				return nil, fmt.Errorf("comparing %s with the release: %w", item, err)
+				return nil, fmt.Errorf("comparing %s with the release: %w", item.object(), err)
 			case len(fields) == 0:
 				continue
 			default:
@@ -190,13 +196,13 @@ func changedFields(ctx context.Context, ri dynamic.ResourceInterface, cl *cluste
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s %s: %w", want.GetKind(), want.GetName(), err)
 	}
-	// The field manager is the one applyCRDs uses, so that for a CRD the
-	// dry run is exactly what the next upgrade does. For template objects,
-	// which Helm writes with patches, the name does not matter: forcing
-	// makes the dry run take every field the manifest sets.
+	// Helm writes these objects with patches, not with server-side apply,
+	// so the manager's name does not matter: it owns nothing, and forcing
+	// makes the dry run take every field the manifest sets and leave every
+	// other field alone.
 	applied, err := ri.Patch(ctx, want.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
 		DryRun:       []string{metav1.DryRunAll},
-		FieldManager: fieldManager,
+		FieldManager: driftFieldManager,
 		Force:        ptr.To(true),
 	})
 	if err != nil {
@@ -205,11 +211,13 @@ func changedFields(ctx context.Context, ri dynamic.ResourceInterface, cl *cluste
 	return diffObjects(live.Object, applied.Object, ignored), nil
 }
 
-// dryRunRefused reports whether err means the API server would not do the
-// dry run at all, as opposed to finding the object wrong.
+// dryRunRefused reports whether err means the API server did not do the
+// dry run, as opposed to finding the object invalid. Server-side apply
+// reports objects it cannot merge (duplicate list keys) as internal errors,
+// and so are failing webhooks.
 func dryRunRefused(err error) bool {
 	return apierrors.IsForbidden(err) || apierrors.IsMethodNotSupported(err) || apierrors.IsBadRequest(err) ||
-		apierrors.IsUnsupportedMediaType(err)
+		apierrors.IsUnsupportedMediaType(err) || apierrors.IsInternalError(err)
 }
 
 // diffObjects returns the paths where after differs from before, leaving out

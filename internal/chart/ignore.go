@@ -39,7 +39,10 @@ type ignoredField struct {
 //   - ClusterRole, ClusterRoleBinding, Role, RoleBinding: nothing writes
 //     them; the chart's ClusterRole has no aggregationRule.
 //   - Secret, PersistentVolumeClaim: below.
-//   - CustomResourceDefinition: the API server writes status only.
+//
+// The chart's CRDs are left out altogether (presence is still checked):
+// they are shared by every platform in the cluster, and another platform's
+// provider legitimately applies its own chart's version of them.
 //
 // The chart has no webhook configurations or APIServices, so there is no
 // injected caBundle, and the control plane writes none of these objects (it
