@@ -220,7 +220,9 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"`deployed`. A changed object names the fields that differ, for example `Deployment " +
 					"agentbox-system/agentbox-controlplane changed out of band: spec.template.spec.containers[0].image`. " +
 					"Empty when all is well. When it is not, the plan shows it emptied and apply upgrades the release, which " +
-					"recreates the objects and sets the changed fields back. " +
+					"recreates the objects and sets the changed fields back. An object that \"rejects the release's version\" " +
+					"(one recreated with another value of an immutable field) makes that apply fail with the same message, " +
+					"until it is deleted. " +
 					"Only fields the chart sets are compared, with what the Kubernetes API server makes of them: each object " +
 					"is applied in a server-side dry run and the result compared with the live object, so defaults, " +
 					"normalized values and mutating admission webhooks are not drift, and neither are labels, annotations or " +

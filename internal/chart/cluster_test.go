@@ -337,6 +337,34 @@ func TestDriftWithoutDryRun(t *testing.T) {
 	if len(drift) != 2 || drift[0].String() != "Service "+ns+"/agentbox-api changed out of band: metadata.labels[app.kubernetes.io/component]" {
 		t.Errorf("drift %v", drift)
 	}
+
+	// An object recreated with another value of an immutable field cannot
+	// be updated to the release's: that is drift too, with the API
+	// server's word for it.
+	const rb = "agentbox-controlplane-leader-election"
+	old, err := cs.RbacV1().RoleBindings(ns).Get(ctx, rb, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RbacV1().RoleBindings(ns).Delete(ctx, rb, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	recreated := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: rb, Namespace: ns, Labels: old.Labels, Annotations: old.Annotations},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: reader},
+		Subjects:   old.Subjects,
+	}
+	if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, recreated, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	drift, err = LiveDrift(ctx, cfg, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := "RoleBinding " + ns + "/" + rb + " " + ReasonRejected + ": "
+	if len(drift) != 3 || !strings.HasPrefix(drift[0].String(), prefix) || !strings.Contains(drift[0].Reason, "roleRef") {
+		t.Errorf("drift %v", drift)
+	}
 }
 
 // TestInstallNotReadyIsUndone waits for a control plane whose image cannot

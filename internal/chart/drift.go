@@ -49,13 +49,17 @@ func (d DriftItem) object() string {
 	return d.Kind + " " + name
 }
 
-// Reasons of DriftItem. An object that was changed has a Reason starting
-// with ReasonChanged, followed by the fields, or by why an upgrade cannot
-// change them back.
+// Reasons of DriftItem. ReasonChanged and ReasonRejected are followed by a
+// colon and the fields that differ, or the API server's message.
 const (
 	ReasonMissing  = "is missing"
 	ReasonDeleting = "is being deleted"
 	ReasonChanged  = "changed out of band"
+	// ReasonRejected is an object the API server will not update to the
+	// release's version, typically because an immutable field differs.
+	// The upgrade fails the same way, which is the point of reporting it:
+	// the object must be deleted, or the release changed.
+	ReasonRejected = "rejects the release's version"
 )
 
 // driftFieldManager names the dry runs of LiveDrift; they persist nothing.
@@ -161,10 +165,7 @@ func LiveDrift(ctx context.Context, cfg *rest.Config, rel *Release) ([]DriftItem
 			var status apierrors.APIStatus
 			switch {
 			case apierrors.IsInvalid(err) && errors.As(err, &status):
-				// The apply itself is refused, for example because an
-				// immutable field differs; so will the upgrade be, with
-				// this message.
-				item.Reason = ReasonChanged + ", and an upgrade cannot change it back: " + shorten(status.Status().Message, 200)
+				item.Reason = ReasonRejected + ": " + shorten(status.Status().Message, 200)
 			case dryRunRefused(err):
 				continue
 			case err != nil:

@@ -159,6 +159,29 @@ func TestFieldList(t *testing.T) {
 	}
 }
 
+// TestDryRunRefused separates a dry run that did not happen (the object is
+// then checked for presence only) from a failure that must fail the refresh.
+func TestDryRunRefused(t *testing.T) {
+	gr := schema.GroupResource{Group: "apps", Resource: "deployments"}
+	for _, c := range []struct {
+		err     error
+		refused bool
+	}{
+		{apierrors.NewForbidden(gr, "x", errors.New("cannot patch")), true},
+		{apierrors.NewInternalError(errors.New("duplicate entries for key")), true},
+		{apierrors.NewBadRequest("webhook does not support dry run"), true},
+		{apierrors.NewMethodNotSupported(gr, "patch"), true},
+		{apierrors.NewServiceUnavailable("down"), false},
+		{apierrors.NewTimeoutError("slow", 1), false},
+		{errors.New("connection refused"), false},
+		{nil, false},
+	} {
+		if got := dryRunRefused(c.err); got != c.refused {
+			t.Errorf("%v: refused %v, want %v", c.err, got, c.refused)
+		}
+	}
+}
+
 func TestRemoveField(t *testing.T) {
 	m := obj(t, "spec: {resources: {requests: {storage: 1Gi}}, accessModes: [ReadWriteOnce]}")
 	removeField(m, []string{"spec", "resources", "requests", "storage"})
