@@ -109,7 +109,7 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 			"Compute API) into one namespace; one platform per namespace.\n\n" +
 			"Create installs the release and, unless `wait = false`, waits until the control plane Deployment is ready; " +
 			"a failed install is uninstalled again, a failed upgrade rolled back. Refresh notices objects of the release " +
-			"that were deleted out of band (see `drift`), and the next apply upgrades the release to restore them. " +
+			"that were deleted or changed out of band (see `drift`), and the next apply upgrades the release to restore them. " +
 			"Destroy uninstalls the release but leaves the CRDs, and with them every sandbox, and the generated CA Secret " +
 			"`agentbox-ca` (see the chart's `ca.existingSecret` value for why).\n\n" +
 			"The CRDs are applied by the provider itself on every create and update, because Helm never upgrades them.",
@@ -216,9 +216,22 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 			"drift": schema.ListAttribute{
 				Computed: true, ElementType: types.StringType,
 				MarkdownDescription: "What the last refresh found wrong with the release in the cluster: objects of the " +
-					"release that are missing or being deleted, and a release status other than `deployed`. Empty when all " +
-					"is well. When it is not, the plan shows it emptied and apply upgrades the release, which recreates " +
-					"the objects. (Changed fields of objects that still exist are not reported yet.)",
+					"release that are missing, being deleted or changed out of band, and a release status other than " +
+					"`deployed`. A changed object names the fields that differ, for example `Deployment " +
+					"agentbox-system/agentbox-controlplane changed out of band: spec.template.spec.containers[0].image`. " +
+					"Empty when all is well. When it is not, the plan shows it emptied and apply upgrades the release, which " +
+					"recreates the objects and sets the changed fields back. An object that \"rejects the release's version\" " +
+					"(one recreated with another value of an immutable field) makes that apply fail with the same message, " +
+					"until it is deleted. " +
+					"Only fields the chart sets are compared, with what the Kubernetes API server makes of them: each object " +
+					"is applied in a server-side dry run and the result compared with the live object, so defaults, " +
+					"normalized values and mutating admission webhooks are not drift, and neither are labels, annotations or " +
+					"fields that others add. Left out because others legitimately own them: the control plane Deployment's " +
+					"`replicas` while a HorizontalPodAutoscaler targets it; the data of the generated Secrets `agentbox-ca` " +
+					"and `agentbox-admin-token`, which the chart keeps as the cluster holds them (replacing them is how they " +
+					"are rotated); and the size of the store's volume claim, which may be expanded but never shrunk. The " +
+					"CRDs, which every platform in the cluster shares, and objects the API server will not apply in a dry " +
+					"run (for lack of the rights to patch them, for one) are checked for presence only.",
 			},
 		},
 	}
@@ -402,7 +415,8 @@ func (r *platformResource) ValidateConfig(ctx context.Context, req resource.Vali
 // the planned value is set to empty whenever the state holds drift: the plan
 // then differs from the state and Terraform calls Update, which upgrades the
 // release. This keeps the reason visible in the plan (`drift` going from the
-// list of missing objects to empty) instead of faking a change elsewhere.
+// list of missing or changed objects to empty) instead of faking a change
+// elsewhere.
 func (r *platformResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
 	if req.Plan.Raw.IsNull() {
 		return
@@ -460,17 +474,18 @@ func chartClient(ctx context.Context, d *providerData, diags *diag.Diagnostics) 
 }
 
 // afterApply records the release an install or upgrade produced. Every
-// object was just applied, so drift now means something removed objects
-// during the apply, which is worth an error rather than a silent repair on
-// the next run.
+// object was just applied, so drift now means something removed or
+// rewrote objects during the apply, which is worth an error rather than a
+// silent repair on the next run.
 func (r *platformResource) afterApply(ctx context.Context, rel *chart.Release, m *platformModel, diags *diag.Diagnostics) {
 	m.ID = types.StringValue(objectID(rel.Namespace, rel.Name))
 	m.Namespace = types.StringValue(rel.Namespace)
 	refreshPlatform(ctx, r.data, rel, m, diags)
 	if n := len(m.Drift.Elements()); n > 0 {
-		diags.AddError("The agentbox platform is incomplete right after apply",
-			fmt.Sprintf("%d objects of release %s are missing although the apply just created them: %s. "+
-				"Something in the cluster removes them; the next apply will try again.", n, m.ID.ValueString(), m.Drift))
+		diags.AddError("The agentbox platform differs from its release right after apply",
+			fmt.Sprintf("%d objects of release %s are missing or differ from the release although the apply just wrote "+
+				"them: %s. Something in the cluster removes or rewrites them; the next apply will try again.",
+				n, m.ID.ValueString(), m.Drift))
 	}
 }
 

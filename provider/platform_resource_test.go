@@ -262,8 +262,126 @@ func TestAccPlatform_basic(t *testing.T) {
 				ConfigStateChecks: platformChecks(ns, 2),
 				Check:             controlPlaneExists(c, ns, image),
 			},
+			{
+				// A field of the release changed out of band is drift, and
+				// the upgrade sets it back.
+				PreConfig: func() { setControlPlaneEnv(t, c, ns, sandboxPullPolicyEnv, "Always") },
+				Config:    config,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{
+						plancheck.ExpectResourceAction(testAccPlatformAddr, plancheck.ResourceActionUpdate),
+						expectRefreshedDrift(testAccPlatformAddr, "Deployment "+ns+"/"+chart.ControlPlaneDeployment+
+							" changed out of band: spec.template.spec.containers[0].env[2].value"),
+						plancheck.ExpectKnownValue(testAccPlatformAddr, tfjsonpath.New("drift"), knownvalue.ListExact([]knownvalue.Check{})),
+					},
+				},
+				ConfigStateChecks: platformChecks(ns, 3),
+				Check: resource.ComposeTestCheckFunc(
+					controlPlaneExists(c, ns, image),
+					controlPlaneEnv(c, ns, sandboxPullPolicyEnv, "Never"),
+				),
+			},
+			{
+				// With the controllers running, and labels and annotations
+				// that others add, there is nothing to do.
+				PreConfig: func() { addForeignMetadata(t, c, ns) },
+				Config:    config,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()},
+				},
+				ConfigStateChecks: platformChecks(ns, 3),
+			},
 		},
 	})
+}
+
+// sandboxPullPolicyEnv is the control plane's third variable (env[2]); the
+// test config sets it to Never through image_pull_policy.
+const sandboxPullPolicyEnv = "AGENTBOX_SANDBOX_IMAGE_PULL_POLICY"
+
+// setControlPlaneEnv changes a variable of the control plane out of band, as
+// `kubectl set env` would.
+func setControlPlaneEnv(t *testing.T, c client.Client, ns, name, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var d appsv1.Deployment
+	if err := c.Get(ctx, k8stypes.NamespacedName{Namespace: ns, Name: chart.ControlPlaneDeployment}, &d); err != nil {
+		t.Fatal(err)
+	}
+	env := d.Spec.Template.Spec.Containers[0].Env
+	for i := range env {
+		if env[i].Name == name {
+			env[i].Value = value
+			if err := c.Update(ctx, &d); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("the control plane has no variable %s: %v", name, env)
+}
+
+func controlPlaneEnv(c client.Client, ns, name, want string) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		var d appsv1.Deployment
+		if err := c.Get(context.Background(), k8stypes.NamespacedName{Namespace: ns, Name: chart.ControlPlaneDeployment}, &d); err != nil {
+			return err
+		}
+		for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == name {
+				if e.Value != want {
+					return fmt.Errorf("control plane %s=%q, want %q", name, e.Value, want)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("the control plane has no variable %s", name)
+	}
+}
+
+// addForeignMetadata labels and annotates release objects the way other
+// tools do; the release sets none of these keys.
+func addForeignMetadata(t *testing.T, c client.Client, ns string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	patch := client.RawPatch(k8stypes.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"example.com/team":"platform"},"annotations":{"example.com/owner":"someone else"}}}`))
+	for _, o := range []client.Object{
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: chart.ControlPlaneDeployment}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: chart.APIService}},
+	} {
+		if err := c.Patch(ctx, o, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// expectRefreshedDrift checks that the refresh before the plan recorded
+// want in the drift attribute, which the plan then empties.
+func expectRefreshedDrift(addr, want string) plancheck.PlanCheck {
+	return refreshedDrift{addr: addr, want: want}
+}
+
+type refreshedDrift struct{ addr, want string }
+
+func (c refreshedDrift) CheckPlan(_ context.Context, req plancheck.CheckPlanRequest, resp *plancheck.CheckPlanResponse) {
+	for _, rc := range req.Plan.ResourceChanges {
+		if rc.Address != c.addr || rc.Change == nil {
+			continue
+		}
+		before, _ := rc.Change.Before.(map[string]any)
+		drift, _ := before["drift"].([]any)
+		for _, d := range drift {
+			if d == c.want {
+				return
+			}
+		}
+		resp.Error = fmt.Errorf("%s: refreshed drift %q does not hold %q", c.addr, drift, c.want)
+		return
+	}
+	resp.Error = fmt.Errorf("%s is not in the plan", c.addr)
 }
 
 // TestAccPlatform_noWait runs the whole lifecycle without waiting for the
