@@ -74,6 +74,7 @@ type options struct {
 	kubeQPS        float64
 	kubeBurst      int
 	pushDelay      time.Duration
+	purgeInterval  time.Duration
 	showVersion    bool
 	storeDSN       string
 	dataDir        string
@@ -131,6 +132,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	// can write; the apiserver's priority and fairness protects it either way.
 	fs.Float64Var(&o.kubeQPS, "kube-api-qps", 100, "requests per second the control plane may send to the Kubernetes API")
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 200, "requests the control plane may send to the Kubernetes API in a burst above -kube-api-qps")
+	fs.DurationVar(&o.purgeInterval, "filespace-purge-interval", filespace.DefaultPurgeInterval, "how often the leader removes filespace contents no file names any more (rewritten or deleted files' old contents)")
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
@@ -144,6 +146,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.namespace == "" {
 		return nil, errors.New("--namespace must not be empty")
+	}
+	if o.purgeInterval <= 0 {
+		return nil, fmt.Errorf("--filespace-purge-interval %s must be positive", o.purgeInterval)
 	}
 	if o.kubeQPS <= 0 || o.kubeBurst <= 0 {
 		return nil, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.kubeQPS, o.kubeBurst)
@@ -254,6 +259,10 @@ func run(ctx context.Context, o *options) error {
 	if st != nil {
 		// Only with a store: the interface must stay nil without one.
 		sandboxes.Filespaces = filespace.Syncer{Store: st}
+		purger := filespace.BlobPurger{Store: st, Interval: o.purgeInterval, Log: ctrl.Log.WithName("filespace-purge")}
+		if err := mgr.Add(purger); err != nil {
+			return fmt.Errorf("add the filespace purge: %w", err)
+		}
 	}
 	if err := sandboxes.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the sandbox controller: %w", err)
