@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,7 +32,8 @@ import (
 // tools, /execute, status, a filespace push, terminate with a snapshot
 // (then a call resumes the sandbox with its workspace), a staff console
 // through the real CLI binary (and an expired one refused), the audit
-// chain, and terminate without a snapshot (the sandbox is gone).
+// chain (and a record tampered with behind the store's back, found by the
+// API and the CLI), and terminate without a snapshot (the sandbox is gone).
 func TestComputeAPIOnCluster(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -67,7 +69,7 @@ func TestComputeAPIOnCluster(t *testing.T) {
 		t.Fatalf("run_command_stream: %+v, %v, streamed %q", res, err, streamed.String())
 	}
 
-	agentAPI, otherAPI := agentClients(t, api, agent)
+	agentAPI, otherAPI := agentClients(e, api, agent)
 	concurrentRunCommands(t, agentAPI, agent, 100)
 	agentScope(t, api, otherAPI, agent)
 	agentPTY(t, agentAPI, agent)
@@ -148,7 +150,8 @@ func TestComputeAPIOnCluster(t *testing.T) {
 
 	// A staff console through the CLI, now that the sandbox has a
 	// snapshot to record.
-	cliConsole(t, api, agent, resumed.Status.Snapshot)
+	cli := goBuild(t, "../cmd/agentbox", "agentbox")
+	cliConsole(t, e, cli, api, agent, resumed.Status.Snapshot)
 
 	// The audit chain holds every call and verifies.
 	page, err := api.QueryAudit(ctx, url.Values{"agent_id": {agent}, "limit": {"1000"}})
@@ -165,6 +168,7 @@ func TestComputeAPIOnCluster(t *testing.T) {
 	if v, err := api.VerifyAudit(ctx); err != nil || !v.OK {
 		t.Errorf("audit verify: %+v, %v", v, err)
 	}
+	tamperedAuditIsFound(t, e, cli, api, page)
 
 	// Terminate without a snapshot deletes the sandbox.
 	if _, err := api.Terminate(ctx, agent, apiclient.TerminateRequest{Reason: "test: done"}); err != nil {
@@ -178,17 +182,13 @@ func TestComputeAPIOnCluster(t *testing.T) {
 
 // agentClients mints a token for agent and one for another agent, and
 // returns clients that use them.
-func agentClients(t *testing.T, admin *apiclient.Client, agent string) (own, other *apiclient.Client) {
-	t.Helper()
-	ctx := t.Context()
+func agentClients(e *clusterEnv, admin *apiclient.Client, agent string) (own, other *apiclient.Client) {
+	e.t.Helper()
 	var clients []*apiclient.Client
 	for _, id := range []string{agent, agent + "-other"} {
-		tok, err := admin.CreateToken(ctx, apiclient.CreateTokenRequest{Kind: apiclient.TokenKindAgent, AgentID: id})
-		must(t, err)
-		c, err := apiclient.New(admin.Endpoint(), tok.Token, nil)
-		must(t, err)
-		t.Cleanup(c.CloseIdleConnections)
-		clients = append(clients, c)
+		tok, err := admin.CreateToken(e.ctx, apiclient.CreateTokenRequest{Kind: apiclient.TokenKindAgent, AgentID: id})
+		must(e.t, err)
+		clients = append(clients, e.apiClient(admin.Endpoint(), tok.Token))
 	}
 	return clients[0], clients[1]
 }
@@ -279,14 +279,13 @@ func agentPTY(t *testing.T, api *apiclient.Client, agent string) {
 
 // cliConsole runs "agentbox console" (the real CLI binary) with a staff
 // token and checks the record; then an expired session is refused.
-func cliConsole(t *testing.T, admin *apiclient.Client, agent string, snapshot *v1alpha1.SandboxSnapshot) {
+func cliConsole(t *testing.T, e *clusterEnv, cli string, admin *apiclient.Client, agent string, snapshot *v1alpha1.SandboxSnapshot) {
 	t.Helper()
 	ctx := t.Context()
 	staff, err := admin.CreateToken(ctx, apiclient.CreateTokenRequest{Kind: apiclient.TokenKindStaff, Subject: "dana@ops"})
 	must(t, err)
-	cli := goBuild(t, "../cmd/agentbox", "agentbox")
 	cmd := exec.CommandContext(ctx, cli, "console", "--reason", "ticket 7: check the workspace", "--ttl", "5m", agent)
-	cmd.Env = append(os.Environ(), "AGENTBOX_ENDPOINT="+admin.Endpoint(), "AGENTBOX_TOKEN="+staff.Token)
+	cmd.Env = e.cliEnv(admin.Endpoint(), staff.Token)
 	cmd.Stdin = strings.NewReader("ls data; echo console-$((40+2)); exit 4\n")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -313,13 +312,55 @@ func cliConsole(t *testing.T, admin *apiclient.Client, agent string, snapshot *v
 		t.Errorf("console session recorded snapshot %q, the sandbox's is %+v", rec.SnapshotID, snapshot)
 	}
 
-	staffAPI, err := apiclient.New(admin.Endpoint(), staff.Token, nil)
-	must(t, err)
-	defer staffAPI.CloseIdleConnections()
+	staffAPI := e.apiClient(admin.Endpoint(), staff.Token)
 	short, err := staffAPI.CreateConsoleSession(ctx, apiclient.CreateConsoleSessionRequest{AgentID: agent, Reason: "expires", TTLSeconds: 1})
 	must(t, err)
 	time.Sleep(time.Until(short.ExpiresAt) + 100*time.Millisecond)
 	if _, err := staffAPI.OpenConsole(ctx, short.ID, 0, 0); apiclient.CodeOf(err) != apiclient.CodeConsoleExpired {
 		t.Errorf("an expired console session: %v, want console_session_expired", err)
+	}
+}
+
+// tamperedAuditIsFound turns a refused call's record into a success in the
+// database, behind the store's back, and expects verification (the API's
+// and "agentbox audit verify") to name that record.
+func tamperedAuditIsFound(t *testing.T, e *clusterEnv, cli string, admin *apiclient.Client, page *apiclient.AuditPage) {
+	t.Helper()
+	ctx := t.Context()
+	var seq int64
+	for _, r := range page.Records {
+		if r.Result == string(apiclient.CodePermissionDenied) {
+			seq = r.Seq
+			break
+		}
+	}
+	if seq == 0 {
+		t.Fatal("no refused call in the audit log to tamper with")
+	}
+	db, err := sql.Open("sqlite", e.storePath)
+	must(t, err)
+	defer db.Close()
+	// The append-only trigger refuses the store's own connections; someone
+	// with the database's DDL rights can drop it, and the chain is what
+	// still tells.
+	for _, stmt := range []string{`DROP TRIGGER audit_log_no_update`, `UPDATE audit_log SET result = 'ok', status = 200 WHERE seq = ?`} {
+		args := []any{}
+		if strings.Contains(stmt, "?") {
+			args = append(args, seq)
+		}
+		if _, err := db.ExecContext(ctx, stmt, args...); err != nil {
+			t.Fatalf("tamper with audit record %d: %s: %v", seq, stmt, err)
+		}
+	}
+	v, err := admin.VerifyAudit(ctx)
+	if err != nil || v.OK || v.Break == nil || v.Break.Seq != seq {
+		t.Fatalf("verify after tampering with record %d: %+v, %v", seq, v, err)
+	}
+	cmd := exec.CommandContext(ctx, cli, "audit", "verify")
+	cmd.Env = e.cliEnv(admin.Endpoint(), admin.Token())
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 3 || !strings.Contains(string(out), strconv.FormatInt(seq, 10)) {
+		t.Errorf("agentbox audit verify after tampering with record %d: %v\n%s", seq, err, out)
 	}
 }

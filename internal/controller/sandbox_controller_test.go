@@ -86,6 +86,11 @@ type clusterEnv struct {
 
 	cfg    *rest.Config
 	scheme *k8sruntime.Scheme
+	// storePath is the SQLite file of platformEnv's store, for tests that
+	// tamper with it behind the store's back.
+	storePath string
+	// apiCAPEM verifies the serving certificate of computeAPI's API.
+	apiCAPEM []byte
 }
 
 // newClusterEnv starts a manager for a fresh namespace; configure adds to

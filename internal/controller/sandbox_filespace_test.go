@@ -140,12 +140,14 @@ func platformEnv(t *testing.T) (*clusterEnv, *store.Store, *computeapi.Superviso
 	})
 	must(t, err)
 	t.Cleanup(arch.Close)
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	dbPath := filepath.Join(t.TempDir(), "agentbox.db")
+	st, err := store.Open(context.Background(), dbPath, store.Options{})
 	must(t, err)
 	t.Cleanup(func() { st.Close() })
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, arch, &pool), func(r *SandboxReconciler) {
 		r.Filespaces = filespace.Syncer{Store: st}
 	})
+	e.storePath = dbPath
 	return e, st, pool
 }

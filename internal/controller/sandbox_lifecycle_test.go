@@ -3,9 +3,11 @@ package controller
 import (
 	"context"
 	"crypto/tls"
+	"encoding/pem"
 	"fmt"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,8 +79,8 @@ func (e *clusterEnv) setActivity(name string, at time.Time) {
 	must(e.t, e.c.Patch(e.ctx, &lease, patch))
 }
 
-// computeAPI serves the Compute API on loopback, as the control plane does
-// beside the controller: same cluster, same supervisor pool.
+// computeAPI serves the Compute API on loopback over TLS, as the control
+// plane does beside the controller: same cluster, same supervisor pool.
 func (e *clusterEnv) computeAPI(pool *computeapi.SupervisorPool) *apiclient.Client {
 	return e.computeAPIWithStore(pool, nil)
 }
@@ -107,14 +109,31 @@ func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *st
 		ResumeTimeout: waitTimeout, Store: st, FilespacePushDelay: -1,
 	})
 	must(e.t, err)
-	hs := httptest.NewServer(srv.Handler())
+	hs := httptest.NewTLSServer(srv.Handler())
 	e.t.Cleanup(func() {
 		hs.Close()
 		srv.Close()
 	})
-	c, err := apiclient.New(hs.URL, token, nil)
+	e.apiCAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hs.Certificate().Raw})
+	return e.apiClient(hs.URL, token)
+}
+
+// apiClient is a client of the API computeAPI serves, with token.
+func (e *clusterEnv) apiClient(endpoint, token string) *apiclient.Client {
+	e.t.Helper()
+	c, err := apiclient.New(endpoint, token, e.apiCAPEM)
 	must(e.t, err)
+	e.t.Cleanup(c.CloseIdleConnections)
 	return c
+}
+
+// cliEnv is the environment that points the agentbox CLI at the API
+// computeAPI serves, with token.
+func (e *clusterEnv) cliEnv(endpoint, token string) []string {
+	e.t.Helper()
+	caFile := filepath.Join(e.t.TempDir(), "api-ca.crt")
+	must(e.t, os.WriteFile(caFile, e.apiCAPEM, 0o600))
+	return append(os.Environ(), "AGENTBOX_ENDPOINT="+endpoint, "AGENTBOX_TOKEN="+token, "AGENTBOX_CA_FILE="+caFile)
 }
 
 // waitPhase waits for the sandbox to reach phase with the Ready reason

@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/pem"
 	"fmt"
 	"log/slog"
@@ -37,6 +38,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
 // Defaults of Options.
@@ -96,6 +98,7 @@ type Server struct {
 
 	apiHTTP, supHTTP *httptest.Server
 	pool             *computeapi.SupervisorPool
+	ca               *pki.CA
 	tempWorkspace    string
 }
 
@@ -123,6 +126,7 @@ func NewServer(opts Options) (s *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("apitest: platform CA: %w", err)
 	}
+	s.ca = ca
 	// The trust domain is left at pki's default on both sides, as in a
 	// default installation.
 	if err := s.startSupervisor(opts.Supervisor, ca); err != nil {
@@ -198,16 +202,36 @@ func (s *Server) startSupervisor(cfg supervisor.Config, ca *pki.CA) error {
 	return nil
 }
 
-// controlPlanePool dials supervisors with the control plane's client
-// identity.
-func controlPlanePool(ca *pki.CA) (*computeapi.SupervisorPool, error) {
+// SupervisorClient calls the supervisor directly, with the control
+// plane's identity, for tests that compare a call through the API with
+// the same call made straight to the sandbox.
+func (s *Server) SupervisorClient() (*supervisorapi.Client, error) {
+	cert, err := controlPlaneCertificate(s.ca)
+	if err != nil {
+		return nil, err
+	}
+	tlsConfig := pki.ClientTLS(cert, s.ca.Pool(), pki.SandboxID("", s.Namespace, s.Sandbox).String())
+	return supervisorapi.NewClient(s.supHTTP.URL, supervisorapi.NewHTTPClient(tlsConfig)), nil
+}
+
+func controlPlaneCertificate(ca *pki.CA) (tls.Certificate, error) {
 	leaf, err := ca.Issue(pki.LeafOptions{ID: pki.ControlPlaneID("", platformNamespace), Usage: pki.UsageClient})
 	if err != nil {
-		return nil, fmt.Errorf("apitest: control plane certificate: %w", err)
+		return tls.Certificate{}, fmt.Errorf("apitest: control plane certificate: %w", err)
 	}
 	cert, err := leaf.TLSCertificate()
 	if err != nil {
-		return nil, fmt.Errorf("apitest: control plane certificate: %w", err)
+		return tls.Certificate{}, fmt.Errorf("apitest: control plane certificate: %w", err)
+	}
+	return cert, nil
+}
+
+// controlPlanePool dials supervisors with the control plane's client
+// identity.
+func controlPlanePool(ca *pki.CA) (*computeapi.SupervisorPool, error) {
+	cert, err := controlPlaneCertificate(ca)
+	if err != nil {
+		return nil, err
 	}
 	pool, err := computeapi.NewSupervisorPool(computeapi.StaticCertificate(cert), ca.Pool())
 	if err != nil {
