@@ -7,15 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -230,6 +234,7 @@ func (b *apiBench) claim(t *testing.T) {
 	var total, lease []time.Duration
 	stopProfile := b.p.profile(t, "claim", 60*time.Second)
 	defer stopProfile()
+	writesBefore := b.kubeWrites(t)
 	for i := range runs {
 		l, start, err := b.acquire(t.Context())
 		if err != nil {
@@ -243,12 +248,14 @@ func (b *apiBench) claim(t *testing.T) {
 		lease = append(lease, leased)
 		b.release(t, l)
 	}
+	writes := describeWrites(writesBefore, b.kubeWrites(t))
 	tot := benchreport.Millis(total)
 	p50, p99 := benchreport.Percentile(tot, 50), benchreport.Percentile(tot, 99)
 	benchreport.Record(t, benchreport.Figure{
 		Name: "warm-pool claim to first command output", Unit: "ms", Values: tot,
 		Target: "p50 <= 50 ms, p99 <= 200 ms", Met: benchreport.Bool(p50 <= 50 && p99 <= 200),
-		Note: fmt.Sprintf("pool lease then echo through the API; the lease alone: p50 %.1f ms", benchreport.Percentile(benchreport.Millis(lease), 50)),
+		Note: fmt.Sprintf("pool lease then echo through the API; the lease alone: p50 %.1f ms; %s",
+			benchreport.Percentile(benchreport.Millis(lease), 50), writes),
 	})
 }
 
@@ -256,6 +263,7 @@ func (b *apiBench) claim(t *testing.T) {
 func (b *apiBench) burst(t *testing.T) {
 	const size, rounds = 24, 2
 	var rates []float64
+	var writes []string
 	var latencies []time.Duration
 	for r := range rounds {
 		b.setReplicas(t, size)
@@ -276,10 +284,12 @@ func (b *apiBench) burst(t *testing.T) {
 			})
 		}
 		stopProfile := b.p.profile(t, fmt.Sprintf("burst-%d", r), 15*time.Second)
+		before := b.kubeWrites(t)
 		start := time.Now()
 		close(gate)
 		wg.Wait()
 		wall := time.Since(start)
+		writes = append(writes, describeWrites(before, b.kubeWrites(t)))
 		got := 0
 		for i, err := range errs {
 			if err != nil {
@@ -301,8 +311,8 @@ func (b *apiBench) burst(t *testing.T) {
 	benchreport.Record(t, benchreport.Figure{
 		Name: "claims per second in a burst", Unit: "/s", Values: rates,
 		Target: ">= 300/s", Met: benchreport.Bool(benchreport.Percentile(rates, 50) >= 300),
-		Note: fmt.Sprintf("%d concurrent pool leases on %d ready sandboxes, %d bursts; claim latency p50 %.0f ms",
-			size, size, rounds, benchreport.Percentile(benchreport.Millis(latencies), 50)),
+		Note: fmt.Sprintf("%d concurrent pool leases on %d ready sandboxes, %d bursts; claim latency p50 %.0f ms; %s",
+			size, size, rounds, benchreport.Percentile(benchreport.Millis(latencies), 50), strings.Join(writes, " | ")),
 	})
 }
 
@@ -487,4 +497,70 @@ func (b *apiBench) files(t *testing.T) {
 	if err := b.api.DeleteFile(t.Context(), l.AgentID, "api.bin", false); err != nil && !errors.Is(err, context.Canceled) {
 		t.Error(err)
 	}
+}
+
+// kubeWrites reads the control plane's histogram of its API-server writes
+// (agentbox_api_kube_write_duration_seconds), keyed "verb kind".
+func (b *apiBench) kubeWrites(t *testing.T) map[string]writeStat {
+	t.Helper()
+	base, err := b.p.controlPlaneMetricsURL(t)
+	if err != nil {
+		t.Logf("API-server writes: %v", err)
+		return nil
+	}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Logf("API-server writes: %v", err)
+		return nil
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Logf("API-server writes: parse metrics: %v", err)
+		return nil
+	}
+	out := map[string]writeStat{}
+	for _, m := range fams["agentbox_api_kube_write_duration_seconds"].GetMetric() {
+		var verb, kind string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "verb":
+				verb = l.GetValue()
+			case "kind":
+				kind = l.GetValue()
+			}
+		}
+		h := m.GetHistogram()
+		out[verb+" "+kind] = writeStat{count: h.GetSampleCount(), seconds: h.GetSampleSum()}
+	}
+	return out
+}
+
+type writeStat struct {
+	count   uint64
+	seconds float64
+}
+
+// describeWrites says how many API-server writes of each kind were made
+// between two readings, and their mean latency.
+func describeWrites(before, after map[string]writeStat) string {
+	var parts []string
+	for key, a := range after {
+		n := a.count - before[key].count
+		if n == 0 {
+			continue
+		}
+		mean := (a.seconds - before[key].seconds) / float64(n) * 1000
+		parts = append(parts, fmt.Sprintf("%s %d, mean %.1f ms", key, n, mean))
+	}
+	if len(parts) == 0 {
+		return "no API-server writes recorded"
+	}
+	sort.Strings(parts)
+	return "API-server writes: " + strings.Join(parts, "; ")
 }

@@ -284,6 +284,20 @@ func (tf tfCLI) outputs(dir string) (map[string]string, error) {
 	return m, nil
 }
 
+// controlPlaneMetricsURL is the base URL of the control plane's metrics
+// port (its /metrics and /debug/pprof): plain HTTP inside the cluster, on
+// the pod IP, which is on the test node's bridge.
+func (p *platformEnv) controlPlaneMetricsURL(t *testing.T) (string, error) {
+	t.Helper()
+	var pods corev1.PodList
+	err := p.kube.List(t.Context(), &pods, client.InNamespace(platformNamespace),
+		client.MatchingLabels{"app.kubernetes.io/component": "controlplane"})
+	if err != nil || len(pods.Items) == 0 || pods.Items[0].Status.PodIP == "" {
+		return "", fmt.Errorf("no control plane pod (%v)", err)
+	}
+	return "http://" + net.JoinHostPort(pods.Items[0].Status.PodIP, "8080"), nil
+}
+
 // EnvProfileDir is where profiles of the control plane go; `make bench`
 // points it at .build/bench. Unset, profiles go to the test's temp dir.
 const EnvProfileDir = "AGENTBOX_BENCH_PROFILE_DIR"
@@ -294,15 +308,12 @@ const EnvProfileDir = "AGENTBOX_BENCH_PROFILE_DIR"
 // missed target come with where the time went.
 func (p *platformEnv) profile(t *testing.T, name string, max time.Duration) (stop func()) {
 	t.Helper()
-	var pods corev1.PodList
-	if err := p.kube.List(t.Context(), &pods, client.InNamespace(platformNamespace),
-		client.MatchingLabels{"app.kubernetes.io/component": "controlplane"}); err != nil || len(pods.Items) == 0 || pods.Items[0].Status.PodIP == "" {
-		t.Logf("profile %s: no control plane pod to profile (%v)", name, err)
+	base, err := p.controlPlaneMetricsURL(t)
+	if err != nil {
+		t.Logf("profile %s: %v", name, err)
 		return func() {}
 	}
-	// The metrics port is plain HTTP inside the cluster; the pod IP is
-	// on the test node's bridge.
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", net.JoinHostPort(pods.Items[0].Status.PodIP, "8080"), int(max.Seconds()))
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(max.Seconds()))
 	dir := os.Getenv(EnvProfileDir)
 	if dir == "" {
 		dir = t.TempDir()

@@ -259,3 +259,23 @@ func TestLeaseHistory(t *testing.T) {
 		t.Errorf("lease history %v", kinds)
 	}
 }
+
+// TestKubeWriteMetrics: a lease acquire's write of the Lease is timed by
+// verb and kind.
+func TestKubeWriteMetrics(t *testing.T) {
+	count := func() uint64 {
+		var m dto.Metric
+		if err := metricKubeWriteSeconds.WithLabelValues("update", "Lease").(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
+	before := count()
+	f := newFixture(t, "")
+	if _, err := f.client(t, adminToken).AcquireLease(context.Background(), "agent-1", api.AcquireLeaseRequest{Holder: "h", RequestID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := count() - before; got != 1 {
+		t.Errorf("Lease updates observed %d times, want 1", got)
+	}
+}

@@ -19,6 +19,11 @@ var (
 		Name: "agentbox_api_audit_queue_length",
 		Help: "Audit records waiting to be written to the store; calls wait once it is full.",
 	})
+	metricKubeWriteSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "agentbox_api_kube_write_duration_seconds",
+		Help:    "The Compute API's writes to the Kubernetes API server, by verb and kind (Sandbox, Lease or other), conflicts and errors included.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	}, []string{"verb", "kind"})
 	metricAuditFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "agentbox_api_audit_append_failures_total",
 		Help: "Failed writes of audit batches to the store (each is retried until it succeeds).",
@@ -26,5 +31,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures)
+	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds)
 }

@@ -150,7 +150,7 @@ func NewServer(opts Options) (*Server, error) {
 		log:             opts.Logger,
 		maxRequestBytes: opts.MaxRequestBytes,
 		leaseReader:     opts.LeaseReader,
-		leaseWriter:     opts.Leases,
+		leaseWriter:     timedWriter{opts.Leases},
 		resumeTimeout:   opts.ResumeTimeout,
 		store:           opts.Store,
 	}
@@ -176,7 +176,7 @@ func NewServer(opts Options) (*Server, error) {
 	if interval <= 0 {
 		interval = DefaultLeaseRenewInterval
 	}
-	s.leases = newLeaseRenewer(opts.Leases, s.clock, interval, s.log.WithName("lease"))
+	s.leases = newLeaseRenewer(s.leaseWriter, s.clock, interval, s.log.WithName("lease"))
 	if s.store != nil {
 		s.audit = newAuditor(s.store, s.log.WithName("audit"))
 		delay := opts.FilespacePushDelay
