@@ -5,22 +5,16 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // TestStaffConsole: a staff member with a reason gets a time-boxed shell
 // in an agent's sandbox, once; everything about the access is recorded.
 func TestStaffConsole(t *testing.T) {
-	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := tempStore(t)
 	clients := realSupervisorAPI(t, st, nil)
 	ctx := context.Background()
 	admin := clients(adminToken)

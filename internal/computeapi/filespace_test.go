@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"io"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,11 +20,7 @@ import (
 // into the filespace, and pulls it back byte for byte once the workspace
 // has lost it, against the real supervisor and store.
 func TestSyncFilespaceThroughTheAPI(t *testing.T) {
-	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := tempStore(t)
 	clients := realSupervisorAPI(t, st, nil)
 	c := clients(adminToken)
 	ctx := context.Background()
@@ -130,11 +125,7 @@ func TestSyncFilespaceThroughTheAPI(t *testing.T) {
 // of writes through the API reaches the filespace once it is quiet,
 // without any sync_filespace call, and a read does not schedule a push.
 func TestPushAfterCalls(t *testing.T) {
-	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := tempStore(t)
 	c := realSupervisorAPIWith(t, apiSetup{store: st, pushDelay: 100 * time.Millisecond})(adminToken)
 	ctx := context.Background()
 	for i := range 5 {

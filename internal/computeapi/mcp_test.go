@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 )
@@ -74,11 +72,7 @@ func TestMCPThroughTheAPI(t *testing.T) {
 	}
 	mgr.Start(context.Background())
 	t.Cleanup(func() { _ = mgr.Stop(context.Background()) })
-	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := tempStore(t)
 	c := realSupervisorAPI(t, st, func(cfg *supervisor.Config) { cfg.MCP = mgr }, tpl)(adminToken)
 	ctx := context.Background()
 

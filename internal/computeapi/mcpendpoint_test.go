@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,7 +19,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // connectMCP opens an MCP session with the official SDK's client on the
@@ -66,11 +64,7 @@ func toolText(res *mcp.CallToolResult) string {
 // operation, and another agent's token is refused exactly as for an agent
 // that does not exist.
 func TestMCPEndpoint(t *testing.T) {
-	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := tempStore(t)
 	clients := realSupervisorAPI(t, st, nil)
 	ctx := context.Background()
 	agent := clients("agent-token:agent-1")
@@ -280,11 +274,7 @@ func sum(m map[string]int) int {
 // TestMCPToolCallsPushTheWorkspace: a write through the MCP endpoint
 // schedules the filespace push as the REST call does.
 func TestMCPToolCallsPushTheWorkspace(t *testing.T) {
-	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := tempStore(t)
 	c := realSupervisorAPIWith(t, apiSetup{store: st, pushDelay: 100 * time.Millisecond})(adminToken)
 	ctx := context.Background()
 	cs, err := connectMCP(ctx, c, "agent-1")

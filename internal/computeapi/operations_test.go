@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -35,6 +36,17 @@ import (
 func realSupervisorAPI(t *testing.T, st *store.Store, configure func(*supervisor.Config), extra ...client.Object) func(token string) *api.Client {
 	t.Helper()
 	return realSupervisorAPIWith(t, apiSetup{store: st, configure: configure, extra: extra, pushDelay: -1})
+}
+
+// tempStore is a SQLite store in the test's temporary directory.
+func tempStore(t *testing.T) *store.Store {
+	t.Helper()
+	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }
 
 type apiSetup struct {

@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
@@ -23,19 +20,8 @@ func TestComputeAPIBench(t *testing.T) {
 	if os.Getenv(EnvBench) == "" {
 		t.Skipf("%s is not set: the benchmarks run only on request", EnvBench)
 	}
-	image := os.Getenv(EnvSandboxImage)
-	if image == "" {
-		t.Skipf("%s is not set: the benchmark needs the real sandbox image's supervisor", EnvSandboxImage)
-	}
-	e, st, pool := platformEnv(t)
-	admin := e.computeAPIWithStore(pool, st)
-	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
-		tpl.Spec.Image = image
-		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
-	})
-	sbx := e.sandbox("bench-api", "tpl")
+	e, _, admin, sbx := apiSandbox(t, "bench-api", nil)
 	agent := sbx.Spec.AgentID
-	sbx, _ = e.waitPhase("bench-api", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 	api, _ := agentClients(e, admin, agent)
 	direct := e.supervisor(t, sbx)
 	ctx := e.ctx

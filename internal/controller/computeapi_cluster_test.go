@@ -22,6 +22,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // TestComputeAPIOnCluster drives the Compute API's operations against a
@@ -36,19 +37,8 @@ import (
 // API and the CLI), and terminate without a snapshot (the sandbox is gone).
 func TestComputeAPIOnCluster(t *testing.T) {
 	t.Parallel()
-	image := os.Getenv(EnvSandboxImage)
-	if image == "" {
-		t.Skipf("%s is not set: the operations need the real sandbox image's supervisor", EnvSandboxImage)
-	}
-	e, st, pool := platformEnv(t)
-	api := e.computeAPIWithStore(pool, st)
-	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
-		tpl.Spec.Image = image
-		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
-	})
-	sbx := e.sandbox("ops", "tpl")
+	e, st, api, sbx := apiSandbox(t, "ops", nil)
 	agent := sbx.Spec.AgentID
-	sbx, _ = e.waitPhase("ops", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 	if !e.workspaceWritable(t, e.supervisor(t, sbx)) {
 		t.Skip("the operations write the workspace")
 	}
@@ -363,4 +353,29 @@ func tamperedAuditIsFound(t *testing.T, e *clusterEnv, cli string, admin *apicli
 	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 3 || !strings.Contains(string(out), strconv.FormatInt(seq, 10)) {
 		t.Errorf("agentbox audit verify after tampering with record %d: %v\n%s", seq, err, out)
 	}
+}
+
+// apiSandbox starts the platform of platformEnv with the Compute API in
+// front of it (an admin client is returned), and a sandbox named name of
+// the real sandbox image (a template "tpl" that idles for an hour, then
+// configure), and waits for it to run. It skips without the image: the
+// supervisor is what the API talks to.
+func apiSandbox(t *testing.T, name string, configure func(*v1alpha1.SandboxTemplate)) (*clusterEnv, *store.Store, *apiclient.Client, *v1alpha1.Sandbox) {
+	t.Helper()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: the Compute API needs the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	e, st, pool := platformEnv(t)
+	api := e.computeAPIWithStore(pool, st)
+	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+		if configure != nil {
+			configure(tpl)
+		}
+	})
+	e.sandbox(name, "tpl")
+	sbx, _ := e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	return e, st, api, sbx
 }

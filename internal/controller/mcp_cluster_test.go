@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
@@ -31,25 +30,15 @@ import (
 // runs inside the sandbox.
 func TestMCPOnCluster(t *testing.T) {
 	t.Parallel()
-	image := os.Getenv(EnvSandboxImage)
-	if image == "" {
-		t.Skipf("%s is not set: the MCP servers need the real sandbox image's supervisor", EnvSandboxImage)
-	}
 	calc := buildMCPCalc(t)
-	e, st, pool := platformEnv(t)
-	api := e.computeAPIWithStore(pool, st)
 	// The server's binary is put into the workspace once the sandbox runs;
 	// until then the supervisor's bridge fails to start it and retries
 	// with backoff, as it would for any server that fails at first.
 	const calcPath = "/workspace/mcpcalc"
-	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
-		tpl.Spec.Image = image
-		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+	e, _, api, sbx := apiSandbox(t, "mcp", func(tpl *v1alpha1.SandboxTemplate) {
 		tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "calc", Command: calcPath}}
 	})
-	sbx := e.sandbox("mcp", "tpl")
 	agent := sbx.Spec.AgentID
-	sbx, _ = e.waitPhase("mcp", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 	if !e.workspaceWritable(t, e.supervisor(t, sbx)) {
 		t.Skip("the MCP server's binary goes into the workspace")
 	}

@@ -480,10 +480,22 @@ func TestInvalidInput(t *testing.T) {
 
 func TestConcurrencyLimit(t *testing.T) {
 	s := newServer(t, Config{MaxConcurrentCommands: 1, MaxQueuedCommands: -1})
-	var wg sync.WaitGroup
-	wg.Add(1)
+	wait := occupySlot(t, s)
+	_, _, e := post(t, s, api.CommandRequest{Command: []string{"true"}})
+	if e == nil || e.Code != api.CodeResourceExhausted || e.HTTPStatus != http.StatusTooManyRequests {
+		t.Fatalf("second command: %v, want resource_exhausted", e)
+	}
+	wait()
+	mustRun(t, s, api.CommandRequest{Command: []string{"true"}})
+}
+
+// occupySlot runs a one-second command and returns once it holds a
+// command slot; wait waits for it to end.
+func occupySlot(t *testing.T, s *Server) (wait func()) {
+	t.Helper()
+	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(done)
 		if _, _, e := post(t, s, api.CommandRequest{Command: []string{"sleep", "1"}}); e != nil {
 			t.Error(e)
 		}
@@ -491,12 +503,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	for len(s.slots) == 0 {
 		time.Sleep(5 * time.Millisecond)
 	}
-	_, _, e := post(t, s, api.CommandRequest{Command: []string{"true"}})
-	if e == nil || e.Code != api.CodeResourceExhausted || e.HTTPStatus != http.StatusTooManyRequests {
-		t.Fatalf("second command: %v, want resource_exhausted", e)
-	}
-	wg.Wait()
-	mustRun(t, s, api.CommandRequest{Command: []string{"true"}})
+	return func() { <-done }
 }
 
 // A burst larger than the slots waits its turn: every command runs, and
@@ -528,17 +535,7 @@ func TestCommandQueue(t *testing.T) {
 
 func TestCommandQueueBounds(t *testing.T) {
 	s := newServer(t, Config{MaxConcurrentCommands: 1, MaxQueuedCommands: 1, CommandQueueWait: 300 * time.Millisecond})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if _, _, e := post(t, s, api.CommandRequest{Command: []string{"sleep", "1"}}); e != nil {
-			t.Error(e)
-		}
-	}()
-	for len(s.slots) == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait := occupySlot(t, s)
 	// One waits (and gives up after CommandQueueWait); with it waiting,
 	// the queue is full and the next is refused at once.
 	waited := make(chan *api.Error, 1)
@@ -556,7 +553,7 @@ func TestCommandQueueBounds(t *testing.T) {
 	if e := <-waited; e == nil || e.Code != api.CodeResourceExhausted || !strings.Contains(e.Message, "waited") {
 		t.Errorf("past the queue wait: %v, want resource_exhausted", e)
 	}
-	wg.Wait()
+	wait()
 }
 
 func TestRequestLog(t *testing.T) {

@@ -24,8 +24,7 @@ const eot = 0x04
 func shellCommand(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var cwd string
 	env := envFlag{}
-	code := 0
-	rc := command{
+	cmd := command{
 		name:     "shell",
 		synopsis: "shell [flags] AGENT_ID [-- CMD [ARGS...]]",
 		doc: `Opens an interactive terminal in the sandbox of AGENT_ID, waking it if it
@@ -43,27 +42,17 @@ exit code, or 128+N if signal N ended it.`,
 			}
 			return nil
 		},
-		run: func(ctx context.Context, c *client.Client, args []string) error {
-			cols, rows := terminalSize(stdin)
-			p, err := c.OpenPTY(ctx, args[0], client.PTYOptions{Command: args[1:], Cwd: cwd, Env: env, Cols: cols, Rows: rows})
-			if err != nil {
-				return err
-			}
-			code, err = attach(ctx, p, stdin, stdout, stderr)
-			return err
-		},
-	}.main(ctx, args, getenv, stderr)
-	if rc != 0 {
-		return rc
 	}
-	return code
+	return cmd.interactive(ctx, args, getenv, stdin, stdout, stderr,
+		func(ctx context.Context, c *client.Client, args []string, cols, rows uint16) (*supervisorapi.PTY, error) {
+			return c.OpenPTY(ctx, args[0], client.PTYOptions{Command: args[1:], Cwd: cwd, Env: env, Cols: cols, Rows: rows})
+		})
 }
 
 func consoleCommand(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var reason string
 	var ttl time.Duration
-	code := 0
-	rc := command{
+	cmd := command{
 		name:     "console",
 		synopsis: "console --reason TEXT [--ttl 15m] AGENT_ID",
 		doc: `Opens a staff console: a shell in the sandbox of AGENT_ID, with a staff
@@ -85,23 +74,35 @@ exit code.`,
 			}
 			return nil
 		},
-		run: func(ctx context.Context, c *client.Client, args []string) error {
+	}
+	return cmd.interactive(ctx, args, getenv, stdin, stdout, stderr,
+		func(ctx context.Context, c *client.Client, args []string, cols, rows uint16) (*supervisorapi.PTY, error) {
 			s, err := c.CreateConsoleSession(ctx, client.CreateConsoleSessionRequest{AgentID: args[0], Reason: reason, TTLSeconds: int(ttl / time.Second)})
 			if err != nil {
-				return err
+				return nil, err
 			}
 			fmt.Fprintf(stderr, "console session %s on agent %s until %s; this session is recorded\n",
 				s.ID, s.AgentID, s.ExpiresAt.Local().Format(time.TimeOnly))
-			cols, rows := terminalSize(stdin)
-			p, err := c.OpenConsole(ctx, s.ID, cols, rows)
-			if err != nil {
-				return err
-			}
-			code, err = attach(ctx, p, stdin, stdout, stderr)
+			return c.OpenConsole(ctx, s.ID, cols, rows)
+		})
+}
+
+// interactive runs cmd with open as what it does: open a terminal session
+// of the local window's size, then attach to it. It exits with the remote
+// process's status, or the command's own on a usage or API error.
+func (cmd command) interactive(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer,
+	open func(ctx context.Context, c *client.Client, args []string, cols, rows uint16) (*supervisorapi.PTY, error)) int {
+	code := 0
+	cmd.run = func(ctx context.Context, c *client.Client, args []string) error {
+		cols, rows := terminalSize(stdin)
+		p, err := open(ctx, c, args, cols, rows)
+		if err != nil {
 			return err
-		},
-	}.main(ctx, args, getenv, stderr)
-	if rc != 0 {
+		}
+		code, err = attach(ctx, p, stdin, stdout, stderr)
+		return err
+	}
+	if rc := cmd.main(ctx, args, getenv, stderr); rc != 0 {
 		return rc
 	}
 	return code

@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"sort"
-	"strconv"
 
 	"github.com/coder/websocket"
 
@@ -22,58 +20,21 @@ import (
 // PathAgentPTY returns the path of GET run_command_pty, a WebSocket.
 func PathAgentPTY(agentID string) string { return PathAgent(agentID, "pty") }
 
-// PTYOptions says what an agent's PTY session runs.
-type PTYOptions struct {
-	// Command is the argv; empty means an interactive shell.
-	Command []string
-	// Cwd defaults to /workspace; relative paths are under it.
-	Cwd string
-	Env map[string]string
-	// Cols and Rows are the initial size; 0 means 80x24.
-	Cols, Rows uint16
-}
-
-func (o PTYOptions) query() url.Values {
-	q := url.Values{}
-	for _, a := range o.Command {
-		q.Add("command", a)
-	}
-	if o.Cwd != "" {
-		q.Set("cwd", o.Cwd)
-	}
-	keys := make([]string, 0, len(o.Env))
-	for k := range o.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		q.Add("env", k+"="+o.Env[k])
-	}
-	setSize(q, o.Cols, o.Rows)
-	return q
-}
-
-func setSize(q url.Values, cols, rows uint16) {
-	if cols != 0 {
-		q.Set("cols", strconv.Itoa(int(cols)))
-	}
-	if rows != 0 {
-		q.Set("rows", strconv.Itoa(int(rows)))
-	}
-}
+// PTYOptions says what an agent's PTY session runs: the argv (default
+// an interactive shell), cwd, environment and initial size, with the
+// supervisor's meaning, since the API passes them on as they are.
+type PTYOptions = supervisorapi.PTYRequest
 
 // OpenPTY starts a PTY session in the agent's sandbox, waking it if it is
 // stopped. ctx bounds the handshake only. A refusal is an *Error.
 func (c *Client) OpenPTY(ctx context.Context, agentID string, opts PTYOptions) (*supervisorapi.PTY, error) {
-	return c.dialPTY(ctx, PathAgentPTY(agentID), opts.query())
+	return c.dialPTY(ctx, PathAgentPTY(agentID), opts.Query())
 }
 
 // OpenConsole connects to a staff console session's terminal (once; it
 // closes when the session expires). cols and rows of 0 mean 80x24.
 func (c *Client) OpenConsole(ctx context.Context, sessionID string, cols, rows uint16) (*supervisorapi.PTY, error) {
-	q := url.Values{}
-	setSize(q, cols, rows)
-	return c.dialPTY(ctx, PathConsolePTY(sessionID), q)
+	return c.dialPTY(ctx, PathConsolePTY(sessionID), supervisorapi.PTYRequest{Cols: cols, Rows: rows}.Query())
 }
 
 func (c *Client) dialPTY(ctx context.Context, path string, q url.Values) (*supervisorapi.PTY, error) {
