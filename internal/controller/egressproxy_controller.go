@@ -78,6 +78,9 @@ type EgressProxyReconciler struct {
 	// default runtime. The proxy is platform code, not the agent's, so
 	// gVisor is defence in depth here rather than a requirement.
 	RuntimeClassName string
+	// ClusterDomain is the cluster's DNS domain, by which an upstream may
+	// be named as a Service; empty means DefaultClusterDomain.
+	ClusterDomain string
 	// Clock is the controller's notion of now; nil means the real clock.
 	Clock clock.PassiveClock
 }
@@ -292,7 +295,7 @@ func (r *EgressProxyReconciler) upstreamRule(ctx context.Context, ep *v1alpha1.E
 		return nil, err
 	}
 	var svc *corev1.Service
-	if key, ok := upstreamServiceKey(host, ep.Namespace); ok {
+	if key, ok := upstreamServiceKey(host, ep.Namespace, r.ClusterDomain); ok {
 		var s corev1.Service
 		switch err := r.Get(ctx, key, &s); {
 		case err == nil:
@@ -325,7 +328,7 @@ func (r *EgressProxyReconciler) proxiesForUpstreamService(ctx context.Context, o
 		if err != nil {
 			continue
 		}
-		if key, ok := upstreamServiceKey(host, ep.Namespace); ok && key.Name == o.GetName() && key.Namespace == o.GetNamespace() {
+		if key, ok := upstreamServiceKey(host, ep.Namespace, r.ClusterDomain); ok && key.Name == o.GetName() && key.Namespace == o.GetNamespace() {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(ep)})
 		}
 	}

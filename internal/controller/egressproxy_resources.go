@@ -66,6 +66,10 @@ const (
 	// chart's selector labels) for the sandboxes' ingress rule.
 	controlPlaneComponentLabel = "app.kubernetes.io/component"
 	controlPlaneComponent      = "controlplane"
+
+	// DefaultClusterDomain is the DNS domain of the cluster's Services when
+	// the reconciler is given none.
+	DefaultClusterDomain = "cluster.local"
 )
 
 // privateRanges are the destinations a proxy pod's NetworkPolicy never lets
@@ -503,18 +507,22 @@ func upstreamHostPort(up *v1alpha1.EgressUpstream) (string, int32, error) {
 
 // upstreamServiceKey names the Service an upstream host would be if it is
 // one in the cluster: "name" (the proxy's namespace, as the pod's DNS
-// search path has it), "name.namespace", or "name.namespace.svc" with or
-// without the cluster domain after it. Whether it is one is for the caller
-// to find out: "proxy.corp" may as well be a name outside the cluster.
-func upstreamServiceKey(host, proxyNamespace string) (types.NamespacedName, bool) {
+// search path has it), "name.namespace", "name.namespace.svc" or that
+// followed by the cluster domain. Whether it is one is for the caller to
+// find out: "proxy.corp" may as well be a name outside the cluster.
+func upstreamServiceKey(host, proxyNamespace, clusterDomain string) (types.NamespacedName, bool) {
 	if _, err := netip.ParseAddr(host); err == nil {
 		return types.NamespacedName{}, false
 	}
+	if clusterDomain == "" {
+		clusterDomain = DefaultClusterDomain
+	}
+	host = strings.TrimSuffix(host, "."+strings.Trim(clusterDomain, "."))
 	labels := strings.Split(host, ".")
 	switch {
 	case len(labels) == 1:
 		return types.NamespacedName{Namespace: proxyNamespace, Name: labels[0]}, true
-	case len(labels) == 2, len(labels) >= 3 && labels[2] == "svc":
+	case len(labels) == 2, len(labels) == 3 && labels[2] == "svc":
 		return types.NamespacedName{Namespace: labels[1], Name: labels[0]}, true
 	}
 	return types.NamespacedName{}, false

@@ -705,6 +705,8 @@ func TestUnitEgressUpstreamInCluster(t *testing.T) {
 		{"IPv6 literal", "http://[fd00::5]:3128/", nil, "", "fd00::5/128", intstr.FromInt32(3128)},
 		{"a name outside the cluster", "http://upstream.corp.test:8080", nil, "", "", intstr.IntOrString{}},
 		{"a name.namespace that is no Service", "http://proxy.corp:8080", nil, "", "", intstr.IntOrString{}},
+		{"a name outside the cluster that looks like a Service's", "http://corp-proxy.infra.svc.example.com:8080",
+			[]client.Object{svc("infra", "corp-proxy", 8080, intstr.FromInt32(3128), squid)}, "", "", intstr.IntOrString{}},
 		{"a Service without a selector has no pods to select", "http://corp-proxy:3128",
 			[]client.Object{svc(unitNS, "corp-proxy", 3128, intstr.FromInt32(3128), nil)}, "", "", intstr.IntOrString{}},
 	}
