@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/egressproxy"
 )
 
 // The egress proxy's objects. PerAgent mode gives each sandbox a proxy pod
@@ -533,7 +534,8 @@ func upstreamServiceKey(host, proxyNamespace, clusterDomain string) (types.Names
 // them, or nil when the default rule already does (a name outside the
 // cluster) or no rule can name it.
 //
-//   - An IP literal gets an ipBlock of that one address, on the URL's port.
+//   - An IP literal gets an ipBlock of that one address, on the URL's port,
+//     unless it is one of egressproxy.NeverAllowedCIDRs.
 //   - A Service of the cluster (svc, found by upstreamServiceKey) gets its
 //     pods, by the Service's selector in its namespace, on the target port
 //     behind the URL's port: NetworkPolicy sees the connection after the
@@ -550,6 +552,14 @@ func upstreamEgressRule(ep *v1alpha1.EgressProxy, svc *corev1.Service) (*network
 	}
 	if a, err := netip.ParseAddr(host); err == nil {
 		a = a.Unmap()
+		for _, never := range egressproxy.NeverAllowedCIDRs {
+			// Loopback is the pod itself, which NetworkPolicy does not
+			// govern; link-local holds the metadata service, which no
+			// upstream setting opens to the proxies.
+			if never.Contains(a) {
+				return nil, nil
+			}
+		}
 		return &networkingv1.NetworkPolicyEgressRule{
 			To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(a, a.BitLen()).String()}}},
 			Ports: []networkingv1.NetworkPolicyPort{tcpPort(port)},

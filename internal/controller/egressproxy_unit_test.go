@@ -704,6 +704,8 @@ func TestUnitEgressUpstreamInCluster(t *testing.T) {
 		{"IPv4 literal in a private range", "http://10.1.2.3:3128", nil, "", "10.1.2.3/32", intstr.FromInt32(3128)},
 		{"IPv6 literal", "http://[fd00::5]:3128/", nil, "", "fd00::5/128", intstr.FromInt32(3128)},
 		{"a name outside the cluster", "http://upstream.corp.test:8080", nil, "", "", intstr.IntOrString{}},
+		{"the metadata address stays closed", "http://169.254.169.254:80", nil, "", "", intstr.IntOrString{}},
+		{"loopback is the pod itself", "http://127.0.0.1:3128", nil, "", "", intstr.IntOrString{}},
 		{"a name.namespace that is no Service", "http://proxy.corp:8080", nil, "", "", intstr.IntOrString{}},
 		{"a name outside the cluster that looks like a Service's", "http://corp-proxy.infra.svc.example.com:8080",
 			[]client.Object{svc("infra", "corp-proxy", 8080, intstr.FromInt32(3128), squid)}, "", "", intstr.IntOrString{}},

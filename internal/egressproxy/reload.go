@@ -20,7 +20,7 @@ type FileConfig struct {
 	AllowedDomains []string `json:"allowedDomains,omitempty"`
 	DeniedDomains  []string `json:"deniedDomains,omitempty"`
 	// DeniedCIDRs are denied in addition to the base ranges, as the CRD
-	// documents; the file cannot make an address reachable.
+	// documents, and hold even inside AllowedCIDRs.
 	DeniedCIDRs []string `json:"deniedCIDRs,omitempty"`
 	// AllowedCIDRs are holes in the base ranges (see Policy.AllowedCIDRs);
 	// the file's own DeniedCIDRs still apply inside them.
