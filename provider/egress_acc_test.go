@@ -38,7 +38,10 @@ import (
 const egressAccProbe = `
 import json, os, sys, urllib.request, urllib.error
 out = {"http_proxy": os.environ.get("HTTP_PROXY", ""), "refused": {}}
-out["body"] = urllib.request.urlopen(sys.argv[1], timeout=30).read().decode()
+try:
+    out["body"] = urllib.request.urlopen(sys.argv[1], timeout=30).read().decode()
+except urllib.error.HTTPError as e:
+    sys.exit("allowed fetch refused: %d %s" % (e.code, e.headers.get("X-Agentbox-Egress-Denied", "")))
 for url in sys.argv[2:]:
     try:
         urllib.request.urlopen(url, timeout=30).read()
@@ -205,7 +208,7 @@ func runEgressAccProbe(ctx context.Context, s *terraform.State, agent, allowed s
 		return nil, fmt.Errorf("run_command: %w", err)
 	}
 	if res.ExitCode != 0 {
-		return nil, fmt.Errorf("probe in the sandbox: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+		return nil, fmt.Errorf("probe in the sandbox: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, strings.TrimSpace(res.Stderr))
 	}
 	var out egressProbeOutput
 	if err := json.Unmarshal([]byte(strings.TrimSpace(res.Stdout)), &out); err != nil {
