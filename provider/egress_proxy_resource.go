@@ -58,6 +58,8 @@ type egressProxyModel struct {
 	AllowedDomains               types.Set      `tfsdk:"allowed_domains"`
 	DeniedDomains                types.Set      `tfsdk:"denied_domains"`
 	DeniedCIDRs                  types.Set      `tfsdk:"denied_cidrs"`
+	AllowedCIDRs                 types.Set      `tfsdk:"allowed_cidrs"`
+	RuntimeClassName             types.String   `tfsdk:"runtime_class_name"`
 	UpstreamURL                  types.String   `tfsdk:"upstream_url"`
 	UpstreamCredentialsWO        types.String   `tfsdk:"upstream_credentials_wo"`
 	UpstreamCredentialsWOVersion types.Int64    `tfsdk:"upstream_credentials_wo_version"`
@@ -176,6 +178,34 @@ var (
 			return nil
 		},
 	}
+	// neverAllowedCIDRs are the proxy's (egressproxy.NeverAllowedCIDRs, which
+	// a test holds this list to), less the IPv4-mapped range that
+	// allowedCIDRCheck refuses on its own.
+	neverAllowedCIDRs = []netip.Prefix{
+		netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("169.254.0.0/16"),
+		netip.MustParsePrefix("100.100.100.200/32"), netip.MustParsePrefix("::/128"), netip.MustParsePrefix("::1/128"),
+		netip.MustParsePrefix("fe80::/10"), netip.MustParsePrefix("fd00:ec2::254/128"),
+	}
+	allowedCIDRCheck = stringCheck{
+		description: cidrCheck.description + ", in plain IPv4 or IPv6 form (not IPv4-mapped), that overlaps none of " +
+			"`0.0.0.0/8`, loopback (`127.0.0.0/8`, `::1/128`), `::/128`, link-local (`169.254.0.0/16`, `fe80::/10`) and the " +
+			"metadata addresses `100.100.100.200` and `fd00:ec2::254`",
+		check: func(s string) error {
+			if err := cidrCheck.check(s); err != nil {
+				return err
+			}
+			p := netip.MustParsePrefix(s)
+			if p.Addr().Is4In6() {
+				return fmt.Errorf("an IPv4-mapped IPv6 network; write it as IPv4")
+			}
+			for _, never := range neverAllowedCIDRs {
+				if p.Overlaps(never) {
+					return fmt.Errorf("overlaps %s, which the proxy never reaches", never)
+				}
+			}
+			return nil
+		},
+	}
 	upstreamURLPattern = regexp.MustCompile(`^https?://[^/@\s]+/?$`)
 	upstreamURLCheck   = stringCheck{
 		description: "an `http://` or `https://` URL of a host and optional port, such as `http://proxy.example.com:8080`, " +
@@ -234,8 +264,8 @@ func (r *egressProxyResource) Schema(ctx context.Context, _ resource.SchemaReque
 	}
 	resp.Schema = schema.Schema{
 		MarkdownDescription: "An egress proxy: the HTTP(S) proxy that is the sandboxes' only way out. It lets through only " +
-			"`allowed_domains`, refuses private, loopback, link-local and metadata addresses and `denied_cidrs` after DNS " +
-			"resolution, can chain to an upstream proxy with credentials, and logs every request. It becomes an " +
+			"`allowed_domains`, refuses private, loopback, link-local and metadata addresses (less `allowed_cidrs`) and " +
+			"`denied_cidrs` after DNS resolution, can chain to an upstream proxy with credentials, and logs every request. It becomes an " +
 			"`EgressProxy` object; templates name it in `egress_proxy`. Upstream credentials given in " +
 			"`upstream_credentials_wo` are kept in a Secret `<name>-egress-upstream` that the resource owns; they are " +
 			"write-only and never stored in the plan or state (Terraform 1.11 or later). Requires `agentbox_platform`.",
@@ -263,10 +293,28 @@ func (r *egressProxyResource) Schema(ctx context.Context, _ resource.SchemaReque
 					"metadata ranges that are always refused. Each must be " + cidrCheck.description + "; at most " + fmt.Sprint(maxCIDRs) + ".",
 				Validators: []validator.Set{setvalidator.SizeAtMost(maxCIDRs), setvalidator.ValueStringsAre(cidrCheck)},
 			},
+			"allowed_cidrs": schema.SetAttribute{
+				ElementType: types.StringType, Optional: true,
+				MarkdownDescription: "Networks inside the always-refused private ranges that the proxy may reach anyway, such as " +
+					"the pod or Service network of an in-cluster server named in `allowed_domains` (by a name that resolves there, or " +
+					"by its IP). Only names in `allowed_domains` get there, and `denied_cidrs` still win inside them. The proxy pods' " +
+					"NetworkPolicy lets them out to these networks too. Each must be " + allowedCIDRCheck.description + "; at most " +
+					fmt.Sprint(maxCIDRs) + ".",
+				Validators: []validator.Set{setvalidator.SizeAtMost(maxCIDRs), setvalidator.ValueStringsAre(allowedCIDRCheck)},
+			},
+			"runtime_class_name": schema.StringAttribute{
+				Optional: true,
+				MarkdownDescription: "RuntimeClass of the proxy pods, such as the gVisor class the sandboxes run under. Unset leaves " +
+					"the control plane's choice, by default the cluster's default runtime. Must be " + dnsSubdomainCheck.description +
+					". Changing it replaces the running proxy pods.",
+				Validators: []validator.String{dnsSubdomainCheck},
+			},
 			"upstream_url": schema.StringAttribute{
 				Optional: true,
 				MarkdownDescription: "An upstream HTTP proxy that the egress proxy chains to. Must be " + upstreamURLCheck.description +
-					". Unset means the proxy connects to destinations directly.",
+					". Unset means the proxy connects to destinations directly. An upstream inside the cluster (a Service's name, " +
+					"such as `http://squid.proxies.svc:3128`, or a private IP) is let out through the proxy pods' NetworkPolicy: the " +
+					"Service's pods on its target port, or that one address.",
 				Validators: []validator.String{upstreamURLCheck},
 			},
 			"upstream_credentials_wo": schema.StringAttribute{
@@ -584,6 +632,10 @@ func (m *egressProxyModel) spec(ctx context.Context, diags *diag.Diagnostics) ag
 	for _, n := range goSet(ctx, m.DeniedCIDRs, diags) {
 		s.DeniedCIDRs = append(s.DeniedCIDRs, agentboxv1alpha1.CIDR(n))
 	}
+	for _, n := range goSet(ctx, m.AllowedCIDRs, diags) {
+		s.AllowedCIDRs = append(s.AllowedCIDRs, agentboxv1alpha1.AllowedCIDR(n))
+	}
+	s.RuntimeClassName = m.RuntimeClassName.ValueString()
 	if !m.Replicas.IsNull() && !m.Replicas.IsUnknown() {
 		n := int32(m.Replicas.ValueInt64())
 		s.Replicas = &n
@@ -625,6 +677,11 @@ func (m *egressProxyModel) fromSpec(ctx context.Context, ep *agentboxv1alpha1.Eg
 	m.AllowedDomains = setValue(ctx, m.AllowedDomains, s.AllowedDomains, diags)
 	m.DeniedDomains = setValue(ctx, m.DeniedDomains, s.DeniedDomains, diags)
 	m.DeniedCIDRs = setValue(ctx, m.DeniedCIDRs, s.DeniedCIDRs, diags)
+	m.AllowedCIDRs = setValue(ctx, m.AllowedCIDRs, s.AllowedCIDRs, diags)
+	m.RuntimeClassName = types.StringNull()
+	if s.RuntimeClassName != "" {
+		m.RuntimeClassName = types.StringValue(s.RuntimeClassName)
+	}
 	m.UpstreamURL = types.StringNull()
 	m.UpstreamCredentialsSecret = types.ObjectNull(secretKeyAttrTypes)
 	m.UpstreamCredentialsWO = types.StringNull()

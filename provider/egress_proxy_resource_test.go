@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
@@ -32,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/egressproxy"
 )
 
 // TestEgressProxySchema holds the resource to the rules TestPoolSchemas
@@ -80,7 +82,8 @@ func TestEgressProxySchema(t *testing.T) {
 			t.Errorf("mode's description lacks %s: %s", m.name, modeDoc)
 		}
 	}
-	for attr, check := range map[string]stringCheck{"allowed_domains": domainCheck, "denied_cidrs": cidrCheck, "upstream_url": upstreamURLCheck} {
+	for attr, check := range map[string]stringCheck{"allowed_domains": domainCheck, "denied_cidrs": cidrCheck, "allowed_cidrs": allowedCIDRCheck,
+		"upstream_url": upstreamURLCheck, "runtime_class_name": dnsSubdomainCheck} {
 		if !strings.Contains(resp.Schema.Attributes[attr].GetMarkdownDescription(), check.description) {
 			t.Errorf("%s's description does not say what its validator enforces (%s)", attr, check.description)
 		}
@@ -94,6 +97,9 @@ func TestEgressProxyChecks(t *testing.T) {
 	}{
 		{domainCheck, []string{"example.com", "*.example.com", "a", "x-1.example.co"}, []string{"", "Example.com", "*.", "a..b", "-a.com", "*example.com", "a.*.com", strings.Repeat("a.", 127) + "ab"}},
 		{cidrCheck, []string{"10.0.0.0/8", "192.168.1.1/32", "fd00::/8", "0.0.0.0/0"}, []string{"10.0.0.1/8", "10.0.0.0", "10.0.0.0/33", "fe80::/10%eth0", "example.com/8"}},
+		{allowedCIDRCheck, []string{"10.20.0.0/16", "198.18.0.7/32", "fd12::/64", "172.16.0.0/12", "169.255.0.0/16"},
+			[]string{"127.0.0.1/32", "169.254.169.254/32", "169.254.1.0/24", "0.0.0.0/0", "128.0.0.0/1", "::/0", "fe80::/64",
+				"fd00:ec2::/32", "100.100.100.200/32", "::ffff:10.0.0.0/104", "10.0.0.1/8", "10.0.0.0"}},
 		{upstreamURLCheck, []string{"http://proxy.example.com:8080", "https://10.1.2.3:3128/"}, []string{"proxy:8080", "ftp://proxy", "http://user:pw@proxy:8080", "http://proxy/path"}},
 	}
 	for _, tc := range cases {
@@ -107,6 +113,21 @@ func TestEgressProxyChecks(t *testing.T) {
 				t.Errorf("%q passes the check for %s", s, tc.check.description)
 			}
 		}
+	}
+}
+
+// TestNeverAllowedCIDRsMatchProxy holds the provider's copy of the
+// networks allowed_cidrs may not overlap to the proxy's own list, so that a
+// plan fails exactly where the proxy would refuse its policy.
+func TestNeverAllowedCIDRsMatchProxy(t *testing.T) {
+	var want []netip.Prefix
+	for _, p := range egressproxy.NeverAllowedCIDRs {
+		if !p.Addr().Is4In6() {
+			want = append(want, p)
+		}
+	}
+	if !slices.Equal(neverAllowedCIDRs, want) {
+		t.Errorf("provider %v, proxy %v", neverAllowedCIDRs, want)
 	}
 }
 
@@ -159,7 +180,10 @@ func sharedProxyBody(creds string, version int) string {
   allowed_domains = ["pypi.org", "*.pythonhosted.org", "github.com"]
   denied_domains  = ["gist.github.com"]
   denied_cidrs    = ["203.0.113.0/24", "2001:db8::/32"]
+  allowed_cidrs   = ["10.20.0.0/16"]
   upstream_url    = "http://upstream.invalid:3128"
+
+  runtime_class_name = "gvisor"
 
   upstream_credentials_wo         = %q
   upstream_credentials_wo_version = %d
@@ -202,6 +226,8 @@ func TestAccEgressProxy_lifecycle(t *testing.T) {
 						knownvalue.StringExact("pypi.org"), knownvalue.StringExact("*.pythonhosted.org"), knownvalue.StringExact("github.com"),
 					})),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("denied_cidrs"), knownvalue.SetSizeExact(2)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("allowed_cidrs"), knownvalue.SetExact([]knownvalue.Check{knownvalue.StringExact("10.20.0.0/16")})),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("runtime_class_name"), knownvalue.StringExact("gvisor")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("upstream_url"), knownvalue.StringExact("http://upstream.invalid:3128")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("upstream_credentials_wo"), knownvalue.Null()),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("upstream_credentials_wo_version"), knownvalue.Int64Exact(1)),
@@ -217,6 +243,7 @@ func TestAccEgressProxy_lifecycle(t *testing.T) {
 						if s.Mode != agentboxv1alpha1.EgressProxyModeShared || s.Replicas == nil || *s.Replicas != 2 ||
 							!slices.Equal(s.AllowedDomains, []agentboxv1alpha1.Domain{"*.pythonhosted.org", "github.com", "pypi.org"}) ||
 							!slices.Equal(s.DeniedCIDRs, []agentboxv1alpha1.CIDR{"2001:db8::/32", "203.0.113.0/24"}) ||
+							!slices.Equal(s.AllowedCIDRs, []agentboxv1alpha1.AllowedCIDR{"10.20.0.0/16"}) || s.RuntimeClassName != "gvisor" ||
 							s.Upstream == nil || s.Upstream.CredentialsSecretRef == nil || *s.Upstream.CredentialsSecretRef != *ownedSecretRef(name) {
 							return fmt.Errorf("spec %+v", s)
 						}
@@ -272,6 +299,8 @@ func TestAccEgressProxy_lifecycle(t *testing.T) {
 					mutate(t, c, key, func(ep *agentboxv1alpha1.EgressProxy) {
 						ep.Spec.AllowedDomains = append(ep.Spec.AllowedDomains, "evil.example")
 						ep.Spec.DeniedCIDRs = nil
+						ep.Spec.AllowedCIDRs = append(ep.Spec.AllowedCIDRs, "10.0.0.0/8")
+						ep.Spec.RuntimeClassName = ""
 						ep.Spec.Upstream.CredentialsSecretRef = &agentboxv1alpha1.SecretKeySelector{Name: "elsewhere", Key: "k"}
 					})
 				},
@@ -279,12 +308,15 @@ func TestAccEgressProxy_lifecycle(t *testing.T) {
 				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
 					plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
 					plancheck.ExpectKnownValue(addr, tfjsonpath.New("allowed_domains"), knownvalue.SetSizeExact(3)),
+					plancheck.ExpectKnownValue(addr, tfjsonpath.New("allowed_cidrs"), knownvalue.SetSizeExact(1)),
+					plancheck.ExpectKnownValue(addr, tfjsonpath.New("runtime_class_name"), knownvalue.StringExact("gvisor")),
 					plancheck.ExpectKnownValue(addr, tfjsonpath.New("upstream_credentials_secret"), knownvalue.Null()),
 					planNoLeak,
 				}},
 				ConfigStateChecks: noLeak,
 				Check: checkEgressProxy(c, key, func(ep *agentboxv1alpha1.EgressProxy) error {
-					if len(ep.Spec.AllowedDomains) != 3 || len(ep.Spec.DeniedCIDRs) != 2 || *ep.Spec.Upstream.CredentialsSecretRef != *ownedSecretRef(name) {
+					if len(ep.Spec.AllowedDomains) != 3 || len(ep.Spec.DeniedCIDRs) != 2 || len(ep.Spec.AllowedCIDRs) != 1 ||
+						ep.Spec.RuntimeClassName != "gvisor" || *ep.Spec.Upstream.CredentialsSecretRef != *ownedSecretRef(name) {
 						return fmt.Errorf("out-of-band edit not repaired: %+v", ep.Spec)
 					}
 					return nil
@@ -328,6 +360,8 @@ func TestAccEgressProxy_lifecycle(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("mode"), knownvalue.StringExact("PerAgent")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Null()),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("denied_cidrs"), knownvalue.Null()),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("allowed_cidrs"), knownvalue.Null()),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("runtime_class_name"), knownvalue.Null()),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("upstream_credentials_wo_version"), knownvalue.Null()),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("upstream_credentials_secret"), knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"name": knownvalue.StringExact("corp-proxy"), "key": knownvalue.StringExact("auth"),
@@ -476,6 +510,9 @@ func TestAccEgressProxy_invalid(t *testing.T) {
 	cases := []struct{ name, body, want string }{
 		{"bad CIDR", `denied_cidrs = ["10.0.0.0/33"]`, `"10.0.0.0/33": netip.ParsePrefix`},
 		{"CIDR host bits", `denied_cidrs = ["10.1.2.3/8"]`, `host bits are set; the network is 10.0.0.0/8`},
+		{"allowed CIDR over loopback", `allowed_cidrs = ["127.0.0.1/32"]`, `overlaps 127.0.0.0/8, which the proxy never reaches`},
+		{"allowed CIDR over metadata", `allowed_cidrs = ["169.254.0.0/16"]`, `overlaps 169.254.0.0/16, which the proxy never reaches`},
+		{"bad runtime class", `runtime_class_name = "gVisor"`, `a Kubernetes object name`},
 		{"bad mode", `mode = "Sometimes"`, `value must be one of: ["PerAgent" "Shared"]`},
 		{"bad domain", `allowed_domains = ["Example.COM"]`, `not a lower-case domain name`},
 		{"replicas per agent", `replicas = 3`, `replicas needs mode Shared`},

@@ -78,6 +78,9 @@ type EgressProxyReconciler struct {
 	// default runtime. The proxy is platform code, not the agent's, so
 	// gVisor is defence in depth here rather than a requirement.
 	RuntimeClassName string
+	// ClusterDomain is the cluster's DNS domain, by which an upstream may
+	// be named as a Service; empty means DefaultClusterDomain.
+	ClusterDomain string
 	// Clock is the controller's notion of now; nil means the real clock.
 	Clock clock.PassiveClock
 }
@@ -96,12 +99,12 @@ func (r *EgressProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(EgressProxyControllerName)
 	}
-	byLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+	proxyOf := func(_ context.Context, o client.Object) []reconcile.Request {
 		if name := o.GetLabels()[v1alpha1.LabelEgressProxy]; name != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 		}
 		return nil
-	})
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(EgressProxyControllerName).
 		For(&v1alpha1.EgressProxy{}).
@@ -110,8 +113,12 @@ func (r *EgressProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		// Proxy pods and Services are the sandboxes' children; the label
 		// leads back to the proxy.
-		Watches(&corev1.Pod{}, byLabel).
-		Watches(&corev1.Service{}, byLabel).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(proxyOf)).
+		// A Service is also watched as some proxy's upstream, whose
+		// selector and ports go into the proxy pods' NetworkPolicy.
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return append(proxyOf(ctx, o), r.proxiesForUpstreamService(ctx, o)...)
+		})).
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.proxyForSandbox)).
 		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(proxyForTemplate)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesForSecret)).
@@ -208,7 +215,11 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 	}); err != nil {
 		return ctrl.Result{}, err
 	}
-	wantNP := desiredProxyNetworkPolicy(ep, r.Namespace)
+	upstreamRule, err := r.upstreamRule(ctx, ep)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	wantNP := desiredProxyNetworkPolicy(ep, r.Namespace, upstreamRule)
 	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: wantNP.Name, Namespace: wantNP.Namespace}}
 	if err := applyOwned(ctx, r.Client, r.Scheme, ep, np, func() {
 		np.Labels = mergeLabels(np.Labels, wantNP.Labels)
@@ -271,6 +282,57 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 		r.eventOnNewReason(prevReason, ep, corev1.EventTypeNormal, EventProxyAvailable, "Ready", msg)
 	}
 	return ctrl.Result{}, nil
+}
+
+// upstreamRule is the proxy pods' egress rule to an in-cluster upstream,
+// looking up the Service the upstream's host names, if it names one.
+func (r *EgressProxyReconciler) upstreamRule(ctx context.Context, ep *v1alpha1.EgressProxy) (*networkingv1.NetworkPolicyEgressRule, error) {
+	if ep.Spec.Upstream == nil {
+		return nil, nil
+	}
+	host, _, err := upstreamHostPort(ep.Spec.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	var svc *corev1.Service
+	if key, ok := upstreamServiceKey(host, ep.Namespace, r.ClusterDomain); ok {
+		var s corev1.Service
+		switch err := r.Get(ctx, key, &s); {
+		case err == nil:
+			svc = &s
+		case apierrors.IsNotFound(err):
+			// A name outside the cluster, or a Service still to come (its
+			// watch brings us back); the default rule covers public names.
+		default:
+			return nil, fmt.Errorf("get upstream Service %s: %w", key, err)
+		}
+	}
+	return upstreamEgressRule(ep, svc)
+}
+
+// proxiesForUpstreamService wakes the proxies whose upstream a Service
+// is, so that their NetworkPolicy follows its selector and ports.
+func (r *EgressProxyReconciler) proxiesForUpstreamService(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.EgressProxyList
+	if err := r.List(ctx, &list); err != nil {
+		logf.FromContext(ctx).Error(err, "list egress proxies")
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		ep := &list.Items[i]
+		if ep.Spec.Upstream == nil {
+			continue
+		}
+		host, _, err := upstreamHostPort(ep.Spec.Upstream)
+		if err != nil {
+			continue
+		}
+		if key, ok := upstreamServiceKey(host, ep.Namespace, r.ClusterDomain); ok && key.Name == o.GetName() && key.Namespace == o.GetNamespace() {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(ep)})
+		}
+	}
+	return reqs
 }
 
 // checkUpstreamSecret reports, with a message, when the upstream

@@ -14,8 +14,11 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -373,4 +376,66 @@ func (e *clusterEnv) startEgressTarget() string {
 		return nil
 	})
 	return target.Status.PodIP
+}
+
+// TestEgressProxyUpstreamPolicy: the controller, against the real API
+// server, lets proxy pods out to an in-cluster upstream (the pods behind
+// its Service, on the Service's named target port) and to an upstream
+// given as a private IP (that one address), and the API server accepts
+// those policies. No traffic is sent: the local cluster does not enforce
+// NetworkPolicy, so the policies are checked as objects.
+func TestEgressProxyUpstreamPolicy(t *testing.T) {
+	t.Parallel()
+	e := newClusterEnv(t)
+	e.startEgressManager(&EgressProxyReconciler{Namespace: testPlatformNamespace, Image: DefaultEgressProxyImage})
+	for _, ep := range []*v1alpha1.EgressProxy{
+		{ObjectMeta: metav1.ObjectMeta{Name: "by-service", Namespace: e.ns}, Spec: v1alpha1.EgressProxySpec{
+			AllowedDomains: []v1alpha1.Domain{"pypi.org"},
+			Upstream:       &v1alpha1.EgressUpstream{URL: "http://corp-proxy." + e.ns + ".svc:8080"},
+		}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "by-ip", Namespace: e.ns}, Spec: v1alpha1.EgressProxySpec{
+			AllowedDomains: []v1alpha1.Domain{"pypi.org"},
+			Upstream:       &v1alpha1.EgressUpstream{URL: "http://[fd00::5]:3128"},
+		}},
+	} {
+		must(t, e.c.Create(e.ctx, ep))
+	}
+	// The Service comes after its proxy; its watch brings the rule.
+	must(t, e.c.Create(e.ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "corp-proxy", Namespace: e.ns},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "corp-proxy"},
+			Ports:    []corev1.ServicePort{{Name: "proxy", Port: 8080, TargetPort: intstr.FromString("squid")}},
+		},
+	}))
+	want := map[string]string{
+		"by-service": fmt.Sprintf("to pods app=corp-proxy in %s on TCP squid", e.ns),
+		"by-ip":      "to fd00::5/128 on TCP 3128",
+	}
+	for name, rule := range want {
+		e.eventually("the proxy policy of "+name+" to allow its upstream", func() error {
+			var np networkingv1.NetworkPolicy
+			if err := e.get(egressProxyNetworkPolicyName(name), &np); err != nil {
+				return err
+			}
+			if len(np.Spec.Egress) != 3 {
+				return fmt.Errorf("%d egress rules: %+v", len(np.Spec.Egress), np.Spec.Egress)
+			}
+			r := np.Spec.Egress[2]
+			if len(r.To) != 1 || len(r.Ports) != 1 {
+				return fmt.Errorf("upstream rule %+v", r)
+			}
+			got := "to "
+			if b := r.To[0].IPBlock; b != nil {
+				got += b.CIDR
+			} else {
+				got += fmt.Sprintf("pods %s in %s", labels.Set(r.To[0].PodSelector.MatchLabels), r.To[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
+			}
+			got += fmt.Sprintf(" on %s %s", ptr.Deref(r.Ports[0].Protocol, ""), r.Ports[0].Port.String())
+			if got != rule {
+				return fmt.Errorf("upstream rule %q, want %q", got, rule)
+			}
+			return nil
+		})
+	}
 }

@@ -3,6 +3,8 @@ package controller
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -11,10 +13,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/egressproxy"
 )
 
 // The egress proxy's objects. PerAgent mode gives each sandbox a proxy pod
@@ -63,6 +67,10 @@ const (
 	// chart's selector labels) for the sandboxes' ingress rule.
 	controlPlaneComponentLabel = "app.kubernetes.io/component"
 	controlPlaneComponent      = "controlplane"
+
+	// DefaultClusterDomain is the DNS domain of the cluster's Services when
+	// the reconciler is given none.
+	DefaultClusterDomain = "cluster.local"
 )
 
 // privateRanges are the destinations a proxy pod's NetworkPolicy never lets
@@ -113,6 +121,7 @@ func egressPolicyData(ep *v1alpha1.EgressProxy) (string, error) {
 		AllowedDomains []string `json:"allowedDomains,omitempty"`
 		DeniedDomains  []string `json:"deniedDomains,omitempty"`
 		DeniedCIDRs    []string `json:"deniedCIDRs,omitempty"`
+		AllowedCIDRs   []string `json:"allowedCIDRs,omitempty"`
 	}
 	for _, d := range ep.Spec.AllowedDomains {
 		cfg.AllowedDomains = append(cfg.AllowedDomains, string(d))
@@ -123,7 +132,11 @@ func egressPolicyData(ep *v1alpha1.EgressProxy) (string, error) {
 	for _, c := range ep.Spec.DeniedCIDRs {
 		cfg.DeniedCIDRs = append(cfg.DeniedCIDRs, string(c))
 	}
+	for _, c := range ep.Spec.AllowedCIDRs {
+		cfg.AllowedCIDRs = append(cfg.AllowedCIDRs, string(c))
+	}
 	cfg.AllowedDomains, cfg.DeniedDomains, cfg.DeniedCIDRs = sorted(cfg.AllowedDomains), sorted(cfg.DeniedDomains), sorted(cfg.DeniedCIDRs)
+	cfg.AllowedCIDRs = sorted(cfg.AllowedCIDRs)
 	// JSON is YAML, and the proxy reads either.
 	b, err := json.Marshal(cfg)
 	if err != nil {
@@ -206,6 +219,9 @@ func egressPodSpec(ep *v1alpha1.EgressProxy, o egressPodOptions) corev1.PodSpec 
 	var runtimeClass *string
 	if o.runtimeClass != "" {
 		runtimeClass = ptr.To(o.runtimeClass)
+	}
+	if ep.Spec.RuntimeClassName != "" {
+		runtimeClass = ptr.To(ep.Spec.RuntimeClassName)
 	}
 	return corev1.PodSpec{
 		RuntimeClassName:             runtimeClass,
@@ -374,7 +390,26 @@ func desiredSandboxNetworkPolicy(sbx *v1alpha1.Sandbox, ep *v1alpha1.EgressProxy
 // port from the platform namespace, for scraping), egress to DNS and to
 // any address outside the private ranges. The proxy also refuses private
 // addresses after DNS; the policy holds even if that check had a bug.
-func desiredProxyNetworkPolicy(ep *v1alpha1.EgressProxy, platformNamespace string) *networkingv1.NetworkPolicy {
+//
+// Two things inside the private ranges are let through, each exactly: the
+// spec's allowedCIDRs (less the deniedCIDRs inside them), which the proxy
+// also lets through, and the upstream proxy when it is in the cluster (see
+// upstreamEgressRule), without which an in-cluster upstream would be
+// unreachable.
+func desiredProxyNetworkPolicy(ep *v1alpha1.EgressProxy, platformNamespace string, upstream *networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+	egress := []networkingv1.NetworkPolicyEgressRule{
+		{To: []networkingv1.NetworkPolicyPeer{dnsPeer()}, Ports: dnsPorts()},
+		{To: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: append([]string(nil), privateRanges...)}},
+			{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: append([]string(nil), privateRangesV6...)}},
+		}},
+	}
+	if peers := allowedCIDRPeers(ep); len(peers) > 0 {
+		egress = append(egress, networkingv1.NetworkPolicyEgressRule{To: peers})
+	}
+	if upstream != nil {
+		egress = append(egress, *upstream)
+	}
 	return &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      egressProxyNetworkPolicyName(ep.Name),
@@ -401,15 +436,161 @@ func desiredProxyNetworkPolicy(ep *v1alpha1.EgressProxy, platformNamespace strin
 					Ports: []networkingv1.NetworkPolicyPort{tcpPort(egressMetricsPort)},
 				},
 			},
-			Egress: []networkingv1.NetworkPolicyEgressRule{
-				{To: []networkingv1.NetworkPolicyPeer{dnsPeer()}, Ports: dnsPorts()},
-				{To: []networkingv1.NetworkPolicyPeer{
-					{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: append([]string(nil), privateRanges...)}},
-					{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: append([]string(nil), privateRangesV6...)}},
-				}},
-			},
+			Egress: egress,
 		},
 	}
+}
+
+// allowedCIDRPeers are the spec's allowedCIDRs as ipBlocks, each excepting
+// the deniedCIDRs that lie strictly inside it, so that the policy lets out
+// what the proxy lets out. A deniedCIDR covering a whole allowedCIDR drops
+// that block. Sorted, so that the policy is stable.
+func allowedCIDRPeers(ep *v1alpha1.EgressProxy) []networkingv1.NetworkPolicyPeer {
+	var denied []netip.Prefix
+	for _, c := range ep.Spec.DeniedCIDRs {
+		if p, err := netip.ParsePrefix(string(c)); err == nil {
+			denied = append(denied, p.Masked())
+		}
+	}
+	allowed := make([]netip.Prefix, 0, len(ep.Spec.AllowedCIDRs))
+	for _, c := range ep.Spec.AllowedCIDRs {
+		// The CRD validated them; one that does not parse is no hole.
+		if p, err := netip.ParsePrefix(string(c)); err == nil {
+			allowed = append(allowed, p.Masked())
+		}
+	}
+	sort.Slice(allowed, func(i, j int) bool { return allowed[i].String() < allowed[j].String() })
+	var peers []networkingv1.NetworkPolicyPeer
+	for _, a := range allowed {
+		var except []string
+		covered := false
+		for _, d := range denied {
+			switch {
+			case d.Bits() <= a.Bits() && d.Contains(a.Addr()):
+				covered = true
+			case d.Bits() > a.Bits() && a.Contains(d.Addr()):
+				except = append(except, d.String())
+			}
+		}
+		if covered {
+			continue
+		}
+		sort.Strings(except)
+		peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: a.String(), Except: except}})
+	}
+	return peers
+}
+
+// upstreamHostPort splits the upstream URL into its host and port, the
+// port defaulting by scheme.
+func upstreamHostPort(up *v1alpha1.EgressUpstream) (string, int32, error) {
+	u, err := url.Parse(strings.TrimSuffix(up.URL, "/"))
+	if err != nil {
+		return "", 0, fmt.Errorf("upstream URL %q: %w", up.URL, err)
+	}
+	host := u.Hostname()
+	if host == "" {
+		return "", 0, fmt.Errorf("upstream URL %q has no host", up.URL)
+	}
+	port := int32(80)
+	if u.Scheme == "https" {
+		port = 443
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return "", 0, fmt.Errorf("upstream URL %q: bad port %q", up.URL, p)
+		}
+		port = int32(n)
+	}
+	return strings.ToLower(strings.TrimSuffix(host, ".")), port, nil
+}
+
+// upstreamServiceKey names the Service an upstream host would be if it is
+// one in the cluster: "name" (the proxy's namespace, as the pod's DNS
+// search path has it), "name.namespace", "name.namespace.svc" or that
+// followed by the cluster domain. Whether it is one is for the caller to
+// find out: "proxy.corp" may as well be a name outside the cluster.
+func upstreamServiceKey(host, proxyNamespace, clusterDomain string) (types.NamespacedName, bool) {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return types.NamespacedName{}, false
+	}
+	if clusterDomain == "" {
+		clusterDomain = DefaultClusterDomain
+	}
+	host = strings.TrimSuffix(host, "."+strings.Trim(clusterDomain, "."))
+	labels := strings.Split(host, ".")
+	switch {
+	case len(labels) == 1:
+		return types.NamespacedName{Namespace: proxyNamespace, Name: labels[0]}, true
+	case len(labels) == 2, len(labels) == 3 && labels[2] == "svc":
+		return types.NamespacedName{Namespace: labels[1], Name: labels[0]}, true
+	}
+	return types.NamespacedName{}, false
+}
+
+// upstreamEgressRule is the rule letting the proxy pods reach their
+// upstream when the default rule's excepted private ranges would stop
+// them, or nil when the default rule already does (a name outside the
+// cluster) or no rule can name it.
+//
+//   - An IP literal gets an ipBlock of that one address, on the URL's port,
+//     unless it is one of egressproxy.NeverAllowedCIDRs.
+//   - A Service of the cluster (svc, found by upstreamServiceKey) gets its
+//     pods, by the Service's selector in its namespace, on the target port
+//     behind the URL's port: NetworkPolicy sees the connection after the
+//     Service's address was translated to a pod's. A Service without a
+//     selector (hand-made endpoints, ExternalName) has no pods to select
+//     and gets no rule.
+func upstreamEgressRule(ep *v1alpha1.EgressProxy, svc *corev1.Service) (*networkingv1.NetworkPolicyEgressRule, error) {
+	if ep.Spec.Upstream == nil {
+		return nil, nil
+	}
+	host, port, err := upstreamHostPort(ep.Spec.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		a = a.Unmap()
+		for _, never := range egressproxy.NeverAllowedCIDRs {
+			// Loopback is the pod itself, which NetworkPolicy does not
+			// govern; link-local holds the metadata service, which no
+			// upstream setting opens to the proxies.
+			if never.Contains(a) {
+				return nil, nil
+			}
+		}
+		return &networkingv1.NetworkPolicyEgressRule{
+			To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(a, a.BitLen()).String()}}},
+			Ports: []networkingv1.NetworkPolicyPort{tcpPort(port)},
+		}, nil
+	}
+	if svc == nil || len(svc.Spec.Selector) == 0 || svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil, nil
+	}
+	target := intstr.FromInt32(port)
+	for _, sp := range svc.Spec.Ports {
+		if sp.Port != port || (sp.Protocol != "" && sp.Protocol != corev1.ProtocolTCP) {
+			continue
+		}
+		// An unset target port is the port itself; a named one is
+		// resolved by the network plugin against the selected pods.
+		if sp.TargetPort.Type == intstr.String || sp.TargetPort.IntVal != 0 {
+			target = sp.TargetPort
+		}
+		break
+	}
+	sel := make(map[string]string, len(svc.Spec.Selector))
+	for k, v := range svc.Spec.Selector {
+		sel[k] = v
+	}
+	return &networkingv1.NetworkPolicyEgressRule{
+		To: []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": svc.Namespace}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: sel},
+		}},
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &target}},
+	}, nil
 }
 
 // Shared mode: one Deployment and Service per EgressProxy, and per-sandbox

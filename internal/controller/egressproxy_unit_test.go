@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -644,5 +647,210 @@ func TestUnitEgressShared(t *testing.T) {
 	must(t, err)
 	if _, still := users["s"]; still || len(users) != 1 {
 		t.Errorf("after deleting s the clients are %d, s still there: %v", len(users), still)
+	}
+}
+
+// proxyPolicyExtraRules are the proxy NetworkPolicy's egress rules beyond
+// the DNS rule and the everything-but-private rule every proxy gets.
+func proxyPolicyExtraRules(t *testing.T, e *egressEnv, proxy string) []networkingv1.NetworkPolicyEgressRule {
+	t.Helper()
+	var np networkingv1.NetworkPolicy
+	e.get(egressProxyNetworkPolicyName(proxy), &np)
+	if len(np.Spec.Egress) < 2 || np.Spec.Egress[1].To[0].IPBlock == nil || np.Spec.Egress[1].To[0].IPBlock.CIDR != "0.0.0.0/0" {
+		t.Fatalf("the proxy policy lost its base rules: %+v", np.Spec.Egress)
+	}
+	// The base rule keeps excepting every private range whatever holes
+	// the extra rules make.
+	for _, r := range privateRanges {
+		if !slices.Contains(np.Spec.Egress[1].To[0].IPBlock.Except, r) {
+			t.Errorf("the base rule no longer excepts %s", r)
+		}
+	}
+	return np.Spec.Egress[2:]
+}
+
+// An upstream inside the cluster is let through by the proxy pods'
+// NetworkPolicy, and only it: the pods behind its Service on the Service's
+// target port, or the one address of an IP literal on the URL's port. The
+// local cluster does not enforce NetworkPolicy, so this is checked on the
+// objects and against the labels of the pods they are meant to select.
+func TestUnitEgressUpstreamInCluster(t *testing.T) {
+	squid := map[string]string{"app": "squid"}
+	svc := func(ns, name string, port int32, target intstr.IntOrString, selector map[string]string) *corev1.Service {
+		return &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.ServiceSpec{Selector: selector, Ports: []corev1.ServicePort{
+				{Name: "other", Port: 9999, TargetPort: intstr.FromInt32(1), Protocol: corev1.ProtocolTCP},
+				{Name: "proxy", Port: port, TargetPort: target, Protocol: corev1.ProtocolTCP},
+			}},
+		}
+	}
+	cases := []struct {
+		name     string
+		url      string
+		objs     []client.Object
+		wantNS   string             // a pod rule in this namespace, or
+		wantCIDR string             // an ipBlock rule, or neither
+		wantPort intstr.IntOrString // the rule's one port
+	}{
+		{"Service in the proxy's namespace by its short name, named target port", "http://corp-proxy:3128",
+			[]client.Object{svc(unitNS, "corp-proxy", 3128, intstr.FromString("http-proxy"), squid)}, unitNS, "", intstr.FromString("http-proxy")},
+		{"Service in another namespace by its full name", "http://corp-proxy.infra.svc.cluster.local:8080",
+			[]client.Object{svc("infra", "corp-proxy", 8080, intstr.FromInt32(3128), squid)}, "infra", "", intstr.FromInt32(3128)},
+		{"Service as name.namespace, target port unset", "http://corp-proxy.infra:8080",
+			[]client.Object{svc("infra", "corp-proxy", 8080, intstr.IntOrString{}, squid)}, "infra", "", intstr.FromInt32(8080)},
+		{"Service with the default port of the scheme", "http://corp-proxy.infra.svc",
+			[]client.Object{svc("infra", "corp-proxy", 80, intstr.FromInt32(3128), squid)}, "infra", "", intstr.FromInt32(3128)},
+		{"IPv4 literal in a private range", "http://10.1.2.3:3128", nil, "", "10.1.2.3/32", intstr.FromInt32(3128)},
+		{"IPv6 literal", "http://[fd00::5]:3128/", nil, "", "fd00::5/128", intstr.FromInt32(3128)},
+		{"a name outside the cluster", "http://upstream.corp.test:8080", nil, "", "", intstr.IntOrString{}},
+		{"the metadata address stays closed", "http://169.254.169.254:80", nil, "", "", intstr.IntOrString{}},
+		{"loopback is the pod itself", "http://127.0.0.1:3128", nil, "", "", intstr.IntOrString{}},
+		{"a name.namespace that is no Service", "http://proxy.corp:8080", nil, "", "", intstr.IntOrString{}},
+		{"a name outside the cluster that looks like a Service's", "http://corp-proxy.infra.svc.example.com:8080",
+			[]client.Object{svc("infra", "corp-proxy", 8080, intstr.FromInt32(3128), squid)}, "", "", intstr.IntOrString{}},
+		{"a Service without a selector has no pods to select", "http://corp-proxy:3128",
+			[]client.Object{svc(unitNS, "corp-proxy", 3128, intstr.FromInt32(3128), nil)}, "", "", intstr.IntOrString{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ep := unitEgressProxy("egress")
+			ep.Spec.Upstream = &v1alpha1.EgressUpstream{URL: tc.url}
+			e := newEgressEnv(t, append(tc.objs, ep)...)
+			e.reconcileProxy("egress")
+			extra := proxyPolicyExtraRules(t, e, "egress")
+			if tc.wantNS == "" && tc.wantCIDR == "" {
+				if len(extra) != 0 {
+					t.Fatalf("extra egress rules %+v; want none", extra)
+				}
+				return
+			}
+			if len(extra) != 1 || len(extra[0].To) != 1 || len(extra[0].Ports) != 1 {
+				t.Fatalf("extra egress rules %+v; want one rule, one peer, one port", extra)
+			}
+			rule := extra[0]
+			if p := rule.Ports[0]; p.Protocol == nil || *p.Protocol != corev1.ProtocolTCP || p.Port == nil || *p.Port != tc.wantPort || p.EndPort != nil {
+				t.Errorf("port %+v, want TCP %s", p, tc.wantPort.String())
+			}
+			peer := rule.To[0]
+			if tc.wantCIDR != "" {
+				if peer.IPBlock == nil || peer.IPBlock.CIDR != tc.wantCIDR || len(peer.IPBlock.Except) != 0 || peer.PodSelector != nil {
+					t.Errorf("peer %+v, want ipBlock %s", peer, tc.wantCIDR)
+				}
+				return
+			}
+			if peer.IPBlock != nil || peer.NamespaceSelector == nil || peer.PodSelector == nil {
+				t.Fatalf("peer %+v, want pods by selector", peer)
+			}
+			if !selects(t, peer.NamespaceSelector, map[string]string{"kubernetes.io/metadata.name": tc.wantNS}) ||
+				selects(t, peer.NamespaceSelector, map[string]string{"kubernetes.io/metadata.name": "elsewhere"}) {
+				t.Errorf("namespace selector %+v, want only %s", peer.NamespaceSelector, tc.wantNS)
+			}
+			if !selects(t, peer.PodSelector, map[string]string{"app": "squid", "pod-template-hash": "x"}) ||
+				selects(t, peer.PodSelector, map[string]string{"app": "web"}) || selects(t, peer.PodSelector, nil) {
+				t.Errorf("pod selector %+v, want the Service's pods only", peer.PodSelector)
+			}
+		})
+	}
+}
+
+// The upstream's Service may come after the proxy: its watch finds the
+// proxy, and the next pass adds the rule; a new selector follows.
+func TestUnitEgressUpstreamServiceLater(t *testing.T) {
+	ep := unitEgressProxy("egress")
+	ep.Spec.Upstream = &v1alpha1.EgressUpstream{URL: "http://corp-proxy:3128"}
+	other := unitEgressProxy("other")
+	other.Spec.Upstream = &v1alpha1.EgressUpstream{URL: "http://corp-proxy.elsewhere:3128"}
+	e := newEgressEnv(t, ep, other)
+	ctx := context.Background()
+	e.reconcileProxy("egress")
+	if extra := proxyPolicyExtraRules(t, e, "egress"); len(extra) != 0 {
+		t.Fatalf("a rule for a Service that does not exist: %+v", extra)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "corp-proxy", Namespace: unitNS},
+		Spec:       corev1.ServiceSpec{Selector: map[string]string{"app": "squid"}, Ports: []corev1.ServicePort{{Port: 3128}}},
+	}
+	must(t, e.c.Create(ctx, svc))
+	reqs := e.r.proxiesForUpstreamService(ctx, svc)
+	if len(reqs) != 1 || reqs[0].Name != "egress" || reqs[0].Namespace != unitNS {
+		t.Errorf("the Service wakes %v; want only %s/egress", reqs, unitNS)
+	}
+	e.reconcileProxy("egress")
+	extra := proxyPolicyExtraRules(t, e, "egress")
+	if len(extra) != 1 || !selects(t, extra[0].To[0].PodSelector, map[string]string{"app": "squid"}) {
+		t.Fatalf("rules %+v", extra)
+	}
+	svc.Spec.Selector = map[string]string{"app": "squid2"}
+	must(t, e.c.Update(ctx, svc))
+	e.reconcileProxy("egress")
+	extra = proxyPolicyExtraRules(t, e, "egress")
+	if len(extra) != 1 || selects(t, extra[0].To[0].PodSelector, map[string]string{"app": "squid"}) ||
+		!selects(t, extra[0].To[0].PodSelector, map[string]string{"app": "squid2"}) {
+		t.Errorf("the rule did not follow the new selector: %+v", extra)
+	}
+}
+
+// allowedCIDRs reach the proxy through its policy file, and the proxy pods'
+// NetworkPolicy lets them out to the same networks less the deniedCIDRs
+// inside them. The spec's runtimeClassName wins over the control plane's.
+func TestUnitEgressAllowedCIDRsAndRuntimeClass(t *testing.T) {
+	ep := unitEgressProxy("egress")
+	ep.Spec.Upstream = nil
+	ep.Spec.AllowedCIDRs = []v1alpha1.AllowedCIDR{"198.18.0.7/32", "10.20.0.0/16", "fd12::/64", "10.30.0.0/16"}
+	ep.Spec.DeniedCIDRs = []v1alpha1.CIDR{"10.20.5.0/24", "203.0.113.0/24", "10.30.0.0/15"}
+	ep.Spec.RuntimeClassName = "gvisor-proxy"
+	e := newEgressEnv(t, ep, proxiedTemplate("t", "egress"), unitSandbox("s", "t"))
+	e.r.RuntimeClassName = "gvisor"
+	e.reconcileProxy("egress")
+
+	var cm corev1.ConfigMap
+	e.get(egressConfigMapName("egress"), &cm)
+	fc, err := egressproxy.ParseFileConfig([]byte(cm.Data[egressPolicyKey]))
+	must(t, err)
+	if want := []string{"10.20.0.0/16", "10.30.0.0/16", "198.18.0.7/32", "fd12::/64"}; !slices.Equal(fc.AllowedCIDRs, want) {
+		t.Errorf("policy file allowedCIDRs %v, want %v", fc.AllowedCIDRs, want)
+	}
+	if _, err := egressproxy.ParseAllowedCIDRs(fc.AllowedCIDRs); err != nil {
+		t.Errorf("the proxy would refuse the policy file: %v", err)
+	}
+
+	extra := proxyPolicyExtraRules(t, e, "egress")
+	if len(extra) != 1 || len(extra[0].Ports) != 0 {
+		t.Fatalf("extra rules %+v; want one rule for the allowed networks, on every port", extra)
+	}
+	var got []string
+	for _, p := range extra[0].To {
+		if p.IPBlock == nil || p.PodSelector != nil || p.NamespaceSelector != nil {
+			t.Fatalf("peer %+v is not an ipBlock", p)
+		}
+		got = append(got, p.IPBlock.CIDR+" except "+strings.Join(p.IPBlock.Except, ","))
+	}
+	// 10.30.0.0/16 lies wholly inside a denied network and gets no block.
+	if want := []string{"10.20.0.0/16 except 10.20.5.0/24", "198.18.0.7/32 except ", "fd12::/64 except "}; !slices.Equal(got, want) {
+		t.Errorf("allowed blocks %q, want %q", got, want)
+	}
+
+	var pod corev1.Pod
+	e.get(EgressServiceName("s"), &pod)
+	if ptr.Deref(pod.Spec.RuntimeClassName, "") != "gvisor-proxy" {
+		t.Errorf("proxy pod runtime class %v, want the spec's gvisor-proxy", pod.Spec.RuntimeClassName)
+	}
+}
+
+// The CRD's rule for allowedCIDRs names the networks the proxy refuses to
+// open, so that the API server and the proxy refuse the same things. The
+// IPv4-mapped range is not in the CRD's list: isCIDR refuses those forms.
+func TestUnitAllowedCIDRRuleMatchesProxy(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "charts", "agentbox", "crds", "agentbox.dev_egressproxies.yaml"))
+	must(t, err)
+	crd := strings.Join(strings.Fields(string(b)), " ")
+	for _, p := range egressproxy.NeverAllowedCIDRs {
+		if p.Addr().Is4In6() {
+			continue
+		}
+		if !strings.Contains(crd, "''"+p.String()+"''") {
+			t.Errorf("the CRD's allowedCIDRs rule does not list %s", p)
+		}
 	}
 }

@@ -34,6 +34,59 @@ var DefaultDeniedCIDRs = mustPrefixes(
 	"ff00::/8",       // multicast
 )
 
+// NeverAllowedCIDRs are the addresses that AllowedCIDRs may not overlap:
+// reaching "this network" or loopback would reach the proxy itself,
+// link-local holds the cloud metadata services (listed again on their own
+// for the clouds that put them elsewhere), and IPv4-mapped IPv6 would name
+// any of these again. The EgressProxy CRD's AllowedCIDR rule lists the
+// same networks.
+var NeverAllowedCIDRs = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("100.100.100.200/32"),
+	netip.MustParsePrefix("::/128"),
+	netip.MustParsePrefix("::1/128"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+	netip.MustParsePrefix("::ffff:0:0/96"),
+}
+
+// ParseAllowedCIDRs parses CIDRs meant as exceptions to the denied ranges
+// and refuses any that overlaps NeverAllowedCIDRs. IPv4-mapped forms are
+// refused rather than unmapped, so that the rule reads the same here and
+// in the CRD.
+func ParseAllowedCIDRs(s []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(s))
+	for _, c := range s {
+		c = strings.TrimSpace(c)
+		if c == "" {
+			continue
+		}
+		var p netip.Prefix
+		if strings.Contains(c, "/") {
+			var err error
+			if p, err = netip.ParsePrefix(c); err != nil {
+				return nil, fmt.Errorf("allowed CIDR %q: %w", c, err)
+			}
+		} else {
+			a, err := netip.ParseAddr(c)
+			if err != nil {
+				return nil, fmt.Errorf("allowed CIDR %q: %w", c, err)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		p = p.Masked()
+		for _, never := range NeverAllowedCIDRs {
+			if p.Overlaps(never) {
+				return nil, fmt.Errorf("allowed CIDR %q overlaps %s, which is never reachable", c, never)
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 func mustPrefixes(s ...string) []netip.Prefix {
 	p, err := ParseCIDRs(s)
 	if err != nil {
@@ -185,6 +238,13 @@ type Policy struct {
 	Allow, Deny []string
 	// DeniedCIDRs: nil means DefaultDeniedCIDRs, empty denies no address.
 	DeniedCIDRs []netip.Prefix
+	// AllowedCIDRs are holes in DeniedCIDRs, such as an in-cluster
+	// service's pod network. Only names on the allowlist reach them. They
+	// may not overlap NeverAllowedCIDRs.
+	AllowedCIDRs []netip.Prefix
+	// ExtraDeniedCIDRs are denied even inside AllowedCIDRs: an operator who
+	// allows 10.0.0.0/8 and denies 10.1.0.0/16 means the latter to hold.
+	ExtraDeniedCIDRs []netip.Prefix
 }
 
 // policy is a Policy compiled for matching. It is never modified once
@@ -193,6 +253,8 @@ type policy struct {
 	src         Policy
 	allow, deny domainList
 	denied      []netip.Prefix
+	allowed     []netip.Prefix
+	extraDenied []netip.Prefix
 }
 
 func compilePolicy(src Policy) (*policy, error) {
@@ -204,7 +266,14 @@ func compilePolicy(src Policy) (*policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("deny: %w", err)
 	}
-	p := &policy{src: src, allow: allow, deny: deny, denied: src.DeniedCIDRs}
+	for _, a := range src.AllowedCIDRs {
+		for _, never := range NeverAllowedCIDRs {
+			if a.Overlaps(never) {
+				return nil, fmt.Errorf("allowed CIDR %s overlaps %s, which is never reachable", a, never)
+			}
+		}
+	}
+	p := &policy{src: src, allow: allow, deny: deny, denied: src.DeniedCIDRs, allowed: src.AllowedCIDRs, extraDenied: src.ExtraDeniedCIDRs}
 	if p.denied == nil {
 		p.denied = DefaultDeniedCIDRs
 		p.src.DeniedCIDRs = DefaultDeniedCIDRs
@@ -226,9 +295,20 @@ func (p *policy) checkHost(host string) *DeniedError {
 	return nil
 }
 
-// deniedAddr reports the denied prefix containing a, if any.
+// deniedAddr reports the denied prefix containing a, if any. The extra
+// denied ranges come first, then the holes AllowedCIDRs make in the rest.
 func (p *policy) deniedAddr(a netip.Addr) (netip.Prefix, bool) {
 	a = a.Unmap()
+	for _, pr := range p.extraDenied {
+		if pr.Contains(a) {
+			return pr, true
+		}
+	}
+	for _, pr := range p.allowed {
+		if pr.Contains(a) {
+			return netip.Prefix{}, false
+		}
+	}
 	for _, pr := range p.denied {
 		if pr.Contains(a) {
 			return pr, true

@@ -5,7 +5,9 @@
 //  1. its host is on the allowlist and not on the denylist, decided on the
 //     name before anything is resolved or dialled, and
 //  2. the address the name resolves to is outside the denied CIDRs (by
-//     default every private, loopback, link-local and metadata range).
+//     default every private, loopback, link-local and metadata range),
+//     less the allowed CIDRs an operator opened in them (never loopback,
+//     link-local or metadata; see Policy.AllowedCIDRs).
 //
 // The check in 2 and the connection use the same address: the proxy dials
 // the IP it checked and never resolves the name again, so a DNS answer that

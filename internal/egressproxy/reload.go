@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"slices"
 	"time"
@@ -19,8 +20,11 @@ type FileConfig struct {
 	AllowedDomains []string `json:"allowedDomains,omitempty"`
 	DeniedDomains  []string `json:"deniedDomains,omitempty"`
 	// DeniedCIDRs are denied in addition to the base ranges, as the CRD
-	// documents; the file cannot make an address reachable.
+	// documents, and hold even inside AllowedCIDRs.
 	DeniedCIDRs []string `json:"deniedCIDRs,omitempty"`
+	// AllowedCIDRs are holes in the base ranges (see Policy.AllowedCIDRs);
+	// the file's own DeniedCIDRs still apply inside them.
+	AllowedCIDRs []string `json:"allowedCIDRs,omitempty"`
 }
 
 // ParseFileConfig reads a policy file. Unknown fields are errors: a typo
@@ -87,7 +91,8 @@ func (r *Reloader) reload(force bool) error {
 	r.Proxy.metrics.reloads.WithLabelValues("success").Inc()
 	pol := r.Proxy.CurrentPolicy()
 	r.log().Info("egress config applied", "allow", pol.Allow, "deny", pol.Deny,
-		"denied_cidrs", len(pol.DeniedCIDRs), "sha256", fmt.Sprintf("%x", sum[:6]))
+		"denied_cidrs", len(pol.DeniedCIDRs)+len(pol.ExtraDeniedCIDRs), "allowed_cidrs", prefixStrings(pol.AllowedCIDRs),
+		"sha256", fmt.Sprintf("%x", sum[:6]))
 	return nil
 }
 
@@ -134,9 +139,11 @@ func (r *Reloader) read() (cfg, creds, clients []byte, sum [32]byte, err error) 
 // credentials file cannot leave a new policy with old credentials.
 func (r *Reloader) apply(cfg, creds, clients []byte) error {
 	pol := Policy{
-		Allow:       slices.Clone(r.Base.Allow),
-		Deny:        slices.Clone(r.Base.Deny),
-		DeniedCIDRs: r.Base.DeniedCIDRs,
+		Allow:            slices.Clone(r.Base.Allow),
+		Deny:             slices.Clone(r.Base.Deny),
+		DeniedCIDRs:      r.Base.DeniedCIDRs,
+		AllowedCIDRs:     r.Base.AllowedCIDRs,
+		ExtraDeniedCIDRs: r.Base.ExtraDeniedCIDRs,
 	}
 	if r.ConfigFile != "" {
 		fc, err := ParseFileConfig(cfg)
@@ -147,15 +154,16 @@ func (r *Reloader) apply(cfg, creds, clients []byte) error {
 		if err != nil {
 			return fmt.Errorf("policy file deniedCIDRs: %w", err)
 		}
+		allowed, err := ParseAllowedCIDRs(fc.AllowedCIDRs)
+		if err != nil {
+			return fmt.Errorf("policy file allowedCIDRs: %w", err)
+		}
 		pol.Allow = append(pol.Allow, fc.AllowedDomains...)
 		pol.Deny = append(pol.Deny, fc.DeniedDomains...)
-		if len(cidrs) > 0 {
-			base := pol.DeniedCIDRs
-			if base == nil {
-				base = DefaultDeniedCIDRs
-			}
-			pol.DeniedCIDRs = append(slices.Clone(base), cidrs...)
-		}
+		// The file's denied ranges are kept apart from the base ones so
+		// that its allowed ranges cannot undo them.
+		pol.ExtraDeniedCIDRs = append(slices.Clone(pol.ExtraDeniedCIDRs), cidrs...)
+		pol.AllowedCIDRs = append(slices.Clone(pol.AllowedCIDRs), allowed...)
 	}
 	compiled, err := compilePolicy(pol)
 	if err != nil {
@@ -200,4 +208,12 @@ func (r *Reloader) Run(ctx context.Context, interval time.Duration, hup <-chan s
 			r.reload(false)
 		}
 	}
+}
+
+func prefixStrings(p []netip.Prefix) []string {
+	out := make([]string, len(p))
+	for i, x := range p {
+		out[i] = x.String()
+	}
+	return out
 }

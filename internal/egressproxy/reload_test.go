@@ -3,6 +3,7 @@ package egressproxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -176,5 +177,86 @@ func TestReloadKeepsOpenTunnels(t *testing.T) {
 	}
 	if w := do(p, http.MethodConnect, "echo.example:443"); w.Code != http.StatusForbidden {
 		t.Errorf("new CONNECT after reload: %d, want 403", w.Code)
+	}
+}
+
+// TestAllowedCIDRsMakeHoles: a policy file's allowedCIDRs let allowlisted
+// names reach an in-cluster network the defaults deny, and nothing else:
+// the file's own deniedCIDRs still hold inside the hole, other private
+// addresses stay denied, and names off the allowlist are refused before
+// any lookup. Addresses come from the fake resolver and connections go to
+// the in-memory dialer, so nothing leaves the process.
+func TestAllowedCIDRsMakeHoles(t *testing.T) {
+	res := &fakeResolver{names: map[string][]string{
+		"svc.example":     {"10.20.1.7"},
+		"carved.example":  {"10.20.5.9"},
+		"private.example": {"10.30.0.1"},
+		"meta.example":    {"169.254.169.254"},
+	}}
+	p, _, dial := newTestProxy(t, Config{Resolver: res})
+	dial.serve = func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+	}
+	cfgPath := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, cfgPath, "allowedDomains: ['*.example', 10.20.1.8]\ndeniedCIDRs: [10.20.5.0/24]\nallowedCIDRs: [10.20.0.0/16]\n")
+	r := &Reloader{Proxy: p, ConfigFile: cfgPath}
+	if err := r.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if w := do(p, http.MethodGet, "http://svc.example/"); w.Code != http.StatusOK || w.Body.String() != "ok" {
+		t.Errorf("GET svc.example (10.20.1.7, inside allowedCIDRs): %d %q %q", w.Code, w.Header().Get("X-Agentbox-Egress-Denied"), w.Body.String())
+	}
+	for target, reason := range map[string]string{
+		"http://carved.example/":  ReasonDeniedIP, // deniedCIDRs win inside the hole
+		"http://private.example/": ReasonDeniedIP, // outside the hole, still a default denied range
+		"http://meta.example/":    ReasonDeniedIP,
+		"http://10.20.1.9/":       ReasonNotAllowed, // in the hole, but not on the allowlist
+	} {
+		if w := do(p, http.MethodGet, target); w.Code != http.StatusForbidden || w.Header().Get("X-Agentbox-Egress-Denied") != reason {
+			t.Errorf("GET %s: %d %q, want 403 %s", target, w.Code, w.Header().Get("X-Agentbox-Egress-Denied"), reason)
+		}
+	}
+	if got := dial.Calls(); len(got) != 1 || got[0] != "10.20.1.7:80" {
+		t.Errorf("dialled %v; want only 10.20.1.7:80", got)
+	}
+	for _, c := range res.Calls() {
+		if c == "10.20.1.9" {
+			t.Error("a host off the allowlist was resolved")
+		}
+	}
+
+	// A hole over loopback or metadata is refused as a whole, and the
+	// policy in force stays.
+	for _, bad := range []string{"127.0.0.1/32", "169.254.169.254", "0.0.0.0/0", "::ffff:10.0.0.0/104", "fe80::/64", "10.0.0.0/33"} {
+		writeFile(t, cfgPath, "allowedDomains: [other.example]\nallowedCIDRs: ['"+bad+"']\n")
+		if err := r.Reload(); err == nil {
+			t.Errorf("allowedCIDRs %s accepted", bad)
+		}
+		if !allows(p, "svc.example") {
+			t.Errorf("after refusing %s the old policy did not stay", bad)
+		}
+	}
+	if err := p.SetPolicy(Policy{Allow: []string{"*"}, AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/24")}}); err == nil {
+		t.Error("SetPolicy accepted a hole in loopback")
+	}
+}
+
+func TestParseAllowedCIDRs(t *testing.T) {
+	got, err := ParseAllowedCIDRs([]string{" 10.20.0.0/16", "198.18.0.7", "fd12::/64", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[10.20.0.0/16 198.18.0.7/32 fd12::/64]"; fmt.Sprint(got) != want {
+		t.Errorf("got %v, want %s", got, want)
+	}
+	for _, never := range NeverAllowedCIDRs {
+		if _, err := ParseAllowedCIDRs([]string{never.String()}); err == nil {
+			t.Errorf("%s accepted", never)
+		}
 	}
 }

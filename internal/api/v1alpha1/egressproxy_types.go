@@ -32,6 +32,18 @@ type Domain string
 // +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.0.0.0/8"
 type CIDR string
 
+// AllowedCIDR is a network an egress proxy may reach although it lies in
+// the private ranges the proxy denies by default, such as an in-cluster
+// service. It may not overlap the addresses that are never reachable:
+// "this network" (0.0.0.0/8, ::/128), loopback, link-local (with the cloud
+// metadata addresses); isCIDR already refuses IPv4-mapped IPv6, which could
+// name those again.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=43
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.0.0.0/8"
+// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '100.100.100.200/32', '::/128', '::1/128', 'fe80::/10', 'fd00:ec2::254/128'].all(f, !cidr(f).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(f)))",message="must not overlap 0.0.0.0/8, loopback, link-local or the metadata addresses"
+type AllowedCIDR string
+
 // EgressProxySpec is the desired state of an egress proxy.
 // +kubebuilder:validation:XValidation:rule="!has(self.replicas) || (has(self.mode) && self.mode == 'Shared')",message="replicas applies only to mode Shared"
 type EgressProxySpec struct {
@@ -60,6 +72,24 @@ type EgressProxySpec struct {
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=256
 	DeniedCIDRs []CIDR `json:"deniedCIDRs,omitempty"`
+
+	// allowedCIDRs are networks inside the default denied ranges that the
+	// proxy may reach anyway, such as an in-cluster service named in
+	// allowedDomains. Only allowlisted names get there; deniedCIDRs still
+	// win over them. The proxy pods' NetworkPolicy lets them out to these
+	// networks too.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
+	AllowedCIDRs []AllowedCIDR `json:"allowedCIDRs,omitempty"`
+
+	// runtimeClassName of the proxy pods, such as the gVisor RuntimeClass
+	// the sandboxes use. Unset leaves the control plane's choice (by default
+	// the cluster's default runtime).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	RuntimeClassName string `json:"runtimeClassName,omitempty"`
 
 	// upstream is a proxy the egress proxy chains to. Without one it connects
 	// to destinations directly.

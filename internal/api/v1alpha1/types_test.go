@@ -144,10 +144,12 @@ func fullEgressProxy() *v1alpha1.EgressProxy {
 	return &v1alpha1.EgressProxy{
 		ObjectMeta: metav1.ObjectMeta{Name: "egress", Namespace: "team-a"},
 		Spec: v1alpha1.EgressProxySpec{
-			Mode:           v1alpha1.EgressProxyModeShared,
-			AllowedDomains: []v1alpha1.Domain{"pypi.org", "*.pythonhosted.org"},
-			DeniedDomains:  []v1alpha1.Domain{"evil.pypi.org"},
-			DeniedCIDRs:    []v1alpha1.CIDR{"100.64.0.0/10", "fd00::/8"},
+			Mode:             v1alpha1.EgressProxyModeShared,
+			AllowedDomains:   []v1alpha1.Domain{"pypi.org", "*.pythonhosted.org"},
+			DeniedDomains:    []v1alpha1.Domain{"evil.pypi.org"},
+			DeniedCIDRs:      []v1alpha1.CIDR{"100.64.0.0/10", "fd00::/8"},
+			AllowedCIDRs:     []v1alpha1.AllowedCIDR{"10.20.0.0/16"},
+			RuntimeClassName: "gvisor",
 			Upstream: &v1alpha1.EgressUpstream{
 				URL:                  "http://proxy.example.com:7000",
 				CredentialsSecretRef: &v1alpha1.SecretKeySelector{Name: "upstream", Key: "credentials"},
@@ -717,6 +719,32 @@ func TestCRDsOnAPIServer(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: ns.Name},
 				Spec:       v1alpha1.EgressProxySpec{DeniedCIDRs: []v1alpha1.CIDR{"10.0.0.0/33"}},
 			}, "must be a CIDR"},
+			{"bad allowed CIDR", &v1alpha1.EgressProxy{
+				ObjectMeta: metav1.ObjectMeta{Name: "ac", Namespace: ns.Name},
+				Spec:       v1alpha1.EgressProxySpec{AllowedCIDRs: []v1alpha1.AllowedCIDR{"10.0.0.0/33"}},
+			}, "must be a CIDR"},
+			// An exception may never reach loopback or metadata, however it
+			// is spelled: inside the range, around it, or IPv4-mapped.
+			{"allowed CIDR inside loopback", &v1alpha1.EgressProxy{
+				ObjectMeta: metav1.ObjectMeta{Name: "al", Namespace: ns.Name},
+				Spec:       v1alpha1.EgressProxySpec{AllowedCIDRs: []v1alpha1.AllowedCIDR{"127.0.0.1/32"}},
+			}, "must not overlap"},
+			{"allowed CIDR around metadata", &v1alpha1.EgressProxy{
+				ObjectMeta: metav1.ObjectMeta{Name: "am", Namespace: ns.Name},
+				Spec:       v1alpha1.EgressProxySpec{AllowedCIDRs: []v1alpha1.AllowedCIDR{"128.0.0.0/1"}},
+			}, "must not overlap"},
+			{"allowed CIDR everything", &v1alpha1.EgressProxy{
+				ObjectMeta: metav1.ObjectMeta{Name: "aa", Namespace: ns.Name},
+				Spec:       v1alpha1.EgressProxySpec{AllowedCIDRs: []v1alpha1.AllowedCIDR{"::/0"}},
+			}, "must not overlap"},
+			{"allowed CIDR IPv4-mapped", &v1alpha1.EgressProxy{
+				ObjectMeta: metav1.ObjectMeta{Name: "a6", Namespace: ns.Name},
+				Spec:       v1alpha1.EgressProxySpec{AllowedCIDRs: []v1alpha1.AllowedCIDR{"::ffff:10.0.0.0/104"}},
+			}, "must be a CIDR"},
+			{"bad runtime class", &v1alpha1.EgressProxy{
+				ObjectMeta: metav1.ObjectMeta{Name: "rc", Namespace: ns.Name},
+				Spec:       v1alpha1.EgressProxySpec{RuntimeClassName: "gVisor"},
+			}, "spec.runtimeClassName"},
 			{"credentials in the upstream URL", &v1alpha1.EgressProxy{
 				ObjectMeta: metav1.ObjectMeta{Name: "u", Namespace: ns.Name},
 				Spec:       v1alpha1.EgressProxySpec{Upstream: &v1alpha1.EgressUpstream{URL: "http://user:pw@proxy:8080"}},

@@ -87,6 +87,11 @@ func (in *EgressProxySpec) DeepCopyInto(out *EgressProxySpec) {
 		*out = make([]CIDR, len(*in))
 		copy(*out, *in)
 	}
+	if in.AllowedCIDRs != nil {
+		in, out := &in.AllowedCIDRs, &out.AllowedCIDRs
+		*out = make([]AllowedCIDR, len(*in))
+		copy(*out, *in)
+	}
 	if in.Upstream != nil {
 		in, out := &in.Upstream, &out.Upstream
 		*out = new(EgressUpstream)
