@@ -8,7 +8,7 @@
 //	-allow                      AGENTBOX_EGRESS_ALLOW                      hosts allowed, repeatable or comma-separated; "*.example.com" for subdomains; empty allows nothing
 //	-deny                       AGENTBOX_EGRESS_DENY                       hosts refused even if allowed
 //	-deny-cidrs                 AGENTBOX_EGRESS_DENY_CIDRS                 replaces the default denied ranges (private, loopback, link-local, CGNAT, 198.18.0.0/15, metadata); '' denies no address
-//	-config                     AGENTBOX_EGRESS_CONFIG                     policy file (YAML or JSON: allowedDomains, deniedDomains, deniedCIDRs), added to the flags' lists and reloaded
+//	-config                     AGENTBOX_EGRESS_CONFIG                     policy file (YAML or JSON: allowedDomains, deniedDomains, deniedCIDRs, allowedCIDRs), added to the flags' lists and reloaded
 //	-config-poll                AGENTBOX_EGRESS_CONFIG_POLL                how often the files are checked for changes, 5s
 //	-upstream                   AGENTBOX_EGRESS_UPSTREAM                   http://host:port of a proxy to chain to
 //	-upstream-credentials-file  AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE  file holding user:password for the upstream, reloaded
