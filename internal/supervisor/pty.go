@@ -622,14 +622,17 @@ func (p *ptyRun) ping(ctx context.Context) {
 // itself, by contrast, leaves its background jobs running, as a command
 // does.
 func (p *ptyRun) hangUp(reqCtx context.Context) {
-	signalSession(p.sid, syscall.SIGHUP)
-	// A stopped job would not see the SIGHUP until continued.
-	signalSession(p.sid, syscall.SIGCONT)
+	hup := func() {
+		signalSession(p.sid, syscall.SIGHUP)
+		// A stopped job would not see the SIGHUP until continued.
+		signalSession(p.sid, syscall.SIGCONT)
+	}
+	hup()
 	deadline := time.NewTimer(p.s.cfg.ProcessKillGrace)
 	defer deadline.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	for ticks := 1; ; ticks++ {
 		select {
 		case <-deadline.C:
 			p.killSession()
@@ -642,9 +645,20 @@ func (p *ptyRun) hangUp(reqCtx context.Context) {
 				<-p.exited
 				return
 			}
+			// An interactive bash that got the shutdown's SIGTERM (which
+			// it ignores) just before the SIGHUP once sat in its prompt
+			// until killed: readline defers the signals it catches and
+			// acts on one at a time. A repeated hangup reaches it once
+			// it is back in its read.
+			if ticks%hangUpRepeatTicks == 0 {
+				hup()
+			}
 		}
 	}
 }
+
+// hangUpRepeatTicks is how many 20 ms ticks pass between repeated hangups.
+const hangUpRepeatTicks = 5
 
 // killSession sends SIGKILL to every process of the session, and waits
 // for the leader.
