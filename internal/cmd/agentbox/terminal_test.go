@@ -80,8 +80,10 @@ func TestConsoleRecordsTheSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, env := realAgentAPI(t, apitest.Options{Store: st})
+	// Registered first so that it runs last: the API writes its last
+	// audit records into the store when it closes.
 	t.Cleanup(func() { st.Close() })
+	s, env := realAgentAPI(t, apitest.Options{Store: st})
 	ctx := context.Background()
 	admin, err := s.Client(s.AdminToken)
 	if err != nil {
