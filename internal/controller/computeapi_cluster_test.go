@@ -230,12 +230,15 @@ func agentScope(t *testing.T, admin, other *apiclient.Client, agent string) {
 	if answers[0] != answers[1] {
 		t.Errorf("the refusals differ, which tells whether the sandbox exists: %q vs %q", answers[0], answers[1])
 	}
-	page, err := admin.QueryAudit(ctx, url.Values{"agent_id": {agent}, "operation": {"run_command"}, "limit": {"1000"}})
-	must(t, err)
+	// The audit log is written in batches behind the calls.
 	denied := 0
-	for _, r := range page.Records {
-		if r.Result == string(apiclient.CodePermissionDenied) && r.CallerKind == "agent" {
-			denied++
+	for deadline := time.Now().Add(10 * time.Second); denied == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		page, err := admin.QueryAudit(ctx, url.Values{"agent_id": {agent}, "operation": {"run_command"}, "limit": {"1000"}})
+		must(t, err)
+		for _, r := range page.Records {
+			if r.Result == string(apiclient.CodePermissionDenied) && r.CallerKind == "agent" {
+				denied++
+			}
 		}
 	}
 	if denied != 1 {
