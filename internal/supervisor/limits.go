@@ -85,14 +85,18 @@ func (s *Server) startMemoryGuard(limit, reserve int64, interval time.Duration, 
 
 func (s *Server) guardMemory(g *memoryGuard) {
 	defer close(g.done)
-	tick := time.NewTicker(g.interval)
-	defer tick.Stop()
+	// Past three quarters of the threshold the guard samples five times
+	// as often: a bomb on a busy node gets further between two samples
+	// than the reserve allows for, and the pod's limit ends the whole
+	// sandbox.
+	wait := g.interval
 	for {
 		select {
 		case <-g.stop:
 			return
-		case <-tick.C:
+		case <-time.After(wait):
 		}
+		wait = g.interval
 		s.mu.Lock()
 		idle := len(s.groups) == 0
 		s.mu.Unlock()
@@ -100,7 +104,13 @@ func (s *Server) guardMemory(g *memoryGuard) {
 			continue
 		}
 		used, err := g.inUse()
-		if err != nil || used < g.threshold {
+		if err != nil {
+			continue
+		}
+		if used < g.threshold {
+			if used > g.threshold/4*3 {
+				wait = g.interval / 5
+			}
 			continue
 		}
 		pgid, rss := s.largestGroup()
