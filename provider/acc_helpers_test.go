@@ -56,3 +56,18 @@ func testAccCluster(t *testing.T) (client.Client, string) {
 	})
 	return c, ns
 }
+
+// testAccPlatformImageTag is the tag of the platform images imported into
+// the test node, for tests that install the platform and run its pods. It
+// skips without one, except in CI, where `make test` always sets it.
+func testAccPlatformImageTag(t *testing.T) string {
+	t.Helper()
+	tag := os.Getenv(testAccImageTagEnv)
+	if tag == "" {
+		if os.Getenv("CI") != "" && os.Getenv("TF_ACC") != "" {
+			t.Fatalf("%s is not set: `make test` builds and imports the platform images", testAccImageTagEnv)
+		}
+		t.Skipf("needs the platform images on the test node: run `make test` (sets %s)", testAccImageTagEnv)
+	}
+	return tag
+}

@@ -70,13 +70,7 @@ print(json.dumps(out))
 // The NetworkPolicies are checked as objects only: the local cluster does
 // not enforce NetworkPolicy.
 func TestAccEgressSandboxThroughProxy(t *testing.T) {
-	tag := os.Getenv(testAccImageTagEnv)
-	if tag == "" {
-		if os.Getenv("CI") != "" && os.Getenv("TF_ACC") != "" {
-			t.Fatalf("%s is not set: `make test` builds and imports the platform images", testAccImageTagEnv)
-		}
-		t.Skipf("needs the platform images on the test node: run `make test` (sets %s)", testAccImageTagEnv)
-	}
+	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(testAccKubeconfigEnv))
 	if err != nil {

@@ -38,13 +38,7 @@ const modulePlatformDir = "../examples/modules/agentbox-platform"
 // whose sandboxes go through a shared egress proxy, and a warm pool of one,
 // all in a fresh namespace under a release name of its own.
 func TestAccModulePlatform(t *testing.T) {
-	tag := os.Getenv(testAccImageTagEnv)
-	if tag == "" {
-		if os.Getenv("CI") != "" && os.Getenv("TF_ACC") != "" {
-			t.Fatalf("%s is not set: `make test` builds and imports the platform images", testAccImageTagEnv)
-		}
-		t.Skipf("needs the platform images on the test node: run `make test` (sets %s)", testAccImageTagEnv)
-	}
+	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	suffix := strings.TrimPrefix(ns, "acc-")
 	const release, tpl = "acc-module", "acc-python"

@@ -29,13 +29,7 @@ const testAccImageTagEnv = "AGENTBOX_TEST_IMAGE_TAG"
 // with the real terraform CLI gives an agent a gVisor sandbox, and the
 // Compute API runs the agent's code in it.
 func TestAccQuickstart(t *testing.T) {
-	tag := os.Getenv(testAccImageTagEnv)
-	if tag == "" {
-		if os.Getenv("CI") != "" && os.Getenv("TF_ACC") != "" {
-			t.Fatalf("%s is not set: `make test` builds and imports the platform images", testAccImageTagEnv)
-		}
-		t.Skipf("needs the platform images on the test node: run `make test` (sets %s)", testAccImageTagEnv)
-	}
+	tag := testAccPlatformImageTag(t)
 	c, _ := testAccCluster(t)
 	const agent = "quickstart-agent"
 	vars := config.Variables{

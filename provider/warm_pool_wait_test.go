@@ -77,13 +77,7 @@ resource "agentbox_warm_pool" "python" {
 // controllers make the node pool Ready on the test node and fill the warm
 // pool with gVisor sandboxes, and the apply returns only then.
 func TestAccWarmPool_withPlatform(t *testing.T) {
-	tag := os.Getenv(testAccImageTagEnv)
-	if tag == "" {
-		if os.Getenv("CI") != "" && os.Getenv("TF_ACC") != "" {
-			t.Fatalf("%s is not set: `make test` builds and imports the platform images", testAccImageTagEnv)
-		}
-		t.Skipf("needs the platform images on the test node: run `make test` (sets %s)", testAccImageTagEnv)
-	}
+	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	suffix := strings.TrimPrefix(ns, "acc-")
 	poolName, rcName, taintKey := "acc-"+suffix, "gvisor-acc-"+suffix, "agentbox.test/acc-"+suffix
