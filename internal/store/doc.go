@@ -1,7 +1,7 @@
 // Package store is the control plane's metadata and audit store: API token
 // hashes, staff console sessions, snapshot records, lease history, the
-// hash-chained audit log, the MCP tool-catalog cache and filespace
-// metadata.
+// hash-chained audit log, the MCP tool-catalog cache, filespace metadata,
+// and the warm takes that decide who gets each ready warm sandbox.
 //
 // # Backends
 //

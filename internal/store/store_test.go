@@ -34,6 +34,7 @@ func TestStore(t *testing.T) {
 		{"ConsoleSessions", testConsoleSessions},
 		{"Snapshots", testSnapshots},
 		{"LeaseHistory", testLeaseHistory},
+		{"WarmTakes", testWarmTakes},
 		{"AuditQuery", testAuditQuery},
 		{"AuditBatch", testAuditBatch},
 		{"AuditTamper", testAuditTamper},
@@ -67,7 +68,7 @@ func testMigrations(t *testing.T, b backend) {
 	}
 	t.Logf("schema version %d, tables %v", cur, tables)
 	for _, want := range []string{store.MigrationsTable, "api_tokens", "audit_log", "audit_head", "console_sessions",
-		"snapshots", "lease_events", "tool_catalogs", "filespace_nodes"} {
+		"snapshots", "lease_events", "tool_catalogs", "filespace_nodes", "warm_takes"} {
 		if !contains(tables, want) {
 			t.Errorf("table %s missing", want)
 		}
@@ -447,6 +448,109 @@ func testLeaseHistory(t *testing.T, b backend) {
 	}
 	if byAgent, err := s.ListLeaseEvents(ctx, store.LeaseQuery{AgentID: "agent-2"}); err != nil || len(byAgent) != 1 {
 		t.Errorf("history of agent-2: %+v, %v", byAgent, err)
+	}
+}
+
+func testWarmTakes(t *testing.T, b backend) {
+	ctx := context.Background()
+	clk := newClock()
+	s := open(t, b.newDSN(t), store.Options{Now: clk.Now})
+	lease := func(uid, holder, request string) store.WarmTake {
+		return store.WarmTake{SandboxUID: uid, Namespace: "ns", Pool: "p", Sandbox: "w-" + uid, Taker: store.WarmTakenByLease,
+			Holder: holder, RequestID: request, LeaseID: "lease-" + holder + "-" + request, TTLSeconds: 30}
+	}
+
+	// Every kind of taker races for one sandbox, many times over: exactly
+	// one of them gets it, and every loser is told who did.
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		won    []store.WarmTake
+		beaten []store.WarmTake
+	)
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := lease("u1", fmt.Sprint("run-", i), "r")
+			switch i % 3 {
+			case 1:
+				t0 = store.WarmTake{SandboxUID: "u1", Namespace: "ns", Pool: "p", Sandbox: "w-u1", Taker: store.WarmTakenByAdoption, Holder: fmt.Sprint("sbx-", i)}
+			case 2:
+				t0 = store.WarmTake{SandboxUID: "u1", Namespace: "ns", Pool: "p", Sandbox: "w-u1", Taker: store.WarmTakenByRetirement}
+			}
+			got, ok, err := s.TakeWarm(ctx, t0)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if ok {
+				won = append(won, got)
+			} else {
+				beaten = append(beaten, got)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(won) != 1 || len(beaten) != 23 {
+		t.Fatalf("%d takes won, %d lost; want 1 and 23", len(won), len(beaten))
+	}
+	for _, l := range beaten {
+		if l != won[0] {
+			t.Errorf("a loser was told %+v, the winner is %+v", l, won[0])
+		}
+	}
+	if !won[0].TakenAt.Equal(clk.Now().Truncate(time.Microsecond)) {
+		t.Errorf("taken at %v, want now (%v)", won[0].TakenAt, clk.Now())
+	}
+
+	// A retried acquire gets the sandbox its first try took, even when it
+	// names another free sandbox this time.
+	first, ok, err := s.TakeWarm(ctx, lease("u2", "wf", "req-1"))
+	if err != nil || !ok {
+		t.Fatalf("take u2: %v, %v", ok, err)
+	}
+	clk.Advance(time.Second)
+	again, ok, err := s.TakeWarm(ctx, lease("u3", "wf", "req-1"))
+	if err != nil || ok || again != first {
+		t.Errorf("retried acquire = %+v, %v, %v; want the first take %+v", again, ok, err, first)
+	}
+	if _, err := s.WarmTakeOf(ctx, "u3"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("u3 after the retried acquire: %v; want it still free", err)
+	}
+	if got, err := s.FindWarmLease(ctx, "ns", "p", "wf", "req-1"); err != nil || got != first {
+		t.Errorf("FindWarmLease = %+v, %v", got, err)
+	}
+	if _, err := s.FindWarmLease(ctx, "ns", "other-pool", "wf", "req-1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the same request in another pool: %v", err)
+	}
+	// The same holder with a new request is a new lease.
+	if _, ok, err := s.TakeWarm(ctx, lease("u3", "wf", "req-2")); err != nil || !ok {
+		t.Errorf("new request: %v, %v", ok, err)
+	}
+
+	all, err := s.ListWarmTakes(ctx, "ns", "p")
+	if err != nil || len(all) != 3 || all[0].SandboxUID != "u1" || all[1] != first {
+		t.Fatalf("ListWarmTakes = %+v, %v", all, err)
+	}
+	if err := s.ForgetWarmTake(ctx, "u1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.TakeWarm(ctx, lease("u1", "late", "r")); err != nil || !ok {
+		t.Errorf("a forgotten take's UID is free again: %v, %v", ok, err)
+	}
+
+	for _, bad := range []store.WarmTake{
+		{SandboxUID: "u9", Namespace: "ns", Pool: "p", Sandbox: "w", Taker: "steal"},
+		{SandboxUID: "", Namespace: "ns", Pool: "p", Sandbox: "w", Taker: store.WarmTakenByLease},
+		{SandboxUID: "u9", Namespace: "ns", Pool: "p", Sandbox: "w", Taker: store.WarmTakenByLease, TTLSeconds: -1},
+		{SandboxUID: "u9", Namespace: "ns", Pool: "p", Sandbox: "w", Taker: store.WarmTakenByLease, Holder: "a\x00b"},
+	} {
+		if _, _, err := s.TakeWarm(ctx, bad); !errors.Is(err, store.ErrInvalid) {
+			t.Errorf("TakeWarm(%+v) = %v; want ErrInvalid", bad, err)
+		}
 	}
 }
 
