@@ -60,18 +60,17 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.V(1).Info("lease acquired", "holder", req.Holder, "request_id", req.RequestID)
-	s.recordLease(r.Context(), store.LeaseAcquire, sb, l)
+	s.recordLease(r.Context(), store.LeaseAcquire, sb, leaseView(l))
 	writeJSON(w, http.StatusOK, leaseView(l))
 }
 
 // recordLease appends to the store's lease history (seed 003's record of
 // who held which sandbox when). The Lease object is the truth; a failed
 // record is logged, not returned, so that history never blocks a hold.
-func (s *Server) recordLease(ctx context.Context, kind store.LeaseEventKind, sb *v1alpha1.Sandbox, l *coordinationv1.Lease) {
+func (s *Server) recordLease(ctx context.Context, kind store.LeaseEventKind, sb *v1alpha1.Sandbox, v api.Lease) {
 	if s.store == nil {
 		return
 	}
-	v := leaseView(l)
 	e := store.LeaseEvent{LeaseID: v.LeaseID, AgentID: sb.Spec.AgentID, Holder: v.Holder, RequestID: v.RequestID, Event: kind}
 	if !v.ExpiresAt.IsZero() {
 		e.ExpiresAt = &v.ExpiresAt
@@ -122,24 +121,31 @@ func (s *Server) hold(ctx context.Context, sb *v1alpha1.Sandbox, req api.Acquire
 			return false, e
 		}
 		// Free, released or expired (and not yet reclaimed): a new hold.
-		if holder != req.Holder {
-			l.Spec.LeaseTransitions = ptr.To(ptr.Deref(l.Spec.LeaseTransitions, 0) + 1)
-		}
-		t := metav1.NewMicroTime(now)
-		l.Spec.HolderIdentity = ptr.To(req.Holder)
-		l.Spec.LeaseDurationSeconds = ptr.To(int32(req.TTLSeconds))
-		l.Spec.AcquireTime = &t
+		applyHold(l, req.Holder, req.RequestID, leaseID, req.TTLSeconds, now)
 		// Acquiring is activity too, and starts the TTL.
-		l.Spec.RenewTime = &t
-		if l.Annotations == nil {
-			l.Annotations = map[string]string{}
-		}
-		l.Annotations[v1alpha1.AnnotationLeaseRequestID] = req.RequestID
-		l.Annotations[v1alpha1.AnnotationLeaseID] = leaseID
-		delete(l.Annotations, v1alpha1.AnnotationLeaseExpiredHolder)
-		delete(l.Annotations, v1alpha1.AnnotationLeaseReleasedRequestID)
+		l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now))
 		return true, nil
 	})
+}
+
+// applyHold makes l say that holder holds it under leaseID for ttlSeconds
+// from at, for the acquire request requestID. The activity clock
+// (renewTime) is left to the caller.
+func applyHold(l *coordinationv1.Lease, holder, requestID, leaseID string, ttlSeconds int, at time.Time) {
+	if prev, _ := v1alpha1.LeaseHoldExpiry(&l.Spec); prev != holder {
+		l.Spec.LeaseTransitions = ptr.To(ptr.Deref(l.Spec.LeaseTransitions, 0) + 1)
+	}
+	t := metav1.NewMicroTime(at)
+	l.Spec.HolderIdentity = ptr.To(holder)
+	l.Spec.LeaseDurationSeconds = ptr.To(int32(ttlSeconds))
+	l.Spec.AcquireTime = &t
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[v1alpha1.AnnotationLeaseRequestID] = requestID
+	l.Annotations[v1alpha1.AnnotationLeaseID] = leaseID
+	delete(l.Annotations, v1alpha1.AnnotationLeaseExpiredHolder)
+	delete(l.Annotations, v1alpha1.AnnotationLeaseReleasedRequestID)
 }
 
 func (s *Server) heartbeatLease(w http.ResponseWriter, r *http.Request) {
@@ -173,7 +179,7 @@ func (s *Server) heartbeatLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	s.recordLease(r.Context(), store.LeaseHeartbeat, sb, l)
+	s.recordLease(r.Context(), store.LeaseHeartbeat, sb, leaseView(l))
 	writeJSON(w, http.StatusOK, leaseView(l))
 }
 
@@ -214,7 +220,7 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if released != nil {
-		s.recordLease(r.Context(), store.LeaseRelease, sb, released)
+		s.recordLease(r.Context(), store.LeaseRelease, sb, leaseView(released))
 	}
 	log.V(1).Info("lease released", "holder", req.Holder)
 	w.Header().Set("Cache-Control", "no-store")
@@ -237,7 +243,11 @@ func (s *Server) leaseRequest(w http.ResponseWriter, r *http.Request, op string,
 	if apiErr != nil {
 		return nil, log, apiErr
 	}
-	return sb, log.WithValues("sandbox", sb.Namespace+"/"+sb.Name), nil
+	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
+	if apiErr := s.settlePending(r.Context(), sb); apiErr != nil {
+		return nil, log, apiErr
+	}
+	return sb, log, nil
 }
 
 // changeLease applies change to the sandbox's Lease as the API server has

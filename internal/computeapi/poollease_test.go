@@ -20,6 +20,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // warmSandbox is a ready sandbox of warm pool "p" in team-a, created age
@@ -27,6 +28,7 @@ import (
 func warmSandbox(name string, age time.Duration, now time.Time) []client.Object {
 	s := readySandbox("team-a", name, "warm.p."+name, "https://127.0.0.1:1")
 	s.Labels[v1alpha1.LabelWarmPool] = "p"
+	s.UID = types.UID("uid-" + name)
 	s.CreationTimestamp = metav1.NewTime(now.Add(-age))
 	s.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "SandboxWarmPool",
 		Name: "p", UID: "uid-p", Controller: ptr.To(true)}}
@@ -41,8 +43,12 @@ func poolFixture(t *testing.T, names ...string) *fixture {
 	for i, n := range names {
 		objs = append(objs, warmSandbox(n, time.Duration(len(names)-i)*time.Minute, now)...)
 	}
-	return newFixture(t, "", objs...)
+	return newFixtureWith(t, tempStore(t), "", objs...)
 }
+
+// settled waits until the API has written what its pool leases decided
+// into the Sandboxes and Leases.
+func (f *fixture) settled() { f.services.background.Wait() }
 
 func (f *fixture) sandboxNamed(t *testing.T, name string) *v1alpha1.Sandbox {
 	t.Helper()
@@ -77,6 +83,7 @@ func TestPoolLease(t *testing.T) {
 		got.TTLSeconds != 30 || len(got.LeaseID) != 32 {
 		t.Fatalf("pool lease = %+v", got)
 	}
+	f.settled()
 	s := f.sandboxNamed(t, "w-old")
 	if s.Annotations[v1alpha1.AnnotationPoolLeaseHolder] != "run-1" || s.Annotations[v1alpha1.AnnotationPoolLeaseRequestID] != "req-1" ||
 		s.Annotations[v1alpha1.AnnotationPoolLeasedAt] != f.clock.Now().UTC().Format(time.RFC3339Nano) {
@@ -84,6 +91,8 @@ func TestPoolLease(t *testing.T) {
 	}
 	if l := f.leaseNamed(t, "w-old"); ptr.Deref(l.Spec.HolderIdentity, "") != "run-1" || l.Annotations[v1alpha1.AnnotationLeaseID] != got.LeaseID {
 		t.Errorf("Lease after the pool acquire: %+v %v", l.Spec, l.Annotations)
+	} else if v := leaseView(l); v != got.Lease {
+		t.Errorf("the Lease says %+v; the caller was told %+v", v, got.Lease)
 	}
 
 	// A retry gets the same sandbox and hold back.
@@ -124,7 +133,7 @@ func TestPoolLease(t *testing.T) {
 func TestPoolLeaseWarmsConnection(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
-	f := newFixture(t, pki.SandboxID(testTrustDomain, "team-a", "w-1").String(), warmSandbox("w-1", time.Minute, now)...)
+	f := newFixtureWith(t, tempStore(t), pki.SandboxID(testTrustDomain, "team-a", "w-1").String(), warmSandbox("w-1", time.Minute, now)...)
 	sb := f.sandboxNamed(t, "w-1")
 	sb.Status.ServiceEndpoint = f.sup.srv.URL
 	if err := f.kube.Status().Update(ctx, sb); err != nil {
@@ -185,6 +194,7 @@ func TestPoolLeaseRace(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	f.settled()
 	if len(winners) != len(names) || exhausted != callers-len(names) {
 		t.Fatalf("%d winners %v, %d exhausted; want %d and %d", len(winners), winners, exhausted, len(names), callers-len(names))
 	}
@@ -246,6 +256,7 @@ func TestPoolLeaseBurst(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	f.settled()
 	seen := map[string]bool{}
 	for i, s := range got {
 		if s != "" && seen[s] {
@@ -255,5 +266,124 @@ func TestPoolLeaseBurst(t *testing.T) {
 	}
 	if patches := f.patches.Load() - before; patches != n {
 		t.Errorf("%d claims patched sandboxes %d times; want one patch each, no conflicts", n, patches)
+	}
+}
+
+// blockSettles keeps the API from writing its pool leases' holds and
+// annotations in the background until the returned func is called, as if
+// the API server were slow or the replica had died after answering.
+func (f *fixture) blockSettles() (unblock func()) {
+	for range maxSettles {
+		f.services.settleSlots <- struct{}{}
+	}
+	return func() {
+		for range maxSettles {
+			<-f.services.settleSlots
+		}
+	}
+}
+
+// A pool lease is answered once the store has decided, before the Lease
+// and the Sandbox say so. A lease call made before they do finds the hold
+// it was given, and a retried acquire gets the same one, written.
+func TestPoolLeaseAnsweredBeforeTheWrites(t *testing.T) {
+	f := poolFixture(t, "w-0", "w-1")
+	c := f.client(t, adminToken)
+	ctx := context.Background()
+	unblock := f.blockSettles()
+	before := f.patches.Load()
+	first, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1", TTLSeconds: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-2", RequestID: "req-2", TTLSeconds: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Sandbox == second.Sandbox {
+		t.Fatalf("both acquires got %s", first.Sandbox)
+	}
+	if n := f.patches.Load() - before; n != 0 {
+		t.Errorf("%d Sandbox patches before the answers; want none", n)
+	}
+	for _, l := range []*api.PoolLease{first, second} {
+		if s := f.sandboxNamed(t, l.Sandbox); v1alpha1.PoolLeased(s) {
+			t.Errorf("%s is marked leased while the settles are held back", l.Sandbox)
+		}
+		if held := f.leaseNamed(t, l.Sandbox); held.Spec.HolderIdentity != nil {
+			t.Errorf("%s's Lease is held while the settles are held back: %+v", l.Sandbox, held.Spec)
+		}
+	}
+
+	// The heartbeat writes the hold it renews.
+	f.clock.Step(10 * time.Second)
+	hb, err := c.HeartbeatLease(ctx, first.AgentID, api.HeartbeatLeaseRequest{Holder: "run-1", LeaseID: first.LeaseID})
+	if err != nil {
+		t.Fatalf("heartbeat before the hold was written: %v", err)
+	}
+	if hb.LeaseID != first.LeaseID || !hb.AcquiredAt.Equal(first.AcquiredAt) || !hb.ExpiresAt.Equal(f.clock.Now().Add(time.Minute)) {
+		t.Errorf("heartbeat = %+v; acquired %+v", hb, first.Lease)
+	}
+	if s := f.sandboxNamed(t, first.Sandbox); s.Annotations[v1alpha1.AnnotationPoolLeaseRequestID] != "req-1" {
+		t.Errorf("after the heartbeat %s is not marked leased: %v", first.Sandbox, s.Annotations)
+	}
+
+	// The retried acquire is answered with the hold as written.
+	again, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-2", RequestID: "req-2", TTLSeconds: 60})
+	if err != nil || again.Sandbox != second.Sandbox || again.LeaseID != second.LeaseID {
+		t.Fatalf("retried acquire = %+v, %v; want %+v", again, err, second)
+	}
+	if l := f.leaseNamed(t, second.Sandbox); l.Annotations[v1alpha1.AnnotationLeaseID] != second.LeaseID {
+		t.Errorf("the retry did not write the hold: %v", l.Annotations)
+	}
+
+	// The background settles then find nothing left to write.
+	patches := f.patches.Load()
+	unblock()
+	f.settled()
+	if n := f.patches.Load() - patches; n != 0 {
+		t.Errorf("the background settles patched %d times after the lease calls had written everything", n)
+	}
+	// The release is final: nothing writes the hold back.
+	if err := c.ReleaseLease(ctx, first.AgentID, api.ReleaseLeaseRequest{Holder: "run-1", LeaseID: first.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, apiErr := f.services.settleWarmLease(ctx, f.sandboxNamed(t, first.Sandbox), mustTake(t, f, first.Sandbox)); apiErr != nil {
+		t.Fatal(apiErr)
+	}
+	if l := f.leaseNamed(t, first.Sandbox); l.Spec.HolderIdentity != nil {
+		t.Errorf("a settle after the release held the Lease again: %+v", l.Spec)
+	}
+}
+
+func mustTake(t *testing.T, f *fixture, sandbox string) store.WarmTake {
+	t.Helper()
+	tk, err := f.services.store.WarmTakeOf(context.Background(), string(f.sandboxNamed(t, sandbox).UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// A sandbox the store gave to someone else (an adopting Sandbox, the
+// pool's own scale-down) is not leased even while its annotations do not
+// say so yet.
+func TestPoolLeaseSkipsSandboxesTakenElsewhere(t *testing.T) {
+	f := poolFixture(t, "w-old", "w-new")
+	old := f.sandboxNamed(t, "w-old")
+	if _, ok, err := f.services.store.TakeWarm(context.Background(), store.WarmTake{SandboxUID: string(old.UID), Namespace: "team-a",
+		Pool: "p", Sandbox: "w-old", Taker: store.WarmTakenByAdoption, Holder: "new-sandbox"}); err != nil || !ok {
+		t.Fatalf("adoption's take: %v, %v", ok, err)
+	}
+	c := f.client(t, adminToken)
+	got, err := c.AcquirePoolLease(context.Background(), "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
+	if err != nil || got.Sandbox != "w-new" {
+		t.Fatalf("acquire = %+v, %v; want w-new", got, err)
+	}
+	_, err = c.AcquirePoolLease(context.Background(), "team-a", "p", api.AcquireLeaseRequest{Holder: "run-2", RequestID: "req-2"})
+	wantAPIError(t, err, api.CodePoolExhausted, http.StatusServiceUnavailable)
+	f.settled()
+	if s := f.sandboxNamed(t, "w-old"); v1alpha1.PoolLeased(s) {
+		t.Errorf("the adopted sandbox was marked leased: %v", s.Annotations)
 	}
 }

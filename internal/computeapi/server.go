@@ -124,6 +124,8 @@ type Server struct {
 	// warmConnection); Close waits for it.
 	background sync.WaitGroup
 	warmSlots  chan struct{} // see warmConnection
+	// settleSlots bounds the pool leases being settled; see settleSoon.
+	settleSlots chan struct{}
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
 }
@@ -144,6 +146,7 @@ func NewServer(opts Options) (*Server, error) {
 		sandboxes:       opts.Sandboxes,
 		supervisors:     opts.Supervisors,
 		warmSlots:       make(chan struct{}, maxWarmConnections),
+		settleSlots:     make(chan struct{}, maxSettles),
 		auth:            opts.Authenticator,
 		trustDomain:     opts.TrustDomain,
 		clock:           opts.Clock,

@@ -27,6 +27,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -174,6 +175,13 @@ func controlPlanePool(t *testing.T, ca *pki.CA) *SupervisorPool {
 // right identity) plus extra objects.
 func newFixture(t *testing.T, supervisorIdentity string, extra ...client.Object) *fixture {
 	t.Helper()
+	return newFixtureWith(t, nil, supervisorIdentity, extra...)
+}
+
+// newFixtureWith is newFixture with a store behind the API (nil for none).
+// The store's filespace pushes are off.
+func newFixtureWith(t *testing.T, st *store.Store, supervisorIdentity string, extra ...client.Object) *fixture {
+	t.Helper()
 	ca, err := pki.NewCA("test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -213,13 +221,15 @@ func newFixture(t *testing.T, supervisorIdentity string, extra ...client.Object)
 		Clock:         f.clock,
 		// Long enough for TestStoppedSandboxIsWokenAndServed's stand-in
 		// controller, short enough for the tests that expect not_ready.
-		ResumeTimeout: 2 * time.Second,
+		ResumeTimeout:      2 * time.Second,
+		Store:              st,
+		FilespacePushDelay: -1,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.api = httptest.NewTLSServer(contractCheck(t, f.services.Handler()))
-	t.Cleanup(f.api.Close)
+	t.Cleanup(func() { f.api.Close(); f.services.Close() })
 	f.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.api.Certificate().Raw})
 	return f
 }

@@ -95,6 +95,11 @@ func (s *Server) stopWithSnapshot(ctx context.Context, sb *v1alpha1.Sandbox) (st
 	if apiErr != nil {
 		return "", apiErr
 	}
+	// A pool lease not written to the Lease yet would come back after the
+	// release below.
+	if apiErr := s.settlePending(ctx, sb); apiErr != nil {
+		return "", apiErr
+	}
 	var released *coordinationv1.Lease
 	_, apiErr = s.changeLease(ctx, sb, func(l *coordinationv1.Lease, now time.Time) (bool, *api.Error) {
 		if holder, _ := v1alpha1.LeaseHoldExpiry(&l.Spec); holder != "" {
@@ -114,7 +119,7 @@ func (s *Server) stopWithSnapshot(ctx context.Context, sb *v1alpha1.Sandbox) (st
 		return "", apiErr
 	}
 	if released != nil {
-		s.recordLease(ctx, store.LeaseRelease, sb, released)
+		s.recordLease(ctx, store.LeaseRelease, sb, leaseView(released))
 	}
 	if sb.Status.Phase == v1alpha1.SandboxPhaseStopped {
 		return api.TerminateAlreadyStopped, nil
