@@ -99,6 +99,9 @@ type SandboxReconciler struct {
 	// Supervisors dials the sandboxes' supervisors, to flush the workspace
 	// before a snapshot and to restore it on resume.
 	Supervisors SupervisorDialer
+	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
+	// The control plane gives the warm pool controller the same one.
+	WarmTakes WarmTakes
 	// Filespaces syncs workspaces with the agents' filespaces (seed 000):
 	// a push before an idle stop's snapshot, a pull before a new or resumed
 	// sandbox serves. Nil leaves workspaces alone, as a control plane

@@ -176,8 +176,9 @@ func (e *clusterEnv) startManager(configure ...func(*SandboxReconciler)) (stop f
 	must(t, r.SetupWithManager(mgr))
 	e.r = r
 	// Every manager runs the warm pool controller too, as the control
-	// plane does; tests without pools never wake it.
-	must(t, (&SandboxWarmPoolReconciler{}).SetupWithManager(mgr))
+	// plane does, taking warm sandboxes through the same WarmTakes; tests
+	// without pools never wake it.
+	must(t, (&SandboxWarmPoolReconciler{WarmTakes: r.WarmTakes}).SetupWithManager(mgr))
 
 	mgrCtx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)

@@ -147,6 +147,7 @@ func platformEnv(t *testing.T) (*clusterEnv, *store.Store, *computeapi.Superviso
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, arch, &pool), func(r *SandboxReconciler) {
 		r.Filespaces = filespace.Syncer{Store: st}
+		r.WarmTakes = st
 	})
 	e.storePath = dbPath
 	return e, st, pool

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // Adoption from a warm pool (DESIGN.md, "Warm pools").
@@ -29,8 +30,10 @@ import (
 // and the supervisor identity derive from it. The steps, each safe to run
 // again after a crash:
 //
-//  1. claim W: annotate it adopted-by=X with optimistic locking, so of
-//     several new sandboxes racing for W exactly one wins;
+//  1. claim W: take it through WarmTakes, so that of the new sandboxes,
+//     pool leases and pool deletions racing for W exactly one wins, then
+//     annotate it adopted-by=X (without WarmTakes, the annotation's
+//     optimistic lock decides);
 //  2. record status.workload=W on X, before anything moves, so that a pass
 //     after a crash knows where X's children are;
 //  3. move W's pod, workspace claim and TLS Secret to X: controller owner
@@ -175,7 +178,23 @@ func (r *SandboxReconciler) claim(ctx context.Context, sbx *v1alpha1.Sandbox, tp
 		} else if !ok {
 			continue
 		}
-		patch := client.MergeFromWithOptions(w.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		var patch client.Patch
+		if r.WarmTakes != nil {
+			ok, err := takeWarm(ctx, r.WarmTakes, w, store.WarmTakenByAdoption, sbx.Name, string(sbx.UID))
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				// Someone else's; its annotations are on the way.
+				lost++
+				continue
+			}
+			// It is ours whatever the cache says, so no lock: a conflict
+			// now could only mean the cached copy is behind.
+			patch = client.MergeFrom(w.DeepCopy())
+		} else {
+			patch = client.MergeFromWithOptions(w.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		}
 		if w.Annotations == nil {
 			w.Annotations = map[string]string{}
 		}

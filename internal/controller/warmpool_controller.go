@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // WarmPoolControllerName names the warm pool controller, and its events'
@@ -63,6 +64,8 @@ type SandboxWarmPoolReconciler struct {
 	Recorder events.EventRecorder
 	// Clock is the controller's notion of now; nil means the real clock.
 	Clock clock.PassiveClock
+	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
+	WarmTakes WarmTakes
 
 	mu sync.Mutex
 	// created maps a pool's UID to the sandboxes it created that the cache
@@ -160,6 +163,14 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 		client.MatchingLabels{v1alpha1.LabelWarmPool: pool.Name}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("list sandboxes of warm pool %s: %w", pool.Name, err)
 	}
+	live := make(map[types.UID]bool, len(list.Items))
+	for i := range list.Items {
+		live[list.Items[i].UID] = true
+	}
+	takes, err := r.poolTakes(ctx, pool, live)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	var result ctrl.Result
 	var current, outdated []*v1alpha1.Sandbox
 	leased := 0
@@ -168,6 +179,20 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 		s := &list.Items[i]
 		seen[s.Name] = true
 		if !metav1.IsControlledBy(s, pool) || !s.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if t, taken := takes[s.UID]; taken && !v1alpha1.PoolLeased(s) && s.Annotations[v1alpha1.AnnotationAdoptedBy] == "" {
+			// Taken, and its taker has not written so yet (or the cache
+			// does not show it): it is not the pool's any more, and its
+			// replacement starts now.
+			wait, err := r.settleTake(ctx, pool, s, t)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			result.RequeueAfter = minPositive(result.RequeueAfter, max(wait, time.Second))
+			if t.Taker == store.WarmTakenByLease {
+				leased++
+			}
 			continue
 		}
 		if v1alpha1.PoolLeased(s) {
@@ -200,7 +225,7 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 	// A rolled template replaces every warm sandbox at once: an outdated
 	// one is never adopted, so keeping it serves nobody.
 	for _, s := range outdated {
-		if err := r.deleteWarm(ctx, pool, s, fmt.Sprintf("template %s changed", tpl.Name)); err != nil {
+		if err := r.retireWarm(ctx, pool, s, fmt.Sprintf("template %s changed", tpl.Name)); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -219,7 +244,7 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 		})
 		n := min(have-want, len(current))
 		for _, s := range current[:n] {
-			if err := r.deleteWarm(ctx, pool, s, fmt.Sprintf("the pool is scaled to %d", want)); err != nil {
+			if err := r.retireWarm(ctx, pool, s, fmt.Sprintf("the pool is scaled to %d", want)); err != nil {
 				return ctrl.Result{}, err
 			}
 		}
@@ -313,7 +338,11 @@ func warmAgentID(pool string) string {
 // bumps it) is left to its adopter.
 func (r *SandboxWarmPoolReconciler) deleteWarm(ctx context.Context, pool *v1alpha1.SandboxWarmPool, s *v1alpha1.Sandbox, why string) error {
 	uid, rv := s.UID, s.ResourceVersion
-	err := r.Delete(ctx, s, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	return r.deleteWarmWith(ctx, pool, s, why, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+}
+
+func (r *SandboxWarmPoolReconciler) deleteWarmWith(ctx context.Context, pool *v1alpha1.SandboxWarmPool, s *v1alpha1.Sandbox, why string, pre client.Preconditions) error {
+	err := r.Delete(ctx, s, pre)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // TestEphemeralPoolLease runs seed 003's ephemeral cycle on real gVisor
@@ -28,8 +30,13 @@ func TestEphemeralPoolLease(t *testing.T) {
 		t.Skipf("%s is not set: an ephemeral run is a real command in a real sandbox", EnvSandboxImage)
 	}
 	var supervisors *computeapi.SupervisorPool
-	e := newClusterEnv(t, withSnapshots(t, nil, &supervisors))
-	api := e.computeAPI(supervisors)
+	// The API and the controllers take warm sandboxes through one store,
+	// as in the control plane.
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	must(t, err)
+	t.Cleanup(func() { st.Close() })
+	e := newClusterEnv(t, withSnapshots(t, nil, &supervisors), func(r *SandboxReconciler) { r.WarmTakes = st })
+	api := e.computeAPIWithStore(supervisors, st)
 	e.template("eph", func(tpl *v1alpha1.SandboxTemplate) {
 		tpl.Spec.Image = image
 		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // warmClient stands in for the API server where the fake client falls
@@ -72,8 +74,9 @@ func (c *warmClient) Delete(ctx context.Context, obj client.Object, opts ...clie
 
 type warmEnv struct {
 	*fakeEnv
-	wc   *warmClient
-	pool *SandboxWarmPoolReconciler
+	wc    *warmClient
+	pool  *SandboxWarmPoolReconciler
+	store *store.Store
 }
 
 func newWarmEnv(t *testing.T, objs ...client.Object) *warmEnv {
@@ -81,8 +84,14 @@ func newWarmEnv(t *testing.T, objs ...client.Object) *warmEnv {
 	f := newFakeEnv(t, objs...)
 	wc := &warmClient{Client: f.c}
 	f.c, f.r.Client = wc, wc
-	p := &SandboxWarmPoolReconciler{Client: wc, Scheme: f.r.Scheme, Recorder: f.rec, Clock: f.clock}
-	return &warmEnv{fakeEnv: f, wc: wc, pool: p}
+	// As in the control plane, both controllers take warm sandboxes
+	// through one store.
+	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{Now: f.clock.Now})
+	must(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	f.r.WarmTakes = st
+	p := &SandboxWarmPoolReconciler{Client: wc, Scheme: f.r.Scheme, Recorder: f.rec, Clock: f.clock, WarmTakes: st}
+	return &warmEnv{fakeEnv: f, wc: wc, pool: p, store: st}
 }
 
 func unitPool(name, template string, replicas int32) *v1alpha1.SandboxWarmPool {

@@ -256,9 +256,13 @@ func run(ctx context.Context, o *options) error {
 		Supervisors:  pool,
 		Snapshots:    snapshots,
 	}
+	warmPools := &controller.SandboxWarmPoolReconciler{}
 	if st != nil {
-		// Only with a store: the interface must stay nil without one.
+		// Only with a store: the interfaces must stay nil without one.
 		sandboxes.Filespaces = filespace.Syncer{Store: st}
+		// The Compute API's pool leases take warm sandboxes through the
+		// same store.
+		sandboxes.WarmTakes, warmPools.WarmTakes = st, st
 		purger := filespace.BlobPurger{Store: st, Interval: o.purgeInterval, Log: ctrl.Log.WithName("filespace-purge")}
 		if err := mgr.Add(purger); err != nil {
 			return fmt.Errorf("add the filespace purge: %w", err)
@@ -273,7 +277,7 @@ func run(ctx context.Context, o *options) error {
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the egress proxy controller: %w", err)
 	}
-	if err := (&controller.SandboxWarmPoolReconciler{}).SetupWithManager(mgr); err != nil {
+	if err := warmPools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the warm pool controller: %w", err)
 	}
 	if err := (&controller.GVisorNodePoolReconciler{}).SetupWithManager(mgr); err != nil {
