@@ -85,6 +85,10 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 	view := takeView(take)
 	if fresh {
 		s.warmConnection(sb)
+		// The settle writes the take's time as renewTime: the holder's
+		// first command need not renew the activity clock itself, which
+		// would put an API-server write before it after all.
+		s.leases.noteRenewed(LeaseKey(sb), take.TakenAt)
 		s.settleSoon(sb, take)
 	} else {
 		// A retry: its first try may have been answered by a replica

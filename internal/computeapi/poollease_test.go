@@ -129,7 +129,7 @@ func TestPoolLease(t *testing.T) {
 
 // A pool lease opens the verified connection to the leased sandbox's
 // supervisor while it writes the lease, so that the holder's first command
-// does not wait for a TLS handshake.
+// waits neither for a TLS handshake nor for an API-server write.
 func TestPoolLeaseWarmsConnection(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
@@ -140,6 +140,10 @@ func TestPoolLeaseWarmsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := f.client(t, adminToken)
+	// The Lease and Sandbox writes are held back, so that the command
+	// below comes first, as it may in production.
+	unblock := f.blockSettles()
+	defer unblock()
 	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
 	if err != nil {
 		t.Fatal(err)
@@ -149,12 +153,17 @@ func TestPoolLeaseWarmsConnection(t *testing.T) {
 			t.Fatal("no connection to the leased sandbox's supervisor 10 s after the lease")
 		}
 	}
+	patches := f.patches.Load()
 	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("first command: %+v, %v", res, err)
 	}
 	if n := f.sup.handshakes.Load(); n != 1 {
 		t.Errorf("%d TLS handshakes with the supervisor; the first command should reuse the one the lease opened", n)
+	}
+	// Nor for an activity renewal: the acquire was the activity.
+	if n := f.patches.Load() - patches; n != 0 {
+		t.Errorf("the first command after the lease made %d API-server writes; want none", n)
 	}
 }
 

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,6 +95,31 @@ func BenchmarkAuditAppendBatch32(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.N*len(batch))/time.Since(start).Seconds(), "records/s")
+		})
+	}
+}
+
+// BenchmarkTakeWarm measures the decision of a warm-pool claim: one row
+// insert, with the claims of a burst contending for the writer.
+func BenchmarkTakeWarm(b *testing.B) {
+	for _, be := range backends {
+		b.Run(be.name, func(b *testing.B) {
+			s := open(b, be.newDSN(b), store.Options{})
+			ctx := context.Background()
+			var n atomic.Int64
+			b.SetParallelism(4)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := n.Add(1)
+					t := store.WarmTake{SandboxUID: fmt.Sprint("uid-", i), Namespace: "ns", Pool: "p", Sandbox: fmt.Sprint("w-", i),
+						Taker: store.WarmTakenByLease, Holder: "bench", RequestID: fmt.Sprint("req-", i), LeaseID: "l", TTLSeconds: 60}
+					if _, ok, err := s.TakeWarm(ctx, t); err != nil || !ok {
+						b.Errorf("take %d: %v, %v", i, ok, err)
+						return
+					}
+				}
+			})
 		})
 	}
 }
