@@ -242,11 +242,13 @@ func (s *Server) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
 	})
 }
 
-// settlePending settles the pool lease of a warm sandbox whose annotations
-// do not show it yet, before a lease call reads its Lease: the caller may
-// hold a lease the Lease does not carry yet.
+// settlePending settles the pool lease of a warm sandbox before a lease
+// call reads its Lease: the caller may hold a lease the Lease does not
+// carry yet. The annotations do not tell: the pool's controller writes
+// them for a take whose replica died, before anyone wrote the hold. A
+// settled lease costs a store read and a cached Lease read.
 func (s *Server) settlePending(ctx context.Context, sb *v1alpha1.Sandbox) *api.Error {
-	if s.store == nil || sb.Labels[v1alpha1.LabelWarmPool] == "" || v1alpha1.PoolLeased(sb) {
+	if s.store == nil || sb.Labels[v1alpha1.LabelWarmPool] == "" {
 		return nil
 	}
 	t, err := s.store.WarmTakeOf(ctx, string(sb.UID))

@@ -44,10 +44,11 @@ const (
 // Annotations of warm-pool sandboxes.
 const (
 	// AnnotationAdoptedBy, on a warm sandbox, names the Sandbox that has
-	// claimed it. It is set with optimistic locking, so of several new
-	// Sandboxes racing for the same warm one exactly one wins; the warm
-	// sandbox's own reconciler leaves its children alone from then on, and
-	// the winner moves them over and deletes it.
+	// claimed it. The control plane's store decides the claim first (a
+	// warm take), so of the new Sandboxes, pool leases and pool deletions
+	// racing for the same warm one exactly one wins; the annotation then
+	// says who. The warm sandbox's own reconciler leaves its children
+	// alone from then on, and the winner moves them over and deletes it.
 	AnnotationAdoptedBy = GroupName + "/adopted-by"
 
 	// AnnotationTemplateHash, on a warm sandbox, is TemplateHash of the
@@ -57,10 +58,10 @@ const (
 )
 
 // Annotations of a warm sandbox leased straight from its pool for one
-// ephemeral run (seeds 001 and 003). The Compute API writes them with
-// optimistic locking before it takes the sandbox's Lease hold, so that of
-// the callers and adopters racing for a warm sandbox exactly one wins, and
-// a retried acquire finds its sandbox from the Sandbox list alone. From
+// ephemeral run (seeds 001 and 003). The control plane's store decides
+// which caller gets the sandbox (a warm take, shared with adoption and the
+// pool's deletions, so exactly one of them wins); the Compute API then
+// writes the sandbox's Lease hold and, after it, these annotations. From
 // then on the pool no longer counts the sandbox (it makes a replacement),
 // adoption skips it, and once the hold ends (released, expired, or never
 // taken) the Sandbox controller deletes it: no state survives a run.
@@ -72,13 +73,14 @@ const (
 	AnnotationPoolLeaseRequestID = GroupName + "/pool-lease-request-id"
 	// AnnotationPoolLeasedAt is when the sandbox was taken (RFC 3339). A
 	// sandbox taken but never held past PoolLeaseGrace is deleted: the
-	// acquire that took it failed before answering anyone.
+	// replica that took it died before writing the hold, and no lease call
+	// of its holder (each of which writes a missing hold) came since.
 	AnnotationPoolLeasedAt = GroupName + "/pool-leased-at"
 )
 
 // PoolLeaseGrace is how long a sandbox taken from its pool may go without
-// the Lease hold of the acquire that took it. It covers the acquire's two
-// writes, with their retries, many times over.
+// the Lease hold of the acquire that took it. It covers the hold's write,
+// with its retries, many times over.
 const PoolLeaseGrace = time.Minute
 
 // PoolLeased reports whether a warm sandbox has been leased from its pool.
