@@ -69,10 +69,6 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr)
 		return
 	}
-	if s.store == nil {
-		fail(api.Errorf(api.CodeInternal, "warm pool leases need the control plane's store, and this API runs without one"))
-		return
-	}
 	sb, take, fresh, apiErr := s.takeFromPool(r.Context(), ns, pool, req)
 	if apiErr != nil {
 		if apiErr.Code == api.CodePoolExhausted {
@@ -115,6 +111,21 @@ func (s *Server) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 	if err := s.sandboxes.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelWarmPool: pool}); err != nil {
 		s.log.Error(err, "list warm sandboxes", "namespace", ns, "pool", pool)
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not list the sandboxes of warm pool %s/%s", ns, pool)
+	}
+	if len(list.Items) == 0 {
+		var p v1alpha1.SandboxWarmPool
+		err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: ns, Name: pool}, &p)
+		if apierrors.IsNotFound(err) {
+			return nil, store.WarmTake{}, false, api.Errorf(api.CodePoolNotFound, "warm pool %s/%s does not exist", ns, pool)
+		}
+		if err != nil {
+			s.log.Error(err, "get warm pool", "namespace", ns, "pool", pool)
+			return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not look up warm pool %s/%s", ns, pool)
+		}
+	}
+	if s.store == nil {
+		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal,
+			"warm pool leases need the control plane's store, and this API runs without one")
 	}
 	byUID := map[types.UID]*v1alpha1.Sandbox{}
 	var free []*v1alpha1.Sandbox
@@ -192,17 +203,6 @@ func (s *Server) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 		s.log.Error(err, "find earlier pool lease", "namespace", ns, "pool", pool)
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
 	}
-	if len(list.Items) == 0 {
-		var p v1alpha1.SandboxWarmPool
-		err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: ns, Name: pool}, &p)
-		if apierrors.IsNotFound(err) {
-			return nil, store.WarmTake{}, false, api.Errorf(api.CodePoolNotFound, "warm pool %s/%s does not exist", ns, pool)
-		}
-		if err != nil {
-			s.log.Error(err, "get warm pool", "namespace", ns, "pool", pool)
-			return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not look up warm pool %s/%s", ns, pool)
-		}
-	}
 	e := api.Errorf(api.CodePoolExhausted, "warm pool %s/%s has no ready sandbox free (%d sandboxes, none ready and unleased); retry shortly",
 		ns, pool, len(list.Items))
 	e.Details = map[string]string{"retry_after_seconds": strconv.Itoa(int(poolExhaustedRetry / time.Second))}
@@ -229,15 +229,20 @@ func (s *Server) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
 		s.settleSlots <- struct{}{}
 		defer func() { <-s.settleSlots }()
 		backoff := 100 * time.Millisecond
+		var apiErr *api.Error
 		for range 4 {
 			ctx, cancel := context.WithTimeout(context.Background(), leaseWriteTimeout)
-			_, apiErr := s.settleWarmLease(ctx, sb, t)
+			_, apiErr = s.settleWarmLease(ctx, sb, t)
 			cancel()
 			if apiErr == nil || apiErr.Code == api.CodeLeaseHeld {
-				return
+				break
 			}
 			time.Sleep(backoff)
 			backoff *= 4
+		}
+		if apiErr != nil {
+			s.log.Info("could not write a pool lease into its sandbox; its holder's next lease call or the pool's controller will",
+				"sandbox", sb.Namespace+"/"+sb.Name, "holder", t.Holder, "request_id", t.RequestID, "error", apiErr.Message)
 		}
 	})
 }
