@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -60,130 +61,136 @@ type Tool interface {
 const maxSafeInteger = 1<<53 - 1
 
 // tools is the registry: the catalog and the invoke endpoint are both
-// built from it, in this order.
-var tools = []Tool{
-	newTool(api.ToolCreateFile,
-		"Write a file in the workspace, creating its parent directories; an existing file is replaced. "+
-			"The write is atomic and counts against the workspace's size cap.",
-		func(sc *jsonschema.Schema) {
-			prop(sc, "path").MinLength = ptr(1)
-			prop(sc, "encoding").Enum = []any{api.EncodingUTF8, api.EncodingBase64}
-			prop(sc, "mode").Pattern = `^0?[0-7]{1,3}$`
-		},
-		func(_ context.Context, s *Server, in *api.CreateFileInput) (*api.FileInfo, *api.Error) {
-			return s.toolCreateFile(in)
-		}),
-	newTool(api.ToolReadFile,
-		"Read a file in the workspace, or a byte range of it. Text comes back as is, other bytes as base64; "+
-			"a large file is returned in parts (see truncated and next_offset).",
-		func(sc *jsonschema.Schema) { prop(sc, "path").MinLength = ptr(1) },
-		func(_ context.Context, s *Server, in *api.ReadFileInput) (*api.ReadFileOutput, *api.Error) {
-			return s.toolReadFile(in)
-		}),
-	newTool(api.ToolEditFile,
-		"Replace text in a file in the workspace: old_text must occur exactly once, or set replace_all. "+
-			"The file is rewritten atomically and keeps its permissions.",
-		func(sc *jsonschema.Schema) {
-			prop(sc, "path").MinLength = ptr(1)
-			prop(sc, "old_text").MinLength = ptr(1)
-		},
-		func(_ context.Context, s *Server, in *api.EditFileInput) (*api.EditFileOutput, *api.Error) {
-			return s.toolEditFile(in)
-		}),
-	newTool(api.ToolListFiles,
-		"List a directory in the workspace (one level, sorted by name).",
-		nil,
-		func(_ context.Context, s *Server, in *api.ListFilesInput) (*api.ListResult, *api.Error) {
-			rel, e := s.toolPath(in.Path)
-			if e != nil {
-				return nil, e
-			}
-			return s.list(rel)
-		}),
-	newTool(api.ToolStatFile,
-		"Describe a file, directory or symbolic link in the workspace: size, mode, modification time.",
-		func(sc *jsonschema.Schema) { prop(sc, "path").MinLength = ptr(1) },
-		func(_ context.Context, s *Server, in *api.StatFileInput) (*api.FileInfo, *api.Error) {
-			rel, e := s.toolPath(in.Path)
-			if e != nil {
-				return nil, e
-			}
-			return s.stat(rel)
-		}),
-	newTool(api.ToolDeleteFile,
-		"Delete a file or symbolic link in the workspace, or a directory with everything in it (recursive).",
-		func(sc *jsonschema.Schema) { prop(sc, "path").MinLength = ptr(1) },
-		func(_ context.Context, s *Server, in *api.DeleteFileInput) (*api.DeleteFileOutput, *api.Error) {
-			rel, e := s.toolPath(in.Path)
-			if e != nil {
-				return nil, e
-			}
-			if e := s.deletePath(rel, in.Recursive); e != nil {
-				return nil, e
-			}
-			return &api.DeleteFileOutput{Path: rel, Deleted: true}, nil
-		}),
-	newTool(api.ToolRunCommand,
-		"Run a program in the sandbox and return its exit code and output (stdout and stderr, capped). "+
-			"No shell is involved unless you run one, e.g. [\"sh\", \"-c\", \"...\"]. On timeout the whole process group is killed.",
-		func(sc *jsonschema.Schema) {
-			cmd := prop(sc, "command")
-			cmd.MinItems = ptr(1)
-			cmd.Items.MinLength = ptr(1)
-			describe(sc, map[string]string{
-				"command":          "the program and its arguments",
-				"cwd":              "working directory (default: the workspace); relative paths are taken from there",
-				"env":              "environment variables, merged over a minimal base environment",
-				"stdin":            "text written to the program's standard input (default: none)",
-				"timeout_seconds":  fmt.Sprintf("seconds before the process group is killed (default %d)", api.DefaultTimeoutSeconds),
-				"max_output_bytes": fmt.Sprintf("cap on stdout and stderr combined (default %d)", api.DefaultMaxOutputBytes),
-			})
-		},
-		func(ctx context.Context, s *Server, in *api.CommandRequest) (*api.CommandResult, *api.Error) {
-			spec, e := s.prepare(in, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
-			if e != nil {
-				return nil, e
-			}
-			return s.runCaptured(ctx, spec)
-		}),
-	newTool(api.ToolPythonExec,
-		"Run a Python snippet with python3 and return its exit code and output. "+
-			fmt.Sprintf("Default timeout %ds, at most %ds; output capped at %d bytes.",
-				api.DefaultPythonTimeoutSeconds, api.MaxPythonTimeoutSeconds, api.DefaultMaxOutputBytes),
-		func(sc *jsonschema.Schema) {
-			code := prop(sc, "code")
-			code.MinLength = ptr(1)
-			code.MaxLength = ptr(api.MaxPythonCodeBytes)
-			prop(sc, "timeout_seconds").Maximum = ptr(float64(api.MaxPythonTimeoutSeconds))
-			describe(sc, map[string]string{
-				"code":             "the Python source to run",
-				"stdin":            "text written to the snippet's standard input (default: none)",
-				"env":              "environment variables, merged over a minimal base environment",
-				"cwd":              "working directory (default: the workspace)",
-				"timeout_seconds":  fmt.Sprintf("seconds before the snippet is killed (default %d)", api.DefaultPythonTimeoutSeconds),
-				"max_output_bytes": fmt.Sprintf("cap on stdout and stderr combined (default %d)", api.DefaultMaxOutputBytes),
-			})
-		},
-		func(ctx context.Context, s *Server, in *api.PythonRequest) (*api.CommandResult, *api.Error) {
-			spec, e := s.preparePython(in)
-			if e != nil {
-				return nil, e
-			}
-			return s.runCaptured(ctx, spec)
-		}),
-}
+// built from it, in this order. It is built on first use, not at start-up:
+// inferring and compiling the schemas allocates 0.8 MB in 8,000 objects,
+// and every sandbox would carry the heap pages they touched (under gVisor
+// in 2 MiB units, which are not given back piecemeal) whether or not it
+// ever lists or calls a tool.
+var tools = sync.OnceValue(func() []Tool {
+	return []Tool{
+		newTool(api.ToolCreateFile,
+			"Write a file in the workspace, creating its parent directories; an existing file is replaced. "+
+				"The write is atomic and counts against the workspace's size cap.",
+			func(sc *jsonschema.Schema) {
+				prop(sc, "path").MinLength = ptr(1)
+				prop(sc, "encoding").Enum = []any{api.EncodingUTF8, api.EncodingBase64}
+				prop(sc, "mode").Pattern = `^0?[0-7]{1,3}$`
+			},
+			func(_ context.Context, s *Server, in *api.CreateFileInput) (*api.FileInfo, *api.Error) {
+				return s.toolCreateFile(in)
+			}),
+		newTool(api.ToolReadFile,
+			"Read a file in the workspace, or a byte range of it. Text comes back as is, other bytes as base64; "+
+				"a large file is returned in parts (see truncated and next_offset).",
+			func(sc *jsonschema.Schema) { prop(sc, "path").MinLength = ptr(1) },
+			func(_ context.Context, s *Server, in *api.ReadFileInput) (*api.ReadFileOutput, *api.Error) {
+				return s.toolReadFile(in)
+			}),
+		newTool(api.ToolEditFile,
+			"Replace text in a file in the workspace: old_text must occur exactly once, or set replace_all. "+
+				"The file is rewritten atomically and keeps its permissions.",
+			func(sc *jsonschema.Schema) {
+				prop(sc, "path").MinLength = ptr(1)
+				prop(sc, "old_text").MinLength = ptr(1)
+			},
+			func(_ context.Context, s *Server, in *api.EditFileInput) (*api.EditFileOutput, *api.Error) {
+				return s.toolEditFile(in)
+			}),
+		newTool(api.ToolListFiles,
+			"List a directory in the workspace (one level, sorted by name).",
+			nil,
+			func(_ context.Context, s *Server, in *api.ListFilesInput) (*api.ListResult, *api.Error) {
+				rel, e := s.toolPath(in.Path)
+				if e != nil {
+					return nil, e
+				}
+				return s.list(rel)
+			}),
+		newTool(api.ToolStatFile,
+			"Describe a file, directory or symbolic link in the workspace: size, mode, modification time.",
+			func(sc *jsonschema.Schema) { prop(sc, "path").MinLength = ptr(1) },
+			func(_ context.Context, s *Server, in *api.StatFileInput) (*api.FileInfo, *api.Error) {
+				rel, e := s.toolPath(in.Path)
+				if e != nil {
+					return nil, e
+				}
+				return s.stat(rel)
+			}),
+		newTool(api.ToolDeleteFile,
+			"Delete a file or symbolic link in the workspace, or a directory with everything in it (recursive).",
+			func(sc *jsonschema.Schema) { prop(sc, "path").MinLength = ptr(1) },
+			func(_ context.Context, s *Server, in *api.DeleteFileInput) (*api.DeleteFileOutput, *api.Error) {
+				rel, e := s.toolPath(in.Path)
+				if e != nil {
+					return nil, e
+				}
+				if e := s.deletePath(rel, in.Recursive); e != nil {
+					return nil, e
+				}
+				return &api.DeleteFileOutput{Path: rel, Deleted: true}, nil
+			}),
+		newTool(api.ToolRunCommand,
+			"Run a program in the sandbox and return its exit code and output (stdout and stderr, capped). "+
+				"No shell is involved unless you run one, e.g. [\"sh\", \"-c\", \"...\"]. On timeout the whole process group is killed.",
+			func(sc *jsonschema.Schema) {
+				cmd := prop(sc, "command")
+				cmd.MinItems = ptr(1)
+				cmd.Items.MinLength = ptr(1)
+				describe(sc, map[string]string{
+					"command":          "the program and its arguments",
+					"cwd":              "working directory (default: the workspace); relative paths are taken from there",
+					"env":              "environment variables, merged over a minimal base environment",
+					"stdin":            "text written to the program's standard input (default: none)",
+					"timeout_seconds":  fmt.Sprintf("seconds before the process group is killed (default %d)", api.DefaultTimeoutSeconds),
+					"max_output_bytes": fmt.Sprintf("cap on stdout and stderr combined (default %d)", api.DefaultMaxOutputBytes),
+				})
+			},
+			func(ctx context.Context, s *Server, in *api.CommandRequest) (*api.CommandResult, *api.Error) {
+				spec, e := s.prepare(in, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
+				if e != nil {
+					return nil, e
+				}
+				return s.runCaptured(ctx, spec)
+			}),
+		newTool(api.ToolPythonExec,
+			"Run a Python snippet with python3 and return its exit code and output. "+
+				fmt.Sprintf("Default timeout %ds, at most %ds; output capped at %d bytes.",
+					api.DefaultPythonTimeoutSeconds, api.MaxPythonTimeoutSeconds, api.DefaultMaxOutputBytes),
+			func(sc *jsonschema.Schema) {
+				code := prop(sc, "code")
+				code.MinLength = ptr(1)
+				code.MaxLength = ptr(api.MaxPythonCodeBytes)
+				prop(sc, "timeout_seconds").Maximum = ptr(float64(api.MaxPythonTimeoutSeconds))
+				describe(sc, map[string]string{
+					"code":             "the Python source to run",
+					"stdin":            "text written to the snippet's standard input (default: none)",
+					"env":              "environment variables, merged over a minimal base environment",
+					"cwd":              "working directory (default: the workspace)",
+					"timeout_seconds":  fmt.Sprintf("seconds before the snippet is killed (default %d)", api.DefaultPythonTimeoutSeconds),
+					"max_output_bytes": fmt.Sprintf("cap on stdout and stderr combined (default %d)", api.DefaultMaxOutputBytes),
+				})
+			},
+			func(ctx context.Context, s *Server, in *api.PythonRequest) (*api.CommandResult, *api.Error) {
+				spec, e := s.preparePython(in)
+				if e != nil {
+					return nil, e
+				}
+				return s.runCaptured(ctx, spec)
+			}),
+	}
+})
 
 // toolsByName indexes tools.
-var toolsByName = func() map[string]Tool {
-	m := make(map[string]Tool, len(tools))
-	for _, t := range tools {
+var toolsByName = sync.OnceValue(func() map[string]Tool {
+	m := make(map[string]Tool, len(tools()))
+	for _, t := range tools() {
 		if _, dup := m[t.Name()]; dup {
 			panic("supervisor: tool " + t.Name() + " is defined twice")
 		}
 		m[t.Name()] = t
 	}
 	return m
-}()
+})
 
 // typedTool is a Tool whose input is In and output *Out.
 type typedTool[In, Out any] struct {
@@ -196,8 +203,8 @@ type typedTool[In, Out any] struct {
 // newTool infers the tool's schemas from In and Out, lets adjust add what
 // Go types cannot say (lengths, enums, patterns, descriptions of fields of
 // shared types), and compiles the input schema. A schema that does not
-// compile is a bug here, so it panics at start-up, which every test
-// reaches.
+// compile is a bug here, so it panics when the registry is built, which
+// the tools tests do.
 func newTool[In, Out any](name, description string, adjust func(*jsonschema.Schema), call func(context.Context, *Server, *In) (*Out, *api.Error)) Tool {
 	in, err := jsonschema.For[In](nil)
 	if err != nil {
@@ -358,8 +365,8 @@ func (s *Server) serveTools(w http.ResponseWriter, r *http.Request, info *reques
 			methodNotAllowed(w, r, "GET, HEAD")
 			return true
 		}
-		cat := api.ToolCatalog{Tools: make([]api.ToolInfo, 0, len(tools))}
-		for _, t := range tools {
+		cat := api.ToolCatalog{Tools: make([]api.ToolInfo, 0, len(tools()))}
+		for _, t := range tools() {
 			cat.Tools = append(cat.Tools, toolInfo(t))
 		}
 		writeJSON(w, http.StatusOK, cat)
@@ -369,7 +376,7 @@ func (s *Server) serveTools(w http.ResponseWriter, r *http.Request, info *reques
 	if !ok {
 		return false
 	}
-	t, ok := toolsByName[name]
+	t, ok := toolsByName()[name]
 	if !ok {
 		info.fail(w, api.Errorf(api.CodeNotFound, "no tool %q; GET %s lists them", name, api.PathTools))
 		return true
@@ -404,7 +411,7 @@ func toolAuditName(r *http.Request) string {
 	switch {
 	case !ok:
 		return "list_tools"
-	case toolsByName[name] == nil:
+	case toolsByName()[name] == nil:
 		// Not the name as sent: the audit log holds no text a caller
 		// chose.
 		return "unknown_tool"

@@ -32,12 +32,12 @@ func FuzzToolInput(f *testing.F) {
 	f.Add(api.ToolCreateFile, `{"path":"a","content":"x","path":"b"}`)
 	ws := f.TempDir()
 	s := newServer(f, Config{Workspace: ws, DefaultCwd: ws, Python: "sh"})
-	published := make(map[string]*sjsonschema.Schema, len(tools))
-	for _, tool := range tools {
+	published := make(map[string]*sjsonschema.Schema, len(tools()))
+	for _, tool := range tools() {
 		published[tool.Name()] = compiledInput(f, tool)
 	}
 	f.Fuzz(func(t *testing.T, name, body string) {
-		tool, ok := toolsByName[name]
+		tool, ok := toolsByName()[name]
 		if !ok {
 			return
 		}

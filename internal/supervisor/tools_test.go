@@ -275,11 +275,11 @@ func TestToolsCatalogMatchesInvoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list) != len(tools) {
-		t.Fatalf("catalog has %d tools, registry %d", len(list), len(tools))
+	if len(list) != len(tools()) {
+		t.Fatalf("catalog has %d tools, registry %d", len(list), len(tools()))
 	}
 	for i, info := range list {
-		if info.Name != tools[i].Name() || info.Description == "" || len(info.OutputSchema) == 0 {
+		if info.Name != tools()[i].Name() || info.Description == "" || len(info.OutputSchema) == 0 {
 			t.Errorf("catalog entry %d: %+v", i, info)
 		}
 		var sc struct {
@@ -311,7 +311,7 @@ func TestToolsCatalogMatchesInvoke(t *testing.T) {
 		for _, input := range []string{`{}`, `{"unknown_field":1}`, `{"path":"x"}`, `{"command":["true"]}`, `{"code":"pass"}`, `{"path":"x","content":"y"}`} {
 			v, _ := sjsonschema.UnmarshalJSON(strings.NewReader(input))
 			publishedOK := published.Validate(v) == nil
-			serverErr := toolsByName[info.Name].(interface {
+			serverErr := toolsByName()[info.Name].(interface {
 				check(json.RawMessage) *api.Error
 			}).check(json.RawMessage(input))
 			if publishedOK != (serverErr == nil) {
