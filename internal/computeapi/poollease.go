@@ -69,6 +69,8 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr)
 		return
 	}
+	s.claiming.Add(1)
+	defer s.claiming.Add(-1)
 	sb, take, fresh, apiErr := s.takeFromPool(r.Context(), ns, pool, req)
 	if apiErr != nil {
 		if apiErr.Code == api.CodePoolExhausted {
@@ -221,11 +223,21 @@ func takeView(t store.WarmTake) api.Lease {
 // API server a few at a time rather than all together.
 const maxSettles = 8
 
+// settleYield is how long a settle may wait for the pool leases being
+// decided to be answered. A settle's writes, and the replacements the
+// pool starts when they land, compete for the same few cores as the
+// claims still queued behind it; the callers come first, and the
+// bookkeeping a moment later (any lease call settles first anyway).
+const settleYield = 250 * time.Millisecond
+
 // settleSoon runs settleWarmLease in the background, retrying a failure a
 // few times; past that, the next lease call for the sandbox or the pool's
 // controller settles it.
 func (s *Server) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
 	s.background.Go(func() {
+		for deadline := time.Now().Add(settleYield); s.claiming.Load() > 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
 		s.settleSlots <- struct{}{}
 		defer func() { <-s.settleSlots }()
 		backoff := 100 * time.Millisecond

@@ -19,6 +19,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -124,8 +125,10 @@ type Server struct {
 	// warmConnection); Close waits for it.
 	background sync.WaitGroup
 	warmSlots  chan struct{} // see warmConnection
-	// settleSlots bounds the pool leases being settled; see settleSoon.
+	// settleSlots bounds the pool leases being settled, and claiming
+	// counts those being decided; see settleSoon.
 	settleSlots chan struct{}
+	claiming    atomic.Int32
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
 }
