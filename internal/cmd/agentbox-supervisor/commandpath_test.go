@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -92,5 +93,47 @@ func TestSupervisorProcessCommandPath(t *testing.T) {
 			t.Fatalf("audit: run_command lines by status %v, want %v", got, want)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Files are served in large blocks (progressWriter.ReadFrom); whole files
+// and ranges come back exact through the real binary.
+func TestSupervisorProcessFileBlocks(t *testing.T) {
+	bin := buildSupervisor(t)
+	workdir := t.TempDir()
+	p := startSupervisor(t, bin, []string{"-insecure-listen", "127.0.0.1:0", "-workdir", workdir},
+		[]string{"PATH=" + os.Getenv("PATH")})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	data := make([]byte, 3<<20+7)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	client := api.NewClient("http://"+p.addr, nil)
+	if _, err := client.PutFile(ctx, "big.bin", bytes.NewReader(data), 0); err != nil {
+		t.Fatal(err)
+	}
+	get := func(rng string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+api.PathFiles+"big.bin", nil)
+		if rng != "" {
+			req.Header.Set("Range", rng)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, got
+	}
+	if resp, got := get(""); resp.StatusCode != http.StatusOK || !bytes.Equal(got, data) {
+		t.Errorf("whole file: %d, %d bytes, equal %v", resp.StatusCode, len(got), bytes.Equal(got, data))
+	}
+	if resp, got := get("bytes=300001-1048999"); resp.StatusCode != http.StatusPartialContent || !bytes.Equal(got, data[300001:1049000]) {
+		t.Errorf("range: %d, %d bytes", resp.StatusCode, len(got))
 	}
 }
