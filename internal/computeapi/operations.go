@@ -117,7 +117,14 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), fileCallTimeout)
 	defer cancel()
-	fi, err := sup.PutFile(ctx, r.PathValue("path"), r.Body, mode)
+	body := io.Reader(r.Body)
+	if r.ContentLength >= 0 {
+		// Forwarded with its length rather than chunked, so that the
+		// supervisor checks the count and refuses a file that cannot fit
+		// before any of it moves.
+		body = supervisorapi.Sized(r.Body, r.ContentLength)
+	}
+	fi, err := sup.PutFile(ctx, r.PathValue("path"), body, mode)
 	if err != nil {
 		apiErr := fileError(ctx, err)
 		s.logFailure(log, apiErr, err)

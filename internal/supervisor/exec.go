@@ -174,6 +174,8 @@ func (s *Server) spawn(ctx context.Context, spec *commandSpec, stdout, stderr io
 	cmd.Env = spec.env
 	if spec.stdin != "" {
 		cmd.Stdin = strings.NewReader(spec.stdin)
+	} else if f := devNull(); f != nil {
+		cmd.Stdin = f
 	}
 	cmd.Stdout = stdout
 	cmd.Stderr = stderr
@@ -198,6 +200,18 @@ func (s *Server) spawn(ctx context.Context, spec *commandSpec, stdout, stderr io
 	s.track(cmd.Process.Pid)
 	return p, nil
 }
+
+// devNull is /dev/null opened once for every command's stdin, or nil if
+// it cannot be opened (exec.Cmd then opens it itself). exec.Cmd would open
+// and close it for each command, and under gVisor the open, its poller
+// registration and the close are a dozen system calls.
+var devNull = sync.OnceValue(func() *os.File {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil
+	}
+	return f
+})
 
 // wait waits for a spawned process and describes how it ended; the
 // output is the caller's. ctx is the one given to spawn, to tell a

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -185,5 +187,47 @@ func TestClientRunPython(t *testing.T) {
 	_, err = c.RunPython(ctx, api.PythonRequest{Code: "pass", TimeoutSeconds: api.MaxPythonTimeoutSeconds + 1})
 	if api.CodeOf(err) != api.CodeInvalidArgument {
 		t.Fatalf("timeout above the maximum: %v, want invalid_argument", err)
+	}
+}
+
+// A body wrapped in Sized goes out with its Content-Length instead of
+// chunked, so the supervisor can check the count; a body that falls short
+// of it changes nothing.
+func TestClientPutFileSized(t *testing.T) {
+	ws := t.TempDir()
+	s, err := supervisor.New(supervisor.Config{Workspace: ws, DefaultCwd: ws, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var lengths []int64
+	var chunked []bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			lengths = append(lengths, r.ContentLength)
+			chunked = append(chunked, len(r.TransferEncoding) > 0)
+		}
+		s.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	c := api.NewClient(srv.URL, srv.Client())
+	ctx := context.Background()
+	// A reader http cannot take the length of.
+	body := func(s string) io.Reader { return io.MultiReader(strings.NewReader(s)) }
+
+	if _, err := c.PutFile(ctx, "a.txt", api.Sized(body("hello"), 5), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutFile(ctx, "b.txt", body("plain"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutFile(ctx, "a.txt", api.Sized(body("abc"), 5), 0); err == nil {
+		t.Error("a body shorter than its declared size was accepted")
+	}
+	if got, err := os.ReadFile(filepath.Join(ws, "a.txt")); err != nil || string(got) != "hello" {
+		t.Errorf("a.txt after the short write: %q, %v", got, err)
+	}
+	if len(lengths) < 2 || lengths[0] != 5 || chunked[0] || lengths[1] != -1 || !chunked[1] {
+		t.Errorf("Content-Length seen %v, chunked %v; want 5 then -1 (chunked)", lengths, chunked)
 	}
 }

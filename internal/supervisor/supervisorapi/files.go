@@ -45,6 +45,19 @@ func (c *Client) PutFile(ctx context.Context, path string, body io.Reader, mode 
 	return &fi, nil
 }
 
+// Sized declares that body holds exactly n bytes, for a PutFile or PutTar
+// body whose length http cannot see (a request body being forwarded). The
+// supervisor then refuses a write that cannot fit before reading it, and
+// one that delivers a different number of bytes changes nothing.
+func Sized(body io.Reader, n int64) io.Reader { return sizedBody{body, n} }
+
+type sizedBody struct {
+	r io.Reader
+	n int64
+}
+
+func (b sizedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+
 // GetFile streams the workspace file at path. The caller closes the
 // reader. A directory is CodeIsADirectory; use GetTar for one.
 func (c *Client) GetFile(ctx context.Context, path string) (io.ReadCloser, error) {
@@ -135,9 +148,19 @@ func (c *Client) stream(ctx context.Context, method, path string, q url.Values, 
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
+	var length int64 = -1
+	if sb, ok := body.(sizedBody); ok {
+		body, length = sb.r, sb.n
+	}
 	req, err := http.NewRequestWithContext(ctx, method, u, body)
 	if err != nil {
 		return nil, fmt.Errorf("supervisor request: %w", err)
+	}
+	if length >= 0 {
+		req.ContentLength = length
+		if length == 0 {
+			req.Body = http.NoBody
+		}
 	}
 	if body != nil && contentType != "" {
 		req.Header.Set("Content-Type", contentType)
