@@ -11,7 +11,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -24,7 +23,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -591,13 +589,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	if info.aborted == nil && rec.complete() {
-		// The caller gets its answer before the log line and the audit
-		// record are written: under gVisor those two writes held every
-		// answer back by about 0.2 ms. Wait still covers them, since the
-		// request counts as running until it returns.
-		_ = http.NewResponseController(rec).Flush()
-	}
 	attrs := []slog.Attr{
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
@@ -929,37 +920,15 @@ func (r *recorder) WriteHeader(code int) {
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
-// writeJSON answers v with a Content-Length, so that ServeHTTP can hand
-// the client its whole answer before the log line and the audit record.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	var body bytes.Buffer
-	if err := json.NewEncoder(&body).Encode(v); err != nil {
-		// Only a programming error gets here: every value is a plain
-		// struct.
-		status = http.StatusInternalServerError
-		body.Reset()
-		body.WriteString(`{"error":{"code":"internal","message":"could not encode the response"}}` + "\n")
-	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(body.Len()))
 	w.WriteHeader(status)
-	// The status is already sent; a write failure here can only be a
+	// The status is already sent; an encoding failure here can only be a
 	// client that went away, which there is nobody to tell about.
-	_, _ = w.Write(body.Bytes())
-}
-
-// complete reports whether the response is whole once the handler's
-// writes are flushed: it has a length, or no body. A chunked or streamed
-// body ends only when the handler returns, and a hijacked connection is
-// not the server's to write.
-func (r *recorder) complete() bool {
-	if !r.wroteHeader {
-		return false
-	}
-	return r.Header().Get("Content-Length") != "" || r.status == http.StatusNoContent || r.status == http.StatusNotModified
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 func writeError(w http.ResponseWriter, e *api.Error) {

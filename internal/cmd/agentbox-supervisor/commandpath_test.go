@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,10 +15,9 @@ import (
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// The per-command path of the real binary: every answer has a length, so
-// the caller has it before the log line and the audit record are written
-// (which still are), and a command without stdin reads /dev/null, the one
-// the supervisor keeps open for all of them.
+// The per-command path of the real binary: every call has its log line and
+// audit record, and a command without stdin reads /dev/null, the one the
+// supervisor keeps open for all of them.
 func TestSupervisorProcessCommandPath(t *testing.T) {
 	bin := buildSupervisor(t)
 	workdir := t.TempDir()
@@ -44,9 +42,6 @@ func TestSupervisorProcessCommandPath(t *testing.T) {
 		data, err := io.ReadAll(resp.Body)
 		if err != nil {
 			t.Fatal(err)
-		}
-		if resp.ContentLength != int64(len(data)) || resp.Header.Get("Content-Length") != strconv.Itoa(len(data)) {
-			t.Errorf("%s: Content-Length %q (%d), body of %d bytes", body, resp.Header.Get("Content-Length"), resp.ContentLength, len(data))
 		}
 		return resp, data
 	}
