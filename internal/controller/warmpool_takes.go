@@ -77,18 +77,20 @@ func (r *SandboxWarmPoolReconciler) poolTakes(ctx context.Context, pool *v1alpha
 	return takes, nil
 }
 
-// settleTake writes the annotations of a take whose taker has not, once
-// warmTakeSettle has passed, and tells when to look again before that.
+// settleTake finishes a retirement the pool took, and writes the
+// annotations of another take whose taker has not, once warmTakeSettle has
+// passed; before that, it tells when to look again.
 // From then on the sandbox is handled as any leased or claimed one: a pool
 // lease without its hold is recycled after v1alpha1.PoolLeaseGrace, a
 // claim whose adopter has gone is dropped.
 func (r *SandboxWarmPoolReconciler) settleTake(ctx context.Context, pool *v1alpha1.SandboxWarmPool, s *v1alpha1.Sandbox, t store.WarmTake) (time.Duration, error) {
+	if t.Taker == store.WarmTakenByRetirement {
+		// The pool's own take (this controller runs on the leader only):
+		// nobody else is still writing, so the deletion is finished now.
+		return 0, r.deleteTaken(ctx, pool, s, "its pool retired it")
+	}
 	if wait := warmTakeSettle - r.now().Sub(t.TakenAt); wait > 0 {
 		return wait, nil
-	}
-	if t.Taker == store.WarmTakenByRetirement {
-		uid := s.UID
-		return 0, r.deleteWarmWith(ctx, pool, s, "its pool retired it", client.Preconditions{UID: &uid})
 	}
 	patch := client.MergeFrom(s.DeepCopy())
 	if s.Annotations == nil {
@@ -111,11 +113,21 @@ func (r *SandboxWarmPoolReconciler) settleTake(ctx context.Context, pool *v1alph
 // retireWarm deletes an unassigned warm sandbox that the pool no longer
 // wants, unless someone took it first.
 func (r *SandboxWarmPoolReconciler) retireWarm(ctx context.Context, pool *v1alpha1.SandboxWarmPool, s *v1alpha1.Sandbox, why string) error {
-	if r.WarmTakes != nil {
-		ok, err := takeWarm(ctx, r.WarmTakes, s, store.WarmTakenByRetirement, "", "")
-		if err != nil || !ok {
-			return err
-		}
+	if r.WarmTakes == nil {
+		return r.deleteWarm(ctx, pool, s, why)
 	}
-	return r.deleteWarm(ctx, pool, s, why)
+	ok, err := takeWarm(ctx, r.WarmTakes, s, store.WarmTakenByRetirement, "", "")
+	if err != nil || !ok {
+		return err
+	}
+	return r.deleteTaken(ctx, pool, s, why)
+}
+
+// deleteTaken deletes a warm sandbox the pool has taken for itself. The
+// take is what keeps it from adopters and leases, so unlike deleteWarm it
+// does not also need the resourceVersion read, which a status write may
+// since have moved.
+func (r *SandboxWarmPoolReconciler) deleteTaken(ctx context.Context, pool *v1alpha1.SandboxWarmPool, s *v1alpha1.Sandbox, why string) error {
+	uid := s.UID
+	return r.deleteWarmWith(ctx, pool, s, why, client.Preconditions{UID: &uid})
 }
