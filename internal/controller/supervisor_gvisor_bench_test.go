@@ -196,16 +196,26 @@ func TestSupervisorGVisorBench(t *testing.T) {
 	st := p.procStatus(t)
 	t.Logf("supervisor /proc/1/status (gVisor's view): %v", st)
 	row("supervisor idle VmRSS (gVisor /proc/1/status)", fmt.Sprintf("%d kB", st["VmRSS"]), "after the 100 MiB transfers, 10 s idle")
-	// A fresh pod's idle RSS, before any large transfer, for comparison.
-	fresh := e.gvisorPod(t, "idle", gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "64MiB", emptyDirSize: "128Mi"})
+	// Fresh pods' idle RSS, before any large transfer. Several: the figure
+	// moves by a few MiB from pod to pod, with where the randomised Go heap
+	// falls among gVisor's 2 MiB allocation units.
+	const freshPods = 3
+	var fresh []*gvisorPod
+	for i := range freshPods {
+		fresh = append(fresh, e.gvisorPod(t, fmt.Sprintf("idle-%d", i), gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "64MiB", emptyDirSize: "128Mi"}))
+	}
 	time.Sleep(10 * time.Second)
-	fs := fresh.procStatus(t)
-	row("supervisor idle VmRSS, fresh pod", fmt.Sprintf("%d kB", fs["VmRSS"]), "fresh pod, one health call, 10 s idle")
-	freshMiB, usedMiB := float64(fs["VmRSS"])/1024, float64(st["VmRSS"])/1024
+	var freshMiB []float64
+	for i, fp := range fresh {
+		fs := fp.procStatus(t)
+		freshMiB = append(freshMiB, float64(fs["VmRSS"])/1024)
+		row(fmt.Sprintf("supervisor idle VmRSS, fresh pod %d", i+1), fmt.Sprintf("%d kB", fs["VmRSS"]), "fresh pod, one health call, 10 s idle")
+	}
+	usedMiB := float64(st["VmRSS"]) / 1024
 	benchreport.Record(t, benchreport.Figure{
-		Name: "supervisor idle RSS", Unit: "MiB", Values: []float64{freshMiB},
-		Target: "<= 15 MiB", Met: benchreport.Bool(freshMiB <= 15),
-		Note: fmt.Sprintf("gVisor's /proc/1/status of a fresh pod after 10 s idle; %.1f MiB after 100 MiB transfers", usedMiB),
+		Name: "supervisor idle RSS", Unit: "MiB", Values: freshMiB,
+		Target: "<= 15 MiB", Met: benchreport.Bool(benchreport.Percentile(freshMiB, 50) <= 15),
+		Note: fmt.Sprintf("gVisor's /proc/1/status of %d fresh pods after 10 s idle; %.1f MiB after 100 MiB transfers", freshPods, usedMiB),
 	})
 	added := make([]float64, len(viaSup))
 	for i, d := range viaSup {

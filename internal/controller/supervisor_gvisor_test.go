@@ -47,11 +47,10 @@ type gvisorPod struct {
 }
 
 type gvisorPodOptions struct {
-	memoryLimit  string          // the container's memory limit
-	workspaceCap string          // AGENTBOX_WORKSPACE_CAP
-	emptyDirSize string          // the workspace volume's sizeLimit
-	pidsLimit    string          // AGENTBOX_COMMAND_PIDS_LIMIT; empty: the supervisor's default
-	env          []corev1.EnvVar // more of the template's environment
+	memoryLimit  string // the container's memory limit
+	workspaceCap string // AGENTBOX_WORKSPACE_CAP
+	emptyDirSize string // the workspace volume's sizeLimit
+	pidsLimit    string // AGENTBOX_COMMAND_PIDS_LIMIT; empty: the supervisor's default
 }
 
 func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *gvisorPod {
@@ -82,7 +81,6 @@ func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *g
 	if o.pidsLimit != "" {
 		tpl.Spec.Env = append(tpl.Spec.Env, corev1.EnvVar{Name: "AGENTBOX_COMMAND_PIDS_LIMIT", Value: o.pidsLimit})
 	}
-	tpl.Spec.Env = append(tpl.Spec.Env, o.env...)
 	pod := e.r.desiredPod(sbx, tpl)
 	replaced := false
 	for i, v := range pod.Spec.Volumes {
