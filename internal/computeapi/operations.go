@@ -45,6 +45,7 @@ func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Clien
 	}
 	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
 	s.recordActivity(r.Context(), sb)
+	s.awaitWarmConnection(r.Context(), sb)
 	sup, err := s.dialSupervisor(sb)
 	if err != nil {
 		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)

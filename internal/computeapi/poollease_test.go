@@ -167,6 +167,33 @@ func TestPoolLeaseWarmsConnection(t *testing.T) {
 	}
 }
 
+// The holder's first command, sent while the lease's warm-up is still in
+// its handshake, waits for that connection rather than opening a second
+// one alongside it.
+func TestPoolLeaseFirstCommandWaitsForTheWarmUp(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
+	f := newFixtureWith(t, tempStore(t), pki.SandboxID(testTrustDomain, "team-a", "w-1").String(), warmSandbox("w-1", time.Minute, now)...)
+	sb := f.sandboxNamed(t, "w-1")
+	sb.Status.ServiceEndpoint = f.sup.srv.URL
+	if err := f.kube.Status().Update(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	f.sup.handshakeDelay.Store(int64(300 * time.Millisecond))
+	c := f.client(t, adminToken)
+	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("first command: %+v, %v", res, err)
+	}
+	if n := f.sup.handshakes.Load(); n != 1 {
+		t.Errorf("%d TLS handshakes with the supervisor; the first command should have waited for the lease's", n)
+	}
+}
+
 // TestPoolLeaseRace sends more concurrent acquires than the pool has
 // sandboxes: each sandbox goes to exactly one caller, the rest are told the
 // pool is exhausted.

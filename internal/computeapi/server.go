@@ -125,6 +125,9 @@ type Server struct {
 	// warmConnection); Close waits for it.
 	background sync.WaitGroup
 	warmSlots  chan struct{} // see warmConnection
+	// warming holds, by sandbox, a channel closed when the warm-up of its
+	// connection ends; see awaitWarmConnection.
+	warming sync.Map
 	// settleSlots bounds the pool leases being settled, and claiming
 	// counts those being decided; see settleSoon.
 	settleSlots chan struct{}
@@ -365,6 +368,7 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, op string)
 	}
 	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
 	s.recordActivity(r.Context(), sb)
+	s.awaitWarmConnection(r.Context(), sb)
 
 	sup, err := s.dialSupervisor(sb)
 	if err != nil {

@@ -42,6 +42,9 @@ const (
 type fakeSupervisor struct {
 	srv        *httptest.Server
 	handshakes atomic.Int32
+	// handshakeDelay, when set, holds each handshake back, as a pod under
+	// load would.
+	handshakeDelay atomic.Int64
 
 	mu       sync.Mutex
 	requests []supervisorapi.CommandRequest
@@ -69,6 +72,7 @@ func newFakeSupervisor(t *testing.T, ca *pki.CA, identity string) *fakeSuperviso
 	verify := cfg.VerifyConnection
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		fs.handshakes.Add(1)
+		time.Sleep(time.Duration(fs.handshakeDelay.Load()))
 		return verify(cs)
 	}
 	fs.srv.TLS = cfg

@@ -11,6 +11,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // SupervisorDialer returns a client for the supervisor at endpoint that
@@ -163,8 +164,15 @@ func (s *Server) warmConnection(sb *v1alpha1.Sandbox) {
 	default:
 		return
 	}
+	key := client.ObjectKeyFromObject(sb)
+	done := make(chan struct{})
+	s.warming.Store(key, done)
 	s.background.Go(func() {
-		defer func() { <-s.warmSlots }()
+		defer func() {
+			s.warming.Delete(key)
+			close(done)
+			<-s.warmSlots
+		}()
 		sup, err := s.dialSupervisor(sb)
 		if err != nil {
 			return
@@ -176,4 +184,20 @@ func (s *Server) warmConnection(sb *v1alpha1.Sandbox) {
 				"sandbox", sb.Namespace+"/"+sb.Name, "error", err.Error())
 		}
 	})
+}
+
+// awaitWarmConnection waits for a warm-up of sb's connection still in
+// flight, for at most as long as the warm-up may take. The holder's first
+// call usually comes while the lease's warm-up is still in its handshake;
+// without waiting, the call would dial a second connection alongside, and
+// the two handshakes would share the same few cores with each other.
+func (s *Server) awaitWarmConnection(ctx context.Context, sb *v1alpha1.Sandbox) {
+	v, ok := s.warming.Load(client.ObjectKeyFromObject(sb))
+	if !ok {
+		return
+	}
+	select {
+	case <-v.(chan struct{}):
+	case <-ctx.Done():
+	}
 }
