@@ -127,18 +127,26 @@ func TestPoolLease(t *testing.T) {
 	wantAPIError(t, err, api.CodeInvalidArgument, http.StatusBadRequest)
 }
 
+// servedPoolFixture is a pool of one warm sandbox, w-1, whose supervisor
+// is the fixture's fake one.
+func servedPoolFixture(t *testing.T) *fixture {
+	t.Helper()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
+	f := newFixtureWith(t, tempStore(t), pki.SandboxID(testTrustDomain, "team-a", "w-1").String(), warmSandbox("w-1", time.Minute, now)...)
+	sb := f.sandboxNamed(t, "w-1")
+	sb.Status.ServiceEndpoint = f.sup.srv.URL
+	if err := f.kube.Status().Update(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // A pool lease opens the verified connection to the leased sandbox's
 // supervisor while it writes the lease, so that the holder's first command
 // waits neither for a TLS handshake nor for an API-server write.
 func TestPoolLeaseWarmsConnection(t *testing.T) {
 	ctx := context.Background()
-	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
-	f := newFixtureWith(t, tempStore(t), pki.SandboxID(testTrustDomain, "team-a", "w-1").String(), warmSandbox("w-1", time.Minute, now)...)
-	sb := f.sandboxNamed(t, "w-1")
-	sb.Status.ServiceEndpoint = f.sup.srv.URL
-	if err := f.kube.Status().Update(ctx, sb); err != nil {
-		t.Fatal(err)
-	}
+	f := servedPoolFixture(t)
 	c := f.client(t, adminToken)
 	// The Lease and Sandbox writes are held back, so that the command
 	// below comes first, as it may in production.
@@ -172,13 +180,7 @@ func TestPoolLeaseWarmsConnection(t *testing.T) {
 // one alongside it.
 func TestPoolLeaseFirstCommandWaitsForTheWarmUp(t *testing.T) {
 	ctx := context.Background()
-	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // the fixture's clock
-	f := newFixtureWith(t, tempStore(t), pki.SandboxID(testTrustDomain, "team-a", "w-1").String(), warmSandbox("w-1", time.Minute, now)...)
-	sb := f.sandboxNamed(t, "w-1")
-	sb.Status.ServiceEndpoint = f.sup.srv.URL
-	if err := f.kube.Status().Update(ctx, sb); err != nil {
-		t.Fatal(err)
-	}
+	f := servedPoolFixture(t)
 	f.sup.handshakeDelay.Store(int64(300 * time.Millisecond))
 	c := f.client(t, adminToken)
 	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
