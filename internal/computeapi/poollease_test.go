@@ -425,3 +425,70 @@ func TestPoolLeaseSkipsSandboxesTakenElsewhere(t *testing.T) {
 		t.Errorf("the adopted sandbox was marked leased: %v", s.Annotations)
 	}
 }
+
+// The API keeps a verified connection open to every ready, free sandbox of
+// a warm pool it hears of from the Sandbox informer, before any lease: the
+// holder's first command then neither waits for a handshake nor makes one,
+// and the claim-time warm-up is skipped. Keeping the connection open reuses
+// it, and a sandbox that is no longer free is let go.
+func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
+	ctx := context.Background()
+	f := servedPoolFixture(t)
+	f.services.conns.period.Store(int64(100 * time.Millisecond))
+	events := f.services.WarmPoolEvents()
+	// A sandbox of no pool is not kept.
+	loner := readySandbox("team-a", "loner", "loner", f.sup.srv.URL)
+	events.OnAdd(loner, true)
+	events.OnAdd(f.sandboxNamed(t, "w-1"), true)
+	waitFor(t, "three health calls to the warm sandbox", func() bool { return f.sup.healthCalls.Load() >= 3 })
+	if n := f.sup.handshakes.Load(); n != 1 {
+		t.Errorf("%d TLS handshakes for three health calls; the kept connection should carry them all", n)
+	}
+	if f.services.conns.isOpen(client.ObjectKeyFromObject(loner), time.Now()) {
+		t.Error("a connection is kept for a sandbox of no warm pool")
+	}
+
+	// Held still for the lease: as the informer has not seen the lease yet.
+	f.services.conns.period.Store(int64(time.Hour))
+	waitFor(t, "the keeper to pick up the longer period", func() bool {
+		before := f.sup.healthCalls.Load()
+		time.Sleep(300 * time.Millisecond)
+		return f.sup.healthCalls.Load() == before
+	})
+	health := f.sup.healthCalls.Load()
+	c := f.client(t, adminToken)
+	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("first command: %+v, %v", res, err)
+	}
+	f.settled()
+	if n := f.sup.handshakes.Load(); n != 1 {
+		t.Errorf("%d TLS handshakes; the first command should have used the kept connection", n)
+	}
+	if n := f.sup.healthCalls.Load() - health; n != 0 {
+		t.Errorf("%d health calls at the lease; with a connection kept open the claim-time warm-up should be skipped", n)
+	}
+
+	// The informer sees the lease: the sandbox is no longer kept.
+	leased := f.sandboxNamed(t, "w-1")
+	if !v1alpha1.PoolLeased(leased) {
+		t.Fatalf("w-1 after the settle: annotations %v", leased.Annotations)
+	}
+	events.OnUpdate(leased, leased)
+	if f.services.conns.isOpen(client.ObjectKeyFromObject(leased), time.Now()) {
+		t.Error("the connection of a leased sandbox is still kept")
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after 10 s", what)
+		}
+	}
+}

@@ -125,6 +125,7 @@ type Server struct {
 	// warmConnection); Close waits for it.
 	background sync.WaitGroup
 	warmSlots  chan struct{} // see warmConnection
+	conns      *warmConns
 	// warming holds, by sandbox, a channel closed when the warm-up of its
 	// connection ends; see awaitWarmConnection.
 	warming sync.Map
@@ -152,6 +153,7 @@ func NewServer(opts Options) (*Server, error) {
 		sandboxes:       opts.Sandboxes,
 		supervisors:     opts.Supervisors,
 		warmSlots:       make(chan struct{}, maxWarmConnections),
+		conns:           newWarmConns(),
 		settleSlots:     make(chan struct{}, maxSettles),
 		auth:            opts.Authenticator,
 		trustDomain:     opts.TrustDomain,
@@ -267,6 +269,7 @@ func NewServer(opts Options) (*Server, error) {
 // Close writes the audit records still queued. Call it after the HTTP
 // server has stopped serving, and before closing the Store.
 func (s *Server) Close() {
+	s.conns.close()
 	s.background.Wait()
 	if s.pushes != nil {
 		s.pushes.close()

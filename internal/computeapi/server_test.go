@@ -45,6 +45,7 @@ type fakeSupervisor struct {
 	// handshakeDelay, when set, holds each handshake back, as a pod under
 	// load would.
 	handshakeDelay atomic.Int64
+	healthCalls    atomic.Int32
 
 	mu       sync.Mutex
 	requests []supervisorapi.CommandRequest
@@ -82,6 +83,12 @@ func newFakeSupervisor(t *testing.T, ca *pki.CA, identity string) *fakeSuperviso
 }
 
 func (fs *fakeSupervisor) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == supervisorapi.PathHealth && r.Method == http.MethodGet {
+		fs.healthCalls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(supervisorapi.Health{Status: "ok"})
+		return
+	}
 	if r.URL.Path != supervisorapi.PathCommands || r.Method != http.MethodPost {
 		http.NotFound(w, r)
 		return

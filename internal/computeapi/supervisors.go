@@ -152,11 +152,13 @@ const maxWarmConnections = 2
 // warmConnection opens the verified connection to a sandbox just taken
 // from a warm pool while its lease is being written, so that the holder's
 // first call does not wait for a TLS handshake with a pod the control
-// plane has not talked to yet. Failing, or skipping because
-// maxWarmConnections are in flight, only means the first call dials for
-// itself.
+// plane has not talked to yet. It is the fallback of warmConns, which
+// usually has that connection open already (and then nothing is done).
+// Failing, or skipping because maxWarmConnections are in flight, only
+// means the first call dials for itself.
 func (s *Server) warmConnection(sb *v1alpha1.Sandbox) {
-	if sb.Status.ServiceEndpoint == "" {
+	key := client.ObjectKeyFromObject(sb)
+	if sb.Status.ServiceEndpoint == "" || s.conns.isOpen(key, time.Now()) {
 		return
 	}
 	select {
@@ -164,7 +166,6 @@ func (s *Server) warmConnection(sb *v1alpha1.Sandbox) {
 	default:
 		return
 	}
-	key := client.ObjectKeyFromObject(sb)
 	done := make(chan struct{})
 	s.warming.Store(key, done)
 	s.background.Go(func() {
@@ -173,16 +174,7 @@ func (s *Server) warmConnection(sb *v1alpha1.Sandbox) {
 			close(done)
 			<-s.warmSlots
 		}()
-		sup, err := s.dialSupervisor(sb)
-		if err != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), warmConnectionTimeout)
-		defer cancel()
-		if _, err := sup.Health(ctx); err != nil {
-			s.log.V(1).Info("could not open a connection to a leased sandbox ahead of its first call",
-				"sandbox", sb.Namespace+"/"+sb.Name, "error", err.Error())
-		}
+		s.callHealth(sb)
 	})
 }
 

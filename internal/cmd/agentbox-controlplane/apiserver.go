@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -24,7 +25,9 @@ type apiServer struct {
 	handler   http.Handler
 	getCert   func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	cache     cache.Cache
-	log       logr.Logger
+	// sandboxEvents, when set, hears of every Sandbox the cache sees.
+	sandboxEvents toolscache.ResourceEventHandler
+	log           logr.Logger
 	listening atomic.Bool
 }
 
@@ -41,8 +44,14 @@ func (a *apiServer) NeedLeaderElection() bool { return false }
 func (a *apiServer) Start(ctx context.Context) error {
 	// Before the first call, the Sandbox informer must have synced: on an
 	// empty cache every agent would get sandbox_not_found.
-	if _, err := a.cache.GetInformer(ctx, &v1alpha1.Sandbox{}); err != nil {
+	inf, err := a.cache.GetInformer(ctx, &v1alpha1.Sandbox{})
+	if err != nil {
 		return fmt.Errorf("start the Sandbox informer: %w", err)
+	}
+	if a.sandboxEvents != nil {
+		if _, err := inf.AddEventHandler(a.sandboxEvents); err != nil {
+			return fmt.Errorf("watch Sandboxes for the Compute API: %w", err)
+		}
 	}
 	if !a.cache.WaitForCacheSync(ctx) {
 		if ctx.Err() != nil {

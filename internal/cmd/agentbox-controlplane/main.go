@@ -301,6 +301,7 @@ func run(ctx context.Context, o *options) error {
 	// so that no call is still recording; before the store closes.
 	defer api.Close()
 	apiRunnable := newAPIServer(o.apiListen, api.Handler(), servingCert.getServing, mgr.GetCache(), ctrl.Log.WithName("computeapi"))
+	apiRunnable.sandboxEvents = api.WarmPoolEvents()
 	if err := mgr.Add(apiRunnable); err != nil {
 		return fmt.Errorf("add the Compute API: %w", err)
 	}
