@@ -21,14 +21,14 @@ import (
 // apiServer runs the Compute API as a manager runnable: it starts after the
 // manager's caches, stops with the manager, and reports readiness.
 type apiServer struct {
-	addr      string
-	handler   http.Handler
-	getCert   func(*tls.ClientHelloInfo) (*tls.Certificate, error)
-	cache     cache.Cache
+	addr    string
+	handler http.Handler
+	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	cache   cache.Cache
 	// sandboxEvents, when set, hears of every Sandbox the cache sees.
 	sandboxEvents toolscache.ResourceEventHandler
 	log           logr.Logger
-	listening atomic.Bool
+	listening     atomic.Bool
 }
 
 func newAPIServer(addr string, h http.Handler, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), c cache.Cache, log logr.Logger) *apiServer {
