@@ -484,6 +484,33 @@ func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
 	}
 }
 
+// A lease that takes a sandbox while warmConns is still in its handshake
+// with it neither starts a second warm-up nor lets the first command dial
+// alongside: one handshake in all.
+func TestWarmPoolConnectionInFlightAtTheLease(t *testing.T) {
+	ctx := context.Background()
+	f := servedPoolFixture(t)
+	f.sup.handshakeDelay.Store(int64(300 * time.Millisecond))
+	f.services.WarmPoolEvents().OnAdd(f.sandboxNamed(t, "w-1"), true)
+	waitFor(t, "handshake from the keeper", func() bool { return f.sup.handshakes.Load() == 1 })
+	c := f.client(t, adminToken)
+	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("first command: %+v, %v", res, err)
+	}
+	f.settled()
+	if n := f.sup.handshakes.Load(); n != 1 {
+		t.Errorf("%d TLS handshakes; the lease and its first command should have waited for the keeper's", n)
+	}
+	if n := f.sup.healthCalls.Load(); n != 1 {
+		t.Errorf("%d health calls; the lease should not have started a warm-up of its own", n)
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {

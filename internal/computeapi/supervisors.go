@@ -167,7 +167,12 @@ func (s *Server) warmConnection(sb *v1alpha1.Sandbox) {
 		return
 	}
 	done := make(chan struct{})
-	s.warming.Store(key, done)
+	if _, busy := s.warming.LoadOrStore(key, done); busy {
+		// warmConns is opening it right now; the first call waits for
+		// that one.
+		<-s.warmSlots
+		return
+	}
 	s.background.Go(func() {
 		defer func() {
 			s.warming.Delete(key)

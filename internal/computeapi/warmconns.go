@@ -195,9 +195,20 @@ func (s *Server) callDueConnections() time.Duration {
 			return c.keepAlive()
 		default:
 		}
-		if s.callHealth(sb) {
+		// Registered as a warm-up, so that a lease taking the sandbox
+		// meanwhile waits for this handshake instead of making a second
+		// one (warmConnection, awaitWarmConnection).
+		key := client.ObjectKeyFromObject(sb)
+		done := make(chan struct{})
+		if _, busy := s.warming.LoadOrStore(key, done); busy {
+			continue
+		}
+		ok := s.callHealth(sb)
+		s.warming.Delete(key)
+		close(done)
+		if ok {
 			c.mu.Lock()
-			if e := c.free[client.ObjectKeyFromObject(sb)]; e == due {
+			if e := c.free[key]; e == due {
 				e.open = time.Now()
 			}
 			c.mu.Unlock()
