@@ -260,7 +260,16 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := startProcess(st, "kube-scheduler", c.bin("kube-scheduler"), append(common, "--secure-port="+strconv.Itoa(schedPort)), nil); err != nil {
+	// A pod the scheduler found unschedulable waits for an event that
+	// may make it schedulable. Once in a few dozen installs the event of
+	// its claim being bound was missed (the control plane's pod, whose
+	// store volume the provisioner had made a moment after the pod's
+	// first try), and the pod waited for the scheduler's periodic retry
+	// of every unschedulable pod: 5 minutes by default, as long as an
+	// install waits. Binding at first consumer instead put the
+	// scheduler's 1-second bind poll on every sandbox's start.
+	if err := startProcess(st, "kube-scheduler", c.bin("kube-scheduler"), append(common, "--secure-port="+strconv.Itoa(schedPort),
+		"--pod-max-in-unschedulable-pods-duration=15s"), nil); err != nil {
 		return err
 	}
 	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // self-signed health endpoints on loopback

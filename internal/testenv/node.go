@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
@@ -327,14 +326,6 @@ func ensureDefaults(ctx context.Context, cs kubernetes.Interface) error {
 			Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"},
 		},
 		Provisioner: StorageProvisioner,
-		// The scheduler then binds a pod's claims itself, waiting in
-		// PreBind until the provisioner's volume is bound. With Immediate
-		// binding it tried the pod once, found the claim not yet bound,
-		// and sometimes missed the bind event that should have retried
-		// it: the control plane's pod then sat unschedulable for the
-		// scheduler's 5-minute flush, and make bench's install timed out.
-		// The provisioner provisions every pending claim either way.
-		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
 	}
 	if _, err := cs.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create StorageClass %s: %w", StorageClass, err)
