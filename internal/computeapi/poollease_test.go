@@ -179,18 +179,9 @@ func TestPoolLeaseWarmsConnection(t *testing.T) {
 // its handshake, waits for that connection rather than opening a second
 // one alongside it.
 func TestPoolLeaseFirstCommandWaitsForTheWarmUp(t *testing.T) {
-	ctx := context.Background()
 	f := servedPoolFixture(t)
 	f.sup.handshakeDelay.Store(int64(300 * time.Millisecond))
-	c := f.client(t, adminToken)
-	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("first command: %+v, %v", res, err)
-	}
+	leaseAndRun(t, f)
 	if n := f.sup.handshakes.Load(); n != 1 {
 		t.Errorf("%d TLS handshakes with the supervisor; the first command should have waited for the lease's", n)
 	}
@@ -432,7 +423,6 @@ func TestPoolLeaseSkipsSandboxesTakenElsewhere(t *testing.T) {
 // and the claim-time warm-up is skipped. Keeping the connection open reuses
 // it, and a sandbox that is no longer free is let go.
 func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
-	ctx := context.Background()
 	f := servedPoolFixture(t)
 	f.services.conns.period.Store(int64(100 * time.Millisecond))
 	events := f.services.WarmPoolEvents()
@@ -456,15 +446,7 @@ func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
 		return f.sup.healthCalls.Load() == before
 	})
 	health := f.sup.healthCalls.Load()
-	c := f.client(t, adminToken)
-	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("first command: %+v, %v", res, err)
-	}
+	leaseAndRun(t, f)
 	f.settled()
 	if n := f.sup.handshakes.Load(); n != 1 {
 		t.Errorf("%d TLS handshakes; the first command should have used the kept connection", n)
@@ -488,11 +470,25 @@ func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
 // with it neither starts a second warm-up nor lets the first command dial
 // alongside: one handshake in all.
 func TestWarmPoolConnectionInFlightAtTheLease(t *testing.T) {
-	ctx := context.Background()
 	f := servedPoolFixture(t)
 	f.sup.handshakeDelay.Store(int64(300 * time.Millisecond))
 	f.services.WarmPoolEvents().OnAdd(f.sandboxNamed(t, "w-1"), true)
 	waitFor(t, "handshake from the keeper", func() bool { return f.sup.handshakes.Load() == 1 })
+	leaseAndRun(t, f)
+	f.settled()
+	if n := f.sup.handshakes.Load(); n != 1 {
+		t.Errorf("%d TLS handshakes; the lease and its first command should have waited for the keeper's", n)
+	}
+	if n := f.sup.healthCalls.Load(); n != 1 {
+		t.Errorf("%d health calls; the lease should not have started a warm-up of its own", n)
+	}
+}
+
+// leaseAndRun leases the pool's sandbox for run-1 and runs its first
+// command.
+func leaseAndRun(t *testing.T, f *fixture) {
+	t.Helper()
+	ctx := context.Background()
 	c := f.client(t, adminToken)
 	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
 	if err != nil {
@@ -501,13 +497,6 @@ func TestWarmPoolConnectionInFlightAtTheLease(t *testing.T) {
 	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("first command: %+v, %v", res, err)
-	}
-	f.settled()
-	if n := f.sup.handshakes.Load(); n != 1 {
-		t.Errorf("%d TLS handshakes; the lease and its first command should have waited for the keeper's", n)
-	}
-	if n := f.sup.healthCalls.Load(); n != 1 {
-		t.Errorf("%d health calls; the lease should not have started a warm-up of its own", n)
 	}
 }
 
