@@ -13,11 +13,11 @@ import (
 // TestBenchHostIdleSpawn prints what this machine charges for the first
 // process after a pause, on the host itself, without gVisor or the
 // platform: `echo` spawned right after the previous one against `echo`
-// spawned after the machine sat idle as long as a warm pool's sandbox
-// does between claims in the claim phase. The claim figure's first command is
-// such a process, in a sandbox whose kernel does many times the host's
-// work per exec, so this is the floor under the difference between its
-// first and second commands.
+// spawned after the machine sat idle about as long as a warm pool's
+// sandbox does between claims in the claim phase. The claim figure's
+// first command is such a process, in a sandbox whose kernel does many
+// times the host's work per exec, so this is the floor under the
+// difference between its first and second commands.
 func TestBenchHostIdleSpawn(t *testing.T) {
 	if os.Getenv(EnvBench) == "" {
 		t.Skipf("%s is not set: the benchmarks run only on request", EnvBench)

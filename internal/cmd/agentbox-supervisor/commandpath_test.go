@@ -34,16 +34,7 @@ func TestSupervisorProcessCommandPath(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, data
+		return roundTrip(t, req)
 	}
 	run := func(req api.CommandRequest) api.CommandResult {
 		t.Helper()
@@ -114,16 +105,7 @@ func TestSupervisorProcessFileBlocks(t *testing.T) {
 		if rng != "" {
 			req.Header.Set("Range", rng)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		got, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, got
+		return roundTrip(t, req)
 	}
 	if resp, got := get(""); resp.StatusCode != http.StatusOK || !bytes.Equal(got, data) {
 		t.Errorf("whole file: %d, %d bytes, equal %v", resp.StatusCode, len(got), bytes.Equal(got, data))
@@ -131,4 +113,19 @@ func TestSupervisorProcessFileBlocks(t *testing.T) {
 	if resp, got := get("bytes=300001-1048999"); resp.StatusCode != http.StatusPartialContent || !bytes.Equal(got, data[300001:1049000]) {
 		t.Errorf("range: %d, %d bytes", resp.StatusCode, len(got))
 	}
+}
+
+// roundTrip sends req and returns the response with its whole body read.
+func roundTrip(t *testing.T, req *http.Request) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, data
 }
