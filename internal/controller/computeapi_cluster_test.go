@@ -330,7 +330,10 @@ func tamperedAuditIsFound(t *testing.T, e *clusterEnv, cli string, admin *apicli
 	if seq == 0 {
 		t.Fatal("no refused call in the audit log to tamper with")
 	}
-	db, err := sql.Open("sqlite", e.storePath)
+	// The control plane writes to the same file meanwhile (audit, leases),
+	// so this connection waits for the write lock as the store's own do,
+	// instead of failing at once with SQLITE_BUSY.
+	db, err := sql.Open("sqlite", e.storePath+"?_pragma=busy_timeout(10000)")
 	must(t, err)
 	defer db.Close()
 	// The append-only trigger refuses the store's own connections; someone
