@@ -89,7 +89,7 @@ func TestOnCluster(t *testing.T) {
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	e := &clusterEnv{ctx: ctx, c: c, ns: "vs-" + hex.EncodeToString(b), grace: 3 * time.Second, claim: "agent-1-workspace"}
+	e := &clusterEnv{ctx: ctx, c: c, ns: "vs-" + hex.EncodeToString(b), grace: 3 * time.Second}
 	e.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}})
 	t.Cleanup(func() {
 		_ = c.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}})
@@ -102,7 +102,6 @@ func TestOnCluster(t *testing.T) {
 	}
 	e.create(t, class)
 	t.Cleanup(func() { _ = c.Delete(context.Background(), class) })
-	e.boundClaim(t)
 
 	e.sbx = &v1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{Name: "agent-1", Namespace: e.ns},
@@ -118,6 +117,7 @@ func TestOnCluster(t *testing.T) {
 }
 
 func (e *clusterEnv) testReady(t *testing.T) {
+	e.boundClaim(t, "agent-1-workspace")
 	req := e.request("agent-1-1")
 	start := time.Now()
 	if st := e.take(t, req); st.Ready || st.Failed != "" {
@@ -201,6 +201,7 @@ func (e *clusterEnv) testReady(t *testing.T) {
 }
 
 func (e *clusterEnv) testFailed(t *testing.T) {
+	e.boundClaim(t, "agent-1-failed-workspace")
 	req := e.request("agent-1-2")
 	start := time.Now()
 	if st := e.take(t, req); st.Ready || st.Failed != "" {
@@ -242,14 +243,24 @@ func (e *clusterEnv) testFailed(t *testing.T) {
 	e.deleteSnapshot(t, req.Name, content.Name)
 }
 
-// boundClaim makes the workspace claim the snapshot-controller needs: bound
-// to a PersistentVolume of the CSI driver, which is where the content's
+// boundClaim makes the workspace claim name the snapshot-controller needs,
+// and makes it the one the next requests snapshot: bound to a
+// PersistentVolume of the CSI driver, which is where the content's
 // volumeHandle comes from. The volume is pre-bound so that the real PV
 // controller binds it without a provisioner.
-func (e *clusterEnv) boundClaim(t *testing.T) {
+//
+// Each subtest snapshots a claim of its own. The snapshot-controller
+// (v8.3.0) adds and removes a finalizer on the source claim through its
+// informer cache, and a new snapshot of a claim it has just written can
+// conflict on its stale copy. Once, in CI, the retry after that conflict
+// found the content already made ("already exists, reusing"), cached it
+// without a resourceVersion, and from then on ignored every update of the
+// content: the error written to it never reached the VolumeSnapshot.
+func (e *clusterEnv) boundClaim(t *testing.T, name string) {
+	e.claim = name
 	size := resource.MustParse(clusterSize)
 	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-workspace"},
+		ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-" + name},
 		Spec: corev1.PersistentVolumeSpec{
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: size},
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -284,7 +295,7 @@ func (e *clusterEnv) boundClaim(t *testing.T) {
 	})
 }
 
-func (e *clusterEnv) volumeHandle() string { return "vol-" + e.ns }
+func (e *clusterEnv) volumeHandle() string { return "vol-" + e.ns + "-" + e.claim }
 
 func (e *clusterEnv) request(name string) snapshot.Request {
 	return snapshot.Request{Sandbox: e.sbx, Template: e.tpl, ClaimName: e.claim, Name: name}
