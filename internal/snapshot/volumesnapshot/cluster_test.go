@@ -243,11 +243,10 @@ func (e *clusterEnv) testFailed(t *testing.T) {
 	e.deleteSnapshot(t, req.Name, content.Name)
 }
 
-// boundClaim makes the workspace claim name the snapshot-controller needs,
-// and makes it the one the next requests snapshot: bound to a
-// PersistentVolume of the CSI driver, which is where the content's
-// volumeHandle comes from. The volume is pre-bound so that the real PV
-// controller binds it without a provisioner.
+// boundClaim makes the workspace claim called name, which the next
+// requests snapshot. It is bound to a PersistentVolume of the CSI driver,
+// which is where the content's volumeHandle comes from; the volume is
+// pre-bound so that the real PV controller binds it without a provisioner.
 //
 // Each subtest snapshots a claim of its own. The snapshot-controller
 // (v8.3.0) adds and removes a finalizer on the source claim through its
