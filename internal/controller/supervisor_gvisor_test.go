@@ -436,13 +436,14 @@ for name, flags in (('O_NOFOLLOW|O_DIRECTORY', os.O_NOFOLLOW | os.O_DIRECTORY), 
 
 	// The memory bomb comes before the fork bomb. Once in CI, this bomb
 	// started a second after the fork bomb was killed, and the node
-	// OOM-killed the whole sandbox within that second, where alone the
-	// guard stops it at about 96 MiB. A fork bomb leaves the sandbox kernel
-	// holding memory that is charged to the pod but not seen by the guard,
-	// which keeps only a fixed reserve for it: in a 256 MiB pod, the pod's
-	// memory cgroup read 30 MiB before a fork bomb, 125 MiB at its peak and
-	// 90 MiB for at least 20 s after its group was killed. That is a limit
-	// of the guard, not something this test should stumble on at random.
+	// OOM-killed the whole sandbox within that second; other runs with the
+	// fork bomb first saw the guard stop it at about 96 MiB. A fork bomb
+	// leaves the sandbox kernel holding memory that is charged to the pod
+	// but not seen by the guard, whose fixed reserve must cover it: in a
+	// 256 MiB pod, the pod's memory cgroup read 30 MiB before a fork bomb,
+	// 125 MiB at its peak and 90 MiB for at least 20 s after its group was
+	// killed. That is a limit of the guard, not something this test should
+	// stumble on at random.
 	t.Run("memory bomb", func(t *testing.T) {
 		restarts := p.restarts(t)
 		h0, err := p.sup.Health(ctx)
