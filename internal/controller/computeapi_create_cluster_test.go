@@ -197,7 +197,11 @@ func TestDuplicateAgentOnCluster(t *testing.T) {
 	t.Parallel()
 	e, _, api, first := apiSandbox(t, "dup", nil)
 	agent := first.Spec.AgentID
-	twin := e.sandbox("dup-twin", "tpl")
+	twin := &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Name: "dup-twin", Namespace: e.ns},
+		Spec:       v1alpha1.SandboxSpec{AgentID: agent, TemplateRef: v1alpha1.LocalObjectReference{Name: "tpl"}},
+	}
+	must(t, e.c.Create(e.ctx, twin))
 	refused := e.waitReason("dup-twin", v1alpha1.ReasonDuplicateAgent)
 	if refused.Status.Phase != v1alpha1.SandboxPhaseError || refused.Status.PodName != "" {
 		t.Errorf("the twin: phase %s, pod %q", refused.Status.Phase, refused.Status.PodName)
