@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-testing/statecheck"
 	"github.com/hashicorp/terraform-plugin-testing/terraform"
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -108,8 +111,71 @@ func TestAccQuickstart(t *testing.T) {
 				},
 				Check: checkRunsInGVisor(t, agent),
 			},
+			{
+				// A second sandbox for the agent: the control plane refuses
+				// it (an agent has one sandbox), and wait_for_ready fails the
+				// apply with the reason at once instead of waiting out the
+				// create timeout.
+				ProtoV6ProviderFactories: f,
+				ConfigDirectory:          config.StaticDirectory(quickstartWithTwin(t)),
+				ConfigVariables:          vars,
+				ExpectError:              regexp.MustCompile(`DuplicateAgent:\s+agent\s+"quickstart-agent"\s+already\s+has\s+Sandbox\s+agentbox-system/quickstart-agent`),
+			},
+			{
+				// The refused twin has no pod; going back to the quickstart
+				// destroys it, and the agent's own sandbox runs code as before.
+				PreConfig: func() {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					var twin agentboxv1alpha1.Sandbox
+					if err := c.Get(ctx, types.NamespacedName{Namespace: DefaultNamespace, Name: "quickstart-twin"}, &twin); err != nil {
+						t.Fatal(err)
+					}
+					ready := apimeta.FindStatusCondition(twin.Status.Conditions, agentboxv1alpha1.ConditionReady)
+					if twin.Status.Phase != agentboxv1alpha1.SandboxPhaseError || ready == nil || ready.Reason != agentboxv1alpha1.ReasonDuplicateAgent ||
+						twin.Status.PodName != "" {
+						t.Fatalf("the twin: phase %s, pod %q, Ready %+v", twin.Status.Phase, twin.Status.PodName, ready)
+					}
+				},
+				ProtoV6ProviderFactories: f,
+				ConfigDirectory:          dir,
+				ConfigVariables:          vars,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction("agentbox_sandbox.twin", plancheck.ResourceActionDestroy)},
+				},
+				Check: checkRunsInGVisor(t, agent),
+			},
 		},
 	})
+}
+
+// quickstartWithTwin is examples/quickstart with a second sandbox for the
+// same agent.
+func quickstartWithTwin(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	main, err := os.ReadFile("../examples/quickstart/main.tf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	twin := `
+resource "agentbox_sandbox" "twin" {
+  name     = "quickstart-twin"
+  agent_id = var.agent_id
+  template = agentbox_sandbox_template.python.name
+  timeouts = {
+    create = "10m"
+  }
+
+  depends_on = [agentbox_sandbox.agent]
+}
+`
+	for name, data := range map[string][]byte{"main.tf": main, "twin.tf": []byte(twin)} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // checkRunsInGVisor runs Python in the agent's sandbox through the Compute

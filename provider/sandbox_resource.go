@@ -78,7 +78,9 @@ func (r *sandboxResource) Schema(ctx context.Context, _ resource.SchemaRequest, 
 			"agent_id": schema.StringAttribute{
 				Required: true,
 				MarkdownDescription: "The agent that owns the sandbox; the Compute API routes the agent's calls here. " +
-					"Must be " + agentIDCheck.description + ". Changing it replaces the sandbox.",
+					"Must be " + agentIDCheck.description + ". Changing it replaces the sandbox. An agent has one sandbox: " +
+					"if another Sandbox with this agent ID exists already, in any namespace, the control plane refuses this one " +
+					"(phase `Error`, reason `DuplicateAgent`, no pod) until that one is deleted.",
 				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
 				Validators:    []validator.String{agentIDCheck},
 			},
@@ -100,7 +102,8 @@ func (r *sandboxResource) Schema(ctx context.Context, _ resource.SchemaRequest, 
 			"wait_for_ready": schema.BoolAttribute{
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
 				MarkdownDescription: "Wait on create until the sandbox is Running (its pod Ready). Defaults to `true`. " +
-					"If the sandbox fails instead, the error carries the controller's reason, e.g. an image that cannot be pulled.",
+					"If the sandbox fails instead, the error carries the controller's reason, e.g. an image that cannot be pulled " +
+					"or `DuplicateAgent`.",
 			},
 			"timeouts": timeouts.Attributes(ctx, timeouts.Opts{Create: true, Delete: true}),
 		},

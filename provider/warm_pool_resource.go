@@ -42,6 +42,7 @@ type warmPoolModel struct {
 	Namespace    types.String   `tfsdk:"namespace"`
 	Template     types.String   `tfsdk:"template"`
 	Replicas     types.Int64    `tfsdk:"replicas"`
+	ColdStart    types.Bool     `tfsdk:"cold_start_when_exhausted"`
 	WaitForReady types.Bool     `tfsdk:"wait_for_ready"`
 	Status       types.Object   `tfsdk:"status"`
 	Timeouts     timeouts.Value `tfsdk:"timeouts"`
@@ -96,6 +97,13 @@ func (r *warmPoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"The " + replicasRange.MarkdownDescription(ctx) + ". A change made with `kubectl scale` or an " +
 					"autoscaler shows as drift; add `replicas` to `lifecycle.ignore_changes` if something else owns it.",
 				Validators: []validator.Int64{replicasRange},
+			},
+			"cold_start_when_exhausted": schema.BoolAttribute{
+				Optional: true, Computed: true, Default: booldefault.StaticBool(false),
+				MarkdownDescription: "When a Compute API pool lease that may wait (`wait_seconds`) finds no ready sandbox free, " +
+					"start one from the template for it instead of waiting for the pool to refill: an ephemeral sandbox of the " +
+					"pool, handed out once ready and deleted when its lease ends, like any leased one. A lease without " +
+					"`wait_seconds` is still refused at once (`pool_exhausted`). Defaults to `false`.",
 			},
 			"wait_for_ready": schema.BoolAttribute{
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
@@ -180,6 +188,7 @@ func (r *warmPoolResource) Read(ctx context.Context, req resource.ReadRequest, r
 	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
 	state.Template = types.StringValue(obj.Spec.TemplateRef.Name)
 	state.Replicas = types.Int64Value(int64(obj.Spec.Replicas))
+	state.ColdStart = types.BoolValue(obj.Spec.ColdStartWhenExhausted)
 	state.setStatus(ctx, &obj.Status, &resp.Diagnostics)
 	if state.WaitForReady.IsNull() {
 		// Imported: the attribute is Terraform's own, so take its default.
@@ -273,8 +282,9 @@ func (r *warmPoolResource) waitAndRefresh(ctx context.Context, c client.Client, 
 
 func (m *warmPoolModel) spec() agentboxv1alpha1.SandboxWarmPoolSpec {
 	return agentboxv1alpha1.SandboxWarmPoolSpec{
-		TemplateRef: agentboxv1alpha1.LocalObjectReference{Name: m.Template.ValueString()},
-		Replicas:    int32(m.Replicas.ValueInt64()),
+		TemplateRef:            agentboxv1alpha1.LocalObjectReference{Name: m.Template.ValueString()},
+		Replicas:               int32(m.Replicas.ValueInt64()),
+		ColdStartWhenExhausted: m.ColdStart.ValueBool(),
 	}
 }
 

@@ -23,6 +23,16 @@ import (
 // control plane fills the pool, so it is created without waiting, and the
 // test writes the status the way the controller would.
 func testAccWarmPoolConfig(ns, name string, replicas int) string {
+	return testAccWarmPoolConfigCold(ns, name, replicas, "")
+}
+
+// testAccWarmPoolConfigCold sets cold_start_when_exhausted to coldStart,
+// or leaves it out when coldStart is "".
+func testAccWarmPoolConfigCold(ns, name string, replicas int, coldStart string) string {
+	cold := ""
+	if coldStart != "" {
+		cold = "\n  cold_start_when_exhausted = " + coldStart + "\n"
+	}
 	return testAccProviderConfig() + fmt.Sprintf(`
 resource "agentbox_sandbox_template" "python" {
   name      = "python"
@@ -35,8 +45,8 @@ resource "agentbox_warm_pool" "test" {
   template       = agentbox_sandbox_template.python.name
   replicas       = %[3]d
   wait_for_ready = false
-}
-`, ns, name, replicas)
+%[4]s}
+`, ns, name, replicas, cold)
 }
 
 func TestAccWarmPool_lifecycle(t *testing.T) {
@@ -54,11 +64,12 @@ func TestAccWarmPool_lifecycle(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("template"), knownvalue.StringExact("python")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Int64Exact(2)),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("wait_for_ready"), knownvalue.Bool(false)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("cold_start_when_exhausted"), knownvalue.Bool(false)),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("status"), knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"replicas": knownvalue.Int64Exact(0), "ready_replicas": knownvalue.Int64Exact(0), "leased_replicas": knownvalue.Int64Exact(0),
 					})),
 				},
-				Check: checkWarmPoolSpec(t, c, key, "python", 2),
+				Check: checkWarmPoolSpec(t, c, key, "python", 2, false),
 			},
 			{
 				Config:           testAccWarmPoolConfig(ns, "python-pool", 2),
@@ -91,30 +102,56 @@ func TestAccWarmPool_lifecycle(t *testing.T) {
 				},
 			},
 			{
-				// In place: scaling does not replace the pool.
-				Config: testAccWarmPoolConfig(ns, "python-pool", 5),
+				// In place: scaling and turning cold starts on do not
+				// replace the pool.
+				Config: testAccWarmPoolConfigCold(ns, "python-pool", 5, "true"),
 				ConfigPlanChecks: resource.ConfigPlanChecks{
 					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
 				},
 				ConfigStateChecks: []statecheck.StateCheck{
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Int64Exact(5)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("cold_start_when_exhausted"), knownvalue.Bool(true)),
 				},
-				Check: checkWarmPoolSpec(t, c, key, "python", 5),
+				Check: checkWarmPoolSpec(t, c, key, "python", 5, true),
 			},
 			{
-				// Out-of-band edit (kubectl scale): the plan shows it, the
-				// apply puts Terraform's value back.
+				Config:           testAccWarmPoolConfigCold(ns, "python-pool", 5, "true"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+			},
+			{
+				// The import reads cold_start_when_exhausted from the object.
+				ResourceName:            addr,
+				ImportState:             true,
+				ImportStateId:           ns + "/python-pool",
+				ImportStateVerify:       true,
+				ImportStateVerifyIgnore: []string{"wait_for_ready", "timeouts"},
+			},
+			{
+				// Out-of-band edits (kubectl scale, kubectl edit): the plan
+				// shows them, the apply puts Terraform's values back.
 				PreConfig: func() {
-					mutate(t, c, key, func(p *agentboxv1alpha1.SandboxWarmPool) { p.Spec.Replicas = 9 })
+					mutate(t, c, key, func(p *agentboxv1alpha1.SandboxWarmPool) {
+						p.Spec.Replicas = 9
+						p.Spec.ColdStartWhenExhausted = false
+					})
 				},
-				Config: testAccWarmPoolConfig(ns, "python-pool", 5),
+				Config: testAccWarmPoolConfigCold(ns, "python-pool", 5, "true"),
 				ConfigPlanChecks: resource.ConfigPlanChecks{
 					PreApply: []plancheck.PlanCheck{
 						plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
 						plancheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Int64Exact(5)),
+						plancheck.ExpectKnownValue(addr, tfjsonpath.New("cold_start_when_exhausted"), knownvalue.Bool(true)),
 					},
 				},
-				Check: checkWarmPoolSpec(t, c, key, "python", 5),
+				Check: checkWarmPoolSpec(t, c, key, "python", 5, true),
+			},
+			{
+				// Left out again, it goes back to its default.
+				Config: testAccWarmPoolConfig(ns, "python-pool", 5),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
+				},
+				Check: checkWarmPoolSpec(t, c, key, "python", 5, false),
 			},
 			{
 				// Disappears: deleted out of band, the next plan creates it.
@@ -127,7 +164,7 @@ func TestAccWarmPool_lifecycle(t *testing.T) {
 				ConfigPlanChecks: resource.ConfigPlanChecks{
 					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionCreate)},
 				},
-				Check: checkWarmPoolSpec(t, c, key, "python", 5),
+				Check: checkWarmPoolSpec(t, c, key, "python", 5, false),
 			},
 			{
 				// The name is immutable: changing it replaces the pool.
@@ -135,7 +172,7 @@ func TestAccWarmPool_lifecycle(t *testing.T) {
 				ConfigPlanChecks: resource.ConfigPlanChecks{
 					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionDestroyBeforeCreate)},
 				},
-				Check: checkWarmPoolSpec(t, c, types.NamespacedName{Namespace: ns, Name: "python-pool-2"}, "python", 5),
+				Check: checkWarmPoolSpec(t, c, types.NamespacedName{Namespace: ns, Name: "python-pool-2"}, "python", 5, false),
 			},
 		},
 	})
@@ -153,11 +190,12 @@ func TestAccWarmPool_invalid(t *testing.T) {
 	})
 }
 
-func checkWarmPoolSpec(t *testing.T, c client.Client, key types.NamespacedName, template string, replicas int32) resource.TestCheckFunc {
+func checkWarmPoolSpec(t *testing.T, c client.Client, key types.NamespacedName, template string, replicas int32, coldStart bool) resource.TestCheckFunc {
 	return func(*terraform.State) error {
 		pool := getObject[agentboxv1alpha1.SandboxWarmPool](t, c, key)
-		if pool.Spec.TemplateRef.Name != template || pool.Spec.Replicas != replicas {
-			return fmt.Errorf("%s spec: template %q, replicas %d; want %q, %d", key, pool.Spec.TemplateRef.Name, pool.Spec.Replicas, template, replicas)
+		if pool.Spec.TemplateRef.Name != template || pool.Spec.Replicas != replicas || pool.Spec.ColdStartWhenExhausted != coldStart {
+			return fmt.Errorf("%s spec: template %q, replicas %d, coldStartWhenExhausted %v; want %q, %d, %v", key,
+				pool.Spec.TemplateRef.Name, pool.Spec.Replicas, pool.Spec.ColdStartWhenExhausted, template, replicas, coldStart)
 		}
 		return nil
 	}

@@ -215,6 +215,19 @@ func TestDeploymentArgs(t *testing.T) {
 	}
 }
 
+// TestDefaultTemplate checks that computeApi.defaultTemplate reaches the
+// control plane as AGENTBOX_DEFAULT_TEMPLATE (a variable, not a flag, so
+// that an older control plane image still starts), and only when set.
+func TestDefaultTemplate(t *testing.T) {
+	if e, ok := envValue(container(t, render(t, Values{}).deployment()), "AGENTBOX_DEFAULT_TEMPLATE"); ok {
+		t.Errorf("the default values set %s=%q", e.Name, e.Value)
+	}
+	c := container(t, renderRaw(t, "computeApi: {defaultTemplate: agents/python}\n").deployment())
+	if e, ok := envValue(c, "AGENTBOX_DEFAULT_TEMPLATE"); !ok || e.Value != "agents/python" {
+		t.Errorf("AGENTBOX_DEFAULT_TEMPLATE = %+v, %v; want agents/python", e, ok)
+	}
+}
+
 func TestProbesPortsAndMounts(t *testing.T) {
 	d := render(t, Values{}).deployment()
 	c := container(t, d)

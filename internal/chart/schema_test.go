@@ -57,10 +57,11 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 		"repository with host": {Raw: "image: {controlPlane: {repository: 'localhost:5000/agentbox/agentbox_controlplane'}}"},
 		"labels and annotations": {Raw: "global: {commonLabels: {example.com/team: infra, tier: ''}, imagePullSecrets: [{name: pull}]}\n" +
 			"podAnnotations: {prometheus.io/scrape: 'true'}\nserviceAccount: {annotations: {iam.gke.io/gcp-service-account: a@b.iam.gserviceaccount.com}}"},
-		"extra env": {Raw: "extraEnv: [{name: GODEBUG, value: 'x=1'}, {name: FROM_FIELD, valueFrom: {fieldRef: {fieldPath: metadata.uid}}}]"},
-		"archive":   {Raw: "snapshot: {driver: archive, archive: {endpoint: 'http://minio.storage:9000', bucket: b, credentialsSecret: s3, allowHTTP: true, compression: none}}"},
-		"installer": {Raw: "runscInstaller: {enabled: true, hostBinDir: /opt/bin, priorityClassName: system-node-critical, seLinuxOptions: {type: spc_t}}"},
-		"node port": {Raw: "service: {type: NodePort, port: 8443}"},
+		"extra env":        {Raw: "extraEnv: [{name: GODEBUG, value: 'x=1'}, {name: FROM_FIELD, valueFrom: {fieldRef: {fieldPath: metadata.uid}}}]"},
+		"archive":          {Raw: "snapshot: {driver: archive, archive: {endpoint: 'http://minio.storage:9000', bucket: b, credentialsSecret: s3, allowHTTP: true, compression: none}}"},
+		"installer":        {Raw: "runscInstaller: {enabled: true, hostBinDir: /opt/bin, priorityClassName: system-node-critical, seLinuxOptions: {type: spc_t}}"},
+		"node port":        {Raw: "service: {type: NodePort, port: 8443}"},
+		"default template": {Raw: "computeApi: {defaultTemplate: agents/python.v3}"},
 	}
 	for _, policy := range []corev1.PullPolicy{corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever} {
 		cases["pull policy "+string(policy)] = Values{ImagePullPolicy: string(policy)}
@@ -116,6 +117,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"bad label value", "nodeSelector: {pool: 'not valid!'}", "/nodeSelector/pool", ""},
 		{"bad image tag", "image: {controlPlane: {tag: 'v1:2'}}", "/image/controlPlane/tag", ""},
 		{"tag in repository", "image: {sandbox: {repository: 'agentbox/agentbox-sandbox:dev'}}", "/image/sandbox/repository", ""},
+		{"default template without namespace", "computeApi: {defaultTemplate: python}", "/computeApi/defaultTemplate", ""},
+		{"default template not a name", "computeApi: {defaultTemplate: Agents/Python_3}", "/computeApi/defaultTemplate", ""},
 		{"relative host folder", "runscInstaller: {hostBinDir: usr/local/bin}", "/runscInstaller/hostBinDir", ""},
 		{"archive endpoint without scheme", "snapshot: {archive: {endpoint: s3.example.com}}", "/snapshot/archive/endpoint", ""},
 		{"extra env without name", "extraEnv: [{value: x}]", "/extraEnv/0", "name"},

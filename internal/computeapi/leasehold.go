@@ -48,6 +48,9 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 	if apiErr == nil {
 		apiErr = validateAcquire(&req)
 	}
+	if apiErr == nil && req.WaitSeconds != 0 {
+		apiErr = api.Errorf(api.CodeInvalidArgument, "wait_seconds applies to pool leases only")
+	}
 	if apiErr != nil {
 		s.logFailure(log, apiErr, nil)
 		writeError(w, apiErr)

@@ -28,8 +28,12 @@ var (
 		Name: "agentbox_api_audit_append_failures_total",
 		Help: "Failed writes of audit batches to the store (each is retried until it succeeds).",
 	})
+	metricColdStarts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_api_pool_cold_starts_total",
+		Help: "Sandboxes created for pool leases that found their pool (one with coldStartWhenExhausted) exhausted.",
+	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds)
+	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds, metricColdStarts)
 }

@@ -70,23 +70,6 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, statusView(sb))
 }
 
-// deployOrResume wakes a stopped sandbox and answers once it serves, or
-// with sandbox_not_ready after the resume timeout (the resume goes on).
-func (s *Server) deployOrResume(w http.ResponseWriter, r *http.Request) {
-	agentID := r.PathValue("agent_id")
-	if apiErr := s.authorize(r, agentID); apiErr != nil {
-		writeError(w, apiErr)
-		return
-	}
-	sb, apiErr := s.readySandbox(r.Context(), agentID)
-	if apiErr != nil {
-		writeError(w, apiErr)
-		return
-	}
-	s.recordActivity(r.Context(), sb)
-	writeJSON(w, http.StatusOK, statusView(sb))
-}
-
 func statusView(sb *v1alpha1.Sandbox) api.SandboxStatus {
 	v := api.SandboxStatus{AgentID: sb.Spec.AgentID, Namespace: sb.Namespace, Name: sb.Name, Phase: string(sb.Status.Phase)}
 	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {

@@ -134,7 +134,10 @@ func TestStatusAndDeployOrResume(t *testing.T) {
 	c := realSupervisorAPI(t, nil, nil)(adminToken)
 	ctx := context.Background()
 	for name, call := range map[string]func(context.Context, string) (*api.SandboxStatus, error){
-		"status": c.Status, "deploy_or_resume": c.DeployOrResume,
+		"status": c.Status,
+		"deploy_or_resume": func(ctx context.Context, agent string) (*api.SandboxStatus, error) {
+			return c.DeployOrResume(ctx, agent, api.DeployRequest{})
+		},
 	} {
 		st, err := call(ctx, "agent-1")
 		if err != nil || st.Phase != "Running" || !st.Ready || st.Name != "sb-1" || st.Namespace != "team-a" {

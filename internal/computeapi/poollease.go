@@ -69,9 +69,11 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr)
 		return
 	}
-	s.claiming.Add(1)
-	defer s.claiming.Add(-1)
-	sb, take, fresh, apiErr := s.takeFromPool(r.Context(), ns, pool, req)
+	if req.WaitSeconds < 0 || req.WaitSeconds > api.MaxPoolLeaseWaitSeconds {
+		fail(api.Errorf(api.CodeInvalidArgument, "wait_seconds must be between 0 and %d, got %d", api.MaxPoolLeaseWaitSeconds, req.WaitSeconds))
+		return
+	}
+	sb, take, fresh, apiErr := s.leaseFromPool(r.Context(), ns, pool, req)
 	if apiErr != nil {
 		if apiErr.Code == api.CodePoolExhausted {
 			w.Header().Set("Retry-After", strconv.Itoa(int(poolExhaustedRetry/time.Second)))
@@ -91,7 +93,8 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 	} else {
 		// A retry: its first try may have been answered by a replica
 		// that died before settling, and the caller is about to use the
-		// hold, so it is settled before the answer.
+		// hold, so it is settled before the answer. (So is a cold start:
+		// its call has waited for a pod already.)
 		l, apiErr := s.settleWarmLease(r.Context(), sb, take)
 		if apiErr != nil {
 			fail(apiErr)
@@ -101,7 +104,7 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 			view = leaseView(l)
 		}
 	}
-	log.V(1).Info("pool lease acquired", "holder", req.Holder, "request_id", req.RequestID, "retry", !fresh)
+	log.V(1).Info("pool lease acquired", "holder", req.Holder, "request_id", req.RequestID, "settled", !fresh)
 	s.recordLease(r.Context(), store.LeaseAcquire, sb, view)
 	writeJSON(w, http.StatusOK, api.PoolLease{Lease: view, AgentID: sb.Spec.AgentID, Namespace: sb.Namespace, Sandbox: sb.Name})
 }
@@ -205,10 +208,15 @@ func (s *Server) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 		s.log.Error(err, "find earlier pool lease", "namespace", ns, "pool", pool)
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
 	}
-	e := api.Errorf(api.CodePoolExhausted, "warm pool %s/%s has no ready sandbox free (%d sandboxes, none ready and unleased); retry shortly",
+	return nil, store.WarmTake{}, false, poolExhausted("warm pool %s/%s has no ready sandbox free (%d sandboxes, none ready and unleased); retry shortly",
 		ns, pool, len(list.Items))
+}
+
+// poolExhausted is a CodePoolExhausted error with the retry hint.
+func poolExhausted(format string, args ...any) *api.Error {
+	e := api.Errorf(api.CodePoolExhausted, format, args...)
 	e.Details = map[string]string{"retry_after_seconds": strconv.Itoa(int(poolExhaustedRetry / time.Second))}
-	return nil, store.WarmTake{}, false, e
+	return e
 }
 
 // takeView is the lease a pool take gives its caller: the hold

@@ -17,6 +17,7 @@ import (
 	"mime"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -101,6 +103,10 @@ type Options struct {
 	// the Store); it defaults to DefaultFilespacePushDelay, and a negative
 	// value turns these pushes off.
 	FilespacePushDelay time.Duration
+	// DefaultTemplate is the SandboxTemplate deploy_or_resume creates an
+	// agent's missing sandbox from when the call names none. Zero means
+	// such a call must name one, which only an admin token may.
+	DefaultTemplate types.NamespacedName
 }
 
 // Server serves the Compute API.
@@ -133,6 +139,10 @@ type Server struct {
 	// counts those being decided; see settleSoon.
 	settleSlots chan struct{}
 	claiming    atomic.Int32
+	// poolWaiters queues the pool leases waiting for a ready sandbox.
+	poolWaiters poolWaiters
+	// defaultTemplate: see Options.DefaultTemplate.
+	defaultTemplate types.NamespacedName
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
 }
@@ -164,6 +174,7 @@ func NewServer(opts Options) (*Server, error) {
 		leaseWriter:     timedWriter{opts.Leases},
 		resumeTimeout:   opts.ResumeTimeout,
 		store:           opts.Store,
+		defaultTemplate: opts.DefaultTemplate,
 	}
 	if s.resumeTimeout <= 0 {
 		s.resumeTimeout = DefaultResumeTimeout
@@ -539,9 +550,13 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 	if !starting(sb) {
 		return nil, notReady(agentID, sb)
 	}
-	wakeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-	s.leases.wake(wakeCtx, sb)
-	cancel()
+	if p := sb.Status.Phase; p != "" && p != v1alpha1.SandboxPhasePending {
+		// A sandbox being created needs no wake-up, and may have no Lease
+		// yet.
+		wakeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+		s.leases.wake(wakeCtx, sb)
+		cancel()
+	}
 
 	// Wall-clock time, not s.clock: the wait is for another process.
 	timeout := time.NewTimer(s.resumeTimeout)
@@ -613,7 +628,10 @@ func notReady(agentID string, sb *v1alpha1.Sandbox) *api.Error {
 	return e
 }
 
-// agentSandbox returns agentID's one live Sandbox, in whatever phase.
+// agentSandbox returns the live Sandbox that has agentID, in whatever
+// phase. An agent has one: of two or more (a second one made by kubectl
+// or Terraform, which the controller refuses with DuplicateAgent), the one
+// that keeps the agent is served, as the controller decides it.
 func (s *Server) agentSandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	var list v1alpha1.SandboxList
 	// The label narrows the search to the agent's sandboxes; it holds a
@@ -637,12 +655,14 @@ func (s *Server) agentSandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 	switch {
 	case len(live) == 1:
 	case len(live) > 1:
-		names := make([]string, len(live))
-		for i, sb := range live {
-			names[i] = sb.Namespace + "/" + sb.Name
-		}
-		return nil, api.Errorf(api.CodeInternal, "agent %q has %d sandboxes (%s); an agent must have exactly one",
-			agentID, len(live), strings.Join(names, ", "))
+		slices.SortFunc(live, func(a, b *v1alpha1.Sandbox) int {
+			if v1alpha1.KeepsAgentBefore(a, b) {
+				return -1
+			}
+			return 1
+		})
+		s.log.V(1).Info("agent has duplicate sandboxes; serving the one that keeps it", "agent", agentID,
+			"sandbox", live[0].Namespace+"/"+live[0].Name, "duplicates", len(live)-1)
 	case len(deleting) > 0:
 		e := api.Errorf(api.CodeSandboxNotReady, "the sandbox of agent %q is being deleted", agentID)
 		e.Details = map[string]string{"phase": string(deleting[0].Status.Phase), "reason": "Deleting"}

@@ -57,7 +57,7 @@ func newEgressEnv(t *testing.T, objs ...client.Object) *egressEnv {
 	must(t, v1alpha1.AddToScheme(scheme))
 	c := fake.NewClientBuilder().WithScheme(scheme).
 		WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.EgressProxy{}, &corev1.Pod{}).
-		WithObjects(objs...).
+		WithObjects(objs...).WithIndex(&v1alpha1.Sandbox{}, agentIDIndex, indexAgentID).
 		// The API server allocates a Service's ClusterIP on create; the
 		// fake does not.
 		WithInterceptorFuncs(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {

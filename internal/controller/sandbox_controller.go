@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -132,6 +133,9 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}); err != nil {
 		return fmt.Errorf("index sandboxes by template: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, agentIDIndex, indexAgentID); err != nil {
+		return fmt.Errorf("index sandboxes by agent: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(SandboxControllerName).
 		For(&v1alpha1.Sandbox{}).
@@ -144,6 +148,10 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForTemplate)).
 		// Likewise a sandbox waiting for its template's EgressProxy.
 		Watches(&v1alpha1.EgressProxy{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForEgressProxy)).
+		// A duplicate of an agent's sandbox waits for the one that keeps
+		// the agent to go (see agentKeeper).
+		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesOfAgent),
+			builder.WithPredicates(agentMembershipChanged)).
 		Complete(r)
 }
 
@@ -209,6 +217,11 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if err := r.ensureFinalizer(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
+	}
+	if keeper, err := r.agentKeeper(ctx, &sbx); err != nil {
+		return ctrl.Result{}, err
+	} else if keeper != nil {
+		return ctrl.Result{}, r.refuseDuplicate(ctx, &sbx, keeper)
 	}
 
 	base := sbx.DeepCopy()

@@ -45,13 +45,18 @@ func (r *SandboxReconciler) recycleEphemeral(ctx context.Context, sbx *v1alpha1.
 	case lease.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] == request:
 		why = fmt.Sprintf("%q released its lease", sbx.Annotations[v1alpha1.AnnotationPoolLeaseHolder])
 	default:
+		grace := v1alpha1.PoolLeaseGrace
+		if sbx.Annotations[v1alpha1.AnnotationPoolColdStart] == "true" {
+			// Made for its lease, which holds it only once it is ready.
+			grace = v1alpha1.PoolColdStartGrace
+		}
 		taken, err := time.Parse(time.RFC3339Nano, sbx.Annotations[v1alpha1.AnnotationPoolLeasedAt])
-		if err == nil && now.Sub(taken) < v1alpha1.PoolLeaseGrace {
+		if err == nil && now.Sub(taken) < grace {
 			// The acquire that took it may not have written the hold yet.
-			return false, v1alpha1.PoolLeaseGrace - now.Sub(taken), nil
+			return false, grace - now.Sub(taken), nil
 		}
 		why = fmt.Sprintf("the lease of %q was not held within %s of taking the sandbox, or was taken over",
-			sbx.Annotations[v1alpha1.AnnotationPoolLeaseHolder], v1alpha1.PoolLeaseGrace)
+			sbx.Annotations[v1alpha1.AnnotationPoolLeaseHolder], grace)
 	}
 	uid := sbx.UID
 	if err := r.Delete(ctx, sbx, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {

@@ -44,7 +44,7 @@ func newFakeEnv(t *testing.T, objs ...client.Object) *fakeEnv {
 	must(t, v1alpha1.AddToScheme(scheme))
 	c := fake.NewClientBuilder().WithScheme(scheme).
 		WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SandboxWarmPool{}, &corev1.Pod{}).
-		WithObjects(objs...).Build()
+		WithObjects(objs...).WithIndex(&v1alpha1.Sandbox{}, agentIDIndex, indexAgentID).Build()
 	ca, err := pki.NewCA("unit CA")
 	must(t, err)
 	clk := clocktesting.NewFakeClock(time.Now())

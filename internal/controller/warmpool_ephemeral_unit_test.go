@@ -140,3 +140,26 @@ func TestUnitEphemeralLease(t *testing.T) {
 		t.Errorf("events %q, want three EphemeralRecycled naming release, expiry and the grace", evs)
 	}
 }
+
+// TestUnitColdStartGrace: a sandbox the Compute API started for a pool
+// lease is held only once it is ready, so it is kept without a hold for
+// PoolColdStartGrace rather than PoolLeaseGrace, and then deleted.
+func TestUnitColdStartGrace(t *testing.T) {
+	w, names := readyPool(t, 1)
+	cold := names[0]
+	w.lease(cold, "run-1", "req-1")
+	s := w.sandbox(cold)
+	s.Annotations[v1alpha1.AnnotationPoolColdStart] = "true"
+	must(t, w.c.Update(context.Background(), s))
+
+	w.clock.Step(v1alpha1.PoolLeaseGrace + time.Second)
+	res := w.reconcile(cold)
+	if w.recycled(cold) || res.RequeueAfter <= 0 || res.RequeueAfter > v1alpha1.PoolColdStartGrace-v1alpha1.PoolLeaseGrace {
+		t.Fatalf("a cold start past PoolLeaseGrace: recycled %v, requeue %s", w.recycled(cold), res.RequeueAfter)
+	}
+	w.clock.Step(v1alpha1.PoolColdStartGrace - v1alpha1.PoolLeaseGrace)
+	w.reconcile(cold)
+	if !w.recycled(cold) {
+		t.Error("a cold start nobody took up was kept past PoolColdStartGrace")
+	}
+}

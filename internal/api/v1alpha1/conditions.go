@@ -135,6 +135,17 @@ const (
 	// controller neither adopts nor overwrites it, and proceeds once it is
 	// deleted or renamed.
 	ReasonOwnershipConflict = "OwnershipConflict"
+
+	// ReasonDuplicateAgent (phase Error): another live Sandbox has the same
+	// spec.agentID and is older (by creationTimestamp, then namespace and
+	// name); an agent has one sandbox, and the older keeps it. This one
+	// gets no pod (one it had is deleted), and a DuplicateAgent event says
+	// which sandbox has the agent. It starts by itself once that one is
+	// deleted. The Compute API serves the agent's calls from the older one.
+	// The refusal is the controller's, after the object is stored: the
+	// platform runs no admission webhook, so kubectl, Terraform and the
+	// API can all create the second object, and it then waits here.
+	ReasonDuplicateAgent = "DuplicateAgent"
 )
 
 // Reasons of a SandboxWarmPool's Ready condition.

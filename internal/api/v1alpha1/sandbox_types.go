@@ -197,3 +197,20 @@ func (s *Sandbox) WorkloadName() string {
 	}
 	return s.Name
 }
+
+// KeepsAgentBefore reports whether a keeps the agent ahead of b when both
+// are live Sandboxes with the same spec.agentID: the older one, by
+// creationTimestamp, then by namespace and name (timestamps have whole
+// seconds, so two made together tie). An agent has one sandbox; the
+// controller refuses the others (ReasonDuplicateAgent) and the Compute
+// API serves the agent from the one this picks, so both take it from
+// here.
+func KeepsAgentBefore(a, b *Sandbox) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	if a.Namespace != b.Namespace {
+		return a.Namespace < b.Namespace
+	}
+	return a.Name < b.Name
+}

@@ -18,6 +18,16 @@ type SandboxWarmPoolSpec struct {
 	// +required
 	// +kubebuilder:validation:Minimum=0
 	Replicas int32 `json:"replicas"`
+
+	// coldStartWhenExhausted makes a pool lease that finds no ready sandbox
+	// free start one from the template for its caller instead of waiting
+	// for the pool to refill: the Compute API creates an ephemeral sandbox
+	// of the pool (it counts in status.leasedReplicas and is deleted when
+	// its lease ends, like any leased one) and hands it out once it is
+	// ready, within the lease request's wait_seconds. A request without
+	// wait_seconds is still answered at once.
+	// +optional
+	ColdStartWhenExhausted bool `json:"coldStartWhenExhausted,omitempty"`
 }
 
 // SandboxWarmPoolStatus is the observed state of a warm pool.

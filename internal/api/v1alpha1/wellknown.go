@@ -83,6 +83,26 @@ const (
 // with its retries, many times over.
 const PoolLeaseGrace = time.Minute
 
+// AnnotationPoolColdStart, set to "true" on a sandbox of a warm pool, says
+// that the Compute API created it for one pool lease that found the pool
+// exhausted (the pool's spec.coldStartWhenExhausted). It carries the pool
+// lease annotations from its creation, so the pool never counts or hands
+// it out; the lease's hold is written once it is ready, so it may go
+// without one for PoolColdStartGrace rather than PoolLeaseGrace.
+const AnnotationPoolColdStart = GroupName + "/pool-cold-start"
+
+// PoolColdStartGrace is how long a cold-started pool sandbox may go
+// without the hold of the lease it was made for: the longest a pool lease
+// waits for it (five minutes, the Compute API's bound on wait_seconds)
+// plus PoolLeaseGrace for the hold's write.
+const PoolColdStartGrace = 5*time.Minute + PoolLeaseGrace
+
+// AnnotationCreatedByRequest, on a Sandbox the Compute API's
+// deploy_or_resume created, is the request ID of the call that created
+// it: a retry with the same request ID is told the sandbox was created
+// for it, any other call that it existed already.
+const AnnotationCreatedByRequest = GroupName + "/created-by-request"
+
 // PoolLeased reports whether a warm sandbox has been leased from its pool.
 func PoolLeased(s *Sandbox) bool { return s.Annotations[AnnotationPoolLeaseRequestID] != "" }
 

@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -78,7 +79,10 @@ type options struct {
 	showVersion    bool
 	storeDSN       string
 	dataDir        string
-	zap            zap.Options
+	// defaultTemplate is what deploy_or_resume creates a missing sandbox
+	// from when the call names no template; zero if not configured.
+	defaultTemplate types.NamespacedName
+	zap             zap.Options
 	// snapshot selects the snapshot driver; see snapshot_flags.go.
 	snapshot *snapshotFlags
 }
@@ -134,6 +138,8 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 200, "requests the control plane may send to the Kubernetes API in a burst above -kube-api-qps")
 	fs.DurationVar(&o.purgeInterval, "filespace-purge-interval", filespace.DefaultPurgeInterval, "how often the leader removes filespace contents no file names any more (rewritten or deleted files' old contents)")
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
+	defaultTemplate := fs.String("default-template", getenv("AGENTBOX_DEFAULT_TEMPLATE"),
+		"NAMESPACE/NAME of the SandboxTemplate the Compute API's deploy_or_resume creates an agent's missing sandbox from when the call names none; empty means such calls must name one [AGENTBOX_DEFAULT_TEMPLATE]")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -152,6 +158,13 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.kubeQPS <= 0 || o.kubeBurst <= 0 {
 		return nil, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.kubeQPS, o.kubeBurst)
+	}
+	if t := *defaultTemplate; t != "" {
+		ns, name, ok := strings.Cut(t, "/")
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			return nil, fmt.Errorf("--default-template %q: want NAMESPACE/NAME of a SandboxTemplate", t)
+		}
+		o.defaultTemplate = types.NamespacedName{Namespace: ns, Name: name}
 	}
 	return o, nil
 }
@@ -293,6 +306,7 @@ func run(ctx context.Context, o *options) error {
 		Logger:             ctrl.Log.WithName("computeapi"),
 		Store:              st,
 		FilespacePushDelay: o.pushDelay,
+		DefaultTemplate:    o.defaultTemplate,
 	})
 	if err != nil {
 		return err

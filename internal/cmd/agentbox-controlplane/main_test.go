@@ -148,6 +148,28 @@ func TestParseOptionsKubeAPIRate(t *testing.T) {
 	}
 }
 
+func TestParseOptionsDefaultTemplate(t *testing.T) {
+	env := map[string]string{"AGENTBOX_DEFAULT_TEMPLATE": "agents/python"}
+	o, err := parseOptions(nil, func(k string) string { return env[k] }, io.Discard)
+	if err != nil || o.defaultTemplate.String() != "agents/python" {
+		t.Errorf("from the environment: %+v, %v", o, err)
+	}
+	o, err = parseOptions([]string{"--default-template", "team-b/node"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil || o.defaultTemplate.String() != "team-b/node" {
+		t.Errorf("--default-template does not override the environment: %+v, %v", o, err)
+	}
+	o, err = parseOptions(nil, func(string) string { return "" }, io.Discard)
+	if err != nil || o.defaultTemplate.Name != "" {
+		t.Errorf("no default template: %+v, %v", o, err)
+	}
+	for _, bad := range []string{"python", "Agents/python", "agents/", "/python", "a/b/c"} {
+		if _, err := parseOptions([]string{"--default-template", bad}, func(string) string { return "" }, io.Discard); err == nil ||
+			!strings.Contains(err.Error(), "--default-template") {
+			t.Errorf("--default-template %q: %v", bad, err)
+		}
+	}
+}
+
 // writeCA writes a fresh CA in the layout of the mounted agentbox-ca Secret.
 func writeCA(t *testing.T) string {
 	t.Helper()

@@ -265,8 +265,19 @@ func TestStatusAndDeploy(t *testing.T) {
 		t.Errorf("deploy --wait: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(t, env, "", "deploy", a)
-	if r.code != 0 || !strings.Contains(r.stdout, "phase:   Running\n") {
+	if r.code != 0 || !strings.Contains(r.stdout, "phase:   Running\n") || strings.Contains(r.stdout, "created:") {
 		t.Errorf("deploy of a running sandbox: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// A missing sandbox is created from --template; this server has none
+	// of that name, and an agent token may not name one at all.
+	admin := with(env, "AGENTBOX_TOKEN", s.AdminToken)
+	r = runCLI(t, admin, "", "deploy", "--template", s.Namespace+"/nope", "--request-id", "r1", "agent-404")
+	if r.code != exitAPIError || !strings.Contains(r.stderr, "SandboxTemplate "+s.Namespace+"/nope does not exist (invalid_argument") {
+		t.Errorf("deploy from a missing template: code %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "", "deploy", "--template", s.Namespace+"/nope", a)
+	if r.code != exitAPIError || !strings.Contains(r.stderr, "permission_denied") {
+		t.Errorf("deploy naming a template with an agent token: code %d, stderr %q", r.code, r.stderr)
 	}
 }
 
@@ -307,6 +318,10 @@ func TestLeasesAcquireHeartbeatRelease(t *testing.T) {
 	r = runCLI(t, with(env, "AGENTBOX_TOKEN", s.AdminToken), "", "leases", "acquire-pool", s.Namespace, "no-such-pool", "--holder", "carol")
 	if r.code != exitAPIError || !strings.Contains(r.stderr, "pool_not_found") {
 		t.Errorf("acquire-pool of a missing pool: code %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(t, with(env, "AGENTBOX_TOKEN", s.AdminToken), "", "leases", "acquire-pool", "--wait", "30s", s.Namespace, "no-such-pool", "--holder", "carol")
+	if r.code != exitAPIError || !strings.Contains(r.stderr, "pool_not_found") {
+		t.Errorf("acquire-pool --wait of a missing pool: code %d, stderr %q", r.code, r.stderr)
 	}
 }
 

@@ -26,7 +26,7 @@ func leasesCommand(ctx context.Context, args []string, getenv func(string) strin
 	}
 	var (
 		holder, requestID, leaseID string
-		ttl                        int
+		ttl, wait                  int
 		asJSON                     bool
 	)
 	holderFlag := func(fs *flag.FlagSet) {
@@ -65,7 +65,18 @@ func leasesCommand(ctx context.Context, args []string, getenv func(string) strin
 		return nil
 	}
 	acquireRequest := func() client.AcquireLeaseRequest {
-		return client.AcquireLeaseRequest{Holder: holder, RequestID: requestID, TTLSeconds: ttl}
+		return client.AcquireLeaseRequest{Holder: holder, RequestID: requestID, TTLSeconds: ttl, WaitSeconds: wait}
+	}
+	poolFlags := func(fs *flag.FlagSet) {
+		acquireFlags(fs)
+		fs.Var(secondsFlag{&wait}, "wait", fmt.Sprintf("when the pool has no ready sandbox free, how long to wait for one (or for the one a pool with "+
+			"coldStartWhenExhausted starts), in seconds or as a duration (default 0: fail at once; at most %ds)", client.MaxPoolLeaseWaitSeconds))
+	}
+	checkPool := func(args []string) error {
+		if wait > client.MaxPoolLeaseWaitSeconds {
+			return fmt.Errorf("--wait %ds: at most %ds", wait, client.MaxPoolLeaseWaitSeconds)
+		}
+		return checkAcquire(args)
 	}
 	// show prints v as JSON, or l (and extra fields) as lines.
 	show := func(v any, l *client.Lease, extra ...[2]string) error {
@@ -126,8 +137,9 @@ func leasesCommand(ctx context.Context, args []string, getenv func(string) strin
 			doc: `Leases a ready sandbox of a warm pool for one run and prints the lease
 with the agent_id to address the sandbox by (exec, cp, heartbeat and
 release take it). Once released or expired, the sandbox is deleted with
-its workspace.`,
-			args: []string{"NAMESPACE", "POOL"}, flags: acquireFlags, check: checkAcquire,
+its workspace. With --wait, a pool without a ready sandbox free is
+waited on (or, with coldStartWhenExhausted, starts one for this lease).`,
+			args: []string{"NAMESPACE", "POOL"}, flags: poolFlags, check: checkPool,
 			run: func(ctx context.Context, c *client.Client, args []string) error {
 				l, err := c.AcquirePoolLease(ctx, args[0], args[1], acquireRequest())
 				if err != nil {

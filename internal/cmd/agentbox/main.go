@@ -6,9 +6,9 @@
 //	agentbox console --reason TEXT [--ttl 15m] AGENT_ID   (staff token)
 //	agentbox cp [--mode 0755] SRC DST                  (one side AGENT_ID:PATH, - for stdin/stdout)
 //	agentbox status [--json] AGENT_ID
-//	agentbox deploy [--wait] [--timeout 10m] AGENT_ID
+//	agentbox deploy [--wait] [--timeout 10m] [--template NS/NAME] [--request-id ID] AGENT_ID
 //	agentbox leases acquire|heartbeat|release [flags] AGENT_ID
-//	agentbox leases acquire-pool [flags] NAMESPACE POOL
+//	agentbox leases acquire-pool [--wait 60s] [flags] NAMESPACE POOL
 //	agentbox tokens create --kind agent --agent AGENT_ID [--ttl 720h]
 //	agentbox tokens revoke TOKEN_ID
 //	agentbox audit verify
@@ -58,7 +58,7 @@ commands:
   console       open a staff console on an agent's sandbox, with a reason (staff)
   cp            copy a file to or from an agent's workspace
   status        show an agent's sandbox, without waking it
-  deploy        start or resume an agent's sandbox
+  deploy        start, resume or create an agent's sandbox
   leases        acquire, heartbeat and release sandbox leases
   tokens        create or revoke API tokens (admin)
   audit         verify the audit log's hash chain, or query it (admin)

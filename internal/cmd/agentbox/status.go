@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,6 +51,9 @@ func printStatus(w io.Writer, st *client.SandboxStatus, asJSON bool) error {
 		ready += " (" + st.Reason + ")"
 	}
 	fmt.Fprintf(tw, "ready:\t%s\n", ready)
+	if st.Created {
+		fmt.Fprintf(tw, "created:\t%s\n", "yes")
+	}
 	if st.Message != "" {
 		fmt.Fprintf(tw, "message:\t%s\n", st.Message)
 	}
@@ -70,23 +74,32 @@ func deployCommand(ctx context.Context, args []string, getenv func(string) strin
 	var (
 		wait, asJSON bool
 		timeout      time.Duration
+		req          client.DeployRequest
 	)
 	return command{
 		name:     "deploy",
 		synopsis: "deploy [flags] AGENT_ID",
 		doc: `Starts the agent's sandbox, or resumes it from its snapshot if it is
-stopped, and prints its status once it serves calls. The API waits a few
-minutes at most; with --wait, agentbox keeps waiting up to --timeout and
-shows the sandbox's phase on stderr meanwhile.`,
+stopped, and prints its status once it serves calls. An agent without a
+sandbox gets one, made from --template or the platform's default
+template ("created: yes"). The API waits a few minutes at most; with
+--wait, agentbox keeps waiting up to --timeout and shows the sandbox's
+phase on stderr meanwhile.`,
 		args: []string{"AGENT_ID"},
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&wait, "wait", false, "wait until the sandbox is ready, showing its phase")
 			fs.DurationVar(&timeout, "timeout", 10*time.Minute, "with --wait, how long to wait")
 			fs.BoolVar(&asJSON, "json", false, "print the status as JSON")
+			fs.StringVar(&req.Template, "template", "", "NAMESPACE/NAME of the SandboxTemplate to create a missing sandbox from (admin token); default: the platform's default template")
+			fs.StringVar(&req.RequestID, "request-id", "", "names the create: a retry with the same ID is told the sandbox was created for it (default: a new random ID)")
 		},
 		check: func([]string) error {
 			if timeout <= 0 {
 				return fmt.Errorf("--timeout %s: want a positive duration", timeout)
+			}
+			if req.RequestID == "" {
+				// One ID for every call --wait makes.
+				req.RequestID = rand.Text()
 			}
 			return nil
 		},
@@ -94,9 +107,9 @@ shows the sandbox's phase on stderr meanwhile.`,
 			var st *client.SandboxStatus
 			var err error
 			if wait {
-				st, err = deployAndWait(ctx, c, args[0], timeout, stderr)
+				st, err = deployAndWait(ctx, c, args[0], req, timeout, stderr)
 			} else {
-				st, err = c.DeployOrResume(ctx, args[0])
+				st, err = c.DeployOrResume(ctx, args[0], req)
 			}
 			if err != nil {
 				return err
@@ -110,7 +123,7 @@ shows the sandbox's phase on stderr meanwhile.`,
 // sandbox fails, or timeout passes. Meanwhile it polls status (which is
 // cheap: the API answers it from its cache) for a progress line: redrawn
 // in place on a terminal, one line per phase change otherwise.
-func deployAndWait(ctx context.Context, c *client.Client, agentID string, timeout time.Duration, stderr io.Writer) (*client.SandboxStatus, error) {
+func deployAndWait(ctx context.Context, c *client.Client, agentID string, req client.DeployRequest, timeout time.Duration, stderr io.Writer) (*client.SandboxStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
@@ -121,7 +134,7 @@ func deployAndWait(ctx context.Context, c *client.Client, agentID string, timeou
 	done := make(chan result, 1)
 	go func() {
 		for {
-			st, err := c.DeployOrResume(ctx, agentID)
+			st, err := c.DeployOrResume(ctx, agentID, req)
 			if client.CodeOf(err) == client.CodeSandboxNotReady && ctx.Err() == nil {
 				// The API stopped waiting, or the sandbox is not one
 				// that comes up by itself: status tells which.

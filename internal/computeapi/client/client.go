@@ -111,7 +111,9 @@ func (c *Client) ReleaseLease(ctx context.Context, agentID string, req ReleaseLe
 
 // AcquirePoolLease leases a ready sandbox of a warm pool for one run, or
 // returns the lease an earlier call with the same holder and request ID
-// got. When the pool has no ready sandbox free, the error has
+// got. When the pool has no ready sandbox free, the call waits up to
+// req.WaitSeconds for one (or for the one a pool with
+// coldStartWhenExhausted starts for it); then the error has
 // CodePoolExhausted.
 func (c *Client) AcquirePoolLease(ctx context.Context, namespace, pool string, req AcquireLeaseRequest) (*PoolLease, error) {
 	if namespace == "" || pool == "" {
@@ -273,11 +275,19 @@ func (c *Client) Status(ctx context.Context, agentID string) (*SandboxStatus, er
 	return &st, nil
 }
 
-// DeployOrResume wakes the agent's sandbox if it is stopped and returns once
-// it serves calls.
-func (c *Client) DeployOrResume(ctx context.Context, agentID string) (*SandboxStatus, error) {
+// DeployOrResume returns the agent's sandbox once it serves calls: it
+// wakes a stopped one, and creates one from req.Template (or the
+// platform's default template) when the agent has none.
+func (c *Client) DeployOrResume(ctx context.Context, agentID string, req DeployRequest) (*SandboxStatus, error) {
+	if agentID == "" {
+		return nil, errors.New("empty agent ID")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode deploy_or_resume request: %w", err)
+	}
 	var st SandboxStatus
-	if err := c.do(ctx, http.MethodPost, PathAgent(agentID, "deploy_or_resume"), nil, &st); err != nil {
+	if err := c.do(ctx, http.MethodPost, PathAgent(agentID, "deploy_or_resume"), body, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil

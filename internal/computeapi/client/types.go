@@ -11,9 +11,10 @@
 //	POST   /v1/agents/{agent_id}/lease/heartbeat HeartbeatLeaseRequest -> Lease
 //	DELETE /v1/agents/{agent_id}/lease           ReleaseLeaseRequest -> 204 No Content
 //	POST   /v1/namespaces/{namespace}/warm-pools/{pool}/leases
-//	                                             AcquireLeaseRequest -> PoolLease
+//	                                             AcquireLeaseRequest (with WaitSeconds) -> PoolLease
 //	GET    /v1/agents/{agent_id}/status          -> SandboxStatus (never wakes the sandbox)
-//	POST   /v1/agents/{agent_id}/deploy_or_resume -> SandboxStatus once it serves
+//	POST   /v1/agents/{agent_id}/deploy_or_resume DeployRequest (optional) -> SandboxStatus once it
+//	                                             serves; creates the sandbox if the agent has none
 //	PUT    /v1/agents/{agent_id}/files/{path}?mode=0644  raw bytes -> FileInfo
 //	GET    /v1/agents/{agent_id}/files/{path}    -> raw bytes
 //	DELETE /v1/agents/{agent_id}/files/{path}?recursive=true -> 204 No Content
@@ -34,6 +35,8 @@
 // sandbox of the pool for one ephemeral run: heartbeat and release it
 // through the agent paths with PoolLease.AgentID; once released or expired
 // the sandbox is deleted with its workspace and the pool makes a fresh one.
+// A lease with WaitSeconds waits for a ready sandbox when the pool has none
+// free, or, for a pool with coldStartWhenExhausted, starts one for it.
 //
 // Every call carries "Authorization: Bearer <token>". Errors are JSON bodies
 // {"error": {"code": ..., "message": ...}} whose HTTP status follows from
@@ -77,6 +80,11 @@ const (
 	MaxLeaseTTLSeconds     = 3600
 )
 
+// MaxPoolLeaseWaitSeconds bounds a pool lease's WaitSeconds: a call that
+// waits longer than a cold start takes is better retried than held open
+// through proxies and load balancers.
+const MaxPoolLeaseWaitSeconds = 300
+
 // AcquireLeaseRequest asks for the exclusive lease on the agent's sandbox
 // (seed 003). Acquiring is idempotent on (Holder, RequestID): retrying a
 // request whose answer was lost returns the same lease instead of failing
@@ -89,6 +97,15 @@ type AcquireLeaseRequest struct {
 	// TTLSeconds is how long the lease lasts without a heartbeat: 0 means
 	// DefaultLeaseTTLSeconds; at most MaxLeaseTTLSeconds.
 	TTLSeconds int `json:"ttl_seconds,omitempty"`
+	// WaitSeconds applies to pool leases only (an agent's lease refuses
+	// it): how long a lease that finds no ready sandbox free may wait for
+	// one, at most MaxPoolLeaseWaitSeconds. 0 answers CodePoolExhausted at
+	// once. Waiters of one control plane replica are served in the order
+	// they came; a pool with coldStartWhenExhausted starts a sandbox for
+	// the caller instead, and hands it out once it is ready. When the wait
+	// runs out the answer is CodePoolExhausted; a retry with the same
+	// Holder and RequestID picks up a cold start still under way.
+	WaitSeconds int `json:"wait_seconds,omitempty"`
 }
 
 // HeartbeatLeaseRequest extends a held lease by its TTL from now.
@@ -151,6 +168,24 @@ func PathFile(agentID, path string) string {
 	return PathAgent(agentID, "files/"+strings.Join(segs, "/"))
 }
 
+// DeployRequest is deploy_or_resume's body, which may be left out: the
+// call resumes the agent's sandbox, or creates it when the agent has none.
+type DeployRequest struct {
+	// Template is the SandboxTemplate a missing sandbox is created from,
+	// as "<namespace>/<name>"; the sandbox is created in the template's
+	// namespace. Empty means the platform's default template (the chart's
+	// computeApi.defaultTemplate). It is not looked at when the agent has
+	// a sandbox. An agent's token may create its sandbox from the default
+	// template only; an admin token may name any.
+	Template string `json:"template,omitempty"`
+	// RequestID names the create: a retry with the same ID is answered
+	// with Created set, like the call that created the sandbox. Empty
+	// means the call's X-Request-Id. Repeated and concurrent calls for one
+	// agent get one sandbox whatever their IDs: its name derives from the
+	// agent ID.
+	RequestID string `json:"request_id,omitempty"`
+}
+
 // SandboxStatus is what status and deploy_or_resume report.
 type SandboxStatus struct {
 	AgentID   string `json:"agent_id"`
@@ -163,6 +198,9 @@ type SandboxStatus struct {
 	Reason   string        `json:"reason,omitempty"`
 	Message  string        `json:"message,omitempty"`
 	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
+	// Created is set by deploy_or_resume when the sandbox was created for
+	// this call's request ID.
+	Created bool `json:"created,omitempty"`
 }
 
 // SnapshotInfo is the latest snapshot the sandbox can resume from.
@@ -400,10 +438,12 @@ const (
 	CodeLeaseExpired Code = "lease_expired"
 	// CodePoolNotFound: the warm pool named in the path does not exist.
 	CodePoolNotFound Code = "pool_not_found"
-	// CodePoolExhausted: the warm pool has no ready, unleased sandbox now;
-	// Details carry "retry_after_seconds". The pool replaces leased
-	// sandboxes, so a retry shortly after succeeds unless the pool is too
-	// small for the load.
+	// CodePoolExhausted: the warm pool has no ready, unleased sandbox now,
+	// or none came (or the one cold-started for the call was not ready)
+	// within the lease's WaitSeconds; Details carry "retry_after_seconds",
+	// and "sandbox" when a cold start is under way for the request. The
+	// pool replaces leased sandboxes, so a retry shortly after succeeds
+	// unless the pool is too small for the load.
 	CodePoolExhausted Code = "pool_exhausted"
 	// CodeFileNotFound: the workspace path does not exist.
 	CodeFileNotFound Code = "file_not_found"
