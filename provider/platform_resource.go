@@ -398,7 +398,9 @@ func (r *platformResource) ValidateConfig(ctx context.Context, req resource.Vali
 	if ns == "" {
 		ns = DefaultNamespace
 	}
-	if _, err := chart.Template(ns, chart.DefaultReleaseName, vals); err != nil {
+	// As the install renders, which can look up (and so generate) the CA
+	// and the admin token; `helm template` could not.
+	if _, err := chart.RenderInstall(ns, chart.DefaultReleaseName, vals); err != nil {
 		if m.Values.IsNull() {
 			resp.Diagnostics.AddError("Invalid chart values", err.Error())
 			return
