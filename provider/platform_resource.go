@@ -112,7 +112,12 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 			"that were deleted or changed out of band (see `drift`), and the next apply upgrades the release to restore them. " +
 			"Destroy uninstalls the release but leaves the CRDs, and with them every sandbox, and the generated CA Secret " +
 			"`agentbox-ca` (see the chart's `ca.existingSecret` value for why).\n\n" +
-			"The CRDs are applied by the provider itself on every create and update, because Helm never upgrades them.",
+			"The CRDs are applied by the provider itself on every create and update, because Helm never upgrades them.\n\n" +
+			"`api_endpoint`, `ca_certificate` and `admin_token` stay known in the plan of an update that cannot change " +
+			"them, so that what reads them is not updated along with the platform. They are planned unknown only when " +
+			"`values` name another Secret for the CA or the token (`ca.existingSecret`, `adminToken.existingSecret`) or " +
+			"another `service.port`, when the refresh found the Service or a generated Secret missing or changed, when " +
+			"the release is not `deployed`, or when the chart version changes.",
 		Attributes: map[string]schema.Attribute{
 			"id": schema.StringAttribute{
 				Computed:            true,
@@ -398,7 +403,9 @@ func (r *platformResource) ValidateConfig(ctx context.Context, req resource.Vali
 	if ns == "" {
 		ns = DefaultNamespace
 	}
-	if _, err := chart.Template(ns, chart.DefaultReleaseName, vals); err != nil {
+	// As the install renders, which can look up (and so generate) the CA
+	// and the admin token; `helm template` could not.
+	if _, err := chart.RenderInstall(ns, chart.DefaultReleaseName, vals); err != nil {
 		if m.Values.IsNull() {
 			resp.Diagnostics.AddError("Invalid chart values", err.Error())
 			return
@@ -440,21 +447,80 @@ func (r *platformResource) ModifyPlan(ctx context.Context, req resource.ModifyPl
 		if resp.Diagnostics.HasError() {
 			return
 		}
-		drifted := len(state.Drift.Elements()) > 0
-		if drifted {
+		if len(state.Drift.Elements()) > 0 {
 			plan.Revision = types.Int64Unknown()
 			plan.Status = types.StringUnknown()
 		}
-		// These survive ordinary upgrades (the Service keeps its ClusterIP,
-		// the chart looks the Secrets up), but not the recreation of a
-		// deleted object, other values or another chart.
-		if drifted || !plan.ChartVersion.Equal(state.ChartVersion) || !plan.Values.Equal(state.Values) {
+		// The attributes' UseStateForUnknown keeps them; only an update
+		// that can change them plans them unknown, so that what reads them
+		// (another resource, an output, a provider configuration) is not
+		// planned again on every update.
+		endpoint, ca, token := state.accessChanges(ctx, plan)
+		if endpoint {
 			plan.APIEndpoint = types.StringUnknown()
+		}
+		if ca {
 			plan.CACertificate = types.StringUnknown()
+		}
+		if token {
 			plan.AdminToken = types.StringUnknown()
 		}
 	}
 	resp.Diagnostics.Append(resp.Plan.Set(ctx, &plan)...)
+}
+
+// accessChanges reports which of api_endpoint, ca_certificate and
+// admin_token an update from m (the state) to plan can change. Changing
+// namespace or release_name replaces the platform, which plans all three
+// anew; within an update they follow chart.AccessSettings, so they can
+// change only when
+//   - the values name other Secrets for the CA or the token, or another
+//     Service port (an unknown `values` might);
+//   - the upgrade recreates their object: the refresh found the Service or
+//     a generated Secret missing, being deleted or changed (a new Service
+//     gets a new ClusterIP, a new generated Secret new contents), or found
+//     no value at all;
+//   - the release is not deployed, so the upgrade may recreate anything;
+//   - the chart changes: another chart may derive them differently, and
+//     only this provider's chart is known here.
+//
+// Anything else (replicas, images, other values, drift of other objects)
+// keeps them.
+func (m *platformModel) accessChanges(ctx context.Context, plan platformModel) (endpoint, ca, token bool) {
+	if plan.Values.IsUnknown() || m.Status.ValueString() != statusDeployed || !plan.ChartVersion.Equal(m.ChartVersion) {
+		return true, true, true
+	}
+	before, errBefore := chart.AccessSettingsOf(m.chartValues())
+	after, errAfter := chart.AccessSettingsOf(plan.chartValues())
+	if errBefore != nil || errAfter != nil {
+		// ValidateConfig reports bad values; unknown is the safe plan.
+		tflog.Debug(ctx, "cannot tell whether the update changes the Compute API access", map[string]any{
+			"state_error": fmt.Sprint(errBefore), "plan_error": fmt.Sprint(errAfter),
+		})
+		return true, true, true
+	}
+	ns := m.Namespace.ValueString()
+	var drift []string
+	for _, d := range m.Drift.Elements() {
+		if s, ok := d.(types.String); ok {
+			drift = append(drift, s.ValueString())
+		}
+	}
+	drifted := func(kind, name string) bool {
+		for _, line := range drift {
+			if chart.DriftIsAbout(line, kind, ns, name) {
+				return true
+			}
+		}
+		return false
+	}
+	endpoint = m.APIEndpoint.ValueString() == "" || before.ServicePort != after.ServicePort ||
+		drifted("Service", chart.APIService)
+	ca = m.CACertificate.ValueString() == "" || before.CASecret != after.CASecret ||
+		drifted("Secret", before.CASecret)
+	token = m.AdminToken.ValueString() == "" || before.AdminTokenSecret != after.AdminTokenSecret ||
+		drifted("Secret", before.AdminTokenSecret)
+	return endpoint, ca, token
 }
 
 // chartClient returns a client of the cluster, or adds a diagnostic.

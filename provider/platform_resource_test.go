@@ -15,6 +15,7 @@ import (
 	fwresource "github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
 	"github.com/hashicorp/terraform-plugin-framework/types"
+	"github.com/hashicorp/terraform-plugin-testing/compare"
 	"github.com/hashicorp/terraform-plugin-testing/helper/resource"
 	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
 	"github.com/hashicorp/terraform-plugin-testing/plancheck"
@@ -130,6 +131,84 @@ func TestPlatformNeedsUpgrade(t *testing.T) {
 	failed.Status = types.StringValue("failed")
 	if !failed.needsUpgrade(base) {
 		t.Error("a failed release does not upgrade")
+	}
+}
+
+// TestPlatformAccessChanges checks which updates plan api_endpoint,
+// ca_certificate and admin_token as unknown: only those that can change
+// them (TestAccPlatform_accessKnownAcrossUpdates shows the plans).
+func TestPlatformAccessChanges(t *testing.T) {
+	const ns = "agentbox-system"
+	lines := func(l ...string) types.List {
+		var v []attr.Value
+		for _, s := range l {
+			v = append(v, types.StringValue(s))
+		}
+		return types.ListValueMust(types.StringType, v)
+	}
+	base := platformModel{
+		Namespace: types.StringValue(ns), ImageTag: types.StringValue("dev"), Replicas: types.Int64Value(1),
+		Values: types.StringValue("metrics: {enabled: true}"), Status: types.StringValue("deployed"),
+		ChartVersion: types.StringValue(chart.Version()), Drift: lines(),
+		APIEndpoint:   types.StringValue("https://10.96.0.20:443"),
+		CACertificate: types.StringValue("-----BEGIN CERTIFICATE-----\n"), AdminToken: types.StringValue("token"),
+	}
+	type access struct{ endpoint, ca, token bool }
+	none, all := access{}, access{true, true, true}
+	cases := []struct {
+		name  string
+		state func(*platformModel)
+		plan  func(*platformModel)
+		want  access
+	}{
+		{"nothing", nil, nil, none},
+		{"replicas", nil, func(m *platformModel) { m.Replicas = types.Int64Value(3) }, none},
+		{"images", nil, func(m *platformModel) {
+			m.ImageTag = types.StringValue("v2")
+			m.ImageRegistry = types.StringValue("r.example.com")
+		}, none},
+		{"other values", nil, func(m *platformModel) {
+			m.Values = types.StringValue("metrics: {enabled: false}\ntrustDomain: example.org")
+		}, none},
+		{"values dropped", nil, func(m *platformModel) { m.Values = types.StringNull() }, none},
+		{"default port spelled out", nil, func(m *platformModel) { m.Values = types.StringValue("service: {port: 443, type: NodePort}") }, none},
+		{"CA Secret named", nil, func(m *platformModel) { m.Values = types.StringValue("ca: {existingSecret: my-ca}") }, access{ca: true}},
+		{"token Secret named", nil, func(m *platformModel) { m.Values = types.StringValue("adminToken: {existingSecret: my-token}") }, access{token: true}},
+		{"service port", nil, func(m *platformModel) { m.Values = types.StringValue("service: {port: 8443}") }, access{endpoint: true}},
+		{"values unknown", nil, func(m *platformModel) { m.Values = types.StringUnknown() }, all},
+		{"replicas unknown", nil, func(m *platformModel) { m.Replicas = types.Int64Unknown() }, none},
+		{"another chart", nil, func(m *platformModel) { m.ChartVersion = types.StringValue("0.0.0-other") }, all},
+		{"release failed", func(m *platformModel) { m.Status = types.StringValue("failed") }, nil, all},
+		{"Deployment drift", func(m *platformModel) {
+			m.Drift = lines("Deployment " + ns + "/agentbox-controlplane is missing")
+		}, nil, none},
+		{"Service drift", func(m *platformModel) {
+			m.Drift = lines("Service " + ns + "/agentbox-api changed out of band: spec.ports[0].port")
+		}, nil, access{endpoint: true}},
+		{"CA Secret drift", func(m *platformModel) { m.Drift = lines("Secret " + ns + "/agentbox-ca is missing") }, nil, access{ca: true}},
+		{"token Secret drift", func(m *platformModel) {
+			m.Drift = lines("Secret "+ns+"/agentbox-admin-token is being deleted", "Deployment "+ns+"/agentbox-controlplane is missing")
+		}, nil, access{token: true}},
+		{"drift in another namespace's objects", func(m *platformModel) { m.Drift = lines("Secret other/agentbox-ca is missing") }, nil, none},
+		{"no endpoint yet", func(m *platformModel) { m.APIEndpoint = types.StringValue("") }, nil, access{endpoint: true}},
+		{"no CA yet", func(m *platformModel) { m.CACertificate = types.StringValue("") }, nil, access{ca: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			state := base
+			if tc.state != nil {
+				tc.state(&state)
+			}
+			plan := state
+			if tc.plan != nil {
+				tc.plan(&plan)
+			}
+			var got access
+			got.endpoint, got.ca, got.token = state.accessChanges(context.Background(), plan)
+			if got != tc.want {
+				t.Errorf("unknown (endpoint, ca, token) = %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -468,4 +547,165 @@ func TestAccPlatform_noWait(t *testing.T) {
 			},
 		},
 	})
+}
+
+// TestAccPlatform_accessKnownAcrossUpdates updates the platform under a
+// resource and outputs that read its endpoint, CA and admin token: updates
+// that cannot change them keep them known in the plan, so the reader has
+// nothing to do, and one that can (another admin token Secret) plans only
+// that one unknown. It also shows global.commonLabels reaching the control
+// plane pods on the cluster. Needs no images: nothing waits for the pods.
+func TestAccPlatform_accessKnownAcrossUpdates(t *testing.T) {
+	c, ns := testAccCluster(t)
+	const consumer = "terraform_data.consumer"
+	config := func(replicas int, values string) string {
+		return testAccPlatformConfig(ns, "absent", "  wait = false", fmt.Sprintf("  replicas = %d", replicas),
+			"  values = <<-EOT\n"+values+"\n  EOT") + `
+resource "terraform_data" "consumer" {
+  input = {
+    endpoint = agentbox_platform.test.api_endpoint
+    ca       = agentbox_platform.test.ca_certificate
+    token    = agentbox_platform.test.admin_token
+  }
+}
+
+output "api_endpoint" {
+  value = agentbox_platform.test.api_endpoint
+}
+
+output "ca_certificate" {
+  value = agentbox_platform.test.ca_certificate
+}
+`
+	}
+	endpointRe := knownvalue.StringRegexp(regexp.MustCompile(`^https://[0-9.]+:443$`))
+	caRe := knownvalue.StringRegexp(regexp.MustCompile(`^-----BEGIN CERTIFICATE-----\n`))
+	generatedToken := knownvalue.StringRegexp(regexp.MustCompile(`^[A-Za-z0-9]{48}$`))
+	platformAttr := func(name string) tfjsonpath.Path { return tfjsonpath.New(name) }
+
+	// An update that cannot change them: the platform is updated, the
+	// reader is not, and the outputs are known.
+	unrelatedUpdate := []plancheck.PlanCheck{
+		plancheck.ExpectResourceAction(testAccPlatformAddr, plancheck.ResourceActionUpdate),
+		plancheck.ExpectUnknownValue(testAccPlatformAddr, platformAttr("revision")),
+		plancheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("api_endpoint"), endpointRe),
+		plancheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("ca_certificate"), caRe),
+		plancheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("admin_token"), generatedToken),
+		plancheck.ExpectResourceAction(consumer, plancheck.ResourceActionNoop),
+		plancheck.ExpectKnownOutputValue("api_endpoint", endpointRe),
+		plancheck.ExpectKnownOutputValue("ca_certificate", caRe),
+	}
+	// The reader holds what the platform holds.
+	readerMatches := func(key, attr string) statecheck.StateCheck {
+		return statecheck.CompareValuePairs(consumer, tfjsonpath.New("output").AtMapKey(key),
+			testAccPlatformAddr, platformAttr(attr), compare.ValuesSame())
+	}
+	sameCA, sameEndpoint, sameToken := statecheck.CompareValue(compare.ValuesSame()),
+		statecheck.CompareValue(compare.ValuesSame()), statecheck.CompareValue(compare.ValuesSame())
+	revision := func(n int64) statecheck.StateCheck {
+		return statecheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("revision"), knownvalue.Int64Exact(n))
+	}
+
+	const ownToken = "0123456789abcdef0123456789abcdef"
+	labelled := "    global: {commonLabels: {example.com/team: infra}}\n    metrics: {enabled: false}"
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		CheckDestroy:             platformDestroyed(c, ns),
+		Steps: []resource.TestStep{
+			{
+				Config: config(1, "    metrics: {enabled: true}"),
+				ConfigStateChecks: []statecheck.StateCheck{
+					revision(1),
+					sameCA.AddStateValue(testAccPlatformAddr, platformAttr("ca_certificate")),
+					sameEndpoint.AddStateValue(testAccPlatformAddr, platformAttr("api_endpoint")),
+					sameToken.AddStateValue(testAccPlatformAddr, platformAttr("admin_token")),
+					readerMatches("ca", "ca_certificate"), readerMatches("endpoint", "api_endpoint"), readerMatches("token", "admin_token"),
+				},
+			},
+			{
+				// replicas
+				Config:           config(0, "    metrics: {enabled: true}"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: unrelatedUpdate},
+				ConfigStateChecks: []statecheck.StateCheck{
+					revision(2),
+					statecheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("replicas"), knownvalue.Int64Exact(0)),
+					sameCA.AddStateValue(testAccPlatformAddr, platformAttr("ca_certificate")),
+					sameEndpoint.AddStateValue(testAccPlatformAddr, platformAttr("api_endpoint")),
+					sameToken.AddStateValue(testAccPlatformAddr, platformAttr("admin_token")),
+				},
+			},
+			{
+				// values that do not touch them, among them labels for
+				// every object and pod
+				Config:           config(0, labelled),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: unrelatedUpdate},
+				ConfigStateChecks: []statecheck.StateCheck{
+					revision(3),
+					sameCA.AddStateValue(testAccPlatformAddr, platformAttr("ca_certificate")),
+					sameEndpoint.AddStateValue(testAccPlatformAddr, platformAttr("api_endpoint")),
+					sameToken.AddStateValue(testAccPlatformAddr, platformAttr("admin_token")),
+				},
+				Check: controlPlaneLabels(c, ns, "example.com/team", "infra"),
+			},
+			{
+				// Another admin token Secret: only admin_token is unknown,
+				// and the reader is updated with it.
+				PreConfig: func() { createTokenSecret(t, c, ns, "acc-admin-token", ownToken) },
+				Config:    config(0, labelled+"\n    adminToken: {existingSecret: acc-admin-token}"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{
+						plancheck.ExpectResourceAction(testAccPlatformAddr, plancheck.ResourceActionUpdate),
+						plancheck.ExpectUnknownValue(testAccPlatformAddr, platformAttr("admin_token")),
+						plancheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("ca_certificate"), caRe),
+						plancheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("api_endpoint"), endpointRe),
+						plancheck.ExpectResourceAction(consumer, plancheck.ResourceActionUpdate),
+						plancheck.ExpectKnownOutputValue("ca_certificate", caRe),
+					},
+				},
+				ConfigStateChecks: []statecheck.StateCheck{
+					revision(4),
+					statecheck.ExpectKnownValue(testAccPlatformAddr, platformAttr("admin_token"), knownvalue.StringExact(ownToken)),
+					sameCA.AddStateValue(testAccPlatformAddr, platformAttr("ca_certificate")),
+					sameEndpoint.AddStateValue(testAccPlatformAddr, platformAttr("api_endpoint")),
+					readerMatches("token", "admin_token"),
+				},
+			},
+			{
+				Config:           config(0, labelled+"\n    adminToken: {existingSecret: acc-admin-token}"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+			},
+		},
+	})
+}
+
+// controlPlaneLabels checks that the control plane Deployment and its pod
+// template carry the label, and that its selector does not.
+func controlPlaneLabels(c client.Client, ns, key, value string) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		var d appsv1.Deployment
+		if err := c.Get(context.Background(), k8stypes.NamespacedName{Namespace: ns, Name: chart.ControlPlaneDeployment}, &d); err != nil {
+			return err
+		}
+		if d.Labels[key] != value || d.Spec.Template.Labels[key] != value {
+			return fmt.Errorf("labels %v, pod template labels %v: want %s=%s on both", d.Labels, d.Spec.Template.Labels, key, value)
+		}
+		if _, ok := d.Spec.Selector.MatchLabels[key]; ok {
+			return fmt.Errorf("selector %v holds the common label %s", d.Spec.Selector.MatchLabels, key)
+		}
+		return nil
+	}
+}
+
+// createTokenSecret creates a Secret for adminToken.existingSecret.
+func createTokenSecret(t *testing.T, c client.Client, ns, name, token string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Data:       map[string][]byte{chart.AdminTokenKey: []byte(token)},
+	}
+	if err := c.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -2,9 +2,13 @@ package chart
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chartutil"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -83,4 +87,47 @@ func secretKey(ctx context.Context, cs kubernetes.Interface, namespace, name, ke
 		return "", fmt.Errorf("reading Secret %s/%s: %w", namespace, name, err)
 	}
 	return string(s.Data[key]), nil
+}
+
+// AccessSettings are the values Access follows: the Secrets that hold the CA
+// and the admin token, and the Compute API Service's port. An upgrade that
+// keeps them keeps Access, as long as the objects are there: the chart
+// reuses the Secrets it generated (see templates/secrets.yaml), and Helm
+// patches the Service rather than recreating it, so its ClusterIP stays
+// (also when its type changes).
+type AccessSettings struct {
+	CASecret, AdminTokenSecret string
+	// ServicePort is the port as JSON, so that 443 compares equal however
+	// it was typed.
+	ServicePort string
+}
+
+// AccessSettingsOf returns the AccessSettings the embedded chart derives
+// from v and its defaults.
+func AccessSettingsOf(v Values) (AccessSettings, error) {
+	vals, err := v.Map()
+	if err != nil {
+		return AccessSettings{}, err
+	}
+	ch, err := Load()
+	if err != nil {
+		return AccessSettings{}, err
+	}
+	all, err := chartutil.CoalesceValues(ch, vals)
+	if err != nil {
+		return AccessSettings{}, fmt.Errorf("merging the chart's default values: %w", err)
+	}
+	r := &Release{values: all}
+	port, _ := all.PathValue("service.port")
+	b, err := json.Marshal(port)
+	if err != nil {
+		return AccessSettings{}, fmt.Errorf("service.port: %w", err)
+	}
+	return AccessSettings{CASecret: r.CASecret(), AdminTokenSecret: r.AdminTokenSecret(), ServicePort: string(b)}, nil
+}
+
+// DriftIsAbout reports whether line, a DriftItem's String, is about the
+// object of kind in namespace with name.
+func DriftIsAbout(line, kind, namespace, name string) bool {
+	return strings.HasPrefix(line, DriftItem{Kind: kind, Namespace: namespace, Name: name}.object()+" ")
 }

@@ -346,7 +346,9 @@ func (c *Client) Uninstall(_ context.Context, namespace, name string, timeout ti
 }
 
 // Template renders the chart as `helm template` would, without a cluster:
-// generated Secrets are new on every call, and nothing is looked up.
+// nothing is looked up, so the chart refuses to generate the CA and the
+// admin token (values must name existing Secrets for both, see
+// templates/secrets.yaml). RenderInstall renders as an install would.
 func Template(namespace, releaseName string, v Values) (*Release, error) {
 	ch, vals, err := prepare(Options{Namespace: namespace, ReleaseName: releaseName, Values: v})
 	if err != nil {
@@ -358,9 +360,8 @@ func Template(namespace, releaseName string, v Values) (*Release, error) {
 	inst.Replace = true
 	inst.Namespace = namespace
 	inst.ReleaseName = releaseName
-	// The oldest Kubernetes the chart supports: what renders there renders
-	// on newer clusters too.
-	inst.KubeVersion = &chartutil.KubeVersion{Version: "v1.31.0", Major: "1", Minor: "31"}
+	kv := renderKubeVersion
+	inst.KubeVersion = &kv
 	rel, err := inst.Run(ch, vals)
 	if err != nil {
 		return nil, fmt.Errorf("rendering the chart: %w", err)

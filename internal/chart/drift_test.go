@@ -295,7 +295,7 @@ func TestDriftReviewedKinds(t *testing.T) {
 		"",
 		"runscInstaller: {enabled: true}\nstore: {dsn: 'postgres://db.invalid/agentbox'}\nreplicaCount: 2",
 	} {
-		rel, err := Template(testNamespace, DefaultReleaseName, Values{Raw: raw})
+		rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,11 +16,13 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
+	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
 
 	"github.com/agentbox/terraform-provider-agentbox/charts"
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -34,12 +37,18 @@ type rendered struct {
 	objects []runtime.Object
 }
 
+// render renders v as a first install would (see RenderInstall).
 func render(t *testing.T, v Values) *rendered {
 	t.Helper()
-	rel, err := Template(testNamespace, DefaultReleaseName, v)
+	rel, err := RenderInstall(testNamespace, DefaultReleaseName, v)
 	if err != nil {
 		t.Fatalf("render: %v", err)
 	}
+	return parse(t, rel)
+}
+
+func parse(t *testing.T, rel *Release) *rendered {
+	t.Helper()
 	objs, err := manifestObjects(rel.Manifest)
 	if err != nil {
 		t.Fatal(err)
@@ -529,6 +538,99 @@ func TestSecrets(t *testing.T) {
 	}
 }
 
+// TestTemplateWithoutCluster renders as `helm template` does, and as GitOps
+// tools such as Argo CD do: lookup sees no cluster, so the chart cannot
+// reuse the CA and admin token it generated before. New ones on every
+// render would replace the CA on every sync and break every sandbox's mTLS,
+// so it refuses, and says what to do instead.
+func TestTemplateWithoutCluster(t *testing.T) {
+	cases := map[string]struct{ raw, set, notSet string }{
+		"both generated":  {"", "set ca.existingSecret and adminToken.existingSecret (", ""},
+		"token generated": {"ca: {existingSecret: my-ca}", "set adminToken.existingSecret (", "ca.existingSecret"},
+		"CA generated":    {"adminToken: {existingSecret: my-token}", "set ca.existingSecret (", "adminToken.existingSecret"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := Template(testNamespace, DefaultReleaseName, Values{Raw: tc.raw})
+			if err == nil {
+				t.Fatal("rendered without the cluster, with generated secrets")
+			}
+			msg := err.Error()
+			for _, want := range []string{"cannot reach the cluster", "helm template", "Argo CD", "breaks the mTLS", tc.set, "--dry-run=server"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error lacks %q:\n%s", want, msg)
+				}
+			}
+			if tc.notSet != "" && strings.Contains(msg, tc.notSet) {
+				t.Errorf("error asks for %s, which is set:\n%s", tc.notSet, msg)
+			}
+		})
+	}
+
+	// With both Secrets named, the render needs no lookup and gives the
+	// same manifest every time, which is what a GitOps tool must see.
+	own := Values{Raw: "ca: {existingSecret: my-ca}\nadminToken: {existingSecret: my-token}"}
+	first, err := Template(testNamespace, DefaultReleaseName, own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Template(testNamespace, DefaultReleaseName, own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Manifest != second.Manifest {
+		t.Error("two renders of the same values differ")
+	}
+	r := parse(t, first)
+	for _, o := range r.objects {
+		if s, ok := o.(*corev1.Secret); ok {
+			t.Errorf("Secret %s rendered although both are the user's", s.Name)
+		}
+	}
+	d := r.deployment()
+	if v, _ := volume(d, "ca"); v.Secret == nil || v.Secret.SecretName != "my-ca" {
+		t.Errorf("ca volume %+v", v)
+	}
+	if v, _ := volume(d, "admin-token"); v.Secret == nil || v.Secret.SecretName != "my-token" {
+		t.Errorf("admin-token volume %+v", v)
+	}
+	if !strings.Contains(first.Notes, "secret my-token") || !strings.Contains(first.Notes, "secret my-ca") {
+		t.Errorf("NOTES do not point at the user's Secrets:\n%s", first.Notes)
+	}
+}
+
+// TestInstallReusesGeneratedSecrets renders as an upgrade would, with the
+// Secrets an earlier install generated in the namespace: the chart keeps
+// them rather than generating new ones.
+func TestInstallReusesGeneratedSecrets(t *testing.T) {
+	first := render(t, Values{})
+	ca := must[*corev1.Secret](first, DefaultCASecret)
+	token := must[*corev1.Secret](first, DefaultAdminTokenSecret)
+	ca.Namespace, token.Namespace = testNamespace, testNamespace
+
+	rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{}, ca, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := parse(t, rel)
+	if got := must[*corev1.Secret](again, DefaultCASecret); string(got.Data["tls.crt"]) != string(ca.Data["tls.crt"]) ||
+		string(got.Data["tls.key"]) != string(ca.Data["tls.key"]) {
+		t.Error("the CA was generated again although the namespace holds one")
+	}
+	if got := must[*corev1.Secret](again, DefaultAdminTokenSecret); string(got.Data["token"]) != string(token.Data["token"]) {
+		t.Error("the admin token was generated again although the namespace holds one")
+	}
+	// A Secret of the same name in another namespace is not the release's.
+	ca.Namespace = "elsewhere"
+	rel, err = RenderInstall(testNamespace, DefaultReleaseName, Values{}, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := must[*corev1.Secret](parse(t, rel), DefaultCASecret); string(got.Data["tls.crt"]) == string(ca.Data["tls.crt"]) {
+		t.Error("the CA of another namespace was reused")
+	}
+}
+
 func TestImageReferences(t *testing.T) {
 	cases := []struct {
 		name                      string
@@ -582,7 +684,7 @@ func TestSchemaRejects(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := Template(testNamespace, DefaultReleaseName, Values{Raw: tc.raw})
+			_, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: tc.raw})
 			if err == nil {
 				t.Fatalf("%q rendered", tc.raw)
 			}
@@ -591,7 +693,7 @@ func TestSchemaRejects(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Template(testNamespace, DefaultReleaseName, Values{Raw: "global: {fromParent: x}"}); err != nil {
+	if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: "global: {fromParent: x}"}); err != nil {
 		t.Errorf("a parent chart's global key is rejected: %v", err)
 	}
 }
@@ -617,6 +719,159 @@ func TestLabelsAndNamespace(t *testing.T) {
 	}
 	if r.deployment().Spec.Template.Labels["tier"] != "control" {
 		t.Error("podLabels not on the pods")
+	}
+}
+
+// reservedLabels are the label keys the chart sets itself, which
+// global.commonLabels may not use.
+var reservedLabels = []string{
+	"helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+	"app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "app.kubernetes.io/component",
+}
+
+// renderSkippingSchema renders as `helm install --skip-schema-validation`
+// does, which leaves the template's own checks as the only guard.
+func renderSkippingSchema(raw string) error {
+	ch, err := Load()
+	if err != nil {
+		return err
+	}
+	ch.Schema = nil
+	vals, err := Values{Raw: raw}.Map()
+	if err != nil {
+		return err
+	}
+	_, err = renderInstall(ch, testNamespace, DefaultReleaseName, vals)
+	return err
+}
+
+// noDuplicateKeys parses every document of the manifest with a YAML parser
+// that refuses duplicate keys; Kubernetes' own decoding would silently keep
+// one of them.
+func noDuplicateKeys(t *testing.T, manifest string) {
+	t.Helper()
+	if _, err := yaml.YAMLToJSONStrict([]byte("labels:\n  a: x\n  a: y\n")); err == nil {
+		t.Fatal("the strict parser accepts duplicate keys; this check would prove nothing")
+	}
+	for name, doc := range releaseutil.SplitManifests(manifest) {
+		if _, err := yaml.YAMLToJSONStrict([]byte(doc)); err != nil {
+			t.Errorf("%s: %v\n%s", name, err, doc)
+		}
+	}
+}
+
+func TestCommonLabelsRefuseReservedKeys(t *testing.T) {
+	// The keys are those the chart really sets: every one of them is on a
+	// rendered object.
+	set := map[string]bool{}
+	for _, o := range render(t, Values{}).objects {
+		for k := range o.(interface{ GetLabels() map[string]string }).GetLabels() {
+			set[k] = true
+		}
+	}
+	for _, key := range reservedLabels {
+		if !set[key] {
+			t.Errorf("%s is reserved but the chart sets it on no object", key)
+		}
+	}
+	for k := range set {
+		if !slices.Contains(reservedLabels, k) {
+			t.Errorf("the chart sets %s, which global.commonLabels may still use", k)
+		}
+	}
+
+	for _, key := range reservedLabels {
+		t.Run(key, func(t *testing.T) {
+			raw := "global: {commonLabels: {" + key + ": mine, team: infra}}"
+			_, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw})
+			if err == nil {
+				t.Fatalf("%q rendered", raw)
+			}
+			// A JSON pointer: "/" in the key is "~1".
+			at := "at '/global/commonLabels/" + strings.ReplaceAll(key, "/", "~1") + "'"
+			for _, want := range []string{at, "reserved: the chart sets this label itself, choose another key"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("schema error lacks %q:\n%v", want, err)
+				}
+			}
+			// Without the schema, the template refuses it with its own message.
+			err = renderSkippingSchema(raw)
+			if err == nil || !strings.Contains(err.Error(), "global.commonLabels may not set \""+key+"\": the chart sets it itself") {
+				t.Errorf("without the schema: %v", err)
+			}
+		})
+	}
+
+	// podLabels may not take over the selector's keys either.
+	for _, key := range []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"} {
+		raw := "podLabels: {" + key + ": other}"
+		if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw}); err == nil ||
+			!strings.Contains(err.Error(), "at '/podLabels/"+strings.ReplaceAll(key, "/", "~1")+"'") ||
+			!strings.Contains(err.Error(), "reserved: the Deployment selector uses this label") {
+			t.Errorf("%q: %v", raw, err)
+		}
+		if err := renderSkippingSchema(raw); err == nil || !strings.Contains(err.Error(), "podLabels may not set \""+key+"\"") {
+			t.Errorf("%q without the schema: %v", raw, err)
+		}
+	}
+	// Standard keys that are not in the selector stay allowed on the pods.
+	if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: "podLabels: {app.kubernetes.io/version: v9}"}); err != nil {
+		t.Errorf("podLabels with a non-selector standard key: %v", err)
+	}
+}
+
+// TestCommonLabelsReachPods checks that global.commonLabels are on every
+// object and on every pod template, but in no selector, and that no key is
+// rendered twice, also where commonLabels and podLabels share one.
+func TestCommonLabelsReachPods(t *testing.T) {
+	plain := render(t, Values{Raw: "runscInstaller: {enabled: true}"})
+	raw := "global: {commonLabels: {example.com/team: infra, tier: common, cost-center: '42'}}\n" +
+		"podLabels: {tier: control}\nrunscInstaller: {enabled: true}"
+	rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDuplicateKeys(t, rel.Manifest)
+	r := render(t, Values{Raw: raw})
+	for _, o := range r.objects {
+		acc := o.(interface {
+			GetName() string
+			GetLabels() map[string]string
+		})
+		l := acc.GetLabels()
+		if l["example.com/team"] != "infra" || l["tier"] != "common" || l["cost-center"] != "42" {
+			t.Errorf("%T %s labels %v", o, acc.GetName(), l)
+		}
+	}
+
+	d := r.deployment()
+	ds := must[*appsv1.DaemonSet](r, "agentbox-runsc-installer")
+	pods := map[string]struct {
+		labels, selector, plainSelector map[string]string
+		tier                            string
+	}{
+		"control plane": {d.Spec.Template.Labels, d.Spec.Selector.MatchLabels, plain.deployment().Spec.Selector.MatchLabels, "control"},
+		"runsc installer": {ds.Spec.Template.Labels, ds.Spec.Selector.MatchLabels,
+			must[*appsv1.DaemonSet](plain, "agentbox-runsc-installer").Spec.Selector.MatchLabels, "common"},
+	}
+	for name, p := range pods {
+		if p.labels["example.com/team"] != "infra" || p.labels["cost-center"] != "42" || p.labels["tier"] != p.tier {
+			t.Errorf("%s pod labels %v", name, p.labels)
+		}
+		// Selectors cannot change after install: labels a user adds or
+		// changes later must not be in them.
+		if !maps.Equal(p.selector, p.plainSelector) {
+			t.Errorf("%s selector %v, want %v whatever the common labels", name, p.selector, p.plainSelector)
+		}
+		for k, v := range p.selector {
+			if p.labels[k] != v {
+				t.Errorf("%s selector %s=%s does not match the pod labels %v", name, k, v, p.labels)
+			}
+		}
+	}
+	svc := must[*corev1.Service](r, APIService)
+	if !maps.Equal(svc.Spec.Selector, plain.deployment().Spec.Selector.MatchLabels) {
+		t.Errorf("service selector %v", svc.Spec.Selector)
 	}
 }
 
@@ -754,7 +1009,7 @@ func TestRunscInstaller(t *testing.T) {
 		"runscInstaller: {enabled: true, hostBinDir: bin}":              "hostBinDir",
 		"runscInstaller: {enabled: true, seLinuxOptions: {typ: spc_t}}": "typ",
 	} {
-		if _, err := Template(testNamespace, DefaultReleaseName, Values{Raw: raw}); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one about %s", raw, err, want)
 		}
 	}

@@ -31,10 +31,10 @@ func TestSchemaAcceptsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Template(testNamespace, DefaultReleaseName, Values{Raw: string(raw)}); err != nil {
+	if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: string(raw)}); err != nil {
 		t.Fatalf("values.yaml given as user values does not render: %v", err)
 	}
-	if _, err := Template(testNamespace, DefaultReleaseName, Values{}); err != nil {
+	if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{}); err != nil {
 		t.Fatalf("the defaults do not render: %v", err)
 	}
 }
@@ -68,7 +68,7 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 	}
 	for name, v := range cases {
 		t.Run(name, func(t *testing.T) {
-			if _, err := Template(testNamespace, DefaultReleaseName, v); err != nil {
+			if _, err := RenderInstall(testNamespace, DefaultReleaseName, v); err != nil {
 				t.Errorf("rejected: %v", err)
 			}
 		})
@@ -127,7 +127,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Template(testNamespace, DefaultReleaseName, Values{Raw: tc.raw})
+			_, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: tc.raw})
 			if err == nil {
 				t.Fatalf("%q rendered", tc.raw)
 			}

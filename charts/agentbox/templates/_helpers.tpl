@@ -21,6 +21,35 @@ installations in two namespaces of one cluster do not fight over them.
 {{- printf "agentbox-controlplane-%s" .Release.Namespace }}
 {{- end }}
 
+{{/*
+agentbox.reservedLabels are the label keys the chart sets itself, on objects
+(agentbox.labels plus app.kubernetes.io/component) or in selectors. A user's
+label with one of these keys would be a duplicate YAML key, which a YAML
+parser either refuses or resolves by silently dropping one of the two, and
+in a selector it would stop the Deployment from finding its pods. Keep the
+list in step with values.schema.json (global.commonLabels).
+*/}}
+{{- define "agentbox.reservedLabels" -}}
+{{- list "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "app.kubernetes.io/part-of" "app.kubernetes.io/component" | toJson }}
+{{- end }}
+
+{{/*
+agentbox.commonLabels renders global.commonLabels, and fails on a key the
+chart sets itself. values.schema.json refuses those keys too; this check is
+for renders that skip schema validation.
+*/}}
+{{- define "agentbox.commonLabels" -}}
+{{- $reserved := include "agentbox.reservedLabels" . | fromJsonArray }}
+{{- range $key, $_ := .Values.global.commonLabels }}
+{{- if has $key $reserved }}
+{{- fail (printf "global.commonLabels may not set %q: the chart sets it itself. Reserved keys: %s" $key (join ", " $reserved)) }}
+{{- end }}
+{{- end }}
+{{- with .Values.global.commonLabels }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
 {{- define "agentbox.labels" -}}
 helm.sh/chart: {{ include "agentbox.chart" . }}
 app.kubernetes.io/name: {{ include "agentbox.name" . }}
@@ -28,19 +57,46 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: agentbox
-{{- with .Values.global.commonLabels }}
-{{ toYaml . }}
+{{- with include "agentbox.commonLabels" . }}
+{{ . }}
 {{- end }}
 {{- end }}
 
 {{/*
 Selector labels must never change across upgrades: a Deployment's selector
-is immutable.
+is immutable. So global.commonLabels, which users change, never go into a
+selector, only onto the pods.
 */}}
 {{- define "agentbox.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "agentbox.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: controlplane
+{{- end }}
+
+{{- define "agentbox.runscInstallerSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentbox.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: runsc-installer
+{{- end }}
+
+{{/*
+agentbox.podLabels are the labels of a workload's pod template: its
+selector labels, then global.commonLabels, then the workload's own extra pod
+labels, which win over a common label of the same key. Extra labels may not
+set a selector key: the selector would no longer match the pods (or, as a
+duplicate key, the chart would not render). Built as one map, so that no key
+appears twice.
+Usage: include "agentbox.podLabels" (dict "selector" (include "agentbox.selectorLabels" .) "extra" .Values.podLabels "extraName" "podLabels" "root" .)
+*/}}
+{{- define "agentbox.podLabels" -}}
+{{- $selector := .selector | fromYaml }}
+{{- $common := include "agentbox.commonLabels" .root | fromYaml }}
+{{- range $key, $_ := .extra }}
+{{- if hasKey $selector $key }}
+{{- fail (printf "%s may not set %q: the chart's selector uses it to find the pods" $.extraName $key) }}
+{{- end }}
+{{- end }}
+{{- toYaml (merge (dict) $selector (.extra | default dict) $common) }}
 {{- end }}
 
 {{/*
@@ -51,6 +107,23 @@ Usage: include "agentbox.image" (dict "image" .Values.image.controlPlane "root" 
 {{- $registry := .root.Values.imageRegistry | trimSuffix "/" -}}
 {{- $tag := .image.tag | default .root.Chart.AppVersion -}}
 {{- if $registry }}{{ $registry }}/{{ end }}{{ .image.repository }}:{{ $tag }}
+{{- end }}
+
+{{/*
+agentbox.clusterReachable is "true" when lookup reaches a cluster, else
+empty. lookup answers an empty map both for an object that does not exist
+and when there is no cluster at all (helm template, --dry-run=client, helm
+lint), so a missing agentbox-ca alone cannot tell a first install from an
+offline render. kube-system can: every cluster has it (the API server creates
+it and refuses to delete it). The release namespace cannot: on a first
+install with --create-namespace (as the Terraform provider installs) Helm
+renders before it creates the namespace. The lookup needs the right to get
+namespaces, which whoever installs the chart's cluster-scoped objects (CRDs,
+a ClusterRole) normally has; a refused lookup fails the render with the API
+server's message rather than passing for an offline render.
+*/}}
+{{- define "agentbox.clusterReachable" -}}
+{{- if lookup "v1" "Namespace" "" "kube-system" }}true{{ end }}
 {{- end }}
 
 {{- define "agentbox.caSecretName" -}}
