@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 )
 
 // hostPathPVRoot is where kube-controller-manager's hostPath provisioner
@@ -51,6 +53,13 @@ func teardown(ctx context.Context, st *state, log io.Writer) error {
 		logf("stopped leftover pid %d", pid)
 	}
 	if err := unmountUnder(st.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	// The volumes' loop devices (package loopvol) go with their last mounts;
+	// one a crashed provisioner left attached without a mount is found by
+	// its image, which lives below the state folder like everything else.
+	// The images go with the folder's data below.
+	if err := loopvol.DetachUnder(st.Dir, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	if st.Cgroups {
