@@ -75,13 +75,6 @@ func TestTeardownAfterCrashedCSIStack(t *testing.T) {
 	stopped = true
 	t.Logf("teardown after the crash took %s", time.Since(start).Round(time.Millisecond))
 	assertClean(t, runDir)
-	if entries, _ := os.ReadDir(runDir); len(entries) > 0 {
-		for _, e := range entries {
-			if !strings.HasSuffix(e.Name(), ".log") {
-				t.Errorf("left in %s: %s", runDir, e.Name())
-			}
-		}
-	}
 }
 
 // TestCSIStackCrashHelper is run, and killed, by

@@ -200,7 +200,8 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 }
 
 // VolumePath is the folder that holds the volume whose CSI volume handle
-// (a PersistentVolume's spec.csi.volumeHandle) is handle.
+// (a PersistentVolume's spec.csi.volumeHandle) is handle: the mount point
+// of its filesystem, which exists from CreateVolume to DeleteVolume.
 func (s *Stack) VolumePath(handle string) string { return filepath.Join(s.dir, "volumes", handle) }
 
 // SnapshotPath is the tar archive of the snapshot whose CSI snapshot handle

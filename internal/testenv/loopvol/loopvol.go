@@ -47,6 +47,25 @@ func Size(requested int64) int64 { return max(requested, MinSize) }
 // image they take milliseconds.
 const toolTimeout = time.Minute
 
+// Tools are the programs loopvol runs, and the Debian packages they come
+// from.
+var Tools = map[string]string{"mkfs.ext4": "e2fsprogs", "debugfs": "e2fsprogs", "mount": "mount", "umount": "mount"}
+
+// Check reports what this host lacks to make volumes: loop device support
+// in its kernel, or one of Tools.
+func Check() error {
+	var errs []error
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		errs = append(errs, fmt.Errorf("the kernel offers no loop devices (%w)", err))
+	}
+	for name, pkg := range Tools {
+		if p := tool(name); !filepath.IsAbs(p) {
+			errs = append(errs, fmt.Errorf("%s (Debian package %s) is not installed", name, pkg))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Format makes image a fresh ext4 filesystem of size bytes (at least
 // MinSize), its root folder of mode rootMode, with no lost+found: a
 // sandbox runs as a non-root user, and a root-only folder in its workspace
