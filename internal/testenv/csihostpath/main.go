@@ -243,6 +243,9 @@ func (d *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// The sidecar's deadline is short; work it gives up on would only be
+	// redone by its retry, so each step is bounded by loopvol instead.
+	ctx = context.WithoutCancel(ctx)
 	id := req.GetName()
 	size := req.GetCapacityRange().GetRequiredBytes()
 	vol := &csi.Volume{VolumeId: id, CapacityBytes: loopvol.Size(size), ContentSource: req.GetVolumeContentSource()}
@@ -287,7 +290,7 @@ func (d *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		}
 		// tar as root keeps owners and modes, so a restored workspace
 		// belongs to the sandbox user as the original did.
-		out, err := exec.CommandContext(ctx, "tar", "--numeric-owner", "-xpf", archive, "-C", tmpMount).CombinedOutput()
+		out, err := exec.Command("tar", "--numeric-owner", "-xpf", archive, "-C", tmpMount).CombinedOutput()
 		if uerr := loopvol.Unmount(ctx, tmpMount); err == nil && uerr != nil {
 			return nil, status.Errorf(codes.Internal, "unmount volume %s: %v", id, uerr)
 		}
@@ -320,6 +323,7 @@ func (d *driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	ctx = context.WithoutCancel(ctx)
 	id := req.GetVolumeId()
 	if err := loopvol.Unmount(ctx, d.volPath(id)); err != nil {
 		return nil, status.Errorf(codes.Internal, "unmount volume %s: %v", id, err)
@@ -378,7 +382,7 @@ func (d *driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		}
 		return &csi.CreateSnapshotResponse{Snapshot: m.csi(req.GetName())}, nil
 	}
-	if err := d.mountVolume(ctx, req.GetSourceVolumeId()); err != nil {
+	if err := d.mountVolume(context.WithoutCancel(ctx), req.GetSourceVolumeId()); err != nil {
 		return nil, err
 	}
 	src := d.volPath(req.GetSourceVolumeId())
@@ -390,7 +394,7 @@ func (d *driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	archive := filepath.Join(dir, "data.tar")
-	if out, err := exec.CommandContext(ctx, "tar", "--numeric-owner", "-cf", archive, "-C", src, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("tar", "--numeric-owner", "-cf", archive, "-C", src, ".").CombinedOutput(); err != nil {
 		return nil, status.Errorf(codes.Internal, "archive volume %s: %v: %s", req.GetSourceVolumeId(), err, out)
 	}
 	m := snapMeta{Source: req.GetSourceVolumeId(), Created: time.Now(), Size: vm.Capacity}
@@ -439,7 +443,11 @@ func (d *driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if req.GetVolumeCapability().GetBlock() != nil {
 		return nil, status.Error(codes.InvalidArgument, "block volumes are not supported")
 	}
-	if err := d.mountVolume(ctx, req.GetVolumeId()); err != nil {
+	// Held so that the volume cannot be deleted between its mount and the
+	// bind mount of it.
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.mountVolume(context.WithoutCancel(ctx), req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	src := d.volPath(req.GetVolumeId())
