@@ -135,6 +135,9 @@ func (p *provisioner) provision(ctx context.Context, pvc *corev1.PersistentVolum
 		// The image takes its name only once formatted, so a crash halfway
 		// leaves nothing a retry could mistake for a volume.
 		start := time.Now()
+		if err := os.MkdirAll(p.dir, 0o755); err != nil {
+			return err
+		}
 		tmp := image + ".tmp"
 		// The root is writable by anyone; see the top of this file.
 		if err := loopvol.Format(ctx, tmp, size, 0o777); err != nil {
