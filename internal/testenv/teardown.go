@@ -59,8 +59,13 @@ func teardown(ctx context.Context, st *state, log io.Writer) error {
 	// one a crashed provisioner left attached without a mount is found by
 	// its image, which lives below the state folder like everything else.
 	// The images go with the folder's data below.
-	if err := loopvol.DetachUnder(st.Dir, 10*time.Second); err != nil {
+	detachStart := time.Now()
+	devs, err := loopvol.DetachUnder(st.Dir, 10*time.Second)
+	if err != nil {
 		errs = append(errs, err)
+	}
+	if len(devs) > 0 {
+		logf("detached %d loop device(s) left attached (%s)", len(devs), time.Since(detachStart).Round(time.Millisecond))
 	}
 	if st.Cgroups {
 		// A killed sandbox's cgroup can hold its exiting tasks for a moment.

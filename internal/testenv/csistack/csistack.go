@@ -262,7 +262,7 @@ func (s *Stack) cleanup(tb testing.TB) {
 	}
 	// The loop devices go with their filesystems' last mounts; one a
 	// crashed driver left without a mount is detached here.
-	if err := loopvol.DetachUnder(s.dir, 10*time.Second); err != nil {
+	if _, err := loopvol.DetachUnder(s.dir, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(s.dir); err != nil {

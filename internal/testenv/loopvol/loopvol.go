@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -154,29 +155,39 @@ var ErrBusy = errors.New("loop device still in use")
 // Detach detaches every loop device whose backing file is image, and
 // reports ErrBusy for those that stay attached.
 func Detach(image string) error {
-	return detach(func(backing string) bool { return backing == filepath.Clean(image) })
+	_, err := detach(func(backing string) bool { return backing == filepath.Clean(image) })
+	return err
 }
 
 // DetachUnder detaches every loop device whose backing file is below dir,
 // waiting up to wait for busy ones, then reports ErrBusy for those that are
-// still attached. Teardown uses it for what a crashed provisioner left.
-func DetachUnder(dir string, wait time.Duration) error {
+// still attached. It returns the devices it found. Teardown uses it for what
+// a crashed provisioner left.
+func DetachUnder(dir string, wait time.Duration) ([]Device, error) {
 	prefix := strings.TrimSuffix(filepath.Clean(dir), "/") + "/"
 	under := func(backing string) bool { return strings.HasPrefix(backing, prefix) }
 	deadline := time.Now().Add(wait)
+	var found []Device
 	for {
-		err := detach(under)
+		devs, err := detach(under)
+		for _, d := range devs {
+			if !slices.Contains(found, d) {
+				found = append(found, d)
+			}
+		}
 		if !errors.Is(err, ErrBusy) || time.Now().After(deadline) {
-			return err
+			return found, err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-func detach(match func(backing string) bool) error {
+// detach detaches the devices whose backing file matches, and returns
+// them.
+func detach(match func(backing string) bool) ([]Device, error) {
 	devs, err := Devices()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var errs []error
 	var detached []Device
@@ -195,7 +206,7 @@ func detach(match func(backing string) bool) error {
 	if len(detached) > 0 {
 		now, err := Devices()
 		if err != nil {
-			return err
+			return detached, err
 		}
 		for _, d := range detached {
 			for _, n := range now {
@@ -205,7 +216,7 @@ func detach(match func(backing string) bool) error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return detached, errors.Join(errs...)
 }
 
 func clearFD(dev string) error {

@@ -162,8 +162,12 @@ func TestDetachUnder(t *testing.T) {
 	if err := os.Remove(images[2]); err != nil {
 		t.Fatal(err)
 	}
-	if err := loopvol.DetachUnder(dir, 5*time.Second); err != nil {
+	found, err := loopvol.DetachUnder(dir, 5*time.Second)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(found) != 3 {
+		t.Errorf("DetachUnder found %v, want the three devices below %s", found, dir)
 	}
 	for _, img := range images[:3] {
 		if devs := devicesOf(t, img); len(devs) != 0 {
