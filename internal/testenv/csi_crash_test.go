@@ -62,6 +62,11 @@ func TestTeardownAfterCrashedCSIStack(t *testing.T) {
 	if ws, ok := exit.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
 		t.Fatalf("the helper ended with %v, not SIGKILL:\n%s", err, out)
 	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "into the 32 MiB CSI volume") {
+			t.Logf("helper: %s", strings.TrimSpace(line))
+		}
+	}
 	mounts := csiMounts(t, runDir)
 	if len(mounts) == 0 {
 		t.Fatalf("no CSI mount under %s after the crash; the test would prove nothing", runDir)
