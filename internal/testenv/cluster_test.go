@@ -89,7 +89,7 @@ func TestNode(t *testing.T) {
 	t.Run("GVisorPodExec", func(t *testing.T) { testGVisorExec(ctx, t, c.Config, cs, ns) })
 	t.Run("ServiceRoutes", func(t *testing.T) { testService(ctx, t, c.Config, cs, ns) })
 	t.Run("PVCWritableByNonRoot", func(t *testing.T) { testPVC(ctx, t, c.Config, cs, ns) })
-	t.Run("PVCSizeLimit", func(t *testing.T) { testPVCSizeLimit(ctx, t, c.Config, cs, ns) })
+	t.Run("PVCSizeLimit", func(t *testing.T) { testPVCSizeLimit(ctx, t, c.Config, cs, ns, c.LogDir()) })
 
 	logDir := c.LogDir()
 	// The claim of PVCWritableByNonRoot is still mounted, with its pod: the

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,7 +28,34 @@ import (
 // filesystem of the claim's size: a non-root gVisor pod that writes past it
 // gets ENOSPC, and what it wrote before stays intact. Deleting the claim
 // unmounts the volume, detaches its loop device and removes its image.
-func testPVCSizeLimit(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.Interface, ns string) {
+func testPVCSizeLimit(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.Interface, ns, runDir string) {
+	// The provisioner mounts each volume in the mount namespace it runs in,
+	// and a pod sees the mount only if kubelet and containerd (which starts
+	// the gVisor shim and gofer) share that namespace: the host's root
+	// mount may be private, so no mount would propagate from another.
+	var first string
+	for _, name := range []string{toolchain.LocalPathProvisioner, "kubelet", "containerd"} {
+		pid := pidOf(t, name, runDir)
+		mntNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s (pid %d) runs in mount namespace %s", name, pid, mntNS)
+		if first == "" {
+			first = mntNS
+		} else if mntNS != first {
+			t.Errorf("%s runs in mount namespace %s, the provisioner in %s: pods would not see its volumes", name, mntNS, first)
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			// Optional fields (shared:N, master:N) sit between the mount
+			// options and the "-" separator; none means private.
+			if f := strings.Fields(line); len(f) > 6 && f[4] == "/" {
+				t.Logf("the host's root mount: propagation %q", strings.Join(f[6:slices.Index(f, "-")], " "))
+			}
+		}
+	}
 	const claimMiB = 32
 	claim := createClaim(ctx, t, cs, ns, "small", fmt.Sprintf("%dMi", claimMiB))
 	pv := boundVolume(ctx, t, cs, claim)
@@ -199,23 +227,8 @@ func loopDevicesUnder(t *testing.T, prefix string) []loopvol.Device {
 // teardown must clean both up.
 func crashProvisioner(ctx context.Context, t *testing.T, runDir string) {
 	t.Helper()
-	var pids []int
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err == nil && strings.HasPrefix(filepath.Base(strings.SplitN(string(cmdline), "\x00", 2)[0]), toolchain.LocalPathProvisioner) &&
-			strings.Contains(string(cmdline), runDir+"/") {
-			pids = append(pids, pid)
-		}
-	}
-	if len(pids) != 1 {
-		t.Fatalf("volume provisioner processes of %s: %v, want one", runDir, pids)
-	}
-	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+	pid := pidOf(t, toolchain.LocalPathProvisioner, runDir)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	volumes := filepath.Join(runDir, "volumes")
@@ -232,5 +245,28 @@ func crashProvisioner(ctx context.Context, t *testing.T, runDir string) {
 		t.Fatalf("losetup %s: %v: %s", image, err, out)
 	}
 	t.Logf("provisioner (pid %d) killed with %d volume(s) on loop devices, and %s attached to %s with no mount",
-		pids[0], mounted, strings.TrimSpace(string(out)), image)
+		pid, mounted, strings.TrimSpace(string(out)), image)
+}
+
+// pidOf finds the cluster's process whose program is name: the one whose
+// command line mentions runDir.
+func pidOf(t *testing.T, name, runDir string) int {
+	t.Helper()
+	var pids []int
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err == nil && filepath.Base(strings.SplitN(string(cmdline), "\x00", 2)[0]) == name &&
+			strings.Contains(string(cmdline), runDir+"/") {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("processes %s of %s: %v, want one", name, runDir, pids)
+	}
+	return pids[0]
 }
