@@ -51,8 +51,9 @@ func testPVCSizeLimit(ctx context.Context, t *testing.T, cfg *rest.Config, cs ku
 		for _, line := range strings.Split(string(b), "\n") {
 			// Optional fields (shared:N, master:N) sit between the mount
 			// options and the "-" separator; none means private.
-			if f := strings.Fields(line); len(f) > 6 && f[4] == "/" {
-				t.Logf("the host's root mount: propagation %q", strings.Join(f[6:slices.Index(f, "-")], " "))
+			f := strings.Fields(line)
+			if sep := slices.Index(f, "-"); sep >= 6 && f[4] == "/" {
+				t.Logf("the host's root mount: propagation %q (empty: private)", strings.Join(f[6:sep], " "))
 			}
 		}
 	}
