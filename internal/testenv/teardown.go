@@ -186,8 +186,8 @@ func killContainers(ctx context.Context, st *state) {
 }
 
 // unmountUnder unmounts every mount point below dir, deepest first. The
-// kubelet's volumes, containerd's overlay snapshots and the pods' network
-// namespaces all live there.
+// kubelet's volumes, containerd's overlay snapshots, the pods' network
+// namespaces and the provisioners' loop-mounted volumes all live there.
 func unmountUnder(dir string) error {
 	var errs []error
 	for attempt := 0; attempt < 3; attempt++ {
