@@ -2,9 +2,8 @@
 // volume is an ext4 filesystem in a sparse image file of the claim's size,
 // mounted through a loop device, so that a write past the size fails with
 // ENOSPC on the node's kernel, whatever the writer is (a gVisor sandbox's
-// gofer passes the host's error through). Folders on the host's own disk,
-// which the test provisioners used before, would let one sandbox's `dd` fill
-// the machine's disk.
+// gofer passes the host's error through). A plain folder on the host's disk
+// has no limit: one sandbox's `dd` could fill the machine's disk.
 //
 // The images are sparse: a volume costs the host only what is written to
 // it. Loop devices are attached with the kernel's autoclear flag (mount's
@@ -25,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -111,12 +111,14 @@ func Format(ctx context.Context, image string, size int64, rootMode os.FileMode)
 	// debugfs exits 0 when a request fails; it says so on stderr, after
 	// its version banner.
 	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
-		if line != "" && !strings.HasPrefix(line, "debugfs ") {
+		if line != "" && !debugfsBanner.MatchString(line) {
 			return fmt.Errorf("debugfs %s: %s", image, strings.TrimSpace(stderr.String()))
 		}
 	}
 	return nil
 }
+
+var debugfsBanner = regexp.MustCompile(`^debugfs [0-9]`)
 
 // Mount mounts the filesystem in image on dir, which it makes if missing,
 // through a loop device that the kernel detaches when the last mount of it
@@ -124,8 +126,8 @@ func Format(ctx context.Context, image string, size int64, rootMode os.FileMode)
 //
 // The mount is made in the caller's mount namespace. On the test node
 // kubelet, containerd and the provisioners share the host's namespace, whose
-// root mount is private: a mount made after a pod's sandbox started would
-// not reach it. So a volume must be mounted before its PersistentVolume
+// root mount may be private (it is on the machines the tests run on): a
+// mount made after a pod's sandbox started would then not reach it. So a volume must be mounted before its PersistentVolume
 // exists, hence before any pod can use it.
 func Mount(ctx context.Context, image, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
