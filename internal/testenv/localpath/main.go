@@ -12,8 +12,8 @@
 // ENOSPC, as on a cloud disk, and a sandbox cannot fill the node's disk.
 // The volume is mounted before its PersistentVolume is made: the
 // provisioner, kubelet and containerd share the host's mount namespace,
-// whose root mount is private, so a pod sees only the mounts that existed
-// when its sandbox started. When the claim is deleted, the volume is
+// whose root mount may be private (it is on the machines the tests run on),
+// so a pod sees only the mounts that existed when its sandbox started. When the claim is deleted, the volume is
 // unmounted, its loop device detached and its image removed; the test
 // cluster's teardown does the same for whatever is left.
 package main
