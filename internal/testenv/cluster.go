@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
 
@@ -49,6 +50,8 @@ const (
 	// StorageClass is the default class. Its provisioner makes folders any
 	// user may write: kube-controller-manager's hostPath provisioner (also
 	// enabled) makes root-only folders, which non-root sandboxes cannot use.
+	// Each folder is a filesystem of the claim's size (at least
+	// loopvol.MinSize), so writes past it fail with ENOSPC.
 	StorageClass = "standard"
 	// StorageProvisioner is the provisioner name of StorageClass.
 	StorageProvisioner = "agentbox.test/local-path"
@@ -96,6 +99,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if opts.Node && os.Geteuid() != 0 {
 		return nil, fmt.Errorf("a test node needs root (containerd, kubelet, iptables)")
+	}
+	// The default StorageClass's volumes are filesystems on loop devices.
+	if err := loopvol.Check(); err != nil {
+		return nil, fmt.Errorf("the test cluster's volumes cannot be made (run `make testenv`, which installs the tools): %w", err)
 	}
 	dir := runDir(opts.Dir)
 	if old, err := loadState(dir); err == nil {

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
 
@@ -88,8 +89,12 @@ func TestNode(t *testing.T) {
 	t.Run("GVisorPodExec", func(t *testing.T) { testGVisorExec(ctx, t, c.Config, cs, ns) })
 	t.Run("ServiceRoutes", func(t *testing.T) { testService(ctx, t, c.Config, cs, ns) })
 	t.Run("PVCWritableByNonRoot", func(t *testing.T) { testPVC(ctx, t, c.Config, cs, ns) })
+	t.Run("PVCSizeLimit", func(t *testing.T) { testPVCSizeLimit(ctx, t, c.Config, cs, ns, c.LogDir()) })
 
 	logDir := c.LogDir()
+	// The claim of PVCWritableByNonRoot is still mounted, with its pod: the
+	// teardown must clean its volume up without the provisioner's help.
+	crashProvisioner(ctx, t, logDir)
 	if err := c.Stop(ctx); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
@@ -338,6 +343,24 @@ func assertClean(t *testing.T, runDir string) {
 	}
 	if out, _ := exec.Command("ip", "-4", "addr", "show", "dev", "lo").Output(); strings.Contains(string(out), testenv.NodeIP) {
 		t.Errorf("node address %s left on lo", testenv.NodeIP)
+	}
+	devs, err := loopvol.Devices()
+	if err != nil {
+		t.Error(err)
+	}
+	for _, d := range devs {
+		if strings.HasPrefix(d.Backing, runDir+"/") {
+			t.Errorf("loop device %s of %s left attached", d.Path, d.Backing)
+		}
+	}
+	// The logs stay for a post-mortem; the data (volume images among it)
+	// goes.
+	if entries, _ := os.ReadDir(runDir); len(entries) > 0 {
+		for _, e := range entries {
+			if !strings.HasSuffix(e.Name(), ".log") {
+				t.Errorf("left in %s: %s", runDir, e.Name())
+			}
+		}
 	}
 	if out, _ := exec.Command("ip", "route", "show", testenv.TestRange).Output(); len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("route left behind: %s", out)

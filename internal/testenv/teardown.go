@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 )
 
 // hostPathPVRoot is where kube-controller-manager's hostPath provisioner
@@ -52,6 +54,18 @@ func teardown(ctx context.Context, st *state, log io.Writer) error {
 	}
 	if err := unmountUnder(st.Dir); err != nil {
 		errs = append(errs, err)
+	}
+	// The volumes' loop devices (package loopvol) go with their last mounts;
+	// one a crashed provisioner left attached without a mount is found by
+	// its image, which lives below the state folder like everything else.
+	// The images go with the folder's data below.
+	detachStart := time.Now()
+	devs, err := loopvol.DetachUnder(st.Dir, 10*time.Second)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(devs) > 0 {
+		logf("detached %d loop device(s) left attached (%s)", len(devs), time.Since(detachStart).Round(time.Millisecond))
 	}
 	if st.Cgroups {
 		// A killed sandbox's cgroup can hold its exiting tasks for a moment.
@@ -172,8 +186,8 @@ func killContainers(ctx context.Context, st *state) {
 }
 
 // unmountUnder unmounts every mount point below dir, deepest first. The
-// kubelet's volumes, containerd's overlay snapshots and the pods' network
-// namespaces all live there.
+// kubelet's volumes, containerd's overlay snapshots, the pods' network
+// namespaces and the provisioners' loop-mounted volumes all live there.
 func unmountUnder(dir string) error {
 	var errs []error
 	for attempt := 0; attempt < 3; attempt++ {

@@ -1,6 +1,9 @@
 // Command csihostpath is the test node's CSI driver: volumes are folders on
 // the node and snapshots are tar archives of them, as in the Kubernetes CSI
-// project's csi-driver-host-path. It runs as a host process beside kubelet
+// project's csi-driver-host-path, except that each volume's folder is the
+// mount point of an ext4 filesystem of the volume's size, in a sparse image
+// file (package loopvol), so that the size is a real limit: a write past it
+// fails with ENOSPC, as on a cloud disk. It runs as a host process beside kubelet
 // with the real csi-provisioner, csi-snapshotter and snapshot-controller, so
 // that the test cluster runs the whole CSI snapshot path with real data:
 // VolumeSnapshot, VolumeSnapshotContent, CreateSnapshot, and a claim
@@ -9,7 +12,7 @@
 // It exists because the Go module proxy serves neither csi-driver-host-path
 // nor node-driver-registrar (it answers 403 for both), so it also registers
 // itself with kubelet, which is node-driver-registrar's job. It is for tests
-// only: no capacity limits, no topology, one node.
+// only: no capacity tracking, no topology, one node.
 //
 // Volumes are made root-owned 0755, like a fresh filesystem; kubelet applies
 // the pod's fsGroup to them because the CSIDriver object says fsGroupPolicy
@@ -40,6 +43,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 )
 
 const version = "0.1.0"
@@ -65,8 +70,9 @@ func main() {
 }
 
 func run(ctx context.Context, endpoint, registry, dir, name, node string, log *slog.Logger) error {
-	d := &driver{name: name, node: node, dir: dir, vols: filepath.Join(dir, "volumes"), snaps: filepath.Join(dir, "snapshots"), log: log}
-	for _, p := range []string{d.vols, d.snaps, d.metaDir(), d.tmpDir(), filepath.Dir(endpoint)} {
+	d := &driver{name: name, node: node, dir: dir, vols: filepath.Join(dir, "volumes"), images: filepath.Join(dir, "images"),
+		snaps: filepath.Join(dir, "snapshots"), log: log}
+	for _, p := range []string{d.vols, d.images, d.snaps, d.metaDir(), d.tmpDir(), filepath.Dir(endpoint)} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return err
 		}
@@ -138,9 +144,9 @@ type driver struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
-	name, node       string
-	dir, vols, snaps string
-	log              *slog.Logger
+	name, node               string
+	dir, vols, images, snaps string
+	log                      *slog.Logger
 	// mu serialises changes: the sidecars retry, and a test cluster has a
 	// handful of volumes, so there is nothing to gain from concurrency.
 	mu sync.Mutex
@@ -204,12 +210,29 @@ type volMeta struct {
 	Capacity int64 `json:"capacity"`
 }
 
-func (d *driver) volPath(id string) string  { return filepath.Join(d.vols, id) }
-func (d *driver) metaDir() string           { return filepath.Join(d.dir, "volume-meta") }
-func (d *driver) metaPath(id string) string { return filepath.Join(d.metaDir(), id+".json") }
-func (d *driver) tmpDir() string            { return filepath.Join(d.dir, "tmp") }
+// A volume is its image, which exists only when whole, mounted on its
+// folder from CreateVolume to DeleteVolume: the folder is what snapshots
+// archive and what NodePublishVolume binds into the pod.
+func (d *driver) volPath(id string) string   { return filepath.Join(d.vols, id) }
+func (d *driver) imagePath(id string) string { return filepath.Join(d.images, id+".img") }
+func (d *driver) metaDir() string            { return filepath.Join(d.dir, "volume-meta") }
+func (d *driver) metaPath(id string) string  { return filepath.Join(d.metaDir(), id+".json") }
+func (d *driver) tmpDir() string             { return filepath.Join(d.dir, "tmp") }
 
-func (d *driver) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+// mountVolume mounts volume id on its folder if it exists and is not
+// mounted yet (after a crash of the driver, say); NotFound if it does not
+// exist.
+func (d *driver) mountVolume(ctx context.Context, id string) error {
+	if _, err := os.Stat(d.imagePath(id)); err != nil {
+		return status.Errorf(codes.NotFound, "volume %s: %v", id, err)
+	}
+	if err := loopvol.Mount(ctx, d.imagePath(id), d.volPath(id)); err != nil {
+		return status.Errorf(codes.Internal, "mount volume %s: %v", id, err)
+	}
+	return nil
+}
+
+func (d *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	if err := safeID(req.GetName()); err != nil {
 		return nil, err
 	}
@@ -220,11 +243,18 @@ func (d *driver) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest) (
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// The sidecar's deadline is short; work it gives up on would only be
+	// redone by its retry, so each step is bounded by loopvol instead.
+	ctx = context.WithoutCancel(ctx)
 	id := req.GetName()
 	size := req.GetCapacityRange().GetRequiredBytes()
-	vol := &csi.Volume{VolumeId: id, CapacityBytes: size, ContentSource: req.GetVolumeContentSource()}
-	if _, err := os.Stat(d.volPath(id)); err == nil {
-		// A retry of a call that succeeded: the sidecar lost the answer.
+	vol := &csi.Volume{VolumeId: id, CapacityBytes: loopvol.Size(size), ContentSource: req.GetVolumeContentSource()}
+	if _, err := os.Stat(d.imagePath(id)); err == nil {
+		// A retry of a call that succeeded, or got as far as the image:
+		// the sidecar lost the answer, or the driver died before mounting.
+		if err := d.mountVolume(ctx, id); err != nil {
+			return nil, err
+		}
 		return &csi.CreateVolumeResponse{Volume: vol}, nil
 	}
 	var archive string
@@ -241,43 +271,72 @@ func (d *driver) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest) (
 			return nil, status.Errorf(codes.NotFound, "snapshot %s: %v", snap.GetSnapshotId(), err)
 		}
 	}
-	// The folder appears under its name only when it is whole, so a crash
-	// halfway leaves nothing a retry could mistake for a volume.
-	tmp := filepath.Join(d.tmpDir(), id)
-	if err := os.RemoveAll(tmp); err != nil {
+	// The image appears under its name only when it is whole, so a crash
+	// halfway leaves nothing a retry could mistake for a volume. Volumes
+	// are root-owned 0755, like a fresh filesystem.
+	tmpImage, tmpMount := filepath.Join(d.tmpDir(), id+".img"), filepath.Join(d.tmpDir(), id)
+	if err := loopvol.Unmount(ctx, tmpMount); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if err := os.Mkdir(tmp, 0o755); err != nil {
+	if err := os.RemoveAll(tmpMount); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := loopvol.Format(ctx, tmpImage, size, 0o755); err != nil {
+		return nil, status.Errorf(codes.Internal, "format volume %s: %v", id, err)
 	}
 	if archive != "" {
+		if err := loopvol.Mount(ctx, tmpImage, tmpMount); err != nil {
+			return nil, status.Errorf(codes.Internal, "mount volume %s: %v", id, err)
+		}
 		// tar as root keeps owners and modes, so a restored workspace
 		// belongs to the sandbox user as the original did.
-		if out, err := exec.Command("tar", "--numeric-owner", "-xpf", archive, "-C", tmp).CombinedOutput(); err != nil {
+		out, err := exec.Command("tar", "--numeric-owner", "-xpf", archive, "-C", tmpMount).CombinedOutput()
+		if uerr := loopvol.Unmount(ctx, tmpMount); err == nil && uerr != nil {
+			return nil, status.Errorf(codes.Internal, "unmount volume %s: %v", id, uerr)
+		}
+		if err != nil {
 			return nil, status.Errorf(codes.Internal, "restore snapshot into %s: %v: %s", id, err, out)
+		}
+		if err := os.Remove(tmpMount); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
 		}
 	}
 	b, _ := json.Marshal(volMeta{Capacity: size})
 	if err := os.WriteFile(d.metaPath(id), b, 0o644); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if err := os.Rename(tmp, d.volPath(id)); err != nil {
+	if err := os.Rename(tmpImage, d.imagePath(id)); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if err := d.mountVolume(ctx, id); err != nil {
+		return nil, err
 	}
 	return &csi.CreateVolumeResponse{Volume: vol}, nil
 }
 
-func (d *driver) DeleteVolume(_ context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+// DeleteVolume unmounts the volume, detaches its loop device and removes
+// its image. A loop device that stays attached (a publication kubelet has
+// not undone yet) makes it FailedPrecondition, which the sidecar retries.
+func (d *driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	if err := safeID(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := os.RemoveAll(d.volPath(req.GetVolumeId())); err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+	ctx = context.WithoutCancel(ctx)
+	id := req.GetVolumeId()
+	if err := loopvol.Unmount(ctx, d.volPath(id)); err != nil {
+		return nil, status.Errorf(codes.Internal, "unmount volume %s: %v", id, err)
 	}
-	if err := os.Remove(d.metaPath(req.GetVolumeId())); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, status.Error(codes.Internal, err.Error())
+	if err := loopvol.Detach(d.imagePath(id)); errors.Is(err, loopvol.ErrBusy) {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s: %v", id, err)
+	} else if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+	}
+	for _, p := range []string{d.imagePath(id), d.volPath(id), d.metaPath(id)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
 	}
 	return &csi.DeleteVolumeResponse{}, nil
 }
@@ -286,7 +345,7 @@ func (d *driver) ValidateVolumeCapabilities(_ context.Context, req *csi.Validate
 	if err := safeID(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(d.volPath(req.GetVolumeId())); err != nil {
+	if _, err := os.Stat(d.imagePath(req.GetVolumeId())); err != nil {
 		return nil, status.Errorf(codes.NotFound, "volume %s", req.GetVolumeId())
 	}
 	for _, c := range req.GetVolumeCapabilities() {
@@ -303,7 +362,7 @@ type snapMeta struct {
 	Size    int64     `json:"size"`
 }
 
-func (d *driver) CreateSnapshot(_ context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+func (d *driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
 	if err := safeID(req.GetName()); err != nil {
 		return nil, err
 	}
@@ -323,10 +382,10 @@ func (d *driver) CreateSnapshot(_ context.Context, req *csi.CreateSnapshotReques
 		}
 		return &csi.CreateSnapshotResponse{Snapshot: m.csi(req.GetName())}, nil
 	}
-	src := d.volPath(req.GetSourceVolumeId())
-	if _, err := os.Stat(src); err != nil {
-		return nil, status.Errorf(codes.NotFound, "source volume %s: %v", req.GetSourceVolumeId(), err)
+	if err := d.mountVolume(context.WithoutCancel(ctx), req.GetSourceVolumeId()); err != nil {
+		return nil, err
 	}
+	src := d.volPath(req.GetSourceVolumeId())
 	var vm volMeta
 	if b, err := os.ReadFile(d.metaPath(req.GetSourceVolumeId())); err == nil {
 		_ = json.Unmarshal(b, &vm)
@@ -373,7 +432,7 @@ func (d *driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 	return &csi.NodeGetCapabilitiesResponse{}, nil
 }
 
-func (d *driver) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+func (d *driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	if err := safeID(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
@@ -384,10 +443,14 @@ func (d *driver) NodePublishVolume(_ context.Context, req *csi.NodePublishVolume
 	if req.GetVolumeCapability().GetBlock() != nil {
 		return nil, status.Error(codes.InvalidArgument, "block volumes are not supported")
 	}
-	src := d.volPath(req.GetVolumeId())
-	if _, err := os.Stat(src); err != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s", req.GetVolumeId())
+	// Held so that the volume cannot be deleted between its mount and the
+	// bind mount of it.
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.mountVolume(context.WithoutCancel(ctx), req.GetVolumeId()); err != nil {
+		return nil, err
 	}
+	src := d.volPath(req.GetVolumeId())
 	if mounted(target) {
 		return &csi.NodePublishVolumeResponse{}, nil
 	}
@@ -423,23 +486,8 @@ func (d *driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVo
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-// mounted reports whether path is a mount point: a bind mount of a folder
-// on the same filesystem keeps the device, so mountinfo is the only record.
+// mounted reports whether path is a mount point.
 func mounted(path string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	path = filepath.Clean(path)
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && unescapeMount(f[4]) == path {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMount undoes the octal escapes mountinfo uses for spaces and tabs.
-func unescapeMount(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+	m, _ := loopvol.Mounted(path)
+	return m
 }

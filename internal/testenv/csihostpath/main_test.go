@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,14 +18,23 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 )
 
 // TestSnapshotRoundTrip drives the driver over its CSI socket as the
 // sidecars do: a volume, a snapshot of it, a volume restored from the
 // snapshot, and the deletes; the restored volume must hold the same bytes,
-// modes and symlink. Publishing (a bind mount) needs root and is left to the
-// cluster tests.
+// modes and symlink. Each volume is a filesystem of its size, and the
+// deletes leave no mount, loop device or image. Publishing (a bind mount)
+// is left to the cluster tests.
 func TestSnapshotRoundTrip(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("volumes are loop-mounted filesystems, which needs root, and CI runs as root on these machines")
+		}
+		t.Skip("volumes are loop-mounted filesystems, which needs root")
+	}
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "csi.sock")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -54,7 +65,17 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := vol.GetVolume().GetCapacityBytes(); got != size {
+		t.Errorf("capacity = %d, want %d", got, size)
+	}
 	src := filepath.Join(dir, "data", "volumes", vol.GetVolume().GetVolumeId())
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(src, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if total := int64(fs.Blocks) * fs.Bsize; total > size || total < size*9/10 {
+		t.Errorf("the volume's filesystem holds %d bytes; want its size, %d, less the filesystem's metadata", total, size)
+	}
 	blob := make([]byte, 1<<20)
 	_, _ = rand.Read(blob)
 	must(t, os.MkdirAll(filepath.Join(src, "notes"), 0o755))
@@ -120,9 +141,57 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, sub := range []string{"volumes", "snapshots", "volume-meta", "tmp"} {
+	for _, sub := range []string{"volumes", "images", "snapshots", "volume-meta", "tmp"} {
 		if entries, _ := os.ReadDir(filepath.Join(dir, "data", sub)); len(entries) > 0 {
 			t.Errorf("%s not empty after the deletes: %v", sub, entries)
+		}
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mi, []byte(dir+"/")) {
+		t.Errorf("mounts left below %s:\n%s", dir, mi)
+	}
+	devs, err := loopvol.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if strings.HasPrefix(d.Backing, dir+"/") {
+			t.Errorf("loop device %s of %s left attached", d.Path, d.Backing)
+		}
+	}
+}
+
+// TestSmallVolume checks that a volume asked for less than loopvol.MinSize,
+// or for no size, gets MinSize, and reports it.
+func TestSmallVolume(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("volumes are loop-mounted filesystems, which needs root")
+	}
+	dir := t.TempDir()
+	d := &driver{name: "test", node: "node-0", dir: dir, vols: filepath.Join(dir, "volumes"), images: filepath.Join(dir, "images"),
+		snaps: filepath.Join(dir, "snapshots"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, p := range []string{d.vols, d.images, d.snaps, d.metaDir(), d.tmpDir()} {
+		must(t, os.MkdirAll(p, 0o755))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		id  string
+		req *csi.CapacityRange
+	}{{"tiny", &csi.CapacityRange{RequiredBytes: 1 << 20}}, {"unsized", nil}} {
+		resp, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: c.id, CapacityRange: c.req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.GetVolume().GetCapacityBytes(); got != loopvol.MinSize {
+			t.Errorf("%s: capacity %d, want %d", c.id, got, loopvol.MinSize)
+		}
+		var fs syscall.Statfs_t
+		must(t, syscall.Statfs(d.volPath(c.id), &fs))
+		if total := int64(fs.Blocks) * fs.Bsize; total > loopvol.MinSize || total < loopvol.MinSize/2 {
+			t.Errorf("%s: filesystem of %d bytes, want about %d", c.id, total, loopvol.MinSize)
+		}
+		if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: c.id}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -5,7 +5,8 @@
 // csi-provisioner and csi-snapshotter sidecars, built from the Go module
 // proxy by `make testenv`. With the snapshot-controller (package snapshotctl)
 // the cluster then runs the whole CSI snapshot path with real data: a claim
-// of the StorageClass is a folder, a VolumeSnapshot of it is a tar archive
+// of the StorageClass is a folder (the mount point of a filesystem of the
+// claim's size, so writes past it fail), a VolumeSnapshot of it is a tar archive
 // cut by CSI CreateSnapshot, and a claim whose dataSource is that snapshot
 // is provisioned with its contents.
 //
@@ -43,6 +44,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
 
@@ -198,7 +200,8 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 }
 
 // VolumePath is the folder that holds the volume whose CSI volume handle
-// (a PersistentVolume's spec.csi.volumeHandle) is handle.
+// (a PersistentVolume's spec.csi.volumeHandle) is handle: the mount point
+// of its filesystem, which exists from CreateVolume to DeleteVolume.
 func (s *Stack) VolumePath(handle string) string { return filepath.Join(s.dir, "volumes", handle) }
 
 // SnapshotPath is the tar archive of the snapshot whose CSI snapshot handle
@@ -255,6 +258,11 @@ func (s *Stack) cleanup(tb testing.TB) {
 	}
 	var errs []error
 	if err := s.unmount(); err != nil {
+		errs = append(errs, err)
+	}
+	// The loop devices go with their filesystems' last mounts; one a
+	// crashed driver left without a mount is detached here.
+	if _, err := loopvol.DetachUnder(s.dir, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(s.dir); err != nil {

@@ -5,10 +5,22 @@
 // kube-controller-manager's hostPath provisioner makes root-owned 0750
 // folders, and kubelet applies no fsGroup to hostPath volumes, so a sandbox
 // running as a non-root user could not even enter its workspace.
+//
+// The folder is the mount point of an ext4 filesystem of the claim's size
+// (package loopvol; at least loopvol.MinSize), in a sparse image file beside
+// it, so that the claim's size is a real limit: a write past it fails with
+// ENOSPC, as on a cloud disk, and a sandbox cannot fill the node's disk.
+// The volume is mounted before its PersistentVolume is made: the
+// provisioner, kubelet and containerd share the host's mount namespace,
+// whose root mount may be private (it is on the machines the tests run on),
+// so a pod sees only the mounts that existed when its sandbox started. When the claim is deleted, the volume is
+// unmounted, its loop device detached and its image removed; the test
+// cluster's teardown does the same for whatever is left.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -21,9 +33,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 )
 
 // annotation marks the volumes this provisioner made, the way the
@@ -109,18 +124,40 @@ func (p *provisioner) sync(ctx context.Context) error {
 func (p *provisioner) provision(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
 	name := "pvc-" + string(pvc.UID)
 	path := filepath.Join(p.dir, name)
-	if err := os.MkdirAll(path, 0o777); err != nil {
+	image := imagePath(path)
+	requested := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	size := loopvol.Size(requested.Value())
+	capacity := requested
+	if size != requested.Value() {
+		capacity = *resource.NewQuantity(size, resource.BinarySI)
+	}
+	if _, err := os.Stat(image); errors.Is(err, os.ErrNotExist) {
+		// The image takes its name only once formatted, so a crash halfway
+		// leaves nothing a retry could mistake for a volume.
+		start := time.Now()
+		if err := os.MkdirAll(p.dir, 0o755); err != nil {
+			return err
+		}
+		tmp := image + ".tmp"
+		// The root is writable by anyone; see the top of this file.
+		if err := loopvol.Format(ctx, tmp, size, 0o777); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, image); err != nil {
+			return err
+		}
+		p.log.Info("formatted", "volume", name, "size", capacity.String(), "took", time.Since(start).Round(time.Millisecond))
+	} else if err != nil {
 		return err
 	}
-	// MkdirAll applies the umask; the point is a folder any user may write.
-	if err := os.Chmod(path, 0o777); err != nil {
+	if err := loopvol.Mount(ctx, image, path); err != nil {
 		return err
 	}
 	hostPathType := corev1.HostPathDirectory
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{annotation: p.name}},
 		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: pvc.Spec.Resources.Requests[corev1.ResourceStorage]},
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: capacity},
 			AccessModes:                   pvc.Spec.AccessModes,
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
 			StorageClassName:              *pvc.Spec.StorageClassName,
@@ -144,8 +181,8 @@ func (p *provisioner) provision(ctx context.Context, pvc *corev1.PersistentVolum
 
 func (p *provisioner) remove(ctx context.Context, pv *corev1.PersistentVolume) {
 	if hp := pv.Spec.HostPath; hp != nil && strings.HasPrefix(hp.Path, p.dir+string(os.PathSeparator)) {
-		if err := os.RemoveAll(hp.Path); err != nil {
-			p.log.Warn("remove folder", "volume", pv.Name, "err", err)
+		if err := release(ctx, hp.Path); err != nil {
+			p.log.Warn("remove volume", "volume", pv.Name, "err", err)
 			return
 		}
 	}
@@ -154,4 +191,27 @@ func (p *provisioner) remove(ctx context.Context, pv *corev1.PersistentVolume) {
 		return
 	}
 	p.log.Info("deleted", "volume", pv.Name)
+}
+
+// imagePath is the filesystem image of the volume mounted at path.
+func imagePath(path string) string { return path + ".img" }
+
+// release unmounts the volume at path, detaches its loop device and removes
+// its image and folder. A loop device that stays attached (its filesystem
+// still mounted somewhere) is an error, so that the next sync tries again
+// and the PersistentVolume goes only with everything behind it.
+func release(ctx context.Context, path string) error {
+	if err := loopvol.Unmount(ctx, path); err != nil {
+		return err
+	}
+	image := imagePath(path)
+	if err := loopvol.Detach(image); err != nil {
+		return err
+	}
+	for _, f := range []string{image, image + ".tmp"} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return os.RemoveAll(path)
 }

@@ -36,9 +36,12 @@ const (
 
 // DebianPackages are installed with apt when missing: the OCI runtime, the
 // netfilter tools kube-proxy and the CNI plugins drive, the CNI plugins
-// themselves, busybox for the test images, and PostgreSQL, which the store's
-// tests start as a real server (internal/testenv/postgres).
-var DebianPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static", "postgresql"}
+// themselves, busybox for the test images, PostgreSQL, which the store's
+// tests start as a real server (internal/testenv/postgres), and the tools
+// that give every volume of the node a filesystem of its size on a loop
+// device (internal/testenv/loopvol): mkfs.ext4 and debugfs (e2fsprogs),
+// mount and umount (mount).
+var DebianPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static", "postgresql", "e2fsprogs", "mount"}
 
 //go:embed wrappers
 var wrappers embed.FS
