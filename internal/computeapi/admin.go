@@ -55,8 +55,11 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	case (kind == store.TokenAgent) != (req.AgentID != ""):
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "agent_id is required for agent tokens and refused for the others"))
 		return
-	case req.TTLSeconds < 0 || time.Duration(req.TTLSeconds)*time.Second > maxTokenTTL:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 0 (no expiry) and %d", int64(maxTokenTTL/time.Second)))
+	case req.TTLSeconds < 0 || req.TTLSeconds > int64(maxTokenTTL/time.Second):
+		// Compared in seconds: multiplied into a Duration first, a large
+		// value wraps around to a short or negative lifetime.
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 0 (no expiry) and %d, got %d",
+			int64(maxTokenTTL/time.Second), req.TTLSeconds))
 		return
 	}
 	secret := make([]byte, 32)

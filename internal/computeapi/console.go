@@ -66,20 +66,22 @@ func (s *Server) createConsoleSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	ttl := time.Duration(req.TTLSeconds) * time.Second
 	switch {
 	case req.AgentID == "":
 		apiErr = api.Errorf(api.CodeInvalidArgument, "agent_id is required")
 	case len(bytes.TrimSpace([]byte(req.Reason))) == 0:
 		apiErr = api.Errorf(api.CodeInvalidArgument, "reason is required: every console access says why")
-	case req.TTLSeconds < 0 || ttl > maxConsoleTTL:
-		apiErr = api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 1 and %d (0 means %d)",
-			int(maxConsoleTTL/time.Second), int(defaultConsoleTTL/time.Second))
+	case req.TTLSeconds < 0 || req.TTLSeconds > int(maxConsoleTTL/time.Second):
+		// Compared in seconds: multiplied into a Duration first, a large
+		// value wraps around to a short or negative time box.
+		apiErr = api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 1 and %d (0 means %d), got %d",
+			int(maxConsoleTTL/time.Second), int(defaultConsoleTTL/time.Second), req.TTLSeconds)
 	}
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
 	}
+	ttl := time.Duration(req.TTLSeconds) * time.Second
 	if ttl == 0 {
 		ttl = defaultConsoleTTL
 	}

@@ -265,7 +265,8 @@ type CreateTokenRequest struct {
 	// Subject says who holds the token (a staff id, a service); it shows
 	// in the audit log.
 	Subject string `json:"subject,omitempty"`
-	// TTLSeconds bounds the token's life; 0 means it does not expire.
+	// TTLSeconds bounds the token's life; 0 means it does not expire, and
+	// it is at most 366 days (31622400).
 	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
 }
 
