@@ -34,7 +34,7 @@ func TestTTLBounds(t *testing.T) {
 		switch {
 		case ttl == 0 && tok.ExpiresAt != nil:
 			t.Errorf("ttl_seconds 0 means no expiry, got %v", tok.ExpiresAt)
-		case ttl > 0 && (tok.ExpiresAt == nil || tok.ExpiresAt.Sub(tok.CreatedAt).Round(time.Minute) != (time.Duration(ttl) * time.Second).Round(time.Minute)):
+		case ttl > 0 && (tok.ExpiresAt == nil || tok.ExpiresAt.Sub(tok.CreatedAt).Round(time.Minute) != (time.Duration(ttl)*time.Second).Round(time.Minute)):
 			t.Errorf("ttl_seconds %d: created %v, expires %v", ttl, tok.CreatedAt, tok.ExpiresAt)
 		}
 		if ttl == maxToken {

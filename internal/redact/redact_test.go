@@ -60,11 +60,11 @@ func TestPatterns(t *testing.T) {
 func TestSpecifics(t *testing.T) {
 	for in, want := range map[string]string{
 		// What is not a secret is left alone.
-		"ls -la /workspace":          "ls -la /workspace",
-		"pip install scikit-learn":   "pip install scikit-learn",
-		"sk-learn and sk-short-name": "sk-learn and sk-short-name",
-		"the bearer of bad news":     "the bearer of bad news",
-		"abx_tooshort":               "abx_tooshort",
+		"ls -la /workspace":                          "ls -la /workspace",
+		"pip install scikit-learn":                   "pip install scikit-learn",
+		"sk-learn and sk-short-name":                 "sk-learn and sk-short-name",
+		"the bearer of bad news":                     "the bearer of bad news",
+		"abx_tooshort":                               "abx_tooshort",
 		"-----BEGIN PUBLIC KEY-----\nMIIB\n-----END": "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END",
 		// Text around a secret survives; a key cut short is redacted to
 		// the end.
