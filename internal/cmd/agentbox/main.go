@@ -13,6 +13,7 @@
 //	agentbox tokens revoke TOKEN_ID
 //	agentbox audit verify
 //	agentbox audit query [--agent A] [--operation OP] [--since 1h]
+//	agentbox audit console [--json] SESSION_ID
 //
 // Every command takes --endpoint, --token-file and --ca-file, or the
 // variables AGENTBOX_ENDPOINT, AGENTBOX_TOKEN and AGENTBOX_CA_FILE.
@@ -61,7 +62,7 @@ commands:
   deploy        start or resume an agent's sandbox
   leases        acquire, heartbeat and release sandbox leases
   tokens        create or revoke API tokens (admin)
-  audit         verify the audit log's hash chain, or query it (admin)
+  audit         verify the audit log's hash chain, query it, or read a console session back (admin)
   version       print the version
 
 Run "agentbox <command> -h" for a command's flags.

@@ -217,8 +217,29 @@ type ConsoleSession struct {
 	SnapshotID string `json:"snapshot_id,omitempty"`
 	// Transcript is the terminal's output (which echoes what was typed),
 	// up to the store's cap; only GET of the session returns it.
-	Transcript          []byte `json:"transcript,omitempty"`
-	TranscriptTruncated bool   `json:"transcript_truncated,omitempty"`
+	Transcript []byte `json:"transcript,omitempty"`
+	// TranscriptRecords are the terminal's bytes both ways, in the order
+	// they were recorded: what the staff member typed (TranscriptInput)
+	// and what the terminal showed (TranscriptOutput). Known secret
+	// formats are redacted from both. Only GET of the session returns
+	// them.
+	TranscriptRecords   []TranscriptRecord `json:"transcript_records,omitempty"`
+	TranscriptTruncated bool               `json:"transcript_truncated,omitempty"`
+}
+
+// Directions of a TranscriptRecord.
+const (
+	TranscriptInput  = "in"
+	TranscriptOutput = "out"
+)
+
+// TranscriptRecord is a run of a console's terminal bytes in one
+// direction.
+type TranscriptRecord struct {
+	// Direction is TranscriptInput or TranscriptOutput.
+	Direction string    `json:"direction"`
+	At        time.Time `json:"at"`
+	Data      []byte    `json:"data"`
 }
 
 // MCPToolCatalog is the tool list of one of a sandbox's stdio MCP servers,
