@@ -122,10 +122,14 @@ type Server struct {
 	pushes          *autoPusher // nil without a store
 	poolTakes       poolTakes
 	// background holds work a call starts and does not wait for (see
-	// warmConnection); Close waits for it.
+	// warmConnection, recordActivity); Close waits for it.
 	background sync.WaitGroup
-	warmSlots  chan struct{} // see warmConnection
-	conns      *warmConns
+	// closing is closed when Close begins, for background work that would
+	// otherwise last as long as a call that a hijacked connection keeps
+	// open.
+	closing   chan struct{}
+	warmSlots chan struct{} // see warmConnection
+	conns     *warmConns
 	// warming holds, by sandbox, a channel closed when the warm-up of its
 	// connection ends; see awaitWarmConnection.
 	warming sync.Map
@@ -155,6 +159,7 @@ func NewServer(opts Options) (*Server, error) {
 		warmSlots:       make(chan struct{}, maxWarmConnections),
 		conns:           newWarmConns(),
 		settleSlots:     make(chan struct{}, maxSettles),
+		closing:         make(chan struct{}),
 		auth:            opts.Authenticator,
 		trustDomain:     opts.TrustDomain,
 		clock:           opts.Clock,
@@ -269,6 +274,7 @@ func NewServer(opts Options) (*Server, error) {
 // Close writes the audit records still queued. Call it after the HTTP
 // server has stopped serving, and before closing the Store.
 func (s *Server) Close() {
+	close(s.closing)
 	s.conns.close()
 	s.background.Wait()
 	if s.pushes != nil {
@@ -473,9 +479,42 @@ func (s *Server) runCommandStream(w http.ResponseWriter, r *http.Request) {
 	_ = send(api.CommandEvent{Exit: commandResult(res)})
 }
 
-// recordActivity renews the sandbox's Lease before the command runs, so
-// that a long command counts as activity from its start.
+// recordActivity renews the sandbox's Lease as a call starts, and goes on
+// renewing it, at the renewer's throttled rate, until the call ends (ctx
+// is the request's, which ends with the handler): a terminal, a streamed
+// command or a long transfer is use of the sandbox for as long as it is
+// open, and must not be idle-stopped under the caller.
 func (s *Server) recordActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
+	s.renewActivity(ctx, sb)
+	if ctx.Done() == nil {
+		return
+	}
+	s.background.Go(func() {
+		t := time.NewTicker(s.leases.interval / activityTicks)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.closing:
+				return
+			case <-t.C:
+				// A tick and the end of the call can arrive together.
+				if ctx.Err() != nil {
+					return
+				}
+				s.renewActivity(ctx, sb)
+			}
+		}
+	})
+}
+
+// activityTicks is how many times per renewal interval an open call asks
+// for a renewal. The renewer's throttle lets one through an interval, so a
+// renewal follows the previous one after at most an interval and a tick.
+const activityTicks = 3
+
+func (s *Server) renewActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
 	// The renewal must not be cut short when a client disconnects right
 	// after sending, nor hold the call up for long.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)

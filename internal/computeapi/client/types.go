@@ -115,8 +115,9 @@ type Lease struct {
 	AcquiredAt time.Time `json:"acquired_at"`
 	RenewedAt  time.Time `json:"renewed_at"`
 	// ExpiresAt is RenewedAt plus the TTL. Activity on the sandbox (any
-	// Compute API call) also moves RenewedAt, so a hold whose sandbox is in
-	// use does not expire under it.
+	// Compute API call, renewed about every 30 s while a call such as a
+	// terminal or a streamed command stays open) also moves RenewedAt, so
+	// a hold whose sandbox is in use does not expire under it.
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
