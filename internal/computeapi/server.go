@@ -309,7 +309,7 @@ func (s *Server) authenticated(op string, next http.HandlerFunc) http.Handler {
 				writeError(w, api.Errorf(api.CodeInternal, "could not check the token"))
 				return nil
 			}
-			next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+			next(w, withPresentedLease(r.WithContext(context.WithValue(r.Context(), principalKey{}, p))))
 			return p
 		})
 		if result == resultOK && pushAfter[op] && s.pushes != nil {
@@ -566,10 +566,14 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.E
 // that is stopped, stopping or starting is waited for: the call renews its
 // Lease, which is what wakes a stopped sandbox, and is served when the
 // controller reports it running, so the caller sees one slower call rather
-// than an error. A sandbox in a state that needs a person fails at once.
+// than an error. A sandbox in a state that needs a person fails at once,
+// and one that someone else holds (checkHold) before it is woken.
 func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	sb, apiErr := s.agentSandbox(ctx, agentID)
 	if apiErr != nil {
+		return nil, apiErr
+	}
+	if apiErr := s.checkHold(ctx, sb); apiErr != nil {
 		return nil, apiErr
 	}
 	if serving(sb) {

@@ -16,7 +16,10 @@
 //	agentbox audit console [--json] SESSION_ID
 //
 // Every command takes --endpoint, --token-file and --ca-file, or the
-// variables AGENTBOX_ENDPOINT, AGENTBOX_TOKEN and AGENTBOX_CA_FILE.
+// variables AGENTBOX_ENDPOINT, AGENTBOX_TOKEN and AGENTBOX_CA_FILE. While a
+// sandbox is leased, exec, shell, cp and deploy need the lease's ID
+// (--lease-id or AGENTBOX_LEASE_ID); without it the API refuses them with
+// lease_held, and agentbox says who holds the lease until when.
 //
 // exec prints the command's stdout and stderr as they are, then a summary
 // line "exit_code=N duration=D" on stderr, and exits with the command's

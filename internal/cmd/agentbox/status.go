@@ -78,7 +78,8 @@ func deployCommand(ctx context.Context, args []string, getenv func(string) strin
 stopped, and prints its status once it serves calls. The API waits a few
 minutes at most; with --wait, agentbox keeps waiting up to --timeout and
 shows the sandbox's phase on stderr meanwhile.`,
-		args: []string{"AGENT_ID"},
+		args:       []string{"AGENT_ID"},
+		leaseAgent: func(args []string) string { return args[0] },
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&wait, "wait", false, "wait until the sandbox is ready, showing its phase")
 			fs.DurationVar(&timeout, "timeout", 10*time.Minute, "with --wait, how long to wait")

@@ -42,6 +42,7 @@ exit code, or 128+N if signal N ended it.`,
 			}
 			return nil
 		},
+		leaseAgent: func(args []string) string { return args[0] },
 	}
 	return cmd.interactive(ctx, args, getenv, stdin, stdout, stderr,
 		func(ctx context.Context, c *client.Client, args []string, cols, rows uint16) (*supervisorapi.PTY, error) {
