@@ -510,8 +510,8 @@ func (s *Server) recordActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
 }
 
 // activityTicks is how many times per renewal interval an open call asks
-// for a renewal. The renewer's throttle lets one through an interval, so a
-// renewal follows the previous one after at most an interval and a tick.
+// for a renewal. The renewer's throttle lets one per interval through, so
+// a renewal follows the previous one after at most an interval and a tick.
 const activityTicks = 3
 
 func (s *Server) renewActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
