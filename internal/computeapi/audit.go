@@ -176,6 +176,9 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 		e.Caller, e.CallerKind = p.Name, p.Kind
 	}
 	e.Detail = note.detail()
+	if e.AgentID == "" {
+		e.AgentID = note.agent()
+	}
 	e.Result = resultOf(aw)
 	metricRequestSeconds.WithLabelValues(op, e.Result).Observe(e.Duration.Seconds())
 	s.audit.record(e)
@@ -184,10 +187,13 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 
 // auditNote is what a handler adds to its call's audit record: facts a
 // reviewer needs beyond who, what and how it ended, such as a hold the
-// staff console passed. They become the record's detail, a JSON object.
+// staff console passed, which become the record's detail (a JSON
+// object), and the agent of a call whose path does not name it (a console
+// session's).
 type auditNote struct {
-	mu     sync.Mutex
-	fields map[string]any
+	mu      sync.Mutex
+	fields  map[string]any
+	agentID string
 }
 
 type auditNoteKey struct{}
@@ -205,6 +211,22 @@ func noteAudit(ctx context.Context, key string, value any) {
 		n.fields = map[string]any{}
 	}
 	n.fields[key] = value
+}
+
+// noteAuditAgent names the agent the call of ctx acts on, for a call whose
+// path does not.
+func noteAuditAgent(ctx context.Context, agentID string) {
+	if n, _ := ctx.Value(auditNoteKey{}).(*auditNote); n != nil {
+		n.mu.Lock()
+		n.agentID = agentID
+		n.mu.Unlock()
+	}
+}
+
+func (n *auditNote) agent() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.agentID
 }
 
 func (n *auditNote) detail() string {

@@ -67,6 +67,7 @@ func (s *Server) createConsoleSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
+	noteAuditAgent(r.Context(), req.AgentID)
 	switch {
 	case req.AgentID == "":
 		apiErr = api.Errorf(api.CodeInvalidArgument, "agent_id is required")
@@ -143,6 +144,7 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeNotFound, "no console session %q of yours", id))
 		return
 	}
+	noteAuditAgent(r.Context(), c.AgentID)
 	if c.Expired(s.clock.Now()) {
 		writeError(w, api.Errorf(api.CodeConsoleExpired, "console session %s expired at %s; mint a new one", id, c.ExpiresAt.UTC().Format(time.RFC3339)))
 		return
