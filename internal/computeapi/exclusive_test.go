@@ -92,7 +92,10 @@ func TestLeaseIsExclusive(t *testing.T) {
 			_, err := other.PutFile(ctx, "agent-1", "held.txt", strings.NewReader("theirs"), 0)
 			return err
 		},
-		"tool_request":     func() error { _, err := other.ToolRequest(ctx, "agent-1", "view", map[string]any{"path": "held.txt"}); return err },
+		"tool_request": func() error {
+			_, err := other.ToolRequest(ctx, "agent-1", "view", map[string]any{"path": "held.txt"})
+			return err
+		},
 		"deploy_or_resume": func() error { _, err := other.DeployOrResume(ctx, "agent-1"); return err },
 		"terminate": func() error {
 			_, err := other.Terminate(ctx, "agent-1", api.TerminateRequest{Reason: "not mine"})
