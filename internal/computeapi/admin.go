@@ -55,8 +55,11 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	case (kind == store.TokenAgent) != (req.AgentID != ""):
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "agent_id is required for agent tokens and refused for the others"))
 		return
-	case req.TTLSeconds < 0 || time.Duration(req.TTLSeconds)*time.Second > maxTokenTTL:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 0 (no expiry) and %d", int64(maxTokenTTL/time.Second)))
+	case req.TTLSeconds < 0 || req.TTLSeconds > int64(maxTokenTTL/time.Second):
+		// Compared in seconds: multiplied into a Duration first, a large
+		// value wraps around to a short or negative lifetime.
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 0 (no expiry) and %d, got %d",
+			int64(maxTokenTTL/time.Second), req.TTLSeconds))
 		return
 	}
 	secret := make([]byte, 32)
@@ -123,7 +126,7 @@ func (s *Server) queryAudit(w http.ResponseWriter, r *http.Request) {
 	for i, rec := range page.Records {
 		out.Records[i] = api.AuditRecord{Seq: rec.Seq, Time: rec.Time, Caller: rec.Caller, CallerKind: rec.CallerKind,
 			AgentID: rec.AgentID, Operation: rec.Operation, ParamsHash: rec.ParamsHash, DurationMS: rec.Duration.Milliseconds(),
-			Result: rec.Result, Status: rec.Status, RequestID: rec.RequestID,
+			Result: rec.Result, Status: rec.Status, RequestID: rec.RequestID, Detail: rec.Detail,
 			Hash: hex.EncodeToString(rec.Hash), PrevHash: hex.EncodeToString(rec.PrevHash)}
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -6,9 +6,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"hash"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -155,6 +157,8 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 	if r.Body != nil {
 		r.Body = hashedBody{ReadCloser: r.Body, h: h}
 	}
+	note := &auditNote{}
+	r = r.WithContext(context.WithValue(r.Context(), auditNoteKey{}, note))
 	aw := &auditedWriter{ResponseWriter: w}
 	p := serve(aw, r)
 	e := store.AuditEntry{
@@ -171,10 +175,71 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 	if p != nil {
 		e.Caller, e.CallerKind = p.Name, p.Kind
 	}
+	e.Detail = note.detail()
+	if e.AgentID == "" {
+		e.AgentID = note.agent()
+	}
 	e.Result = resultOf(aw)
 	metricRequestSeconds.WithLabelValues(op, e.Result).Observe(e.Duration.Seconds())
 	s.audit.record(e)
 	return e.Result
+}
+
+// auditNote is what a handler adds to its call's audit record: facts a
+// reviewer needs beyond who, what and how it ended, such as a hold the
+// staff console passed, which become the record's detail (a JSON
+// object), and the agent of a call whose path does not name it (a console
+// session's).
+type auditNote struct {
+	mu      sync.Mutex
+	fields  map[string]any
+	agentID string
+}
+
+type auditNoteKey struct{}
+
+// noteAudit adds key to the audit record of the call of ctx; outside an
+// audited call it does nothing.
+func noteAudit(ctx context.Context, key string, value any) {
+	n, _ := ctx.Value(auditNoteKey{}).(*auditNote)
+	if n == nil {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fields == nil {
+		n.fields = map[string]any{}
+	}
+	n.fields[key] = value
+}
+
+// noteAuditAgent names the agent the call of ctx acts on, for a call whose
+// path does not.
+func noteAuditAgent(ctx context.Context, agentID string) {
+	if n, _ := ctx.Value(auditNoteKey{}).(*auditNote); n != nil {
+		n.mu.Lock()
+		n.agentID = agentID
+		n.mu.Unlock()
+	}
+}
+
+func (n *auditNote) agent() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.agentID
+}
+
+func (n *auditNote) detail() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.fields) == 0 {
+		return ""
+	}
+	b, err := json.Marshal(n.fields)
+	if err != nil {
+		return fmt.Sprintf("%v", n.fields)
+	}
+	return string(b)
 }
 
 const resultOK = "ok"

@@ -14,25 +14,26 @@ import (
 	"github.com/coder/websocket"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// The staff console (seed 000). A staff token mints a console session for
-// one agent, with a reason and a time box; the session's PTY is a shell in
-// the agent's sandbox, relayed frame for frame from the supervisor's PTY
-// (the same agentbox.pty.v1 protocol). The store records who, for which
-// agent, why, when they connected and disconnected, the sandbox's snapshot
-// at the time, and the terminal's output (which echoes what was typed) up
-// to its cap. A session connects once; the connection ends when the
-// session expires.
+// The staff console. A staff token mints a console session for one
+// agent, with a reason and a time box; the session's PTY is a shell in the
+// agent's sandbox, relayed frame for frame from the supervisor's PTY (the
+// same agentbox.pty.v1 protocol). The store records who, for which agent,
+// why, when they connected and disconnected, the sandbox's snapshot at the
+// time, and the terminal's bytes both ways (what was typed, and what the
+// terminal showed) up to its cap, with known secret formats redacted. A
+// session connects once; the connection ends when the session expires.
 
 const (
 	defaultConsoleTTL = 15 * time.Minute
 	maxConsoleTTL     = time.Hour
-	// transcriptFlush is how much output is gathered before it is written
-	// to the store (and at the end), so typing does not mean a commit per
-	// keystroke.
+	// transcriptFlush is how much of the terminal's bytes are gathered
+	// before they are written to the store (and at the end), so typing
+	// does not mean a commit per keystroke.
 	transcriptFlush = 16 << 10
 )
 
@@ -66,20 +67,23 @@ func (s *Server) createConsoleSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	ttl := time.Duration(req.TTLSeconds) * time.Second
+	noteAuditAgent(r.Context(), req.AgentID)
 	switch {
 	case req.AgentID == "":
 		apiErr = api.Errorf(api.CodeInvalidArgument, "agent_id is required")
 	case len(bytes.TrimSpace([]byte(req.Reason))) == 0:
 		apiErr = api.Errorf(api.CodeInvalidArgument, "reason is required: every console access says why")
-	case req.TTLSeconds < 0 || ttl > maxConsoleTTL:
-		apiErr = api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 1 and %d (0 means %d)",
-			int(maxConsoleTTL/time.Second), int(defaultConsoleTTL/time.Second))
+	case req.TTLSeconds < 0 || req.TTLSeconds > int(maxConsoleTTL/time.Second):
+		// Compared in seconds: multiplied into a Duration first, a large
+		// value wraps around to a short or negative time box.
+		apiErr = api.Errorf(api.CodeInvalidArgument, "ttl_seconds must be between 1 and %d (0 means %d), got %d",
+			int(maxConsoleTTL/time.Second), int(defaultConsoleTTL/time.Second), req.TTLSeconds)
 	}
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
 	}
+	ttl := time.Duration(req.TTLSeconds) * time.Second
 	if ttl == 0 {
 		ttl = defaultConsoleTTL
 	}
@@ -116,6 +120,9 @@ func (s *Server) getConsoleSession(w http.ResponseWriter, r *http.Request) {
 	}
 	v := consoleView(c)
 	v.Transcript, v.TranscriptTruncated = c.Transcript, c.TranscriptTruncated
+	for _, r := range c.Records {
+		v.TranscriptRecords = append(v.TranscriptRecords, api.TranscriptRecord{Direction: string(r.Direction), At: r.At, Data: r.Data})
+	}
 	writeJSON(w, http.StatusOK, v)
 }
 
@@ -137,6 +144,7 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeNotFound, "no console session %q of yours", id))
 		return
 	}
+	noteAuditAgent(r.Context(), c.AgentID)
 	if c.Expired(s.clock.Now()) {
 		writeError(w, api.Errorf(api.CodeConsoleExpired, "console session %s expired at %s; mint a new one", id, c.ExpiresAt.UTC().Format(time.RFC3339)))
 		return
@@ -152,7 +160,9 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	size := supervisorapi.PTYRequest{Cols: req.Cols, Rows: req.Rows}
-	sb, apiErr := s.readySandbox(r.Context(), c.AgentID)
+	// A hold on the sandbox does not keep staff out; the audit record says
+	// whose hold the console passed.
+	sb, apiErr := s.readySandbox(withHoldBypass(r.Context()), c.AgentID)
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
@@ -198,43 +208,81 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 	defer client.CloseNow()
 	ctx, cancel := context.WithDeadline(r.Context(), c.ExpiresAt)
 	defer cancel()
-	tr := &transcript{st: s.store, id: id, log: s.log}
-	defer tr.flush()
-	relayPTY(ctx, client, upstream, tr.write)
+	tr := &transcript{st: s.store, id: id, log: s.log, now: s.clock.Now}
+	defer tr.close()
+	relayPTY(ctx, client, upstream, tr.input, tr.output)
 }
 
-// transcript batches terminal output into the session's record.
+// transcript batches a console's terminal bytes, both ways, into the
+// session's record. Each direction goes through its own redact.Stream,
+// which holds back the end of what it has seen while that may be the
+// start of a secret: a key typed a keystroke at a time, or output cut
+// between two frames or two writes to the store, is redacted whole. The
+// store redacts each record again.
 type transcript struct {
 	st  *store.Store
 	id  string
+	now func() time.Time
 	log interface {
 		Error(err error, msg string, kv ...any)
 	}
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu      sync.Mutex
+	in, out redact.Stream
+	pending []store.TranscriptRecord
+	size    int
 }
 
-func (t *transcript) write(b []byte) {
+func (t *transcript) input(b []byte)  { t.add(store.TranscriptInput, b) }
+func (t *transcript) output(b []byte) { t.add(store.TranscriptOutput, b) }
+
+func (t *transcript) add(dir store.TranscriptDirection, b []byte) {
 	t.mu.Lock()
-	t.buf.Write(b)
-	full := t.buf.Len() >= transcriptFlush
+	stream := &t.out
+	if dir == store.TranscriptInput {
+		stream = &t.in
+	}
+	t.appendLocked(dir, stream.Write(b))
+	full := t.size >= transcriptFlush
 	t.mu.Unlock()
 	if full {
 		t.flush()
 	}
 }
 
+// appendLocked adds what a stream let through, to the last record if that
+// is of the same direction.
+func (t *transcript) appendLocked(dir store.TranscriptDirection, b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if n := len(t.pending); n > 0 && t.pending[n-1].Direction == dir {
+		t.pending[n-1].Data = append(t.pending[n-1].Data, b...)
+	} else {
+		t.pending = append(t.pending, store.TranscriptRecord{Direction: dir, At: t.now(), Data: b})
+	}
+	t.size += len(b)
+}
+
+// close writes what the streams still hold and the rest of the batch.
+func (t *transcript) close() {
+	t.mu.Lock()
+	t.appendLocked(store.TranscriptInput, t.in.Flush())
+	t.appendLocked(store.TranscriptOutput, t.out.Flush())
+	t.mu.Unlock()
+	t.flush()
+}
+
 func (t *transcript) flush() {
 	t.mu.Lock()
-	chunk := bytes.Clone(t.buf.Bytes())
-	t.buf.Reset()
+	batch := t.pending
+	t.pending, t.size = nil, 0
 	t.mu.Unlock()
-	if len(chunk) == 0 {
+	if len(batch) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := t.st.AppendConsoleTranscript(ctx, t.id, chunk); err != nil {
+	if err := t.st.AppendConsoleTranscript(ctx, t.id, batch...); err != nil {
 		t.log.Error(err, "record console transcript", "session", t.id)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,8 +46,13 @@ func TestStaffConsole(t *testing.T) {
 		t.Fatal(err)
 	}
 	opened := time.Since(start)
-	if _, err := pty.Write([]byte("stty size; echo console-$((40+2)); exit 3\n")); err != nil {
-		t.Fatal(err)
+	// A fake API key, typed in two frames: the transcript must not hold
+	// it in either direction, although no frame holds all of it.
+	key := "sk-ant-api03-" + strings.Repeat("Fa4e", 8)
+	for _, frame := range []string{"stty size; echo console-$((40+2)); K=" + key[:9], key[9:] + "; echo $K; exit 3\n"} {
+		if _, err := pty.Write([]byte(frame)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out, err := io.ReadAll(pty)
 	if err != nil {
@@ -57,7 +63,8 @@ func TestStaffConsole(t *testing.T) {
 		t.Fatalf("exit %+v, %v", exit, err)
 	}
 	pty.Close()
-	if !bytes.Contains(out, []byte("console-42")) || !bytes.Contains(out, []byte("30 100")) {
+	// The staff member's own terminal shows what the shell printed.
+	if !bytes.Contains(out, []byte("console-42")) || !bytes.Contains(out, []byte("30 100")) || !bytes.Contains(out, []byte(key)) {
 		t.Fatalf("terminal output %q", out)
 	}
 	t.Logf("console opened in %s, shell exited with %d", opened.Round(time.Millisecond), exit.ExitCode)
@@ -87,6 +94,34 @@ func TestStaffConsole(t *testing.T) {
 	if rec.ConnectedAt == nil || rec.DisconnectedAt == nil || rec.Reason != "ticket 4711: agent stuck" ||
 		!bytes.Contains(rec.Transcript, []byte("console-42")) {
 		t.Errorf("recorded session %+v (transcript %q)", rec, rec.Transcript)
+	}
+	// Both directions are recorded, told apart, and redacted.
+	var typed, shown []byte
+	for _, r := range rec.TranscriptRecords {
+		switch r.Direction {
+		case api.TranscriptInput:
+			typed = append(typed, r.Data...)
+		case api.TranscriptOutput:
+			shown = append(shown, r.Data...)
+		default:
+			t.Errorf("a transcript record of direction %q", r.Direction)
+		}
+		if r.At.Before(rec.ConnectedAt.Add(-time.Second)) || r.At.After(rec.DisconnectedAt.Add(time.Second)) {
+			t.Errorf("a transcript record at %v, outside the connection %v-%v", r.At, rec.ConnectedAt, rec.DisconnectedAt)
+		}
+	}
+	wantTyped := "stty size; echo console-$((40+2)); K=[REDACTED:sk_api_key]; echo $K; exit 3\n"
+	if string(typed) != wantTyped {
+		t.Errorf("recorded input %q, want %q", typed, wantTyped)
+	}
+	if !bytes.Equal(shown, rec.Transcript) || !bytes.Contains(shown, []byte("console-42")) ||
+		bytes.Count(shown, []byte("[REDACTED:sk_api_key]")) < 2 {
+		t.Errorf("recorded output %q (transcript %q)", shown, rec.Transcript)
+	}
+	for _, b := range [][]byte{typed, shown, rec.Transcript} {
+		if bytes.Contains(b, []byte(key[9:])) {
+			t.Errorf("the transcript holds the key: %q", b)
+		}
 	}
 	if _, err := clients(bobTok.Token).GetConsoleSession(ctx, sess.ID); api.CodeOf(err) != api.CodeNotFound {
 		t.Errorf("another staff member reads the session: %v", err)

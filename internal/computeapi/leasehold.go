@@ -20,14 +20,16 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
-// The exclusive lease of seed 003 lives in the sandbox's activity Lease:
+// The exclusive lease lives in the sandbox's activity Lease:
 // spec.holderIdentity and leaseDurationSeconds say who holds it for how
 // long, acquireTime when the hold began, and the annotations
 // v1alpha1.AnnotationLeaseRequestID and AnnotationLeaseID which acquire
 // started it. Every change is a read followed by an update carrying the
 // resourceVersion read, so of two concurrent acquires the API server lets
 // exactly one write; the other re-reads, finds the lease held and gets
-// CodeLeaseHeld. The controller reclaims holds that expire.
+// CodeLeaseHeld. The controller reclaims holds that expire. While a hold
+// is live, calls on the sandbox that do not present its lease ID are
+// refused (checkHold, exclusive.go).
 
 // maxLeaseField bounds holder names, request and lease IDs: they are stored
 // in the Lease, and a megabyte of holder name is a mistake, not a name.
@@ -67,8 +69,8 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, leaseView(l))
 }
 
-// recordLease appends to the store's lease history (seed 003's record of
-// who held which sandbox when). The Lease object is the truth; a failed
+// recordLease appends to the store's lease history (the record of who
+// held which sandbox when). The Lease object is the truth; a failed
 // record is logged, not returned, so that history never blocks a hold.
 func (s *Server) recordLease(ctx context.Context, kind store.LeaseEventKind, sb *v1alpha1.Sandbox, v api.Lease) {
 	if s.store == nil {

@@ -75,6 +75,9 @@ func (s *Server) mcpTools(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sb, apiErr := s.agentSandbox(r.Context(), agentID)
+	if apiErr == nil {
+		apiErr = s.checkHold(r.Context(), sb)
+	}
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return

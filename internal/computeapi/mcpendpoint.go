@@ -99,7 +99,10 @@ type mcpCaller struct {
 	s             *Server
 	agentID       string
 	authorization string
-	requestID     string
+	// lease is the lease ID the MCP request presents, presented again by
+	// each REST call it makes.
+	lease     string
+	requestID string
 	// post is the context of the HTTP POST that carries the tool call (the
 	// server is made for that one POST): when the client goes away, the
 	// REST call is cancelled, as it would be for a REST client.
@@ -107,7 +110,8 @@ type mcpCaller struct {
 }
 
 func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
-	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), post: r.Context()}
+	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), lease: r.Header.Get(api.HeaderLeaseID),
+		post: r.Context()}
 	c.requestID, _ = r.Context().Value(requestIDKey{}).(string)
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandbox of agent " + agentID, Version: "v1"},
 		&mcp.ServerOptions{
@@ -389,6 +393,9 @@ func (c *mcpCaller) call(ctx context.Context, method, path, contentType string, 
 	}
 	req.RequestURI = req.URL.RequestURI()
 	req.Header.Set("Authorization", c.authorization)
+	if c.lease != "" {
+		req.Header.Set(api.HeaderLeaseID, c.lease)
+	}
 	if c.requestID != "" {
 		// The tool's audit record and log lines carry the MCP request's
 		// ID, which ties them to the MCP exchange that made them.

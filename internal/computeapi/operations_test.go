@@ -57,6 +57,10 @@ type apiSetup struct {
 	// noContract serves the API without contractCheck, whose recorder
 	// holds a response until it is complete: for tests of streaming.
 	noContract bool
+	// renewInterval is the API's LeaseRenewInterval (0: the default).
+	renewInterval time.Duration
+	// started, if set, gets the fake cluster and the API's clock.
+	started func(kube client.Client, clk *clocktesting.FakeClock)
 }
 
 func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Client {
@@ -109,9 +113,12 @@ func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Cli
 		auth = ChainAuthenticators(auth, NewStoreAuthenticator(st))
 	}
 	srv, err := NewServer(Options{Sandboxes: kube, Leases: kube, Supervisors: pool, TrustDomain: testTrustDomain, Clock: clk,
-		Authenticator: auth, Store: st, FilespacePushDelay: o.pushDelay})
+		Authenticator: auth, Store: st, FilespacePushDelay: o.pushDelay, LeaseRenewInterval: o.renewInterval})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.started != nil {
+		o.started(kube, clk)
 	}
 	handler := srv.Handler()
 	if !o.noContract {

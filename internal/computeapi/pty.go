@@ -46,7 +46,7 @@ func (s *Server) agentPTY(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer client.CloseNow()
-	relayPTY(r.Context(), client, upstream, nil)
+	relayPTY(r.Context(), client, upstream, nil, nil)
 }
 
 // ptyRequest reads what to run from the query, as the supervisor's
@@ -94,10 +94,12 @@ func acceptPTY(w http.ResponseWriter, r *http.Request) (*websocket.Conn, error) 
 }
 
 // relayPTY copies frames both ways until either side ends or ctx ends,
-// passing a closing side's code and reason on. output, if set, sees the
-// terminal's output. A ctx that passes its deadline (a console's time
-// box) closes both with a policy violation.
-func relayPTY(ctx context.Context, client, upstream *websocket.Conn, output func([]byte)) {
+// passing a closing side's code and reason on. input and output, if set,
+// see the terminal bytes the client typed and the terminal showed (binary
+// frames; the text frames are the protocol's resize and exit messages). A
+// ctx that passes its deadline (a console's time box) closes both with a
+// policy violation.
+func relayPTY(ctx context.Context, client, upstream *websocket.Conn, input, output func([]byte)) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -106,7 +108,7 @@ func relayPTY(ctx context.Context, client, upstream *websocket.Conn, output func
 		_ = client.Close(code, reason)
 		_ = upstream.Close(code, reason)
 	}
-	relay := func(from, to *websocket.Conn, output func([]byte)) {
+	relay := func(from, to *websocket.Conn, record func([]byte)) {
 		defer wg.Done()
 		defer cancel()
 		for {
@@ -121,15 +123,15 @@ func relayPTY(ctx context.Context, client, upstream *websocket.Conn, output func
 				}
 				return
 			}
-			if output != nil && typ == websocket.MessageBinary {
-				output(data)
+			if record != nil && typ == websocket.MessageBinary {
+				record(data)
 			}
 			if err := to.Write(ctx, typ, data); err != nil {
 				return
 			}
 		}
 	}
-	go relay(client, upstream, nil)
+	go relay(client, upstream, input)
 	go relay(upstream, client, output)
 	wg.Wait()
 }

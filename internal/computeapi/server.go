@@ -128,10 +128,14 @@ type Server struct {
 	pushes          *autoPusher // nil without a store
 	poolTakes       poolTakes
 	// background holds work a call starts and does not wait for (see
-	// warmConnection); Close waits for it.
+	// warmConnection, recordActivity); Close waits for it.
 	background sync.WaitGroup
-	warmSlots  chan struct{} // see warmConnection
-	conns      *warmConns
+	// closing is closed when Close begins, for background work that would
+	// otherwise last as long as a call that a hijacked connection keeps
+	// open.
+	closing   chan struct{}
+	warmSlots chan struct{} // see warmConnection
+	conns     *warmConns
 	// warming holds, by sandbox, a channel closed when the warm-up of its
 	// connection ends; see awaitWarmConnection.
 	warming sync.Map
@@ -165,6 +169,7 @@ func NewServer(opts Options) (*Server, error) {
 		warmSlots:       make(chan struct{}, maxWarmConnections),
 		conns:           newWarmConns(),
 		settleSlots:     make(chan struct{}, maxSettles),
+		closing:         make(chan struct{}),
 		auth:            opts.Authenticator,
 		trustDomain:     opts.TrustDomain,
 		clock:           opts.Clock,
@@ -280,6 +285,7 @@ func NewServer(opts Options) (*Server, error) {
 // Close writes the audit records still queued. Call it after the HTTP
 // server has stopped serving, and before closing the Store.
 func (s *Server) Close() {
+	close(s.closing)
 	s.conns.close()
 	s.background.Wait()
 	if s.pushes != nil {
@@ -314,7 +320,7 @@ func (s *Server) authenticated(op string, next http.HandlerFunc) http.Handler {
 				writeError(w, api.Errorf(api.CodeInternal, "could not check the token"))
 				return nil
 			}
-			next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+			next(w, withPresentedLease(r.WithContext(context.WithValue(r.Context(), principalKey{}, p))))
 			return p
 		})
 		if result == resultOK && pushAfter[op] && s.pushes != nil {
@@ -484,9 +490,42 @@ func (s *Server) runCommandStream(w http.ResponseWriter, r *http.Request) {
 	_ = send(api.CommandEvent{Exit: commandResult(res)})
 }
 
-// recordActivity renews the sandbox's Lease before the command runs, so
-// that a long command counts as activity from its start.
+// recordActivity renews the sandbox's Lease as a call starts, and goes on
+// renewing it, at the renewer's throttled rate, until the call ends (ctx
+// is the request's, which ends with the handler): a terminal, a streamed
+// command or a long transfer is use of the sandbox for as long as it is
+// open, and must not be idle-stopped under the caller.
 func (s *Server) recordActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
+	s.renewActivity(ctx, sb)
+	if ctx.Done() == nil {
+		return
+	}
+	s.background.Go(func() {
+		t := time.NewTicker(s.leases.interval / activityTicks)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.closing:
+				return
+			case <-t.C:
+				// A tick and the end of the call can arrive together.
+				if ctx.Err() != nil {
+					return
+				}
+				s.renewActivity(ctx, sb)
+			}
+		}
+	})
+}
+
+// activityTicks is how many times per renewal interval an open call asks
+// for a renewal. The renewer's throttle lets one per interval through, so
+// a renewal follows the previous one after at most an interval and a tick.
+const activityTicks = 3
+
+func (s *Server) renewActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
 	// The renewal must not be cut short when a client disconnects right
 	// after sending, nor hold the call up for long.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
@@ -538,10 +577,14 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.E
 // that is stopped, stopping or starting is waited for: the call renews its
 // Lease, which is what wakes a stopped sandbox, and is served when the
 // controller reports it running, so the caller sees one slower call rather
-// than an error. A sandbox in a state that needs a person fails at once.
+// than an error. A sandbox in a state that needs a person fails at once,
+// and one that someone else holds (checkHold) before it is woken.
 func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	sb, apiErr := s.agentSandbox(ctx, agentID)
 	if apiErr != nil {
+		return nil, apiErr
+	}
+	if apiErr := s.checkHold(ctx, sb); apiErr != nil {
 		return nil, apiErr
 	}
 	if serving(sb) {

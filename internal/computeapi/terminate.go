@@ -56,6 +56,9 @@ func (s *Server) terminate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb, apiErr := s.agentSandbox(r.Context(), agentID)
+	if apiErr == nil {
+		apiErr = s.checkHold(r.Context(), sb)
+	}
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return

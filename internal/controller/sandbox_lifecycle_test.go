@@ -86,8 +86,9 @@ func (e *clusterEnv) computeAPI(pool *computeapi.SupervisorPool) *apiclient.Clie
 }
 
 // computeAPIWithStore is computeAPI with a store behind it (audit, lease
-// history, the filespace), as the control plane has.
-func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *store.Store) *apiclient.Client {
+// history, the filespace), as the control plane has; configure changes the
+// API's options.
+func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *store.Store, configure ...func(*computeapi.Options)) *apiclient.Client {
 	e.t.Helper()
 	const token = "lifecycle-test-token"
 	admin, err := computeapi.NewAdminTokenAuthenticator(computeapi.HashToken(token))
@@ -104,10 +105,14 @@ func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *st
 	if e.r != nil {
 		sandboxes = e.r.Client
 	}
-	srv, err := computeapi.NewServer(computeapi.Options{
+	opts := computeapi.Options{
 		Sandboxes: sandboxes, Leases: e.c, Supervisors: pool, Authenticator: auth, TrustDomain: testTrustDomain,
 		ResumeTimeout: waitTimeout, Store: st, FilespacePushDelay: -1,
-	})
+	}
+	for _, c := range configure {
+		c(&opts)
+	}
+	srv, err := computeapi.NewServer(opts)
 	must(e.t, err)
 	hs := httptest.NewTLSServer(srv.Handler())
 	e.t.Cleanup(func() {

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
 )
 
 // AuditEntry is what a caller records about one API call.
@@ -34,7 +36,9 @@ type AuditEntry struct {
 	Status    int
 	RequestID string
 	// Detail is optional free text (JSON by convention) that a reviewer
-	// needs, such as a truncated error message.
+	// needs, such as a truncated error message. Known secret formats are
+	// redacted from it, and from AgentID and RequestID, as it is stored
+	// (see package redact).
 	Detail string
 }
 
@@ -131,6 +135,10 @@ func (s *Store) AppendAuditBatch(ctx context.Context, entries []AuditEntry) ([]A
 		// backwards along the chain unless the caller supplied them.
 		now := s.now()
 		for i, e := range entries {
+			// The free text of a record (a detail, a path's agent ID, a
+			// client's request ID) can quote what a caller typed; known
+			// secret formats are kept out before the record is hashed.
+			e.AgentID, e.RequestID, e.Detail = redact.String(e.AgentID), redact.String(e.RequestID), redact.String(e.Detail)
 			r := AuditRecord{AuditEntry: e, Seq: seq + 1, PrevHash: prev}
 			if r.Time.IsZero() {
 				r.Time = now

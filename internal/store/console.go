@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
 )
 
 // ConsoleSession is a staff member's time-boxed console access to one
-// agent's sandbox (seed 000's staff console). It is minted with a reason,
-// connected at most once, and keeps a truncated transcript.
+// agent's sandbox (the staff console). It is minted with a reason,
+// connected at most once, and keeps a truncated transcript of both
+// directions.
 type ConsoleSession struct {
 	ID      string
 	StaffID string
@@ -26,9 +29,36 @@ type ConsoleSession struct {
 	// SnapshotID is the sandbox's latest snapshot when the console
 	// connected, so an investigation can tell what state staff saw.
 	SnapshotID string
-	// Transcript is the command stream and output, up to the store's cap.
-	Transcript          []byte
+	// Transcript is what the terminal showed (its output records, after
+	// the output kept by sessions recorded before records had
+	// directions), up to the store's cap.
+	Transcript []byte
+	// Records are the transcript in both directions, in the order they
+	// were recorded. GetConsoleSession fills them in; lists do not.
+	Records []TranscriptRecord
+	// TranscriptTruncated says the cap was reached and later records
+	// were dropped.
 	TranscriptTruncated bool
+}
+
+// TranscriptDirection says which way a transcript record's bytes went.
+type TranscriptDirection string
+
+const (
+	// TranscriptInput is what the staff member typed.
+	TranscriptInput TranscriptDirection = "in"
+	// TranscriptOutput is what the terminal showed, echoes of what was
+	// typed included.
+	TranscriptOutput TranscriptDirection = "out"
+)
+
+// TranscriptRecord is a run of a console session's terminal bytes in one
+// direction.
+type TranscriptRecord struct {
+	Direction TranscriptDirection
+	// At is when the record was written; zero means the append's time.
+	At   time.Time
+	Data []byte
 }
 
 // Expired reports whether the session may no longer be used at now.
@@ -48,6 +78,9 @@ func (s *Store) CreateConsoleSession(ctx context.Context, staffID, agentID, reas
 			return ConsoleSession{}, err
 		}
 	}
+	// The reason is free text, and staff paste into it what they paste
+	// anywhere.
+	reason = redact.String(reason)
 	now := s.now()
 	c := ConsoleSession{
 		ID: newID(), StaffID: staffID, AgentID: agentID, Reason: reason,
@@ -82,9 +115,38 @@ func scanConsole(row interface{ Scan(...any) error }) (ConsoleSession, error) {
 	return c, nil
 }
 
-// GetConsoleSession returns a session whatever its state.
+// GetConsoleSession returns a session whatever its state, with its
+// transcript records.
 func (s *Store) GetConsoleSession(ctx context.Context, id string) (ConsoleSession, error) {
-	return getConsole(ctx, s.db, id)
+	c, err := getConsole(ctx, s.db, id)
+	if err != nil {
+		return ConsoleSession{}, err
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT direction, at, data FROM console_transcript
+		WHERE session_id = $1 ORDER BY seq`, id)
+	if err != nil {
+		return ConsoleSession{}, fmt.Errorf("get console transcript: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r TranscriptRecord
+		var dir string
+		if err := rows.Scan(&dir, &r.At, &r.Data); err != nil {
+			return ConsoleSession{}, fmt.Errorf("get console transcript: %w", err)
+		}
+		r.Direction, r.At = TranscriptDirection(dir), r.At.UTC()
+		if r.Data == nil {
+			r.Data = []byte{}
+		}
+		c.Records = append(c.Records, r)
+		if r.Direction == TranscriptOutput {
+			c.Transcript = append(c.Transcript, r.Data...)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return ConsoleSession{}, fmt.Errorf("get console transcript: %w", err)
+	}
+	return c, nil
 }
 
 func getConsole(ctx context.Context, q interface {
@@ -161,37 +223,70 @@ func (s *Store) DisconnectConsoleSession(ctx context.Context, id string) (Consol
 	return c, nil
 }
 
-// AppendConsoleTranscript adds a chunk of the command stream or output to
-// the session's transcript. Past the store's cap the rest is dropped and
-// the session is marked truncated; the chunk is never an error.
-func (s *Store) AppendConsoleTranscript(ctx context.Context, id string, chunk []byte) error {
+// AppendConsoleTranscript adds records to the session's transcript, in
+// order. Known secret formats are redacted from each record (see package
+// redact); a caller that cuts one stream into records redacts it with a
+// redact.Stream first, so that a secret cut in two is caught too. Past the
+// store's cap the rest is dropped and the session is marked truncated;
+// that is never an error.
+func (s *Store) AppendConsoleTranscript(ctx context.Context, id string, records ...TranscriptRecord) error {
+	for _, r := range records {
+		if r.Direction != TranscriptInput && r.Direction != TranscriptOutput {
+			return fmt.Errorf("%w: transcript direction %q", ErrInvalid, r.Direction)
+		}
+	}
 	return s.writeTx(ctx, func(tx *sql.Tx) error {
 		var (
-			cur       []byte
+			legacy    []byte
 			truncated bool
 		)
 		err := tx.QueryRowContext(ctx, `SELECT transcript, transcript_truncated FROM console_sessions
-			WHERE id = $1`+s.dialect.forUpdate(), id).Scan(&cur, &truncated)
+			WHERE id = $1`+s.dialect.forUpdate(), id).Scan(&legacy, &truncated)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
 		}
 		if err != nil {
 			return fmt.Errorf("append console transcript: %w", err)
 		}
-		if truncated || len(chunk) == 0 {
+		if truncated {
 			return nil
 		}
-		room := s.opts.MaxTranscript - len(cur)
-		if len(chunk) > room {
-			chunk, truncated = chunk[:max(room, 0)], true
-		}
-		next := append(cur, chunk...)
-		if next == nil {
-			next = []byte{}
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE console_sessions SET transcript = $2, transcript_truncated = $3
-			WHERE id = $1`, id, next, truncated); err != nil {
+		var seq, size int64
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0), COALESCE(SUM(LENGTH(data)), 0)
+			FROM console_transcript WHERE session_id = $1`, id).Scan(&seq, &size); err != nil {
 			return fmt.Errorf("append console transcript: %w", err)
+		}
+		room := s.opts.MaxTranscript - len(legacy) - int(size)
+		now := s.now()
+		for _, r := range records {
+			data := redact.Bytes(r.Data)
+			if len(data) == 0 {
+				continue
+			}
+			if len(data) > room {
+				data, truncated = data[:max(room, 0)], true
+			}
+			if len(data) > 0 {
+				at := r.At
+				if at.IsZero() {
+					at = now
+				}
+				seq++
+				if _, err := tx.ExecContext(ctx, `INSERT INTO console_transcript (session_id, seq, direction, at, data)
+					VALUES ($1, $2, $3, $4, $5)`, id, seq, string(r.Direction), dbTime(at), data); err != nil {
+					return fmt.Errorf("append console transcript: %w", err)
+				}
+				room -= len(data)
+			}
+			if truncated {
+				break
+			}
+		}
+		if truncated {
+			if _, err := tx.ExecContext(ctx, `UPDATE console_sessions SET transcript_truncated = $2 WHERE id = $1`,
+				id, true); err != nil {
+				return fmt.Errorf("append console transcript: %w", err)
+			}
 		}
 		return nil
 	})

@@ -44,6 +44,10 @@
 // SQLite) so that concurrent writers in any number of processes extend one
 // linear chain. Triggers refuse UPDATE and DELETE on audit_log.
 //
+// Known secret formats (package redact) are redacted from the free text a
+// caller put into a record (agent id, request id, detail) before it is
+// hashed, and from console reasons and transcripts before they are stored.
+//
 // VerifyAudit recomputes the chain and names the first record that was
 // changed, deleted or moved. Someone able to rewrite the database can
 // still rebuild the whole chain from the point they changed; to catch

@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,7 @@ func TestStore(t *testing.T) {
 		{"Tokens", testTokens},
 		{"TokenNeverStored", testTokenNeverStored},
 		{"ConsoleSessions", testConsoleSessions},
+		{"Redaction", testRedaction},
 		{"Snapshots", testSnapshots},
 		{"LeaseHistory", testLeaseHistory},
 		{"WarmTakes", testWarmTakes},
@@ -68,7 +70,7 @@ func testMigrations(t *testing.T, b backend) {
 	}
 	t.Logf("schema version %d, tables %v", cur, tables)
 	for _, want := range []string{store.MigrationsTable, "api_tokens", "audit_log", "audit_head", "console_sessions",
-		"snapshots", "lease_events", "tool_catalogs", "filespace_nodes", "warm_takes"} {
+		"snapshots", "lease_events", "tool_catalogs", "filespace_nodes", "warm_takes", "console_transcript"} {
 		if !contains(tables, want) {
 			t.Errorf("table %s missing", want)
 		}
@@ -287,7 +289,7 @@ func testTokenNeverStored(t *testing.T, b backend) {
 func testConsoleSessions(t *testing.T, b backend) {
 	ctx := context.Background()
 	clk := newClock()
-	s := open(t, b.newDSN(t), store.Options{Now: clk.Now, MaxTranscript: 16})
+	s := open(t, b.newDSN(t), store.Options{Now: clk.Now, MaxTranscript: 20})
 
 	if _, err := s.CreateConsoleSession(ctx, "alice", "agent-1", "  ", time.Minute); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("session without a reason: %v", err)
@@ -307,12 +309,21 @@ func testConsoleSessions(t *testing.T, b backend) {
 	if _, err := s.ConnectConsoleSession(ctx, c.ID, "snap-7"); !errors.Is(err, store.ErrConflict) {
 		t.Errorf("second connect: %v, want ErrConflict", err)
 	}
-	for _, chunk := range []string{"$ ls\n", "workspace\n", "$ cat secret-but-long\n"} {
-		if err := s.AppendConsoleTranscript(ctx, c.ID, []byte(chunk)); err != nil {
+	in, out := store.TranscriptInput, store.TranscriptOutput
+	if err := s.AppendConsoleTranscript(ctx, c.ID, store.TranscriptRecord{Direction: in, Data: []byte("ls\r")},
+		store.TranscriptRecord{Direction: out, Data: []byte("$ ls\n")}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	for _, chunk := range []string{"workspace\n", "$ cat secret-but-long\n"} {
+		if err := s.AppendConsoleTranscript(ctx, c.ID, store.TranscriptRecord{Direction: out, Data: []byte(chunk)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	clk.Advance(2 * time.Minute)
+	if err := s.AppendConsoleTranscript(ctx, c.ID, store.TranscriptRecord{Direction: "sideways", Data: []byte("x")}); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("a record of no direction: %v", err)
+	}
+	clk.Advance(2*time.Minute - time.Second)
 	done, err := s.DisconnectConsoleSession(ctx, c.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -323,9 +334,25 @@ func testConsoleSessions(t *testing.T, b backend) {
 	}
 	if got.StaffID != "alice" || got.AgentID != "agent-1" || got.Reason != "ticket 42: agent stuck" ||
 		got.DisconnectedAt == nil || !got.DisconnectedAt.Equal(done.CreatedAt.Add(3*time.Minute)) ||
-		string(got.Transcript) != "$ ls\nworkspace\n$" || !got.TranscriptTruncated ||
+		string(got.Transcript) != "$ ls\nworkspace\n$ " || !got.TranscriptTruncated ||
 		!got.ExpiresAt.Equal(c.CreatedAt.Add(15*time.Minute)) {
 		t.Errorf("finished session: %+v (transcript %q)", got, got.Transcript)
+	}
+	// Both directions, in order, each with its time; the cap of 20 bytes
+	// counts both and cuts the record that passes it.
+	want := []store.TranscriptRecord{
+		{Direction: in, At: c.CreatedAt.Add(time.Minute), Data: []byte("ls\r")},
+		{Direction: out, At: c.CreatedAt.Add(time.Minute), Data: []byte("$ ls\n")},
+		{Direction: out, At: c.CreatedAt.Add(time.Minute + time.Second), Data: []byte("workspace\n")},
+		{Direction: out, At: c.CreatedAt.Add(time.Minute + time.Second), Data: []byte("$ ")},
+	}
+	if len(got.Records) != len(want) {
+		t.Fatalf("records %+v, want %+v", got.Records, want)
+	}
+	for i, r := range got.Records {
+		if r.Direction != want[i].Direction || !r.At.Equal(want[i].At) || string(r.Data) != string(want[i].Data) {
+			t.Errorf("record %d: %s %v %q, want %s %v %q", i, r.Direction, r.At, r.Data, want[i].Direction, want[i].At, want[i].Data)
+		}
 	}
 
 	// Expiry: a session not connected within its time box is refused.
@@ -353,6 +380,87 @@ func testConsoleSessions(t *testing.T, b backend) {
 	}
 	if len(list) != 2 || list[0].ID != late.ID || list[1].ID != c.ID {
 		t.Errorf("sessions newest first: %+v", list)
+	}
+}
+
+// testRedaction: known secret formats in what the store keeps as free text
+// (audit details, agent and request IDs, console reasons and transcripts)
+// are redacted before they are written, and no cell of any table holds
+// them; the audit chain still verifies.
+func testRedaction(t *testing.T, b backend) {
+	ctx := context.Background()
+	s := open(t, b.newDSN(t), store.Options{})
+	apiKey := "sk-ant-api03-" + strings.Repeat("xY9_", 8)
+	platform := "abx_" + strings.Repeat("Zm9v", 10) + "YmF"
+	rec, err := s.AppendAudit(ctx, store.AuditEntry{Caller: "agent:t1", CallerKind: "agent", AgentID: platform,
+		Operation: "run_command", RequestID: "req-" + apiKey, Detail: `{"command":"curl -H 'Authorization: Bearer ` + apiKey + `'"}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.AgentID != "[REDACTED:agentbox_token]" || rec.RequestID != "req-[REDACTED:sk_api_key]" ||
+		rec.Detail != `{"command":"curl -H 'Authorization: Bearer [REDACTED:sk_api_key]'"}` {
+		t.Errorf("stored audit record %+v", rec)
+	}
+	if v, err := s.VerifyAudit(ctx); err != nil || !v.OK() {
+		t.Errorf("verify: %+v, %v", v, err)
+	}
+
+	c, err := s.CreateConsoleSession(ctx, "alice", "agent-1", "rotate "+apiKey, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Reason != "rotate [REDACTED:sk_api_key]" {
+		t.Errorf("reason %q", c.Reason)
+	}
+	if err := s.AppendConsoleTranscript(ctx, c.ID,
+		store.TranscriptRecord{Direction: store.TranscriptInput, Data: []byte("export T=" + platform + "\r")},
+		store.TranscriptRecord{Direction: store.TranscriptOutput, Data: []byte("$ export T=" + platform + "\r\n$ ")}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetConsoleSession(ctx, c.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Records) != 2 || string(got.Records[0].Data) != "export T=[REDACTED:agentbox_token]\r" ||
+		string(got.Records[1].Data) != "$ export T=[REDACTED:agentbox_token]\r\n$ " {
+		t.Errorf("stored transcript %+v", got.Records)
+	}
+
+	tables, err := s.Tables(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range tables {
+		rows, err := s.RawDB().QueryContext(ctx, `SELECT * FROM `+table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols, _ := rows.Columns()
+		for rows.Next() {
+			vals := make([]any, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range vals {
+				text := fmt.Sprint(v)
+				if b, ok := v.([]byte); ok {
+					text = string(b)
+				}
+				for _, secret := range []string{apiKey, platform} {
+					if strings.Contains(text, secret) {
+						t.Errorf("%s.%s holds a secret: %q", table, cols[i], text)
+					}
+				}
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
 	}
 }
 

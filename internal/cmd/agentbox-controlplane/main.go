@@ -42,6 +42,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/volumesnapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
@@ -100,7 +101,9 @@ func main() {
 		fmt.Println(version)
 		return
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
+	// Request logs quote what callers sent (paths, commands, error
+	// messages from the sandbox); known secret formats are kept out.
+	ctrl.SetLogger(redact.Logger(zap.New(zap.UseFlagOptions(&o.zap))))
 	if err := run(ctrl.SetupSignalHandler(), o); err != nil {
 		// Plain text rather than the structured log: a start-up failure is
 		// read by a person, and a stack trace would bury the cause.

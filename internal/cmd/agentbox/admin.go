@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"strconv"
+	"text/tabwriter"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
@@ -19,11 +20,15 @@ func adminCommand(ctx context.Context, name, synopsis string, args []string, get
 	return command{name: name, synopsis: synopsis, flags: define, run: do}.main(ctx, args, getenv, stderr)
 }
 
-// auditCommand: agentbox audit verify | agentbox audit query [filters].
+// auditCommand: agentbox audit verify | agentbox audit query [filters] |
+// agentbox audit console SESSION_ID.
 func auditCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "verify" && args[0] != "query") {
-		fmt.Fprintln(stderr, "usage: agentbox audit verify|query [flags]")
+	if len(args) == 0 || (args[0] != "verify" && args[0] != "query" && args[0] != "console") {
+		fmt.Fprintln(stderr, "usage: agentbox audit verify|query|console [flags]")
 		return exitUsage
+	}
+	if args[0] == "console" {
+		return auditConsoleCommand(ctx, args[1:], getenv, stdout, stderr)
 	}
 	if args[0] == "verify" {
 		// Exit 3 says "the chain is broken", distinct from failing to ask.
@@ -120,4 +125,67 @@ func tokensCommand(ctx context.Context, args []string, getenv func(string) strin
 		fmt.Fprintf(stderr, "created %s token %s (shown once; the control plane keeps only its hash)\n", t.Kind, t.ID)
 		return nil
 	})
+}
+
+// auditConsoleCommand: agentbox audit console [--json] SESSION_ID prints a
+// staff console session as recorded, with its transcript both ways.
+func auditConsoleCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var asJSON bool
+	return command{
+		name:     "audit console",
+		synopsis: "audit console [--json] SESSION_ID",
+		doc: `Prints a staff console session as recorded: who, for which agent, why,
+when, the sandbox's snapshot, and the transcript, one record a line: its
+time, "in" for what the staff member typed or "out" for what the terminal
+showed, and the bytes, quoted. Known secret formats were redacted before
+they were stored. The session's staff member or an admin may read it.`,
+		args:  []string{"SESSION_ID"},
+		flags: func(fs *flag.FlagSet) { fs.BoolVar(&asJSON, "json", false, "print the session as the API returns it") },
+		run: func(ctx context.Context, c *client.Client, args []string) error {
+			s, err := c.GetConsoleSession(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(stdout, s)
+			}
+			return printConsoleSession(stdout, s)
+		},
+	}.main(ctx, args, getenv, stderr)
+}
+
+func printConsoleSession(w io.Writer, s *client.ConsoleSession) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	at := func(t *time.Time) string {
+		if t == nil || t.IsZero() {
+			return "-"
+		}
+		return t.Format(time.RFC3339)
+	}
+	for _, kv := range [][2]string{
+		{"session", s.ID}, {"staff", s.StaffID}, {"agent", s.AgentID}, {"reason", s.Reason},
+		{"created_at", at(&s.CreatedAt)}, {"expires_at", at(&s.ExpiresAt)},
+		{"connected_at", at(s.ConnectedAt)}, {"disconnected_at", at(s.DisconnectedAt)}, {"snapshot", s.SnapshotID},
+	} {
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+	}
+	summary := fmt.Sprintf("%d records", len(s.TranscriptRecords))
+	if s.TranscriptTruncated {
+		summary += ", truncated at the store's cap"
+	}
+	fmt.Fprintf(tw, "transcript:\t%s\n", summary)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(s.TranscriptRecords) == 0 && len(s.Transcript) > 0 {
+		// Recorded before transcripts had directions: the output alone.
+		_, err := fmt.Fprintf(w, "out %q\n", s.Transcript)
+		return err
+	}
+	for _, r := range s.TranscriptRecords {
+		if _, err := fmt.Fprintf(w, "%s %-3s %q\n", r.At.Format("15:04:05.000"), r.Direction, r.Data); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -312,8 +312,41 @@ func TestLeasesAcquireHeartbeatRelease(t *testing.T) {
 		t.Errorf("heartbeat after release: code %d, stderr %q", r.code, r.stderr)
 	}
 	// Now bob can have it.
-	if r := runCLI(t, env, "", "leases", "acquire", a, "--holder", "bob"); r.code != 0 {
-		t.Errorf("acquire after release: code %d, stderr %q", r.code, r.stderr)
+	r = runCLI(t, env, "", "leases", "acquire", a, "--holder", "bob", "--json")
+	var bob client.Lease
+	if err := json.Unmarshal([]byte(r.stdout), &bob); err != nil || r.code != 0 {
+		t.Fatalf("acquire after release: code %d, stderr %q", r.code, r.stderr)
+	}
+	// While bob holds it, only calls with his lease ID are served.
+	r = runCLI(t, env, "", "exec", a, "--", "echo", "hi")
+	if r.code != exitAPIError || !strings.Contains(r.stderr, "lease_held, HTTP 409") || !strings.Contains(r.stderr, `held by "bob" until `) {
+		t.Errorf("exec on a held sandbox: code %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "", "exec", "--lease-id", bob.LeaseID, a, "--", "echo", "hi")
+	if r.code != 0 || r.stdout != "hi\n" {
+		t.Errorf("exec --lease-id: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	held := with(env, "AGENTBOX_LEASE_ID", bob.LeaseID)
+	if r := runCLI(t, held, "", "exec", a, "--", "true"); r.code != 0 {
+		t.Errorf("exec with AGENTBOX_LEASE_ID: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "bob's", "cp", "-", a+":bob.txt"); r.code != exitAPIError || !strings.Contains(r.stderr, "lease_held") {
+		t.Errorf("cp on a held sandbox: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, held, "bob's", "cp", "-", a+":bob.txt"); r.code != 0 {
+		t.Errorf("cp with the lease ID: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, held, "", "deploy", a); r.code != 0 {
+		t.Errorf("deploy with the lease ID: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "", "shell", a, "--", "true"); r.code != exitAPIError || !strings.Contains(r.stderr, "lease_held") {
+		t.Errorf("shell on a held sandbox: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, held, "", "shell", a, "--", "true"); r.code != 0 {
+		t.Errorf("shell with the lease ID: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "", "status", a); r.code != 0 {
+		t.Errorf("status of a held sandbox: code %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(t, with(env, "AGENTBOX_TOKEN", s.AdminToken), "", "leases", "acquire-pool", s.Namespace, "no-such-pool", "--holder", "carol")
 	if r.code != exitAPIError || !strings.Contains(r.stderr, "pool_not_found") {

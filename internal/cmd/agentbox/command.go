@@ -28,6 +28,14 @@ func connectionFlags(fs *flag.FlagSet, getenv func(string) string) connection {
 	}
 }
 
+// leaseFlag defines --lease-id, for commands that act on a sandbox: while
+// a sandbox is held, the API serves only calls that present the hold's
+// lease ID.
+func leaseFlag(fs *flag.FlagSet, getenv func(string) string) *string {
+	return fs.String("lease-id", getenv("AGENTBOX_LEASE_ID"),
+		`the lease_id of a lease held on the sandbox ("agentbox leases acquire" prints it), needed while the sandbox is held [AGENTBOX_LEASE_ID]`)
+}
+
 // client checks the connection flags and returns a client. Its errors are
 // usage errors: nothing has been sent yet.
 func (c connection) client() (*client.Client, error) {
@@ -63,6 +71,10 @@ type command struct {
 	// errors are usage errors.
 	check func(args []string) error
 	run   func(ctx context.Context, c *client.Client, args []string) error
+	// leaseAgent, for a command that acts on a sandbox, names its agent
+	// from the arguments checked; the command then takes --lease-id and
+	// presents it on its calls to that agent's sandbox.
+	leaseAgent func(args []string) string
 }
 
 // usageError marks an error in what the user typed (exit 2) as opposed to
@@ -85,6 +97,10 @@ func (cmd command) main(ctx context.Context, args []string, getenv func(string) 
 		fs.PrintDefaults()
 	}
 	conn := connectionFlags(fs, getenv)
+	var leaseID *string
+	if cmd.leaseAgent != nil {
+		leaseID = leaseFlag(fs, getenv)
+	}
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
@@ -112,6 +128,9 @@ func (cmd command) main(ctx context.Context, args []string, getenv func(string) 
 		return fail(err)
 	}
 	defer c.CloseIdleConnections()
+	if leaseID != nil && *leaseID != "" {
+		c.UseLease(cmd.leaseAgent(positional), *leaseID)
+	}
 	if err := cmd.run(ctx, c, positional); err != nil {
 		var usageErr usageError
 		if errors.As(err, &usageErr) {

@@ -103,6 +103,12 @@ terminal, long copies show their progress on stderr.`,
 			}
 			return nil
 		},
+		leaseAgent: func([]string) string {
+			if dst.remote {
+				return dst.agentID
+			}
+			return src.agentID
+		},
 		run: func(ctx context.Context, c *client.Client, _ []string) error {
 			if dst.remote {
 				return upload(ctx, c, src.path, dst, mode, modeFlag != "", stdin, stderr)

@@ -77,6 +77,7 @@ flags:
 		fs.PrintDefaults()
 	}
 	conn := connectionFlags(fs, getenv)
+	leaseID := leaseFlag(fs, getenv)
 	cwd := fs.String("cwd", "", "working directory in the sandbox; relative to /workspace (default /workspace)")
 	env := envFlag{}
 	fs.Var(env, "env", "NAME=VALUE to set in the command's environment; repeatable")
@@ -126,6 +127,9 @@ flags:
 		return failUsage("%v", err)
 	}
 	defer c.CloseIdleConnections()
+	if *leaseID != "" {
+		c.UseLease(agentID, *leaseID)
+	}
 
 	req := client.RunCommandRequest{Command: command, Cwd: *cwd, TimeoutSeconds: timeout, MaxOutputBytes: *maxOutput}
 	if len(env) > 0 {

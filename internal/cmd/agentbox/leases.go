@@ -92,8 +92,11 @@ func leasesCommand(ctx context.Context, args []string, getenv func(string) strin
 	case "acquire":
 		cmd = command{
 			synopsis: "leases acquire [flags] AGENT_ID",
-			doc:      "Takes the exclusive lease on the agent's sandbox and prints it; heartbeat\nand release need its lease_id.",
-			args:     []string{"AGENT_ID"}, flags: acquireFlags, check: checkAcquire,
+			doc: `Takes the exclusive lease on the agent's sandbox and prints it; heartbeat
+and release need its lease_id. While the lease is held the sandbox serves
+only calls that present the lease_id: pass it to exec, shell, cp and deploy
+with --lease-id or AGENTBOX_LEASE_ID. Others get lease_held.`,
+			args: []string{"AGENT_ID"}, flags: acquireFlags, check: checkAcquire,
 			run: func(ctx context.Context, c *client.Client, args []string) error {
 				l, err := c.AcquireLease(ctx, args[0], acquireRequest())
 				if err != nil {
@@ -136,9 +139,10 @@ func leasesCommand(ctx context.Context, args []string, getenv func(string) strin
 			synopsis: "leases acquire-pool [flags] NAMESPACE POOL",
 			doc: `Leases a ready sandbox of a warm pool for one run and prints the lease
 with the agent_id to address the sandbox by (exec, cp, heartbeat and
-release take it). Once released or expired, the sandbox is deleted with
-its workspace. With --wait, a pool without a ready sandbox free is
-waited on (or, with coldStartWhenExhausted, starts one for this lease).`,
+release take it, exec and cp with --lease-id, as for any held sandbox).
+Once released or expired, the sandbox is deleted with its workspace. With
+--wait, a pool without a ready sandbox free is waited on (or, with
+coldStartWhenExhausted, starts one for this lease).`,
 			args: []string{"NAMESPACE", "POOL"}, flags: poolFlags, check: checkPool,
 			run: func(ctx context.Context, c *client.Client, args []string) error {
 				l, err := c.AcquirePoolLease(ctx, args[0], args[1], acquireRequest())

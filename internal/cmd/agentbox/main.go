@@ -13,9 +13,13 @@
 //	agentbox tokens revoke TOKEN_ID
 //	agentbox audit verify
 //	agentbox audit query [--agent A] [--operation OP] [--since 1h]
+//	agentbox audit console [--json] SESSION_ID
 //
 // Every command takes --endpoint, --token-file and --ca-file, or the
-// variables AGENTBOX_ENDPOINT, AGENTBOX_TOKEN and AGENTBOX_CA_FILE.
+// variables AGENTBOX_ENDPOINT, AGENTBOX_TOKEN and AGENTBOX_CA_FILE. While a
+// sandbox is leased, exec, shell, cp and deploy need the lease's ID
+// (--lease-id or AGENTBOX_LEASE_ID); without it the API refuses them with
+// lease_held, and agentbox says who holds the lease until when.
 //
 // exec prints the command's stdout and stderr as they are, then a summary
 // line "exit_code=N duration=D" on stderr, and exits with the command's
@@ -61,7 +65,7 @@ commands:
   deploy        start, resume or create an agent's sandbox
   leases        acquire, heartbeat and release sandbox leases
   tokens        create or revoke API tokens (admin)
-  audit         verify the audit log's hash chain, or query it (admin)
+  audit         verify the audit log's hash chain, query it, or read a console session back (admin)
   version       print the version
 
 Run "agentbox <command> -h" for a command's flags.

@@ -85,7 +85,8 @@ sandbox gets one, made from --template or the platform's default
 template ("created: yes"). The API waits a few minutes at most; with
 --wait, agentbox keeps waiting up to --timeout and shows the sandbox's
 phase on stderr meanwhile.`,
-		args: []string{"AGENT_ID"},
+		args:       []string{"AGENT_ID"},
+		leaseAgent: func(args []string) string { return args[0] },
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&wait, "wait", false, "wait until the sandbox is ready, showing its phase")
 			fs.DurationVar(&timeout, "timeout", 10*time.Minute, "with --wait, how long to wait")

@@ -42,6 +42,7 @@ exit code, or 128+N if signal N ended it.`,
 			}
 			return nil
 		},
+		leaseAgent: func(args []string) string { return args[0] },
 	}
 	return cmd.interactive(ctx, args, getenv, stdin, stdout, stderr,
 		func(ctx context.Context, c *client.Client, args []string, cols, rows uint16) (*supervisorapi.PTY, error) {
@@ -56,10 +57,12 @@ func consoleCommand(ctx context.Context, args []string, getenv func(string) stri
 		name:     "console",
 		synopsis: "console --reason TEXT [--ttl 15m] AGENT_ID",
 		doc: `Opens a staff console: a shell in the sandbox of AGENT_ID, with a staff
-token. The reason, who connected, when, the sandbox's snapshot and the
-terminal's output are recorded, and the session ends when its time box
-(--ttl) passes. A session connects once. agentbox exits with the shell's
-exit code.`,
+token. The reason, who connected, when, the sandbox's snapshot, what was
+typed and what the terminal showed are recorded (known secret formats
+redacted; "agentbox audit console SESSION_ID" reads it back), and the
+session ends when its time box (--ttl) passes. A session connects once.
+A lease held on the sandbox does not keep staff out; the audit log says
+the console passed it. agentbox exits with the shell's exit code.`,
 		args: []string{"AGENT_ID"},
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&reason, "reason", "", "why you need the console, e.g. a ticket; required and recorded")

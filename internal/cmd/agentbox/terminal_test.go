@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"path/filepath"
 	"regexp"
@@ -119,6 +120,19 @@ func TestConsoleRecordsTheSession(t *testing.T) {
 	if rec.StaffID != "carol@ops" || rec.Reason != "ticket 99" || rec.ExpiresAt.Sub(rec.CreatedAt) != 2*time.Minute ||
 		rec.ConnectedAt == nil || rec.DisconnectedAt == nil || !strings.Contains(string(rec.Transcript), "console-42") {
 		t.Errorf("recorded session %+v, transcript %q", rec, rec.Transcript)
+	}
+	// The staff member reads it back, both directions told apart.
+	r = runCLI(t, env, "", "audit", "console", m[1])
+	for _, want := range []string{"reason:          ticket 99\n", "staff:           carol@ops\n",
+		` in  "echo console-$((40+2)); exit 5\n`, ` out "`, "console-42"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("audit console: code %d, stdout lacks %q:\n%s\nstderr %q", r.code, want, r.stdout, r.stderr)
+		}
+	}
+	r = runCLI(t, env, "", "audit", "console", "--json", m[1])
+	var back client.ConsoleSession
+	if err := json.Unmarshal([]byte(r.stdout), &back); err != nil || r.code != 0 || len(back.TranscriptRecords) < 2 {
+		t.Errorf("audit console --json: code %d, %v, stdout %q", r.code, err, r.stdout)
 	}
 
 	// An agent token cannot open a console.

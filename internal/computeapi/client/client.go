@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // DefaultMaxResponseBytes bounds how much of a response the client reads.
@@ -29,6 +30,69 @@ type Client struct {
 	httpClient *http.Client
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+
+	mu sync.Mutex
+	// leases are the lease IDs the client presents, by agent ID.
+	leases map[string]string
+}
+
+// UseLease makes the client present leaseID (in HeaderLeaseID) on its calls
+// to agentID's sandbox, which a hold refuses to anyone else; an empty
+// leaseID stops it. AcquireLease, HeartbeatLease and AcquirePoolLease do
+// this for the lease they return, and ReleaseLease, or a heartbeat that
+// finds the lease gone, undoes it. Call it to act for a hold acquired
+// elsewhere, with the lease ID its holder handed on.
+func (c *Client) UseLease(agentID, leaseID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if leaseID == "" {
+		delete(c.leases, agentID)
+		return
+	}
+	if c.leases == nil {
+		c.leases = map[string]string{}
+	}
+	c.leases[agentID] = leaseID
+}
+
+// forgetLease stops presenting leaseID for agentID, unless the client has
+// moved on to another lease.
+func (c *Client) forgetLease(agentID, leaseID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leases[agentID] == leaseID {
+		delete(c.leases, agentID)
+	}
+}
+
+// authorize sets what every request to path carries: the bearer token and,
+// for a path of an agent whose lease the client holds, its lease ID.
+func (c *Client) authorize(h http.Header, path string) {
+	h.Set("Authorization", "Bearer "+c.token)
+	agentID, ok := agentOfPath(path)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	id := c.leases[agentID]
+	c.mu.Unlock()
+	if id != "" {
+		h.Set(HeaderLeaseID, id)
+	}
+}
+
+// agentOfPath returns the agent a request path (escaped, possibly behind
+// a prefix) addresses.
+func agentOfPath(path string) (string, bool) {
+	const prefix = "/v1/agents/"
+	i := strings.Index(path, prefix)
+	if i < 0 {
+		return "", false
+	}
+	seg, _, _ := strings.Cut(path[i+len(prefix):], "/")
+	seg, _, _ = strings.Cut(seg, "?")
+	agentID, err := url.PathUnescape(seg)
+	return agentID, err == nil && agentID != ""
 }
 
 // New returns a client for the API at endpoint (e.g.
@@ -86,13 +150,24 @@ func (c *Client) RunCommand(ctx context.Context, agentID string, req RunCommandR
 // another holder has it, the error matches ErrLeaseHeld and LeaseHeldBy
 // says who until when.
 func (c *Client) AcquireLease(ctx context.Context, agentID string, req AcquireLeaseRequest) (*Lease, error) {
-	return c.leaseCall(ctx, http.MethodPost, agentID, PathLease(agentID), req)
+	l, err := c.leaseCall(ctx, http.MethodPost, agentID, PathLease(agentID), req)
+	if err == nil {
+		c.UseLease(agentID, l.LeaseID)
+	}
+	return l, err
 }
 
 // HeartbeatLease extends a held lease by its TTL from now. An error
 // matching ErrLeaseExpired or ErrLeaseNotHeld means the hold is gone.
 func (c *Client) HeartbeatLease(ctx context.Context, agentID string, req HeartbeatLeaseRequest) (*Lease, error) {
-	return c.leaseCall(ctx, http.MethodPost, agentID, PathLeaseHeartbeat(agentID), req)
+	l, err := c.leaseCall(ctx, http.MethodPost, agentID, PathLeaseHeartbeat(agentID), req)
+	switch code := CodeOf(err); {
+	case err == nil:
+		c.UseLease(agentID, l.LeaseID)
+	case code == CodeLeaseExpired || code == CodeLeaseNotHeld:
+		c.forgetLease(agentID, req.LeaseID)
+	}
+	return l, err
 }
 
 // ReleaseLease gives a held lease up. Releasing a lease that nobody holds
@@ -106,7 +181,11 @@ func (c *Client) ReleaseLease(ctx context.Context, agentID string, req ReleaseLe
 	if err != nil {
 		return fmt.Errorf("encode lease request: %w", err)
 	}
-	return c.do(ctx, http.MethodDelete, PathLease(agentID), body, nil)
+	err = c.do(ctx, http.MethodDelete, PathLease(agentID), body, nil)
+	if code := CodeOf(err); err == nil || code == CodeLeaseNotHeld {
+		c.forgetLease(agentID, req.LeaseID)
+	}
+	return err
 }
 
 // AcquirePoolLease leases a ready sandbox of a warm pool for one run, or
@@ -127,6 +206,7 @@ func (c *Client) AcquirePoolLease(ctx context.Context, namespace, pool string, r
 	if err := c.do(ctx, http.MethodPost, PathPoolLeases(namespace, pool), body, &l); err != nil {
 		return nil, err
 	}
+	c.UseLease(l.AgentID, l.LeaseID)
 	return &l, nil
 }
 
@@ -157,7 +237,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	if err != nil {
 		return fmt.Errorf("build request: %w", err)
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	c.authorize(req.Header, path)
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -337,7 +417,7 @@ func (c *Client) ToolRequest(ctx context.Context, agentID, tool string, input an
 	return c.rawCall(ctx, PathAgent(agentID, "tools/"+url.PathEscape(tool)), input)
 }
 
-// Execute runs seed 001's execute (code, requirements, env_name, inline
+// Execute runs the execute operation (code, requirements, env_name, inline
 // files) in the agent's sandbox and returns the result as sent.
 func (c *Client) Execute(ctx context.Context, agentID string, req any) (json.RawMessage, error) {
 	return c.rawCall(ctx, PathAgent(agentID, "execute"), req)
@@ -365,7 +445,7 @@ func (c *Client) stream(ctx context.Context, method, path string, body io.Reader
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	c.authorize(req.Header, path)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/octet-stream")
 	}
@@ -419,18 +499,20 @@ func (c *Client) HTTPClient() *http.Client { return c.httpClient }
 // has this client's TLS settings and sends the bearer token on every
 // request, which MCP libraries leave to the HTTP client.
 func (c *Client) MCPHTTPClient() *http.Client {
-	return &http.Client{Transport: bearerTransport{token: c.token, base: c.httpClient.Transport}}
+	return &http.Client{Transport: bearerTransport{c: c, base: c.httpClient.Transport}}
 }
 
+// bearerTransport authorizes requests as the client's own are: the token,
+// and the lease the client holds on the agent addressed.
 type bearerTransport struct {
-	token string
-	base  http.RoundTripper
+	c    *Client
+	base http.RoundTripper
 }
 
 func (t bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	// A RoundTripper must not change the caller's request.
 	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+t.token)
+	t.c.authorize(r.Header, r.URL.EscapedPath())
 	return t.base.RoundTrip(r)
 }
 

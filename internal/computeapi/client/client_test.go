@@ -129,3 +129,65 @@ func TestCodeStatuses(t *testing.T) {
 		}
 	}
 }
+
+// The client presents a lease ID on the calls to its agent's sandbox only,
+// whatever the path looks like (escaped, behind a prefix, through the MCP
+// transport), and stops once the lease is released.
+func TestLeasePresented(t *testing.T) {
+	seen := map[string]string{}
+	srv, caPEM := newTLSServer(t, func(w http.ResponseWriter, r *http.Request) {
+		seen[r.URL.EscapedPath()] = r.Header.Get(HeaderLeaseID)
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/lease") && r.Method == http.MethodPost:
+			_ = json.NewEncoder(w).Encode(Lease{LeaseID: "lease-1", Holder: "h"})
+		case strings.HasSuffix(r.URL.Path, "/lease"):
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			_ = json.NewEncoder(w).Encode(CommandResult{})
+		}
+	})
+	c, err := New(srv.URL+"/prefix", "tok", caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	agent := "user@example.com:1/x"
+	if _, err := c.AcquireLease(ctx, agent, AcquireLeaseRequest{Holder: "h", RequestID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RunCommand(ctx, agent, RunCommandRequest{Command: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RunCommand(ctx, "other", RunCommandRequest{Command: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.MCPHTTPClient().Post(c.Endpoint()+PathMCP(agent), "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	escaped := "/prefix/v1/agents/user@example.com:1%2Fx"
+	for path, want := range map[string]string{
+		escaped + "/run_command": "lease-1", escaped + "/mcp": "lease-1", "/prefix/v1/agents/other/run_command": "",
+	} {
+		if got, ok := seen[path]; !ok || got != want {
+			t.Errorf("%s presented lease %q (sent: %v), want %q", path, got, ok, want)
+		}
+	}
+	if err := c.ReleaseLease(ctx, agent, ReleaseLeaseRequest{Holder: "h", LeaseID: "lease-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RunCommand(ctx, agent, RunCommandRequest{Command: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := seen[escaped+"/run_command"]; got != "" {
+		t.Errorf("after the release the client still presents %q", got)
+	}
+	c.UseLease(agent, "handed-on")
+	if _, err := c.RunCommand(ctx, agent, RunCommandRequest{Command: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := seen[escaped+"/run_command"]; got != "handed-on" {
+		t.Errorf("UseLease: presented %q", got)
+	}
+}

@@ -42,9 +42,11 @@ func (c *Client) dialPTY(ctx context.Context, path string, q url.Values) (*super
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
+	header := http.Header{}
+	c.authorize(header, path)
 	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
 		HTTPClient:   c.httpClient,
-		HTTPHeader:   http.Header{"Authorization": {"Bearer " + c.token}},
+		HTTPHeader:   header,
 		Subprotocols: []string{supervisorapi.PTYSubprotocol},
 	})
 	if err != nil {

@@ -69,7 +69,7 @@ func (c *Client) RunCommandStream(ctx context.Context, agentID string, req RunCo
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}
-	hreq.Header.Set("Authorization", "Bearer "+c.token)
+	c.authorize(hreq.Header, path)
 	hreq.Header.Set("Accept", ContentTypeNDJSON)
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := c.httpClient.Do(hreq)

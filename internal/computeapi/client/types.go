@@ -19,7 +19,7 @@
 //	GET    /v1/agents/{agent_id}/files/{path}    -> raw bytes
 //	DELETE /v1/agents/{agent_id}/files/{path}?recursive=true -> 204 No Content
 //	POST   /v1/agents/{agent_id}/tools/{tool}    the tool's JSON input -> its JSON output
-//	POST   /v1/agents/{agent_id}/execute         seed 001's execute request -> its result
+//	POST   /v1/agents/{agent_id}/execute         an execute request (code, requirements, files) -> its result
 //	POST   /v1/agents/{agent_id}/mcp             MCP streamable HTTP (stateless): the sandbox's
 //	                                             operations as MCP tools, for any MCP client
 //	POST   /v1/agents/{agent_id}/mcp/{server}    a JSON-RPC request -> its response (wakes the sandbox)
@@ -31,12 +31,15 @@
 //	                                             -> AuditPage (admin)
 //	GET    /v1/audit/verify                      -> AuditVerification (admin)
 //
-// A lease from a warm pool (seeds 001 and 003) hands the caller a ready
-// sandbox of the pool for one ephemeral run: heartbeat and release it
-// through the agent paths with PoolLease.AgentID; once released or expired
-// the sandbox is deleted with its workspace and the pool makes a fresh one.
-// A lease with WaitSeconds waits for a ready sandbox when the pool has none
-// free, or, for a pool with coldStartWhenExhausted, starts one for it.
+// A lease on an agent's sandbox makes it the holder's: while it is held,
+// calls that do not present its lease ID in HeaderLeaseID are refused with
+// CodeLeaseHeld. A lease from a warm pool hands the caller a ready sandbox
+// of the pool for one ephemeral run, held the same way: heartbeat and
+// release it through the agent paths with PoolLease.AgentID; once
+// released or expired the sandbox is deleted with its workspace and the
+// pool makes a fresh one. A pool lease with WaitSeconds waits for a ready
+// sandbox when the pool has none free, or, for a pool with
+// coldStartWhenExhausted, starts one for it.
 //
 // Every call carries "Authorization: Bearer <token>". Errors are JSON bodies
 // {"error": {"code": ..., "message": ...}} whose HTTP status follows from
@@ -73,6 +76,16 @@ func PathPoolLeases(namespace, pool string) string {
 	return "/v1/namespaces/" + url.PathEscape(namespace) + "/warm-pools/" + url.PathEscape(pool) + "/leases"
 }
 
+// HeaderLeaseID carries, on a call to an agent's sandbox, the lease ID of
+// the hold the caller has on it. While a sandbox is held, the API serves
+// only calls that present the hold's lease ID, whatever their token; any
+// other call is refused with CodeLeaseHeld (HTTP 409), naming the holder
+// and the expiry. A lease ID that is no longer held is ignored. The lease
+// calls, status and the staff console are not refused (the console's
+// audit record says it passed a hold). The Client sends the header for
+// the leases it acquired; see Client.UseLease.
+const HeaderLeaseID = "Agentbox-Lease-Id"
+
 // Lease TTL bounds. A hold is kept alive by heartbeats, so the TTL is how
 // long a crashed holder can keep the sandbox "busy"; an hour caps that.
 const (
@@ -85,10 +98,11 @@ const (
 // through proxies and load balancers.
 const MaxPoolLeaseWaitSeconds = 300
 
-// AcquireLeaseRequest asks for the exclusive lease on the agent's sandbox
-// (seed 003). Acquiring is idempotent on (Holder, RequestID): retrying a
-// request whose answer was lost returns the same lease instead of failing
-// with CodeLeaseHeld against the caller's own hold.
+// AcquireLeaseRequest asks for the exclusive lease on the agent's sandbox:
+// while it is held, only calls that present its lease ID (HeaderLeaseID)
+// reach the sandbox. Acquiring is idempotent on (Holder, RequestID):
+// retrying a request whose answer was lost returns the same lease instead
+// of failing with CodeLeaseHeld against the caller's own hold.
 type AcquireLeaseRequest struct {
 	// Holder identifies who holds the lease (a user, a run); required.
 	Holder string `json:"holder"`
@@ -132,8 +146,9 @@ type Lease struct {
 	AcquiredAt time.Time `json:"acquired_at"`
 	RenewedAt  time.Time `json:"renewed_at"`
 	// ExpiresAt is RenewedAt plus the TTL. Activity on the sandbox (any
-	// Compute API call) also moves RenewedAt, so a hold whose sandbox is in
-	// use does not expire under it.
+	// Compute API call, renewed about every 30 s while a call such as a
+	// terminal or a streamed command stays open) also moves RenewedAt, so
+	// a hold whose sandbox is in use does not expire under it.
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
@@ -255,8 +270,29 @@ type ConsoleSession struct {
 	SnapshotID string `json:"snapshot_id,omitempty"`
 	// Transcript is the terminal's output (which echoes what was typed),
 	// up to the store's cap; only GET of the session returns it.
-	Transcript          []byte `json:"transcript,omitempty"`
-	TranscriptTruncated bool   `json:"transcript_truncated,omitempty"`
+	Transcript []byte `json:"transcript,omitempty"`
+	// TranscriptRecords are the terminal's bytes both ways, in the order
+	// they were recorded: what the staff member typed (TranscriptInput)
+	// and what the terminal showed (TranscriptOutput). Known secret
+	// formats are redacted from both. Only GET of the session returns
+	// them.
+	TranscriptRecords   []TranscriptRecord `json:"transcript_records,omitempty"`
+	TranscriptTruncated bool               `json:"transcript_truncated,omitempty"`
+}
+
+// Directions of a TranscriptRecord.
+const (
+	TranscriptInput  = "in"
+	TranscriptOutput = "out"
+)
+
+// TranscriptRecord is a run of a console's terminal bytes in one
+// direction.
+type TranscriptRecord struct {
+	// Direction is TranscriptInput or TranscriptOutput.
+	Direction string    `json:"direction"`
+	At        time.Time `json:"at"`
+	Data      []byte    `json:"data"`
 }
 
 // MCPToolCatalog is the tool list of one of a sandbox's stdio MCP servers,
@@ -303,7 +339,8 @@ type CreateTokenRequest struct {
 	// Subject says who holds the token (a staff id, a service); it shows
 	// in the audit log.
 	Subject string `json:"subject,omitempty"`
-	// TTLSeconds bounds the token's life; 0 means it does not expire.
+	// TTLSeconds bounds the token's life; 0 means it does not expire, and
+	// it is at most 366 days (31622400).
 	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
 }
 
@@ -334,6 +371,10 @@ type AuditRecord struct {
 	Result    string `json:"result"`
 	Status    int    `json:"status"`
 	RequestID string `json:"request_id,omitempty"`
+	// Detail is what the call added for a reviewer, a JSON object: for
+	// example "lease_bypassed" (the holder and expiry of a hold the staff
+	// console passed). Known secret formats are redacted from it.
+	Detail string `json:"detail,omitempty"`
 	// Hash chains the record to PrevHash (hex SHA-256).
 	Hash     string `json:"hash"`
 	PrevHash string `json:"prev_hash"`
@@ -426,8 +467,10 @@ const (
 	// CommandResult.TimedOut).
 	CodeTimeout Code = "timeout"
 	// CodeLeaseHeld: someone else holds the sandbox's lease (or the same
-	// holder under another request ID). Details carry "holder" and
-	// "expires_at" (RFC 3339); see LeaseHeldBy.
+	// holder under another request ID): an acquire is refused, and so is
+	// any call on the sandbox that does not present the hold's lease ID
+	// (HeaderLeaseID). Details carry "holder" and "expires_at" (RFC
+	// 3339); see LeaseHeldBy. HTTP 409.
 	CodeLeaseHeld Code = "lease_held"
 	// CodeLeaseNotHeld: the heartbeat or release names a lease that is not
 	// the current one: it was released, reclaimed after expiry, or taken
