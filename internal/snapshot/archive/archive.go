@@ -203,7 +203,11 @@ type Driver struct {
 	uploads map[string]*upload // by object key
 }
 
-var _ snapshot.Driver = (*Driver)(nil)
+var (
+	_ snapshot.Driver     = (*Driver)(nil)
+	_ snapshot.Checker    = (*Driver)(nil)
+	_ snapshot.StoreNamer = (*Driver)(nil)
+)
 
 // upload is one archive being written in the background.
 type upload struct {
@@ -336,7 +340,10 @@ func (d *Driver) Store() string { return d.store.kind() }
 // and then periodically, so that a misconfiguration shows before the first
 // idle stop needs the store.
 func (d *Driver) Check(ctx context.Context) error {
-	return d.store.check(ctx)
+	if err := d.store.check(ctx); err != nil {
+		return &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotStoreUnavailable, Message: err.Error()}
+	}
+	return nil
 }
 
 // Close cancels the uploads in flight. Like a crash, it leaves them
