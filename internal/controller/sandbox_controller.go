@@ -359,6 +359,7 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
 		result.RequeueAfter = min(result.RequeueAfter, d)
 	}
+	r.clearPassedCheck(sbx)
 	if sbx.Status.Phase == v1alpha1.SandboxPhaseIdleStopping && !sbx.Spec.Ephemeral && !act.idle() {
 		// Activity during a stop that can still be undone calls it off.
 		serving, err := r.callOffStop(ctx, sbx, podOrNil, act)
@@ -367,7 +368,7 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		}
 	}
 	if r.stopping(sbx, tpl, act, havePod) {
-		if wait, held := r.stopHeldBack(prevReason, sbx, act); held {
+		if wait, held := r.stopHeldBack(sbx, act); held {
 			// Not stopped: it goes on serving below.
 			result.RequeueAfter = min(result.RequeueAfter, wait)
 		} else {

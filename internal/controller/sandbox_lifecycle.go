@@ -394,7 +394,7 @@ func idleStopBackoff(failures int32) time.Duration {
 // stop now, and when to look again: an earlier stop was abandoned and the
 // backoff has not run out, or the snapshot driver's check fails. The
 // sandbox then keeps running and serving.
-func (r *SandboxReconciler) stopHeldBack(prevReason string, sbx *v1alpha1.Sandbox, a activity) (time.Duration, bool) {
+func (r *SandboxReconciler) stopHeldBack(sbx *v1alpha1.Sandbox, a activity) (time.Duration, bool) {
 	if sbx.Status.Phase != v1alpha1.SandboxPhaseRunning || sbx.Spec.Ephemeral {
 		return 0, false
 	}
@@ -417,6 +417,18 @@ func (r *SandboxReconciler) stopHeldBack(prevReason string, sbx *v1alpha1.Sandbo
 	}
 	r.setIdleStopBlocked(sbx, p.Reason, msg)
 	return heldBackRecheck, true
+}
+
+// clearPassedCheck removes an IdleStopBlocked condition that the snapshot
+// check put there once the check passes, also on a sandbox that is busy
+// now and so not about to stop; one left by abandoned stops (which set
+// idleStopRetry) stays until a stop succeeds.
+func (r *SandboxReconciler) clearPassedCheck(sbx *v1alpha1.Sandbox) {
+	c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
+	if c == nil || sbx.Status.IdleStopRetry != nil || r.SnapshotHealth == nil || r.SnapshotHealth.Problem() != nil {
+		return
+	}
+	meta.RemoveStatusCondition(&sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
 }
 
 // setIdleStopBlocked records why idle stops of the sandbox do not happen.

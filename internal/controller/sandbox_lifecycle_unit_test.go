@@ -427,7 +427,16 @@ func TestUnitFailedCheckHoldsStopsBack(t *testing.T) {
 	if evs := f.drainEvents(); len(evs) != 1 || !strings.Contains(evs[0], EventIdleStopBlocked) {
 		t.Errorf("events %q; want one IdleStopBlocked", evs)
 	}
+	// Busy again, and the check passes: the condition goes, although no
+	// stop happened.
+	f.renew("s")
 	health.p = nil
+	f.reconcile("s")
+	got = f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked) != nil {
+		t.Error("IdleStopBlocked stayed after the check passed")
+	}
+	f.clock.Step(2 * time.Minute)
 	d.state = snapshot.State{Ready: true}
 	f.reconcile("s")
 	got = f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
