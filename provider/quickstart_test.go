@@ -269,8 +269,12 @@ func checkIdleStopAndResume(t *testing.T, c ctrlclient.Client, key types.Namespa
 		if snap == nil || snap.Driver != "archive/embedded" || snap.SizeBytes <= 0 {
 			return fmt.Errorf("stopped with snapshot %+v; want one in the embedded store", snap)
 		}
-		if err := c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: key.Name}, &corev1.Pod{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("the pod of the stopped sandbox: %v", err)
+		// Gone, or going: a pod ends within its grace period.
+		var pod corev1.Pod
+		if err := c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: key.Name}, &pod); err == nil && pod.DeletionTimestamp == nil {
+			return fmt.Errorf("the pod of the stopped sandbox is still running")
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			return err
 		}
 		stopTook := "not seen"
 		if !stopping.IsZero() {
