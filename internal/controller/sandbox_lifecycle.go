@@ -729,6 +729,12 @@ func (r *SandboxReconciler) finishRestore(ctx context.Context, sbx *v1alpha1.San
 	err = r.Snapshots.Restore(ctx, snapshot.RestoreRequest{Sandbox: sbx, Snapshot: snap, Supervisor: sup})
 	if errors.Is(err, snapshot.ErrNotFound) {
 		msg := fmt.Sprintf("cannot restore the workspace from snapshot %s: %v; the sandbox takes no calls rather than serve an empty workspace; delete the Sandbox to start afresh", name, err)
+		if snap.Driver == "" {
+			// Taken before snapshots recorded their driver, perhaps by
+			// another one: the chart's default was volumesnapshot then.
+			msg += fmt.Sprintf("; the snapshot does not record which driver took it, and the platform now runs %s: if it was taken by another (volumesnapshot was the chart's default before archive), configure that driver again to resume the sandbox",
+				snapshot.ID(r.Snapshots))
+		}
 		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonRestoreFailed, msg)
 		r.event(sbx, claim, corev1.EventTypeWarning, EventRestoreFailed, "Restore", msg)
 		return false, nil
