@@ -297,9 +297,19 @@ func checkIdleStopAndResume(t *testing.T, c ctrlclient.Client, key types.Namespa
 		if res.ExitCode != 0 || res.Stdout != quickstartNote {
 			return fmt.Errorf("after the resume: exit %d, stdout %q, stderr %q; want the note", res.ExitCode, res.Stdout, res.Stderr)
 		}
-		t.Logf("idle stop into %s: stopped %s after the idle timeout was shortened (the stop itself, IdleStopping to Stopped: %s; archive %d bytes); "+
+		t.Logf("idle stop into %s: stopped %s after the idle timeout was shortened (the stop itself, IdleStopping to Stopped as polled: %s; archive %d bytes); "+
 			"run_command on the stopped sandbox, resume included: %s", snap.Driver, stopped.Sub(start).Round(100*time.Millisecond), stopTook,
 			snap.SizeBytes, resumeTook.Round(time.Millisecond))
+		// What the README has people look at: the controller's own timings.
+		var events corev1.EventList
+		if err := c.List(ctx, &events, ctrlclient.InNamespace(key.Namespace)); err != nil {
+			return err
+		}
+		for _, e := range events.Items {
+			if e.InvolvedObject.Kind == "Sandbox" && e.InvolvedObject.Name == key.Name && (e.Reason == "IdleStopped" || e.Reason == "Resumed") {
+				t.Logf("event %s: %s", e.Reason, e.Message)
+			}
+		}
 		return nil
 	}
 }
