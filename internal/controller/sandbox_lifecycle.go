@@ -73,10 +73,10 @@ const (
 	// EventSnapshotDriverChanged (Warning): the snapshot to resume from
 	// was taken by another driver than the platform runs now.
 	EventSnapshotDriverChanged = "SnapshotDriverChanged"
-	EventResuming       = "Resuming"
-	EventResumed        = "Resumed"
-	EventRestoreFailed  = "RestoreFailed"
-	EventSyncFailed     = "SyncFailed"
+	EventResuming              = "Resuming"
+	EventResumed               = "Resumed"
+	EventRestoreFailed         = "RestoreFailed"
+	EventSyncFailed            = "SyncFailed"
 	// EventFilespacePulled says what a pull brought into a workspace
 	// before the sandbox served; a pull with nothing to bring is silent.
 	EventFilespacePulled = "FilespacePulled"

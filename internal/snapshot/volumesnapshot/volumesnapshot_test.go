@@ -389,7 +389,7 @@ func TestCheck(t *testing.T) {
 		want  string
 	}{
 		"default class of the default provisioner": {"", []client.Object{storageClass("local", "csi.example.com", true), snapshotClass("snap", "csi.example.com", true)}, ""},
-		"no class at all": {"", []client.Object{storageClass("local", "csi.example.com", true)}, v1alpha1.ReasonVolumeSnapshotClassNotFound},
+		"no class at all":                          {"", []client.Object{storageClass("local", "csi.example.com", true)}, v1alpha1.ReasonVolumeSnapshotClassNotFound},
 		"default class of another driver": {"", []client.Object{
 			storageClass("local", "rancher.io/local-path", true), snapshotClass("snap", "csi.example.com", true),
 		}, v1alpha1.ReasonVolumeSnapshotClassNotFound},
