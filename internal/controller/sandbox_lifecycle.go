@@ -61,6 +61,18 @@ const (
 	EventIdleStopping   = "IdleStopping"
 	EventIdleStopped    = "IdleStopped"
 	EventSnapshotFailed = "SnapshotFailed"
+	EventResuming       = "Resuming"
+	EventResumed        = "Resumed"
+	EventRestoreFailed  = "RestoreFailed"
+	EventSyncFailed     = "SyncFailed"
+	// EventFilespacePulled says what a pull brought into a workspace
+	// before the sandbox served; a pull with nothing to bring is silent.
+	EventFilespacePulled = "FilespacePulled"
+)
+
+// Event reasons of idle stops that do not happen, and of resumes that
+// cannot.
+const (
 	// EventIdleStopCancelled (Normal): activity arrived during the stop,
 	// which was called off before it had deleted anything.
 	EventIdleStopCancelled = "IdleStopCancelled"
@@ -73,13 +85,6 @@ const (
 	// EventSnapshotDriverChanged (Warning): the snapshot to resume from
 	// was taken by another driver than the platform runs now.
 	EventSnapshotDriverChanged = "SnapshotDriverChanged"
-	EventResuming              = "Resuming"
-	EventResumed               = "Resumed"
-	EventRestoreFailed         = "RestoreFailed"
-	EventSyncFailed            = "SyncFailed"
-	// EventFilespacePulled says what a pull brought into a workspace
-	// before the sandbox served; a pull with nothing to bring is silent.
-	EventFilespacePulled = "FilespacePulled"
 )
 
 // snapshotPoll is how often a snapshot that is not ready yet is looked at
