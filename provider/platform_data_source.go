@@ -44,6 +44,7 @@ type platformDataSourceModel struct {
 	CACertificate   types.String `tfsdk:"ca_certificate"`
 	AdminToken      types.String `tfsdk:"admin_token"`
 	Drift           types.List   `tfsdk:"drift"`
+	SnapshotDriver  types.String `tfsdk:"snapshot_driver"`
 }
 
 func (d *platformDataSource) Metadata(_ context.Context, req datasource.MetadataRequest, resp *datasource.MetadataResponse) {
@@ -134,6 +135,6 @@ func (d *platformDataSource) Read(ctx context.Context, req datasource.ReadReques
 		ID: m.ID, Namespace: m.Namespace, ReleaseName: m.ReleaseName, ChartVersion: m.ChartVersion,
 		ImageTag: m.ImageTag, ImageRegistry: m.ImageRegistry, ImagePullPolicy: m.ImagePullPolicy, Replicas: m.Replicas,
 		Values: m.Values, Revision: m.Revision, Status: m.Status, APIEndpoint: m.APIEndpoint, APIServiceDNS: m.APIServiceDNS,
-		CACertificate: m.CACertificate, AdminToken: m.AdminToken, Drift: m.Drift,
+		CACertificate: m.CACertificate, AdminToken: m.AdminToken, Drift: m.Drift, SnapshotDriver: m.SnapshotDriver,
 	})...)
 }

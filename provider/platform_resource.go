@@ -59,6 +59,7 @@ type platformModel struct {
 	CACertificate   types.String   `tfsdk:"ca_certificate"`
 	AdminToken      types.String   `tfsdk:"admin_token"`
 	Drift           types.List     `tfsdk:"drift"`
+	SnapshotDriver  types.String   `tfsdk:"snapshot_driver"`
 }
 
 const (
@@ -218,6 +219,16 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"(or the chart's `adminToken.existingSecret`).",
 				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
 			},
+			"snapshot_driver": schema.StringAttribute{
+				Computed: true,
+				MarkdownDescription: "How the platform keeps the workspaces of idle-stopped sandboxes, from the chart's " +
+					"`snapshot` values: `archive/embedded` (the default: archives on a volume of the control plane's own, " +
+					"which needs nothing outside the cluster), `archive/s3` (archives in the S3-compatible store of " +
+					"`snapshot.archive.endpoint`) or `volumesnapshot` (CSI VolumeSnapshots). The control plane checks that " +
+					"its driver can work and publishes the result in the ConfigMap `agentbox-controlplane-status`; when the " +
+					"check fails, apply and refresh warn with the reason and the fix (sandboxes are then not idle-stopped, " +
+					"and keep running).",
+			},
 			"drift": schema.ListAttribute{
 				Computed: true, ElementType: types.StringType,
 				MarkdownDescription: "What the last refresh found wrong with the release in the cluster: objects of the " +
@@ -234,7 +245,7 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"fields that others add. Left out because others legitimately own them: the control plane Deployment's " +
 					"`replicas` while a HorizontalPodAutoscaler targets it; the data of the generated Secrets `agentbox-ca` " +
 					"and `agentbox-admin-token`, which the chart keeps as the cluster holds them (replacing them is how they " +
-					"are rotated); and the size of the store's volume claim, which may be expanded but never shrunk. The " +
+					"are rotated); and the size of the volume claims (the store's, the embedded snapshot store's), which may be expanded but never shrunk. The " +
 					"CRDs, which every platform in the cluster shares, and objects the API server will not apply in a dry " +
 					"run (for lack of the rights to patch them, for one) are checked for presence only.",
 			},
@@ -546,6 +557,11 @@ func chartClient(ctx context.Context, d *providerData, diags *diag.Diagnostics) 
 func (r *platformResource) afterApply(ctx context.Context, rel *chart.Release, m *platformModel, diags *diag.Diagnostics) {
 	m.ID = types.StringValue(objectID(rel.Namespace, rel.Name))
 	m.Namespace = types.StringValue(rel.Namespace)
+	if m.Wait.ValueBool() {
+		// So that refreshPlatform's warning reflects the control plane
+		// just applied, not its predecessor.
+		waitSnapshotCheck(ctx, r.data, rel)
+	}
 	refreshPlatform(ctx, r.data, rel, m, diags)
 	if n := len(m.Drift.Elements()); n > 0 {
 		diags.AddError("The agentbox platform differs from its release right after apply",
@@ -596,6 +612,8 @@ func refreshPlatform(ctx context.Context, data *providerData, rel *chart.Release
 	m.APIEndpoint = types.StringValue(access.Endpoint)
 	m.CACertificate = types.StringValue(access.CACertificate)
 	m.AdminToken = types.StringValue(access.AdminToken)
+	m.SnapshotDriver = types.StringValue(rel.SnapshotDriver())
+	warnSnapshotCheck(ctx, clients.Kubernetes, rel, diags)
 }
 
 // chartValues are the values the configuration asks for.

@@ -17,10 +17,15 @@ import (
 	"github.com/hashicorp/terraform-plugin-testing/statecheck"
 	"github.com/hashicorp/terraform-plugin-testing/terraform"
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
@@ -30,7 +35,11 @@ const testAccImageTagEnv = "AGENTBOX_TEST_IMAGE_TAG"
 
 // TestAccQuickstart is the main job end to end: examples/quickstart applied
 // with the real terraform CLI gives an agent a gVisor sandbox, and the
-// Compute API runs the agent's code in it.
+// Compute API runs the agent's code in it. Then, as the README shows, the
+// sandbox's idle timeout is shortened: it idles out, is stopped into the
+// platform's default snapshot store (the embedded archive store, which
+// needs no VolumeSnapshot CRDs or anything else outside the cluster), and
+// the next call through the Compute API resumes it with its workspace.
 func TestAccQuickstart(t *testing.T) {
 	tag := testAccPlatformImageTag(t)
 	c, _ := testAccCluster(t)
@@ -39,6 +48,11 @@ func TestAccQuickstart(t *testing.T) {
 		"kubeconfig": config.StringVariable(os.Getenv(testAccKubeconfigEnv)),
 		"image_tag":  config.StringVariable(tag),
 		"agent_id":   config.StringVariable(agent),
+	}
+	// Short, so that the test sees a stop; the README suggests 1m.
+	idleVars := config.Variables{"idle_timeout": config.StringVariable("30s")}
+	for k, v := range vars {
+		idleVars[k] = v
 	}
 	dir := config.StaticDirectory("../examples/quickstart")
 	// Import steps leave the outputs null, which the framework's state shim
@@ -62,13 +76,34 @@ func TestAccQuickstart(t *testing.T) {
 					statecheck.ExpectKnownValue("agentbox_sandbox_template.python", tfjsonpath.New("runtime_class_name"), knownvalue.StringExact("gvisor")),
 					statecheck.ExpectKnownValue("agentbox_sandbox.agent", tfjsonpath.New("agent_id"), knownvalue.StringExact(agent)),
 					statecheck.ExpectKnownValue("agentbox_sandbox.agent", tfjsonpath.New("id"), knownvalue.StringExact(DefaultNamespace+"/quickstart-agent")),
+					statecheck.ExpectKnownValue("agentbox_platform.this", tfjsonpath.New("snapshot_driver"), knownvalue.StringExact("archive/embedded")),
 				},
-				Check: checkRunsInGVisor(t, agent),
+				Check: resource.ComposeTestCheckFunc(checkRunsInGVisor(t, agent), writeWorkspaceNote(t, agent)),
 			},
 			{
 				ProtoV6ProviderFactories: f,
 				ConfigDirectory:          dir,
 				ConfigVariables:          vars,
+				ConfigPlanChecks:         resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+			},
+			{
+				// The README's walk-through: a shorter idle timeout, a wait,
+				// and a call that resumes the sandbox with its workspace.
+				ProtoV6ProviderFactories: f,
+				ConfigDirectory:          dir,
+				ConfigVariables:          idleVars,
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction("agentbox_sandbox.agent", plancheck.ResourceActionUpdate)},
+				},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue("agentbox_sandbox.agent", tfjsonpath.New("idle_timeout"), knownvalue.StringExact("30s")),
+				},
+				Check: checkIdleStopAndResume(t, c, sandboxKey, agent),
+			},
+			{
+				ProtoV6ProviderFactories: f,
+				ConfigDirectory:          dir,
+				ConfigVariables:          idleVars,
 				ConfigPlanChecks:         resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
 			},
 			{
@@ -131,7 +166,7 @@ func TestAccQuickstart(t *testing.T) {
 					if err := c.Get(ctx, types.NamespacedName{Namespace: DefaultNamespace, Name: "quickstart-twin"}, &twin); err != nil {
 						t.Fatal(err)
 					}
-					ready := apimeta.FindStatusCondition(twin.Status.Conditions, agentboxv1alpha1.ConditionReady)
+					ready := meta.FindStatusCondition(twin.Status.Conditions, agentboxv1alpha1.ConditionReady)
 					if twin.Status.Phase != agentboxv1alpha1.SandboxPhaseError || ready == nil || ready.Reason != agentboxv1alpha1.ReasonDuplicateAgent ||
 						twin.Status.PodName != "" {
 						t.Fatalf("the twin: phase %s, pod %q, Ready %+v", twin.Status.Phase, twin.Status.PodName, ready)
@@ -178,22 +213,39 @@ resource "agentbox_sandbox" "twin" {
 	return dir
 }
 
+// quickstartAPI is a client of the Compute API with the endpoint, CA and
+// token that the quickstart's agentbox_platform reports.
+func quickstartAPI(s *terraform.State) (*client.Client, error) {
+	return platformAPI(s, "agentbox_platform.this")
+}
+
+// platformAPI is a client of the Compute API with the endpoint, CA and
+// token that the agentbox_platform at addr reports.
+func platformAPI(s *terraform.State, addr string) (*client.Client, error) {
+	platform, ok := s.RootModule().Resources[addr]
+	if !ok {
+		return nil, fmt.Errorf("%s not in state", addr)
+	}
+	attrs := platform.Primary.Attributes
+	return client.New(attrs["api_endpoint"], attrs["admin_token"], []byte(attrs["ca_certificate"]))
+}
+
+// callTimeout bounds a test's call through the Compute API: longer than
+// the API's own bound on waiting for a resume, so that the test sees the
+// API's answer rather than giving up first.
+const callTimeout = computeapi.DefaultResumeTimeout + time.Minute
+
 // checkRunsInGVisor runs Python in the agent's sandbox through the Compute
 // API, with the endpoint, CA and token that agentbox_platform reports, and
 // requires the gVisor kernel.
 func checkRunsInGVisor(t *testing.T, agent string) resource.TestCheckFunc {
 	return func(s *terraform.State) error {
-		platform, ok := s.RootModule().Resources["agentbox_platform.this"]
-		if !ok {
-			return fmt.Errorf("agentbox_platform.this not in state")
-		}
-		attrs := platform.Primary.Attributes
-		api, err := client.New(attrs["api_endpoint"], attrs["admin_token"], []byte(attrs["ca_certificate"]))
+		api, err := quickstartAPI(s)
 		if err != nil {
 			return err
 		}
 		defer api.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
 		res, err := api.RunCommand(ctx, agent, client.RunCommandRequest{
 			Command: []string{"python3", "-c", "import platform; print(platform.release())"},
@@ -204,6 +256,124 @@ func checkRunsInGVisor(t *testing.T, agent string) resource.TestCheckFunc {
 		t.Logf("run_command: exit %d in %d ms, stdout %q, stderr %q", res.ExitCode, res.DurationMS, res.Stdout, res.Stderr)
 		if res.ExitCode != 0 || !strings.Contains(res.Stdout, "gvisor") {
 			return fmt.Errorf("python3 in the sandbox: exit %d, stdout %q, stderr %q; want the gVisor kernel release", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return nil
+	}
+}
+
+// quickstartNote is what writeWorkspaceNote leaves in the workspace.
+const quickstartNote = "kept across an idle stop\n"
+
+// writeWorkspaceNote writes a file into the agent's workspace through the
+// Compute API, for checkIdleStopAndResume to find after the resume.
+func writeWorkspaceNote(t *testing.T, agent string) resource.TestCheckFunc {
+	return func(s *terraform.State) error {
+		api, err := quickstartAPI(s)
+		if err != nil {
+			return err
+		}
+		defer api.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		res, err := api.RunCommand(ctx, agent, client.RunCommandRequest{Command: []string{"sh", "-c", "echo '" + strings.TrimSuffix(quickstartNote, "\n") + "' > notes.txt && cat notes.txt"}})
+		if err != nil {
+			return fmt.Errorf("write the note: %w", err)
+		}
+		if res.ExitCode != 0 || res.Stdout != quickstartNote {
+			return fmt.Errorf("write the note: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return nil
+	}
+}
+
+// checkIdleStopAndResume waits for the sandbox to idle out and stop into
+// the platform's default store, then resumes it with a call through the
+// Compute API and finds the workspace's note.
+func checkIdleStopAndResume(t *testing.T, c ctrlclient.Client, key types.NamespacedName, agent string) resource.TestCheckFunc {
+	return func(s *terraform.State) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		// Whatever the cluster has: the default store needs no snapshot API.
+		_, noCRD := c.RESTMapper().RESTMapping(schema.GroupKind{Group: "snapshot.storage.k8s.io", Kind: "VolumeSnapshot"}, "v1")
+		t.Logf("VolumeSnapshot CRDs installed in the test cluster: %v", noCRD == nil)
+
+		// The control plane's check found the embedded store usable.
+		var cm corev1.ConfigMap
+		if err := c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: agentboxv1alpha1.ControlPlaneStatusConfigMap}, &cm); err != nil {
+			return fmt.Errorf("the control plane's status: %w", err)
+		}
+		if d := cm.Data; d[agentboxv1alpha1.StatusKeySnapshotDriver] != "archive/embedded" || d[agentboxv1alpha1.StatusKeySnapshotReady] != "true" {
+			return fmt.Errorf("the control plane's snapshot check: %v", d)
+		}
+
+		var sbx agentboxv1alpha1.Sandbox
+		var stopping, stopped time.Time
+		start := time.Now()
+		for stopped.IsZero() {
+			if err := c.Get(ctx, key, &sbx); err != nil {
+				return err
+			}
+			switch sbx.Status.Phase {
+			case agentboxv1alpha1.SandboxPhaseIdleStopping:
+				if stopping.IsZero() {
+					stopping = time.Now()
+				}
+			case agentboxv1alpha1.SandboxPhaseStopped:
+				stopped = time.Now()
+			}
+			if blocked := meta.FindStatusCondition(sbx.Status.Conditions, agentboxv1alpha1.ConditionIdleStopBlocked); blocked != nil {
+				return fmt.Errorf("the idle stop is blocked: %s: %s", blocked.Reason, blocked.Message)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("the sandbox did not stop (phase %s): %w", sbx.Status.Phase, ctx.Err())
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+		snap := sbx.Status.Snapshot
+		if snap == nil || snap.Driver != "archive/embedded" || snap.SizeBytes <= 0 {
+			return fmt.Errorf("stopped with snapshot %+v; want one in the embedded store", snap)
+		}
+		// Gone, or going: a pod ends within its grace period.
+		var pod corev1.Pod
+		if err := c.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: key.Name}, &pod); err == nil && pod.DeletionTimestamp == nil {
+			return fmt.Errorf("the pod of the stopped sandbox is still running")
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		stopTook := "not seen"
+		if !stopping.IsZero() {
+			stopTook = stopped.Sub(stopping).Round(100 * time.Millisecond).String()
+		}
+
+		api, err := quickstartAPI(s)
+		if err != nil {
+			return err
+		}
+		defer api.CloseIdleConnections()
+		callCtx, callCancel := context.WithTimeout(ctx, callTimeout)
+		defer callCancel()
+		callStart := time.Now()
+		res, err := api.RunCommand(callCtx, agent, client.RunCommandRequest{Command: []string{"cat", "notes.txt"}})
+		resumeTook := time.Since(callStart)
+		if err != nil {
+			return fmt.Errorf("run_command on the stopped sandbox: %w", err)
+		}
+		if res.ExitCode != 0 || res.Stdout != quickstartNote {
+			return fmt.Errorf("after the resume: exit %d, stdout %q, stderr %q; want the note", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		t.Logf("idle stop into %s: stopped %s after the idle timeout was shortened (the stop itself, IdleStopping to Stopped as polled: %s; archive %d bytes); "+
+			"run_command on the stopped sandbox, resume included: %s", snap.Driver, stopped.Sub(start).Round(100*time.Millisecond), stopTook,
+			snap.SizeBytes, resumeTook.Round(time.Millisecond))
+		// What the README has people look at: the controller's own timings.
+		var events corev1.EventList
+		if err := c.List(ctx, &events, ctrlclient.InNamespace(key.Namespace)); err != nil {
+			return err
+		}
+		for _, e := range events.Items {
+			if e.InvolvedObject.Kind == "Sandbox" && e.InvolvedObject.Name == key.Name && (e.Reason == "IdleStopped" || e.Reason == "Resumed") {
+				t.Logf("event %s: %s", e.Reason, e.Message)
+			}
 		}
 		return nil
 	}

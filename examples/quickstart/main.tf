@@ -28,6 +28,12 @@ variable "agent_id" {
   default     = "quickstart-agent"
 }
 
+variable "idle_timeout" {
+  description = "How long the agent's sandbox may go without a call before it is stopped into a snapshot; null keeps the template's (1h). Set it to 1m to watch an idle stop and the resume that the next call brings."
+  type        = string
+  default     = null
+}
+
 provider "agentbox" {
   kubernetes = {
     config_path = var.kubeconfig
@@ -36,7 +42,10 @@ provider "agentbox" {
 }
 
 # The control plane: CRDs, controllers, the Compute API, RBAC and a Service,
-# installed from the chart embedded in the provider.
+# installed from the chart embedded in the provider. With the chart's
+# defaults, idle sandboxes are snapshotted into its embedded store, a volume
+# of the control plane's own (snapshot_driver "archive/embedded"), which
+# needs nothing outside the cluster.
 resource "agentbox_platform" "this" {
   image_tag = var.image_tag
 }
@@ -55,7 +64,8 @@ resource "agentbox_sandbox_template" "python" {
 }
 
 resource "agentbox_sandbox" "agent" {
-  name     = "quickstart-agent"
-  agent_id = var.agent_id
-  template = agentbox_sandbox_template.python.name
+  name         = "quickstart-agent"
+  agent_id     = var.agent_id
+  template     = agentbox_sandbox_template.python.name
+  idle_timeout = var.idle_timeout
 }

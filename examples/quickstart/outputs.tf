@@ -18,3 +18,8 @@ output "admin_token" {
 output "agent_id" {
   value = agentbox_sandbox.agent.agent_id
 }
+
+output "snapshot_driver" {
+  description = "Where idle sandboxes' workspaces are kept."
+  value       = agentbox_platform.this.snapshot_driver
+}

@@ -92,6 +92,16 @@ run_command() {
 	echo "\$ agentbox run-command $agent -- python3 -c \"import platform; print(platform.release())\""
 	"$build/agentbox" run-command --endpoint "$endpoint" --ca-file "$work/ca.crt" --token-file "$work/admin-token" \
 		"$agent" -- python3 -c "import platform; print(platform.release())"
+	# What the README's idle stop walk-through sources: the CLI, the API,
+	# and terraform with the provider mirror and the cluster.
+	cat > "$work/env" <<ENV
+export PATH="$build:\$PATH"
+export TF_CLI_CONFIG_FILE="$TF_CLI_CONFIG_FILE"
+export KUBECONFIG="$(cat "$work/kubeconfig.path")"
+export AGENTBOX_ENDPOINT="$endpoint"
+export AGENTBOX_CA_FILE="$work/ca.crt"
+export AGENTBOX_TOKEN="\$(cat "$work/admin-token")"
+ENV
 }
 
 down() {
@@ -112,7 +122,9 @@ up)
 	step "terraform apply" tf_apply
 	step "run_command in the agent's sandbox" run_command
 	echo
-	echo "The sandbox is up. Tear everything down with: make quickstart-down"
+	echo "The sandbox is up; idle sandboxes are kept in the $(terraform -chdir="$work/tf" output -raw snapshot_driver) snapshot store."
+	echo "To watch an idle stop and resume, see the README (Quickstart): . $work/env, then shorten idle_timeout."
+	echo "Tear everything down with: make quickstart-down"
 	;;
 down)
 	trap report EXIT

@@ -293,7 +293,7 @@ func TestDriftReviewedKinds(t *testing.T) {
 	objects := map[string]*unstructured.Unstructured{}
 	for _, raw := range []string{
 		"",
-		"runscInstaller: {enabled: true}\nstore: {dsn: 'postgres://db.invalid/agentbox'}\nreplicaCount: 2",
+		"runscInstaller: {enabled: true}\nstore: {dsn: 'postgres://db.invalid/agentbox'}\nreplicaCount: 2\nsnapshot: {driver: volumesnapshot}",
 	} {
 		rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw})
 		if err != nil {

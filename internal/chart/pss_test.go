@@ -108,7 +108,8 @@ const installerDaemonSet = "agentbox-runsc-installer"
 // pssValueSets are the defaults and value sets that add containers,
 // volumes, environment and scheduling to the chart's pods.
 var pssValueSets = map[string]string{
-	"defaults": "",
+	"defaults":         "",
+	"volume snapshots": "snapshot: {driver: volumesnapshot}",
 	"archive snapshots and PostgreSQL": "snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b, credentialsSecret: s3}}\n" +
 		"store: {existingSecret: pg}\nreplicaCount: 2",
 	"SQLite on an emptyDir": "store: {persistence: {enabled: false}}",

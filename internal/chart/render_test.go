@@ -366,8 +366,12 @@ func TestRBAC(t *testing.T) {
 	if !can("", "nodes", "patch") || can("", "nodes", "update") || can("", "nodes", "create") || can("", "nodes/status", "patch") {
 		t.Error("nodes: want patch only, and nothing on their status")
 	}
-	if !can("snapshot.storage.k8s.io", "volumesnapshots", "create") {
-		t.Error("volumesnapshot driver without VolumeSnapshot rights")
+	// The default driver, archive with the embedded store, needs no
+	// snapshot rights at all.
+	for _, rule := range cr.Rules {
+		if slices.Contains(rule.APIGroups, "snapshot.storage.k8s.io") || slices.Contains(rule.APIGroups, "storage.k8s.io") {
+			t.Errorf("the default archive driver gets snapshot or storage rights: %+v", rule)
+		}
 	}
 
 	crb := must[*rbacv1.ClusterRoleBinding](r, cr.Name)
@@ -390,6 +394,99 @@ func TestRBAC(t *testing.T) {
 			t.Error("archive driver still gets VolumeSnapshot rights")
 		}
 	}
+	cr = must[*rbacv1.ClusterRole](renderRaw(t, "snapshot: {driver: volumesnapshot}"), cr.Name)
+	if !can("snapshot.storage.k8s.io", "volumesnapshots", "create") {
+		t.Error("volumesnapshot driver without VolumeSnapshot rights")
+	}
+	// Its check reads the classes, and writes none of them.
+	if !can("snapshot.storage.k8s.io", "volumesnapshotclasses", "list") || !can("storage.k8s.io", "storageclasses", "get") ||
+		can("snapshot.storage.k8s.io", "volumesnapshotclasses", "create") || can("storage.k8s.io", "storageclasses", "update") {
+		t.Error("volumesnapshot driver: want read-only rights on VolumeSnapshotClasses and StorageClasses")
+	}
+}
+
+// With no snapshot configuration the archive driver keeps its archives in
+// the embedded store: a claim of its own, mounted into the control plane,
+// which then cannot roll two pods over one volume.
+func TestSnapshotDefaults(t *testing.T) {
+	r := render(t, Values{})
+	pvc := must[*corev1.PersistentVolumeClaim](r, "agentbox-snapshots")
+	if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != "10Gi" || pvc.Spec.StorageClassName != nil ||
+		!slices.Equal(pvc.Spec.AccessModes, []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}) {
+		t.Errorf("embedded store claim: size %s, class %v, modes %v", q.String(), pvc.Spec.StorageClassName, pvc.Spec.AccessModes)
+	}
+	d := r.deployment()
+	c := container(t, d)
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	if env["AGENTBOX_SNAPSHOT_DRIVER"] != "archive" || env["AGENTBOX_ARCHIVE_DIR"] != "/var/lib/agentbox-snapshots" || env["AGENTBOX_ARCHIVE_COMPRESSION"] != "gzip" {
+		t.Errorf("snapshot environment %v", env)
+	}
+	for _, name := range []string{"AGENTBOX_ARCHIVE_ENDPOINT", "AGENTBOX_ARCHIVE_CREDENTIALS_DIR", "AGENTBOX_ARCHIVE_BUCKET"} {
+		if _, ok := env[name]; ok {
+			t.Errorf("the embedded store gets the S3 setting %s", name)
+		}
+	}
+	if v, _ := volume(d, "snapshots"); v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != "agentbox-snapshots" {
+		t.Errorf("snapshots volume %+v", v)
+	}
+	if mountPath(c, "snapshots") != env["AGENTBOX_ARCHIVE_DIR"] {
+		t.Errorf("snapshots mounted at %q, the control plane looks in %q", mountPath(c, "snapshots"), env["AGENTBOX_ARCHIVE_DIR"])
+	}
+	if _, ok := volume(d, "archive-credentials"); ok {
+		t.Error("the embedded store mounts S3 credentials")
+	}
+	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("strategy %q with the embedded store's ReadWriteOnce volume", d.Spec.Strategy.Type)
+	}
+
+	t.Run("sized, classed", func(t *testing.T) {
+		r := renderRaw(t, "snapshot: {archive: {embedded: {size: 50Gi, storageClassName: fast}}}")
+		pvc := must[*corev1.PersistentVolumeClaim](r, "agentbox-snapshots")
+		if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != "50Gi" || pvc.Spec.StorageClassName == nil || *pvc.Spec.StorageClassName != "fast" {
+			t.Errorf("claim: size %s, class %v", q.String(), pvc.Spec.StorageClassName)
+		}
+	})
+	t.Run("existing claim", func(t *testing.T) {
+		r := renderRaw(t, "snapshot: {archive: {embedded: {existingClaim: kept-snapshots}}}")
+		if _, ok := find[*corev1.PersistentVolumeClaim](r, "agentbox-snapshots"); ok {
+			t.Error("claim rendered with an existing one")
+		}
+		if v, _ := volume(r.deployment(), "snapshots"); v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != "kept-snapshots" {
+			t.Errorf("snapshots volume %+v", v)
+		}
+	})
+	t.Run("an endpoint means S3", func(t *testing.T) {
+		r := renderRaw(t, "snapshot: {archive: {endpoint: 'https://s3.example.com', bucket: b, credentialsSecret: s3}}")
+		if _, ok := find[*corev1.PersistentVolumeClaim](r, "agentbox-snapshots"); ok {
+			t.Error("embedded store claim rendered with an S3 endpoint")
+		}
+		d := r.deployment()
+		if _, ok := volume(d, "snapshots"); ok {
+			t.Error("embedded store mounted with an S3 endpoint")
+		}
+		if e, _ := envValue(container(t, d), "AGENTBOX_ARCHIVE_DIR"); e.Value != "" {
+			t.Errorf("AGENTBOX_ARCHIVE_DIR %q with an S3 endpoint", e.Value)
+		}
+	})
+	t.Run("volumesnapshot", func(t *testing.T) {
+		r := renderRaw(t, "snapshot: {driver: volumesnapshot, volumeSnapshotClassName: csi-snap}")
+		if _, ok := find[*corev1.PersistentVolumeClaim](r, "agentbox-snapshots"); ok {
+			t.Error("embedded store claim rendered for the volumesnapshot driver")
+		}
+		c := container(t, r.deployment())
+		if e, _ := envValue(c, "AGENTBOX_VOLUME_SNAPSHOT_CLASS"); e.Value != "csi-snap" {
+			t.Errorf("class %q", e.Value)
+		}
+	})
+	t.Run("replicas with S3", func(t *testing.T) {
+		r := renderRaw(t, "replicaCount: 3\nstore: {existingSecret: pg}\nsnapshot: {archive: {endpoint: 'https://s3.example.com', bucket: b, credentialsSecret: s3}}")
+		if d := r.deployment(); *d.Spec.Replicas != 3 || d.Spec.Strategy.Type == appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("replicas %d, strategy %q", *d.Spec.Replicas, d.Spec.Strategy.Type)
+		}
+	})
 }
 
 // The archive driver's keys reach the control plane as files under the
@@ -469,7 +566,7 @@ func TestStoreVolume(t *testing.T) {
 		}
 	})
 	t.Run("postgres", func(t *testing.T) {
-		r := renderRaw(t, "replicaCount: 2\nstore: {dsn: 'postgres://u:p@db/agentbox'}")
+		r := renderRaw(t, "replicaCount: 2\nstore: {dsn: 'postgres://u:p@db/agentbox'}\nsnapshot: {driver: volumesnapshot}")
 		if _, ok := find[*corev1.PersistentVolumeClaim](r, "agentbox-store"); ok {
 			t.Error("PVC rendered with a PostgreSQL store")
 		}
@@ -678,9 +775,14 @@ func TestSchemaRejects(t *testing.T) {
 		"bad pull policy":       {"image: {controlPlane: {pullPolicy: Sometimes}}", "pullPolicy"},
 		"negative replicas":     {"replicaCount: -1", "replicaCount"},
 		"string replicas":       {"replicaCount: two", "replicaCount"},
-		"SQLite with replicas":  {"replicaCount: 2", "PostgreSQL"},
-		"archive without store": {"snapshot: {driver: archive}", "snapshot.archive.endpoint"},
-		"archive without keys":  {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b}}", "snapshot.archive.credentialsSecret"},
+		"SQLite with replicas":  {"replicaCount: 2\nsnapshot: {driver: volumesnapshot}", "PostgreSQL"},
+		"embedded store with replicas": {"replicaCount: 2\nstore: {existingSecret: pg}",
+			"replicaCount > 1 cannot use the embedded snapshot store"},
+		"embedded store, default driver, replicas": {"replicaCount: 3\nstore: {existingSecret: pg}\nsnapshot: {driver: archive, archive: {embedded: {existingClaim: rwx}}}",
+			"snapshot.archive.endpoint"},
+		"S3 without bucket":    {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', credentialsSecret: s3}}", "snapshot.archive.bucket"},
+		"archive without keys": {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b}}", "snapshot.archive.credentialsSecret"},
+		"bad embedded size":    {"snapshot: {archive: {embedded: {size: lots}}}", "size"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -47,7 +47,7 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 	zero, three := 0, 3
 	cases := map[string]Values{
 		"typed fields":           {ImageRegistry: "registry.example.com:5000/mirror/", ImageTag: "v1.2.3-rc.1", Replicas: &zero},
-		"replicas with postgres": {Replicas: &three, Raw: "store: {existingSecret: pg}"},
+		"replicas with postgres": {Replicas: &three, Raw: "store: {existingSecret: pg}\nsnapshot: {driver: volumesnapshot}"},
 		"resources as strings":   {Raw: "resources: {requests: {cpu: 50m, memory: 128Mi}, limits: {memory: 1Gi, ephemeral-storage: 2G}}"},
 		"resources as numbers": {Raw: "resources: {requests: {cpu: 0.5, memory: 134217728}, limits: {cpu: 2}}\n" +
 			"runscInstaller: {resources: {requests: {cpu: 10m, memory: 1e6}}}"},
@@ -59,6 +59,7 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 			"podAnnotations: {prometheus.io/scrape: 'true'}\nserviceAccount: {annotations: {iam.gke.io/gcp-service-account: a@b.iam.gserviceaccount.com}}"},
 		"extra env":        {Raw: "extraEnv: [{name: GODEBUG, value: 'x=1'}, {name: FROM_FIELD, valueFrom: {fieldRef: {fieldPath: metadata.uid}}}]"},
 		"archive":          {Raw: "snapshot: {driver: archive, archive: {endpoint: 'http://minio.storage:9000', bucket: b, credentialsSecret: s3, allowHTTP: true, compression: none}}"},
+		"embedded":         {Raw: "snapshot: {archive: {compression: none, embedded: {size: 50Gi, storageClassName: fast, existingClaim: mine}}}"},
 		"installer":        {Raw: "runscInstaller: {enabled: true, hostBinDir: /opt/bin, priorityClassName: system-node-critical, seLinuxOptions: {type: spc_t}}"},
 		"node port":        {Raw: "service: {type: NodePort, port: 8443}"},
 		"default template": {Raw: "computeApi: {defaultTemplate: agents/python.v3}"},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
@@ -76,9 +77,16 @@ func statusView(sb *v1alpha1.Sandbox) api.SandboxStatus {
 		v.Ready, v.Reason, v.Message = c.Status == "True", c.Reason, c.Message
 	}
 	if snap := sb.Status.Snapshot; snap != nil {
-		v.Snapshot = &api.SnapshotInfo{Name: snap.Name, SizeBytes: snap.SizeBytes}
+		v.Snapshot = &api.SnapshotInfo{Name: snap.Name, SizeBytes: snap.SizeBytes, Driver: snap.Driver}
 		if snap.ReadyTime != nil {
 			v.Snapshot.ReadyAt = snap.ReadyTime.UTC()
+		}
+	}
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionIdleStopBlocked); c != nil && c.Status == metav1.ConditionTrue {
+		v.IdleStopBlocked = &api.IdleStopBlocked{Reason: c.Reason, Message: c.Message}
+		if r := sb.Status.IdleStopRetry; r != nil {
+			v.IdleStopBlocked.Failures = int(r.Failures)
+			v.IdleStopBlocked.NextAttemptAt = r.NextAttemptTime.UTC()
 		}
 	}
 	return v

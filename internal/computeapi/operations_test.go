@@ -12,9 +12,11 @@ import (
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -233,5 +235,53 @@ func TestToolRequestAndExecute(t *testing.T) {
 	}
 	if err := json.Unmarshal(raw, &res); err != nil || res.Status != "success" || res.Output != "INLINE\n" || string(res.FilesProduced["out.txt"]) != "made" {
 		t.Fatalf("execute: %s (%v)", raw, err)
+	}
+}
+
+// The status view tells which driver took the snapshot, and why a sandbox
+// that should have stopped is still running.
+func TestStatusShowsSnapshotDriverAndBlockedStops(t *testing.T) {
+	sb := readySandbox("team-a", "sb-2", "agent-2", "https://127.0.0.1:1")
+	ready := metav1.NewTime(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	sb.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: "sb-2-1893553445", SizeBytes: 4096, ReadyTime: &ready, Driver: "archive/embedded"}
+	next := metav1.NewTime(ready.Add(time.Minute))
+	sb.Status.IdleStopRetry = &v1alpha1.IdleStopRetry{Failures: 2, NextAttemptTime: next}
+	sb.Status.Conditions = append(sb.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionIdleStopBlocked, Status: metav1.ConditionTrue,
+		Reason: v1alpha1.ReasonSnapshotFailed, Message: "idle stop abandoned: the store is full", LastTransitionTime: ready})
+	f := newFixture(t, "", sb)
+	st, err := f.client(t, adminToken).Status(context.Background(), "agent-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Snapshot == nil || st.Snapshot.Driver != "archive/embedded" || !st.Snapshot.ReadyAt.Equal(ready.Time) {
+		t.Errorf("snapshot %+v", st.Snapshot)
+	}
+	b := st.IdleStopBlocked
+	if b == nil || b.Reason != v1alpha1.ReasonSnapshotFailed || b.Message != "idle stop abandoned: the store is full" || b.Failures != 2 || !b.NextAttemptAt.Equal(next.Time) {
+		t.Errorf("idle_stop_blocked %+v", b)
+	}
+	if !st.Ready || st.Phase != "Running" {
+		t.Errorf("a sandbox whose stops are blocked serves: %+v", st)
+	}
+	// A running sandbox without the condition has none.
+	if st, err := f.client(t, adminToken).Status(context.Background(), "agent-1"); err != nil || st.IdleStopBlocked != nil {
+		t.Errorf("agent-1: %+v, %v", st, err)
+	}
+}
+
+// A call that waits for a resume longer than the resume timeout gets an
+// answer that says what the sandbox was still doing and how long the call
+// waited.
+func TestResumeTimeoutSaysWhatTheSandboxWasDoing(t *testing.T) {
+	sb := readySandbox("team-a", "sb-3", "agent-3", "")
+	sb.Status.Phase = v1alpha1.SandboxPhaseResuming
+	sb.Status.Conditions[0].Status, sb.Status.Conditions[0].Reason = metav1.ConditionFalse, v1alpha1.ReasonResuming
+	f := newFixture(t, "", sb, lease("team-a", "sb-3", time.Now()))
+	start := time.Now()
+	_, err := f.client(t, adminToken).RunCommand(context.Background(), "agent-3", api.RunCommandRequest{Command: []string{"true"}})
+	e := wantAPIError(t, err, api.CodeSandboxNotReady, http.StatusConflict)
+	if !strings.Contains(e.Message, "workspace was being restored") || !strings.Contains(e.Message, "retry") || e.Details["waited"] != "2s" ||
+		e.Details["phase"] != "Resuming" {
+		t.Errorf("after %s: %+v", time.Since(start).Round(time.Millisecond), e)
 	}
 }

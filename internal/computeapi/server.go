@@ -612,7 +612,8 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 			return nil, notReady(agentID, sb)
 		case <-timeout.C:
 			e := notReady(agentID, sb)
-			e.Message += fmt.Sprintf(" (waited %s; the sandbox is still starting, retry the call)", s.resumeTimeout)
+			e.Message += fmt.Sprintf(" (waited %s, the resume timeout, while %s; it goes on, so retry the call)", s.resumeTimeout, stillDoing(sb))
+			e.Details["waited"] = s.resumeTimeout.String()
 			return nil, e
 		case <-tick.C:
 		}
@@ -626,6 +627,20 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 			return nil, notReady(agentID, sb)
 		}
 	}
+}
+
+// stillDoing says what a sandbox that is not serving yet was doing when a
+// call gave up waiting for it.
+func stillDoing(sb *v1alpha1.Sandbox) string {
+	switch sb.Status.Phase {
+	case v1alpha1.SandboxPhaseIdleStopping:
+		return "its idle stop finished, which the resume follows"
+	case v1alpha1.SandboxPhaseStopped:
+		return "the resume was about to begin"
+	case v1alpha1.SandboxPhaseResuming:
+		return "its workspace was being restored from its snapshot"
+	}
+	return "its pod was starting"
 }
 
 // serving reports whether the sandbox takes calls now.

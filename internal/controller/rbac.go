@@ -66,3 +66,9 @@ package controller
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // A Shared proxy runs as a Deployment owned by its EgressProxy.
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+//
+// The snapshot check writes the control plane's status ConfigMap in the
+// platform namespace, owned by the control plane's Deployment, which it
+// reads and records its events on.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;update
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get

@@ -97,6 +97,10 @@ type SandboxReconciler struct {
 	// stops of sandboxes that are not ephemeral: with nowhere to keep the
 	// workspace, a sandbox keeps running.
 	Snapshots snapshot.Driver
+	// SnapshotHealth, when set, holds idle stops back while the snapshot
+	// driver cannot work (the control plane's SnapshotCheck); the sandboxes
+	// keep running and say why in their IdleStopBlocked condition.
+	SnapshotHealth SnapshotHealth
 	// Supervisors dials the sandboxes' supervisors, to flush the workspace
 	// before a snapshot and to restore it on resume.
 	Supervisors SupervisorDialer
@@ -237,7 +241,14 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err != nil {
 		var conflict *ownershipConflictError
 		var leftover *leftoverChildError
-		if errors.As(err, &leftover) {
+		var driverChanged *snapshotDriverChangedError
+		if errors.As(err, &driverChanged) {
+			// Waits for a person: no claim or pod is made for a restore
+			// that cannot work.
+			r.setNotServing(&sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotDriverChanged, driverChanged.Error())
+			r.eventOnNewReason(readyReason(base), &sbx, nil, corev1.EventTypeWarning, EventSnapshotDriverChanged, "Resume", driverChanged.Error())
+			result, err = ctrl.Result{}, nil
+		} else if errors.As(err, &leftover) {
 			// A Sandbox deleted and re-created under the same name: its old
 			// children are on their way out. Wait for them, not for a person.
 			r.setNotServing(&sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, leftover.Error())
@@ -361,12 +372,25 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
 		result.RequeueAfter = min(result.RequeueAfter, d)
 	}
-	if r.stopping(sbx, tpl, act, havePod) {
-		res, err := r.idleStop(ctx, prevReason, sbx, tpl, act, podOrNil)
-		if res.RequeueAfter > 0 {
-			result.RequeueAfter = min(result.RequeueAfter, res.RequeueAfter)
+	r.clearPassedCheck(sbx)
+	if sbx.Status.Phase == v1alpha1.SandboxPhaseIdleStopping && !sbx.Spec.Ephemeral && !act.idle() {
+		// Activity during a stop that can still be undone calls it off.
+		serving, err := r.callOffStop(ctx, sbx, podOrNil, act)
+		if err != nil || serving {
+			return result, err
 		}
-		return result, err
+	}
+	if r.stopping(sbx, tpl, act, havePod) {
+		if wait, held := r.stopHeldBack(sbx, act); held {
+			// Not stopped: it goes on serving below.
+			result.RequeueAfter = min(result.RequeueAfter, wait)
+		} else {
+			res, err := r.idleStop(ctx, prevReason, sbx, tpl, act, podOrNil)
+			if res.RequeueAfter > 0 {
+				result.RequeueAfter = min(result.RequeueAfter, res.RequeueAfter)
+			}
+			return result, err
+		}
 	}
 	if parked(sbx, act) {
 		return result, r.stayStopped(ctx, sbx, podOrNil)
@@ -593,6 +617,11 @@ func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, prevReason stri
 	}
 	if found {
 		return &pvc, pvc.DeletionTimestamp.IsZero(), nil
+	}
+	if snap := sbx.Status.Snapshot; snap != nil && !sbx.Spec.Ephemeral {
+		if err := r.checkSnapshotDriver(sbx, snap.Name); err != nil {
+			return nil, false, err
+		}
 	}
 	want := desiredWorkspaceClaim(sbx, tpl)
 	r.prepareRestore(sbx, want)

@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -25,15 +26,25 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// The idle-stop and resume cycle (DESIGN.md, "Sandbox lifecycle").
+// The idle-stop and resume cycle.
 //
 // The cycle keeps almost no state of its own. A sandbox should be running
 // exactly when it is not idle, and idleness is read from the activity Lease
 // the Compute API renews: a stop starts when the Lease has not moved for the
 // idle timeout, and a renew on a stopped sandbox is the wake-up signal. What
 // must survive a restart of the control plane mid-way lives in objects: the
-// snapshot being taken in status.pendingSnapshot, and a workspace claim still
-// to be filled from a snapshot in its restore-from annotation.
+// snapshot being taken in status.pendingSnapshot, a workspace claim still
+// to be filled from a snapshot in its restore-from annotation, and the
+// backoff of stops that could not be taken in status.idleStopRetry.
+//
+// A stop never leaves a sandbox that cannot serve. Until its snapshot is
+// ready it deletes nothing, so it can be undone: activity that arrives
+// meanwhile calls it off (the sandbox is no longer idle, and the call is
+// served by the running pod at once rather than after a stop and a
+// resume), and a snapshot that cannot be started or fails abandons it (the
+// sandbox stays Running with an IdleStopBlocked condition, and the stop is
+// tried again with exponential backoff). Stops are not begun at all while
+// the control plane's check of the snapshot driver fails.
 
 // AnnotationRestoreFrom marks a workspace claim created for a resume whose
 // contents the snapshot driver has yet to restore through the supervisor.
@@ -59,10 +70,47 @@ const (
 	EventFilespacePulled = "FilespacePulled"
 )
 
+// Event reasons of idle stops that do not happen, and of resumes that
+// cannot.
+const (
+	// EventIdleStopCancelled (Normal): activity arrived during the stop,
+	// which was called off before it had deleted anything.
+	EventIdleStopCancelled = "IdleStopCancelled"
+	// EventIdleStopAbandoned (Warning): the snapshot could not be taken;
+	// the sandbox keeps serving and the stop is tried again later.
+	EventIdleStopAbandoned = "IdleStopAbandoned"
+	// EventIdleStopBlocked (Warning): the sandbox is idle but no stop is
+	// begun while the snapshot driver's check fails.
+	EventIdleStopBlocked = "IdleStopBlocked"
+	// EventSnapshotDriverChanged (Warning): the snapshot to resume from
+	// was taken by another driver than the platform runs now.
+	EventSnapshotDriverChanged = "SnapshotDriverChanged"
+)
+
 // snapshotPoll is how often a snapshot that is not ready yet is looked at
 // again. A VolumeSnapshot's readiness does wake the sandbox through no
 // watch (the sandbox does not own it through this controller's cache).
 const snapshotPoll = 2 * time.Second
+
+// Backoff of idle stops that could not be taken: the wait before the next
+// attempt doubles with each one abandoned in a row, from idleStopRetryBase
+// up to idleStopRetryMax.
+const (
+	idleStopRetryBase = 30 * time.Second
+	idleStopRetryMax  = 30 * time.Minute
+)
+
+// heldBackRecheck is how often an idle sandbox whose stop the snapshot
+// check holds back looks at the check again; the check itself runs about
+// as often.
+const heldBackRecheck = time.Minute
+
+// SnapshotHealth tells whether the snapshot driver can work now; the
+// control plane's SnapshotCheck is one. Problem returns nil when it can, or
+// when that is not known yet.
+type SnapshotHealth interface {
+	Problem() *snapshot.Problem
+}
 
 // supervisorCallTimeout bounds the flush. The snapshot and restore streams
 // have no fixed bound: they last as long as the workspace takes to copy.
@@ -130,10 +178,16 @@ func recordActivity(prevPhase v1alpha1.SandboxPhase, sbx *v1alpha1.Sandbox, a ac
 }
 
 // snapshotName names the snapshot of the stop that begins after the
-// activity at last. It is derived, not random, so that a pass that runs
-// again before its status write is visible picks the same name.
-func snapshotName(sandbox string, last time.Time) string {
+// activity at last, after attempt earlier stops were abandoned. It is
+// derived, not random, so that a pass that runs again before its status
+// write is visible picks the same name; the attempt keeps a retry clear of
+// what the abandoned attempt may still be cleaning up (a VolumeSnapshot
+// being deleted).
+func snapshotName(sandbox string, last time.Time, attempt int32) string {
 	suffix := "-" + strconv.FormatInt(last.Unix(), 10)
+	if attempt > 0 {
+		suffix += "-" + strconv.FormatInt(int64(attempt), 10)
+	}
 	// VolumeSnapshot names are DNS subdomains of at most 253 characters.
 	const maxName = 253
 	if len(sandbox)+len(suffix) <= maxName {
@@ -187,15 +241,26 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	log := logf.FromContext(ctx)
 	name := sbx.Status.PendingSnapshot
 	if sbx.Status.Phase != v1alpha1.SandboxPhaseIdleStopping || name == "" {
+		if name != "" && r.Snapshots != nil {
+			// Left by a stop that was called off and whose snapshot could
+			// not be deleted then.
+			if err := r.Snapshots.Delete(ctx, sbx, name); err != nil {
+				return ctrl.Result{}, fmt.Errorf("delete snapshot %s of an abandoned stop: %w", name, err)
+			}
+		}
 		if !sbx.Spec.Ephemeral {
-			name = snapshotName(sbx.Name, a.last)
+			var attempt int32
+			if sbx.Status.IdleStopRetry != nil {
+				attempt = sbx.Status.IdleStopRetry.Failures
+			}
+			name = snapshotName(sbx.Name, a.last, attempt)
 		}
 		sbx.Status.PendingSnapshot = name
 		msg := fmt.Sprintf("idle since %s (idle timeout %s); ", a.last.UTC().Format(time.RFC3339), a.timeout)
 		if sbx.Spec.Ephemeral {
 			msg += "the sandbox is ephemeral, so its pod and workspace are deleted without a snapshot"
 		} else {
-			msg += fmt.Sprintf("snapshotting the workspace into %s with the %s driver", name, r.Snapshots.Name())
+			msg += fmt.Sprintf("snapshotting the workspace into %s with the %s driver", name, snapshot.ID(r.Snapshots))
 		}
 		r.setPhase(sbx, v1alpha1.SandboxPhaseIdleStopping, metav1.ConditionFalse, v1alpha1.ReasonIdleTimeout, msg)
 		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventIdleStopping, "Stop", msg)
@@ -242,12 +307,32 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	state, err := r.Snapshots.Take(ctx, snapshot.Request{
 		Sandbox: sbx, Template: tpl, ClaimName: WorkspaceClaimName(workloadName(sbx)), Name: name, Supervisor: sup,
 	})
-	if err != nil {
-		return ctrl.Result{}, fmt.Errorf("snapshot %s: %w", name, err)
+	if err != nil || state.Failed != "" {
+		// Nothing is deleted yet: the stop is undone, and the sandbox
+		// serves on, rather than be stopped without its workspace kept.
+		reason, cause := v1alpha1.ReasonSnapshotFailed, ""
+		var problem *snapshot.Problem
+		switch {
+		case errors.As(err, &problem):
+			reason, cause = problem.Reason, "could not be taken: "+problem.Message
+		case err != nil:
+			cause = "could not be taken: " + err.Error()
+		default:
+			cause = "failed: " + state.Failed
+		}
+		res, undone, uerr := r.abandonStop(ctx, sbx, pod, name, reason, cause)
+		if uerr != nil || undone {
+			return res, uerr
+		}
+		if err != nil {
+			// Past the point of no return (the claim is going): retried.
+			return ctrl.Result{}, fmt.Errorf("snapshot %s: %w", name, err)
+		}
 	}
 	if state.Failed != "" {
-		// Keep the claim: without a new snapshot it holds the only copy of
-		// the newest data. The pod goes, as the stop asked.
+		// The claim is already going, so the stop cannot be undone. Keep
+		// what is left of it: without a new snapshot it may hold the only
+		// copy of the newest data. The pod goes, as the stop asked.
 		if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -268,7 +353,7 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	}
 	if !state.Ready {
 		r.setPhase(sbx, v1alpha1.SandboxPhaseIdleStopping, metav1.ConditionFalse, v1alpha1.ReasonIdleTimeout,
-			fmt.Sprintf("waiting for snapshot %s of the workspace to become ready (%s driver)", name, r.Snapshots.Name()))
+			fmt.Sprintf("waiting for snapshot %s of the workspace to become ready (%s driver)", name, snapshot.ID(r.Snapshots)))
 		return ctrl.Result{RequeueAfter: snapshotPoll}, nil
 	}
 
@@ -280,8 +365,10 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		readyAt = metav1.NewTime(state.ReadyTime.Truncate(time.Second))
 	}
 	prev := sbx.Status.Snapshot
-	sbx.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: name, SizeBytes: state.SizeBytes, ReadyTime: &readyAt}
+	sbx.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: name, SizeBytes: state.SizeBytes, ReadyTime: &readyAt, Driver: snapshot.ID(r.Snapshots)}
 	sbx.Status.PendingSnapshot = ""
+	sbx.Status.IdleStopRetry = nil
+	meta.RemoveStatusCondition(&sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
 	if prev != nil && prev.Name != name {
 		// Only after the new one is ready, so a stop never leaves the
 		// sandbox without a snapshot. A failure here leaks storage, not
@@ -294,9 +381,181 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	if !started.IsZero() {
 		metricSnapshotSeconds.WithLabelValues(r.Snapshots.Name()).Observe(r.now().Sub(started).Seconds())
 	}
-	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s); the next activity resumes the sandbox",
-		name, formatBytes(state.SizeBytes)))
+	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s, %s driver); the next activity resumes the sandbox",
+		name, formatBytes(state.SizeBytes), snapshot.ID(r.Snapshots)))
 	return ctrl.Result{}, nil
+}
+
+// idleStopBackoff is the wait after failures stops abandoned in a row.
+func idleStopBackoff(failures int32) time.Duration {
+	d := idleStopRetryBase
+	for i := int32(1); i < failures && d < idleStopRetryMax; i++ {
+		d *= 2
+	}
+	return min(d, idleStopRetryMax)
+}
+
+// stopHeldBack reports whether an idle, running sandbox must not begin a
+// stop now, and when to look again: an earlier stop was abandoned and the
+// backoff has not run out, or the snapshot driver's check fails. The
+// sandbox then keeps running and serving.
+func (r *SandboxReconciler) stopHeldBack(sbx *v1alpha1.Sandbox, a activity) (time.Duration, bool) {
+	if sbx.Status.Phase != v1alpha1.SandboxPhaseRunning || sbx.Spec.Ephemeral {
+		return 0, false
+	}
+	if retry := sbx.Status.IdleStopRetry; retry != nil {
+		if wait := retry.NextAttemptTime.Sub(r.now()); wait > 0 {
+			return wait, true
+		}
+	}
+	if r.SnapshotHealth == nil {
+		return 0, false
+	}
+	p := r.SnapshotHealth.Problem()
+	if p == nil {
+		return 0, false
+	}
+	msg := fmt.Sprintf("idle since %s (idle timeout %s), but not stopped: the platform's %s snapshot driver cannot work: %s; the sandbox keeps running and serving calls, and stops once the control plane's snapshot check passes",
+		a.last.UTC().Format(time.RFC3339), a.timeout, snapshot.ID(r.Snapshots), p.Message)
+	if prev := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked); prev == nil || prev.Reason != p.Reason {
+		r.event(sbx, nil, corev1.EventTypeWarning, EventIdleStopBlocked, "Stop", msg)
+	}
+	r.setIdleStopBlocked(sbx, p.Reason, msg)
+	return heldBackRecheck, true
+}
+
+// clearPassedCheck removes an IdleStopBlocked condition that the snapshot
+// check put there once the check passes, also on a sandbox that is busy
+// now and so not about to stop; one left by abandoned stops (which set
+// idleStopRetry) stays until a stop succeeds.
+func (r *SandboxReconciler) clearPassedCheck(sbx *v1alpha1.Sandbox) {
+	c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
+	if c == nil || sbx.Status.IdleStopRetry != nil || r.SnapshotHealth == nil || r.SnapshotHealth.Problem() != nil {
+		return
+	}
+	meta.RemoveStatusCondition(&sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
+}
+
+// setIdleStopBlocked records why idle stops of the sandbox do not happen.
+func (r *SandboxReconciler) setIdleStopBlocked(sbx *v1alpha1.Sandbox, reason, msg string) {
+	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
+		Type:               v1alpha1.ConditionIdleStopBlocked,
+		Status:             metav1.ConditionTrue,
+		Reason:             reason,
+		Message:            truncateMessage(msg),
+		ObservedGeneration: sbx.Generation,
+		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
+	})
+}
+
+// undoStop takes back an idle stop in progress that has deleted nothing
+// yet: the workspace claim is there and not going. The snapshot being
+// taken is discarded (an archive upload is cancelled, a VolumeSnapshot
+// deleted), and the sandbox is Running again on its pod, or, when the pod
+// is not serving, Pending until the rest of the pass brings it back on
+// the kept claim. It reports false, and changes nothing, when the claim is
+// already going: the stop is past undoing and finishes.
+func (r *SandboxReconciler) undoStop(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod) (bool, error) {
+	var claim corev1.PersistentVolumeClaim
+	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(workloadName(sbx)), &claim)
+	if err != nil {
+		return false, err
+	}
+	if !found || !claim.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	if name := sbx.Status.PendingSnapshot; name != "" && r.Snapshots != nil {
+		if err := r.Snapshots.Delete(ctx, sbx, name); err != nil {
+			// Kept in pendingSnapshot: the next stop, or the finalizer,
+			// deletes it.
+			logf.FromContext(ctx).Error(err, "delete the snapshot of an undone stop", "snapshot", name)
+		} else {
+			sbx.Status.PendingSnapshot = ""
+		}
+	}
+	if pod != nil && pod.DeletionTimestamp.IsZero() && podReady(pod) && pod.Status.PodIP != "" {
+		sbx.Status.PodName, sbx.Status.PodIP = pod.Name, pod.Status.PodIP
+		sbx.Status.ServiceEndpoint = v1alpha1.SupervisorEndpoint(pod.Status.PodIP)
+		// The message observePod writes, so that the next pass changes
+		// nothing.
+		r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, v1alpha1.ReasonRunning,
+			fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
+		return true, nil
+	}
+	r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
+		fmt.Sprintf("an idle stop was undone; the sandbox starts again on its workspace claim %s", claim.Name))
+	return true, nil
+}
+
+// callOffStop ends an idle stop because activity arrived: the sandbox is no
+// longer idle, and serving the call from the running pod beats finishing
+// the stop only to resume at once. It reports whether the sandbox serves
+// again from its pod, so that the pass is done.
+func (r *SandboxReconciler) callOffStop(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod, a activity) (bool, error) {
+	name := sbx.Status.PendingSnapshot
+	undone, err := r.undoStop(ctx, sbx, pod)
+	if err != nil || !undone {
+		return false, err
+	}
+	r.event(sbx, pod, corev1.EventTypeNormal, EventIdleStopCancelled, "Stop",
+		fmt.Sprintf("activity at %s during the idle stop: the stop is called off and snapshot %s discarded; the sandbox serves again",
+			a.last.UTC().Format(time.RFC3339), name))
+	return sbx.Status.Phase == v1alpha1.SandboxPhaseRunning, nil
+}
+
+// abandonStop undoes a stop whose snapshot could not be taken, and sets
+// the backoff of the next attempt. It reports false when the stop is past
+// undoing.
+func (r *SandboxReconciler) abandonStop(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod, name, reason, cause string) (ctrl.Result, bool, error) {
+	undone, err := r.undoStop(ctx, sbx, pod)
+	if err != nil || !undone {
+		return ctrl.Result{}, false, err
+	}
+	failures := int32(1)
+	if sbx.Status.IdleStopRetry != nil {
+		failures = sbx.Status.IdleStopRetry.Failures + 1
+	}
+	wait := idleStopBackoff(failures)
+	next := metav1.NewTime(r.now().Add(wait).Truncate(time.Second))
+	sbx.Status.IdleStopRetry = &v1alpha1.IdleStopRetry{Failures: failures, NextAttemptTime: next}
+	msg := fmt.Sprintf("idle stop abandoned: snapshot %s with the %s driver %s; the sandbox keeps running and serving calls, and the stop is tried again after %s (%d attempts failed in a row)",
+		name, snapshot.ID(r.Snapshots), cause, next.UTC().Format(time.RFC3339), failures)
+	r.setIdleStopBlocked(sbx, reason, msg)
+	r.event(sbx, pod, corev1.EventTypeWarning, EventIdleStopAbandoned, "Stop", msg)
+	metricSnapshots.WithLabelValues(r.Snapshots.Name(), "failed").Inc()
+	res := ctrl.Result{RequeueAfter: wait}
+	if sbx.Status.Phase != v1alpha1.SandboxPhaseRunning {
+		// No pod serves: the next pass brings one back on the claim.
+		res.RequeueAfter = time.Second
+	}
+	return res, true, nil
+}
+
+// snapshotDriverChangedError says that the snapshot a sandbox would resume
+// from was taken by another driver than the one the platform runs.
+type snapshotDriverChangedError struct {
+	snapshot, took, now string
+}
+
+func (e *snapshotDriverChangedError) Error() string {
+	return fmt.Sprintf("cannot resume: snapshot %s was taken by the %s snapshot driver, but the platform now runs %s, which cannot restore it; "+
+		"configure the platform's snapshot driver back to %s to resume the sandbox with its workspace, or delete the Sandbox to start afresh without it",
+		e.snapshot, e.took, e.now, e.took)
+}
+
+// checkSnapshotDriver returns a snapshotDriverChangedError when the
+// sandbox would be resumed from a snapshot the current driver did not
+// take. Snapshots that recorded no driver predate the record and are
+// tried.
+func (r *SandboxReconciler) checkSnapshotDriver(sbx *v1alpha1.Sandbox, name string) error {
+	snap := sbx.Status.Snapshot
+	if snap == nil || snap.Name != name || snap.Driver == "" || r.Snapshots == nil {
+		return nil
+	}
+	if now := snapshot.ID(r.Snapshots); now != snap.Driver {
+		return &snapshotDriverChangedError{snapshot: snap.Name, took: snap.Driver, now: now}
+	}
+	return nil
 }
 
 // syncRetryDelay spaces the two sync attempts of an idle stop.
@@ -464,6 +723,9 @@ func (r *SandboxReconciler) finishRestore(ctx context.Context, sbx *v1alpha1.San
 	if r.Snapshots == nil {
 		return false, fmt.Errorf("workspace claim %s waits for snapshot %s to be restored, but no snapshot driver is configured", claim.Name, name)
 	}
+	if err := r.checkSnapshotDriver(sbx, name); err != nil {
+		return false, err
+	}
 	sup, err := r.supervisor(sbx, pod)
 	if err != nil {
 		return false, err
@@ -472,6 +734,12 @@ func (r *SandboxReconciler) finishRestore(ctx context.Context, sbx *v1alpha1.San
 	err = r.Snapshots.Restore(ctx, snapshot.RestoreRequest{Sandbox: sbx, Snapshot: snap, Supervisor: sup})
 	if errors.Is(err, snapshot.ErrNotFound) {
 		msg := fmt.Sprintf("cannot restore the workspace from snapshot %s: %v; the sandbox takes no calls rather than serve an empty workspace; delete the Sandbox to start afresh", name, err)
+		if snap.Driver == "" {
+			// Taken before snapshots recorded their driver, perhaps by
+			// another one: the chart's default was volumesnapshot then.
+			msg += fmt.Sprintf("; the snapshot does not record which driver took it, and the platform now runs %s: if it was taken by another (volumesnapshot was the chart's default before archive), configure that driver again to resume the sandbox",
+				snapshot.ID(r.Snapshots))
+		}
 		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonRestoreFailed, msg)
 		r.event(sbx, claim, corev1.EventTypeWarning, EventRestoreFailed, "Restore", msg)
 		return false, nil

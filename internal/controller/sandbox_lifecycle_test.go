@@ -184,8 +184,8 @@ func run(t *testing.T, ctx context.Context, sup *supervisorapi.Client, script st
 // a gVisor pod with the real supervisor, the archive driver against a real
 // S3 store on loopback, and the controller in between. The workspace must
 // survive a stop and resume byte for byte; a failed snapshot must keep both
-// the claim and the last good snapshot, and the sandbox must come back on
-// the kept claim.
+// the claim and the last good snapshot and the sandbox serving, and the
+// stop, retried after its backoff, must then go through.
 func TestIdleStopAndResume(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -256,13 +256,29 @@ func TestIdleStopAndResume(t *testing.T) {
 	t.Logf("archive driver, real cluster: first start %s; idle stop %s (archive %d bytes); run_command on the stopped sandbox %s",
 		firstStart.Round(time.Millisecond), stopTook.Round(time.Millisecond), obj.Size, resumeTook.Round(time.Millisecond))
 
-	// A failed snapshot: the pod stops, the claim (the only copy of the
-	// newest data) and the last good snapshot stay.
+	// A failed snapshot abandons the stop: the pod, the claim (the only
+	// copy of the newest data) and the last good snapshot stay, the
+	// sandbox keeps serving, and it says why.
 	run(t, e.ctx, sup, `echo "second words" > notes/b.txt`)
 	drv.fail.Store(true)
 	e.setActivity("idler", time.Now().Add(-2*time.Hour))
-	sbx, _ = e.waitPhase("idler", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed)
-	e.gone(&corev1.Pod{}, PodName("idler"))
+	var blocked *metav1.Condition
+	e.eventually("the idle stop to be abandoned", func() error {
+		if err := e.get("idler", sbx); err != nil {
+			return err
+		}
+		if blocked = meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked); blocked == nil || sbx.Status.IdleStopRetry == nil {
+			return fmt.Errorf("phase %s, no IdleStopBlocked condition yet", sbx.Status.Phase)
+		}
+		return nil
+	})
+	if sbx.Status.Phase != v1alpha1.SandboxPhaseRunning || readyReason(sbx) != v1alpha1.ReasonRunning || blocked.Reason != v1alpha1.ReasonSnapshotFailed ||
+		!strings.Contains(blocked.Message, "forced by the test") {
+		t.Fatalf("after the failed snapshot: phase %s/%s, IdleStopBlocked %+v", sbx.Status.Phase, readyReason(sbx), blocked)
+	}
+	if err := e.get(PodName("idler"), &corev1.Pod{}); err != nil {
+		t.Fatalf("the pod went with a failed snapshot: %v", err)
+	}
 	if err := e.get(WorkspaceClaimName("idler"), &claim); err != nil {
 		t.Fatalf("the claim went with a failed snapshot: %v", err)
 	}
@@ -272,18 +288,28 @@ func TestIdleStopAndResume(t *testing.T) {
 	if _, err := store.Client(t).StatObject(e.ctx, store.Bucket, arch.Key(sbx, first.Name), minio.StatObjectOptions{}); err != nil {
 		t.Errorf("the last good archive is gone after a failed snapshot: %v", err)
 	}
-	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c == nil || !strings.Contains(c.Message, "forced by the test") {
-		t.Errorf("Ready condition %+v does not say why the snapshot failed", c)
+	// Calls are served meanwhile, at once, from the same pod.
+	callStart = time.Now()
+	res, err = api.RunCommand(e.ctx, sbx.Spec.AgentID, apiclient.RunCommandRequest{Command: []string{"sh", "-c", "cat notes/a.txt notes/b.txt"}})
+	if err != nil || res.ExitCode != 0 || res.Stdout != "first words\nsecond words\n" {
+		t.Fatalf("run_command after the abandoned stop: %+v, %v", res, err)
 	}
+	t.Logf("run_command on the sandbox whose stop was abandoned: %s", time.Since(callStart).Round(time.Millisecond))
 
-	// Activity brings it back on the kept claim, newest data included.
+	// Once the snapshot works again, the retry after the backoff stops
+	// the sandbox, and the next call resumes it with both files.
 	drv.fail.Store(false)
-	e.setActivity("idler", time.Now())
-	sbx, _ = e.waitPhase("idler", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
-	sup = e.supervisor(t, sbx)
-	if got := run(t, e.ctx, sup, `cat notes/a.txt notes/b.txt`); got != "first words\nsecond words" {
-		t.Errorf("workspace after the failed stop: %q", got)
+	e.setActivity("idler", time.Now().Add(-2*time.Hour))
+	sbx, retryTook := e.waitPhase("idler", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	if sbx.Status.IdleStopRetry != nil || meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked) != nil {
+		t.Errorf("after the retried stop: retry %+v, conditions %+v", sbx.Status.IdleStopRetry, sbx.Status.Conditions)
 	}
+	t.Logf("the retried stop finished %s after activity was set back (backoff %s)", retryTook.Round(time.Millisecond), idleStopRetryBase)
+	res, err = api.RunCommand(e.ctx, sbx.Spec.AgentID, apiclient.RunCommandRequest{Command: []string{"sh", "-c", "cat notes/a.txt notes/b.txt"}})
+	if err != nil || res.ExitCode != 0 || res.Stdout != "first words\nsecond words\n" {
+		t.Fatalf("run_command after the retried stop: %+v, %v", res, err)
+	}
+	sbx, _ = e.waitPhase("idler", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 
 	// Deleting the sandbox takes its archives with it.
 	must(t, e.c.Delete(e.ctx, sbx))

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -31,6 +33,7 @@ import (
 type recordingDriver struct {
 	mu       sync.Mutex
 	state    snapshot.State
+	takeErr  error
 	taken    []string
 	deleted  []string
 	restored []string
@@ -44,7 +47,7 @@ func (d *recordingDriver) Take(_ context.Context, req snapshot.Request) (snapsho
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.taken = append(d.taken, req.Name)
-	return d.state, nil
+	return d.state, d.takeErr
 }
 
 func (d *recordingDriver) PrepareClaim(snap *v1alpha1.SandboxSnapshot, claim *corev1.PersistentVolumeClaim) {
@@ -175,12 +178,12 @@ func TestUnitIdleStopAndResume(t *testing.T) {
 		t.Fatal("the pod was deleted before the snapshot was ready")
 	}
 
-	// Activity during the stop does not abandon the snapshot half-way.
-	f.renew("s")
+	// The snapshot becomes ready: pod and claim go.
 	d.state = snapshot.State{Ready: true, SizeBytes: 4096}
 	f.reconcile("s")
 	sbx = f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
-	if sbx.Status.Snapshot == nil || sbx.Status.Snapshot.Name != first || sbx.Status.Snapshot.SizeBytes != 4096 || sbx.Status.PendingSnapshot != "" {
+	if sbx.Status.Snapshot == nil || sbx.Status.Snapshot.Name != first || sbx.Status.Snapshot.SizeBytes != 4096 || sbx.Status.PendingSnapshot != "" ||
+		sbx.Status.Snapshot.Driver != "recording" {
 		t.Fatalf("status after stop: snapshot %+v, pending %q", sbx.Status.Snapshot, sbx.Status.PendingSnapshot)
 	}
 	if f.exists(&corev1.Pod{}, "s") || f.exists(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("s")) {
@@ -190,8 +193,9 @@ func TestUnitIdleStopAndResume(t *testing.T) {
 		t.Errorf("events %q lack IdleStopping and IdleStopped", evs)
 	}
 
-	// The renewal during the stop wakes it: a claim marked for restore,
-	// prepared by the driver, and a pod; Resuming until the restore is in.
+	// Activity wakes it: a claim marked for restore, prepared by the
+	// driver, and a pod; Resuming until the restore is in.
+	f.renew("s")
 	f.reconcile("s")
 	var claim corev1.PersistentVolumeClaim
 	if !f.exists(&claim, WorkspaceClaimName("s")) || claim.Annotations[AnnotationRestoreFrom] != first {
@@ -231,7 +235,10 @@ func TestUnitIdleStopAndResume(t *testing.T) {
 	}
 }
 
-func TestUnitSnapshotFailureKeepsClaimAndLastSnapshot(t *testing.T) {
+// A snapshot that fails while the pod runs abandons the stop: the sandbox
+// stays Running and serving, says why in IdleStopBlocked, and the stop is
+// tried again with exponential backoff until it works.
+func TestUnitSnapshotFailureAbandonsStop(t *testing.T) {
 	sbx := idleSandbox("s", time.Minute)
 	f, d := newLifecycleEnv(t, sbx)
 	f.reconcile("s")
@@ -239,46 +246,245 @@ func TestUnitSnapshotFailureKeepsClaimAndLastSnapshot(t *testing.T) {
 	f.reconcile("s")
 	// A good snapshot from an earlier stop.
 	cur := f.sandbox("s")
-	cur.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: "s-good"}
+	cur.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: "s-good", Driver: "recording"}
 	must(t, f.c.Status().Update(context.Background(), cur))
 
 	f.clock.Step(2 * time.Minute)
 	d.state = snapshot.State{Failed: "the CSI driver reported: out of space"}
-	f.reconcile("s")
-	got := f.wantPhase("s", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed)
+	res := f.reconcile("s")
+	got := f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if f.ready("s").Status != metav1.ConditionTrue || got.Status.ServiceEndpoint == "" {
+		t.Fatalf("after the failed snapshot: Ready %+v, endpoint %q; want serving", f.ready("s"), got.Status.ServiceEndpoint)
+	}
 	if got.Status.Snapshot == nil || got.Status.Snapshot.Name != "s-good" || got.Status.PendingSnapshot != "" {
 		t.Fatalf("after failure: snapshot %+v pending %q", got.Status.Snapshot, got.Status.PendingSnapshot)
 	}
-	if f.exists(&corev1.Pod{}, "s") {
-		t.Fatal("the pod still runs after the failed stop")
+	if !f.exists(&corev1.Pod{}, "s") || !f.exists(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("s")) {
+		t.Fatal("the pod or the claim went with a failed snapshot")
 	}
-	if !f.exists(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("s")) {
-		t.Fatal("the workspace claim, the only copy of the newest data, was deleted")
+	if len(d.taken) != 1 || len(d.deleted) != 1 || d.deleted[0] != d.taken[0] {
+		t.Fatalf("taken %v deleted %v; want the failed snapshot deleted, and only it", d.taken, d.deleted)
 	}
-	if len(d.deleted) != 1 || d.deleted[0] == "s-good" {
-		t.Fatalf("deleted %v; want the failed snapshot only", d.deleted)
+	blocked := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
+	if blocked == nil || blocked.Status != metav1.ConditionTrue || blocked.Reason != v1alpha1.ReasonSnapshotFailed || !strings.Contains(blocked.Message, "out of space") {
+		t.Fatalf("IdleStopBlocked %+v; want True, SnapshotFailed, with the driver's reason", blocked)
 	}
-	if !strings.Contains(f.ready("s").Message, "out of space") {
-		t.Errorf("message %q does not carry the driver's reason", f.ready("s").Message)
+	retry := got.Status.IdleStopRetry
+	if retry == nil || retry.Failures != 1 || retry.NextAttemptTime.Time.Sub(f.clock.Now()) > idleStopRetryBase || res.RequeueAfter != idleStopRetryBase {
+		t.Fatalf("retry %+v, requeue %s; want one failure and the next attempt %s on", retry, res.RequeueAfter, idleStopRetryBase)
 	}
-	// Still idle: it stays down.
-	f.reconcile("s")
-	f.wantPhase("s", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed)
+	if evs := strings.Join(f.drainEvents(), "\n"); !strings.Contains(evs, EventIdleStopAbandoned) {
+		t.Errorf("events %q lack IdleStopAbandoned", evs)
+	}
 
-	// Activity recovers it on the kept claim, with nothing to restore.
-	f.renew("s")
+	// Before the backoff runs out, nothing is tried; the sandbox serves.
+	f.clock.Step(10 * time.Second)
+	res = f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if len(d.taken) != 1 || res.RequeueAfter <= 0 || res.RequeueAfter > 20*time.Second {
+		t.Fatalf("taken %v, requeue %s during the backoff", d.taken, res.RequeueAfter)
+	}
+
+	// The second attempt, under another name, fails too: the wait doubles.
+	f.clock.Step(21 * time.Second)
+	res = f.reconcile("s")
+	got = f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if len(d.taken) != 2 || d.taken[1] == d.taken[0] || got.Status.IdleStopRetry.Failures != 2 || res.RequeueAfter != 2*idleStopRetryBase {
+		t.Fatalf("taken %v, retry %+v, requeue %s", d.taken, got.Status.IdleStopRetry, res.RequeueAfter)
+	}
+
+	// Then it works: the sandbox stops, and the backoff and the condition go.
+	d.state = snapshot.State{Ready: true}
+	f.clock.Step(2 * idleStopRetryBase)
+	f.reconcile("s")
+	got = f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	if got.Status.IdleStopRetry != nil || meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked) != nil {
+		t.Fatalf("after a good stop: retry %+v, conditions %+v", got.Status.IdleStopRetry, got.Status.Conditions)
+	}
+	if got.Status.Snapshot.Name != d.taken[2] {
+		t.Fatalf("snapshot %q, want %q", got.Status.Snapshot.Name, d.taken[2])
+	}
+}
+
+// A snapshot that cannot even start (the driver's Take fails, here with a
+// problem the driver diagnosed) abandons the stop with the problem's
+// reason.
+func TestUnitTakeErrorAbandonsStop(t *testing.T) {
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
 	f.reconcile("s")
 	f.podReady("s")
 	f.reconcile("s")
-	f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
-	if len(d.restored) != 0 || len(d.prepared) != 0 {
-		t.Fatalf("restored %v prepared %v; the kept claim needs neither", d.restored, d.prepared)
+	d.takeErr = &snapshot.Problem{Reason: v1alpha1.ReasonVolumeSnapshotClassNotFound, Message: "VolumeSnapshotClass fast does not exist"}
+	f.clock.Step(2 * time.Minute)
+	f.reconcile("s")
+	got := f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	blocked := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
+	if blocked == nil || blocked.Reason != v1alpha1.ReasonVolumeSnapshotClassNotFound || !strings.Contains(blocked.Message, "fast does not exist") {
+		t.Fatalf("IdleStopBlocked %+v", blocked)
 	}
-	// And the next stop succeeds.
+	// A plain error (the store did not answer) is SnapshotFailed.
+	d.takeErr = errors.New("dial tcp: connection refused")
+	f.clock.Step(idleStopRetryBase)
+	f.reconcile("s")
+	got = f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if blocked := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked); blocked == nil ||
+		blocked.Reason != v1alpha1.ReasonSnapshotFailed || !strings.Contains(blocked.Message, "connection refused") {
+		t.Fatalf("IdleStopBlocked %+v", blocked)
+	}
+}
+
+// A snapshot that fails after the pod went (deleted by someone else during
+// the stop) abandons the stop too: the claim still holds the workspace,
+// and a new pod starts on it.
+func TestUnitFailureWithoutPodRestartsOnClaim(t *testing.T) {
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	f.clock.Step(2 * time.Minute)
+	f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhaseIdleStopping, v1alpha1.ReasonIdleTimeout)
+	must(t, f.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: unitNS, Name: "s"}}))
+	d.takeErr = errors.New("archive: Take needs the sandbox's supervisor")
+	f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating)
+	f.reconcile("s")
+	if !f.exists(&corev1.Pod{}, "s") || !f.exists(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("s")) {
+		t.Fatal("no pod was started on the kept claim")
+	}
+	f.podReady("s")
+	f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+}
+
+// Activity during a stop whose pod still runs calls the stop off: the
+// sandbox serves again at once, and the snapshot in progress is discarded.
+func TestUnitActivityCallsOffStop(t *testing.T) {
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	f.clock.Step(2 * time.Minute)
+	f.reconcile("s")
+	sbx := f.wantPhase("s", v1alpha1.SandboxPhaseIdleStopping, v1alpha1.ReasonIdleTimeout)
+	pending := sbx.Status.PendingSnapshot
+	f.drainEvents()
+
+	f.renew("s")
+	res := f.reconcile("s")
+	got := f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if got.Status.PendingSnapshot != "" || len(d.deleted) != 1 || d.deleted[0] != pending || got.Status.ServiceEndpoint == "" {
+		t.Fatalf("pending %q, deleted %v, endpoint %q", got.Status.PendingSnapshot, d.deleted, got.Status.ServiceEndpoint)
+	}
+	if got.Status.IdleStopRetry != nil || meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked) != nil {
+		t.Fatal("a stop called off by activity counted as a failure")
+	}
+	if evs := strings.Join(f.drainEvents(), "\n"); !strings.Contains(evs, EventIdleStopCancelled) {
+		t.Errorf("events %q lack IdleStopCancelled", evs)
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Minute {
+		t.Errorf("requeue %s; want the next idle moment", res.RequeueAfter)
+	}
+	// Nothing changes on the next pass.
+	before := f.sandbox("s").ResourceVersion
+	f.reconcile("s")
+	if after := f.sandbox("s").ResourceVersion; after != before {
+		t.Error("the pass after the call-off wrote the status again")
+	}
+	// Idle again later: a new stop goes through.
 	d.state = snapshot.State{Ready: true}
 	f.clock.Step(2 * time.Minute)
 	f.reconcile("s")
 	f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+}
+
+// fixedHealth is a snapshot check with a fixed answer.
+type fixedHealth struct{ p *snapshot.Problem }
+
+func (h *fixedHealth) Problem() *snapshot.Problem { return h.p }
+
+// While the control plane's snapshot check fails, no stop is begun: the
+// sandbox serves on and says why, and stops once the check passes.
+func TestUnitFailedCheckHoldsStopsBack(t *testing.T) {
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
+	health := &fixedHealth{p: &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotAPIMissing, Message: "the cluster does not serve VolumeSnapshots"}}
+	f.r.SnapshotHealth = health
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	f.drainEvents()
+	f.clock.Step(2 * time.Minute)
+	res := f.reconcile("s")
+	got := f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	blocked := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
+	if blocked == nil || blocked.Reason != v1alpha1.ReasonSnapshotAPIMissing || !strings.Contains(blocked.Message, "VolumeSnapshots") {
+		t.Fatalf("IdleStopBlocked %+v", blocked)
+	}
+	if len(d.taken) != 0 || d.flushed || res.RequeueAfter != heldBackRecheck {
+		t.Fatalf("taken %v, flushed %v, requeue %s; want nothing done and a look again in %s", d.taken, d.flushed, res.RequeueAfter, heldBackRecheck)
+	}
+	f.reconcile("s")
+	if evs := f.drainEvents(); len(evs) != 1 || !strings.Contains(evs[0], EventIdleStopBlocked) {
+		t.Errorf("events %q; want one IdleStopBlocked", evs)
+	}
+	// Busy again, and the check passes: the condition goes, although no
+	// stop happened.
+	f.renew("s")
+	health.p = nil
+	f.reconcile("s")
+	got = f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked) != nil {
+		t.Error("IdleStopBlocked stayed after the check passed")
+	}
+	f.clock.Step(2 * time.Minute)
+	d.state = snapshot.State{Ready: true}
+	f.reconcile("s")
+	got = f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	if meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionIdleStopBlocked) != nil {
+		t.Error("IdleStopBlocked stayed after a good stop")
+	}
+}
+
+// A stopped sandbox whose snapshot another driver took is not resumed
+// into an empty workspace: it waits in Error, saying what to do.
+func TestUnitSnapshotDriverChanged(t *testing.T) {
+	sbx := idleSandbox("s", time.Minute)
+	f, d := newLifecycleEnv(t, sbx)
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	d.state = snapshot.State{Ready: true}
+	f.clock.Step(2 * time.Minute)
+	f.reconcile("s")
+	cur := f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	cur.Status.Snapshot.Driver = "archive/s3"
+	must(t, f.c.Status().Update(context.Background(), cur))
+	f.drainEvents()
+
+	f.renew("s")
+	f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotDriverChanged)
+	if msg := f.ready("s").Message; !strings.Contains(msg, "archive/s3") || !strings.Contains(msg, "recording") {
+		t.Errorf("message %q does not name both drivers", msg)
+	}
+	if f.exists(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("s")) || f.exists(&corev1.Pod{}, "s") || len(d.restored) != 0 {
+		t.Fatal("a claim or pod was made for a restore that cannot work")
+	}
+	f.reconcile("s")
+	if evs := f.drainEvents(); len(evs) != 1 || !strings.Contains(evs[0], EventSnapshotDriverChanged) {
+		t.Errorf("events %q; want one SnapshotDriverChanged", evs)
+	}
+	// The driver back as it was: the sandbox resumes.
+	cur = f.sandbox("s")
+	cur.Status.Snapshot.Driver = "recording"
+	must(t, f.c.Status().Update(context.Background(), cur))
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if len(d.restored) != 1 {
+		t.Fatalf("restored %v", d.restored)
+	}
 }
 
 func TestUnitEphemeralIdleStopKeepsNothing(t *testing.T) {
@@ -316,13 +522,24 @@ func TestUnitNoDriverNoStop(t *testing.T) {
 
 func TestSnapshotName(t *testing.T) {
 	at := time.Unix(1_800_000_000, 0)
-	if got := snapshotName("s", at); got != "s-1800000000" {
+	if got := snapshotName("s", at, 0); got != "s-1800000000" {
 		t.Errorf("snapshotName = %q", got)
 	}
+	if got := snapshotName("s", at, 3); got != "s-1800000000-3" {
+		t.Errorf("snapshotName of a retry = %q", got)
+	}
 	long := strings.Repeat("a", 253)
-	got := snapshotName(long, at)
-	if len(got) != 253 || !strings.HasSuffix(got, "-1800000000") || got == snapshotName(long[:252]+"b", at) {
+	got := snapshotName(long, at, 0)
+	if len(got) != 253 || !strings.HasSuffix(got, "-1800000000") || got == snapshotName(long[:252]+"b", at, 0) {
 		t.Errorf("long name %q (%d)", got, len(got))
+	}
+	if got := snapshotName(long, at, 12); len(got) != 253 || !strings.HasSuffix(got, "-1800000000-12") {
+		t.Errorf("long name of a retry %q (%d)", got, len(got))
+	}
+	for n, want := range map[int32]time.Duration{1: 30 * time.Second, 2: time.Minute, 3: 2 * time.Minute, 7: 30 * time.Minute, 40: 30 * time.Minute} {
+		if got := idleStopBackoff(n); got != want {
+			t.Errorf("idleStopBackoff(%d) = %s, want %s", n, got, want)
+		}
 	}
 }
 

@@ -88,3 +88,46 @@ type RestoreRequest struct {
 // ErrNotFound is returned, wrapped, by Restore when the snapshot is gone
 // from the store: retrying cannot help.
 var ErrNotFound = errors.New("snapshot not found")
+
+// StoreNamer is implemented by drivers that keep snapshots in more than
+// one kind of store (the archive driver: an S3 bucket or the embedded
+// directory). A snapshot in one cannot be restored from another.
+type StoreNamer interface {
+	Store() string
+}
+
+// ID identifies what took a snapshot, so that a resume can tell that the
+// driver has changed since: the driver's name, followed by "/" and its
+// store for a driver with several ("volumesnapshot", "archive/s3",
+// "archive/embedded").
+func ID(d Driver) string {
+	if d == nil {
+		return ""
+	}
+	if s, ok := d.(StoreNamer); ok && s.Store() != "" {
+		return d.Name() + "/" + s.Store()
+	}
+	return d.Name()
+}
+
+// Checker is implemented by drivers that can tell whether they can work in
+// the cluster they run in. The control plane checks at start and then
+// periodically, reports the result, and does not begin idle stops while
+// the check fails.
+type Checker interface {
+	// Check returns nil when the driver can take and restore snapshots,
+	// a *Problem when it cannot, and another error when it could not
+	// find out (the API server did not answer, say).
+	Check(ctx context.Context) error
+}
+
+// Problem says why a driver cannot work.
+type Problem struct {
+	// Reason is a CamelCase word, one of the snapshot check reasons
+	// documented in the v1alpha1 package.
+	Reason string
+	// Message says what is wrong, in the driver's terms.
+	Message string
+}
+
+func (p *Problem) Error() string { return p.Message }

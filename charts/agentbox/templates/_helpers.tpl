@@ -155,15 +155,5 @@ express with a message a person can act on.
 {{- if and (gt (int .Values.replicaCount) 1) (not (include "agentbox.postgres" .)) }}
 {{- fail "replicaCount > 1 needs a PostgreSQL store (store.dsn or store.existingSecret): the SQLite store is a single-writer file on a ReadWriteOnce volume" }}
 {{- end }}
-{{- if eq .Values.snapshot.driver "archive" }}
-{{- if not .Values.snapshot.archive.endpoint }}
-{{- fail "snapshot.driver \"archive\" needs snapshot.archive.endpoint (the S3-compatible endpoint URL)" }}
-{{- end }}
-{{- if not .Values.snapshot.archive.bucket }}
-{{- fail "snapshot.driver \"archive\" needs snapshot.archive.bucket" }}
-{{- end }}
-{{- if not .Values.snapshot.archive.credentialsSecret }}
-{{- fail "snapshot.driver \"archive\" needs snapshot.archive.credentialsSecret (a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)" }}
-{{- end }}
-{{- end }}
+{{- include "agentbox.validateSnapshot" . }}
 {{- end }}

@@ -15,6 +15,14 @@ const (
 	// the holder. It is independent of Ready: a stopped sandbox can be
 	// leased.
 	ConditionLeased = "Leased"
+
+	// ConditionIdleStopBlocked is True on a Sandbox whose last idle stop
+	// could not be taken and was abandoned: the sandbox stays Running and
+	// keeps serving calls, and status.idleStopRetry says when the next stop
+	// is tried. Its reason is one of the snapshot check reasons below, or
+	// SnapshotFailed; its message says why and names the fix. It is removed
+	// when an idle stop succeeds.
+	ConditionIdleStopBlocked = "IdleStopBlocked"
 )
 
 // Reasons of a Sandbox's Leased condition.
@@ -82,7 +90,10 @@ const (
 
 	// ReasonIdleTimeout (phase IdleStopping): the sandbox was idle for its
 	// idle timeout; the workspace is being synced and snapshotted before the
-	// pod is deleted.
+	// pod is deleted. Activity that arrives while the pod still runs
+	// abandons the stop (the sandbox is no longer idle): the snapshot in
+	// progress is discarded and the sandbox is Running again at once, so a
+	// call never waits for a stop to finish and a resume to follow.
 	ReasonIdleTimeout = "IdleTimeout"
 
 	// ReasonStopped (phase Stopped): the pod and workspace volume are gone and
@@ -93,11 +104,15 @@ const (
 	// the latest snapshot and the pod started.
 	ReasonResuming = "Resuming"
 
-	// ReasonSnapshotFailed (phase Error): the snapshot taken at idle stop
-	// failed. The pod stays stopped, the workspace claim is kept (it holds
-	// the only copy of the newest data) and so is the last good snapshot.
-	// The next activity starts the pod again on the kept claim, and the
-	// next idle stop tries a new snapshot.
+	// ReasonSnapshotFailed: the snapshot taken at idle stop could not be
+	// started or failed. While the pod still runs, which is the usual case,
+	// the stop is abandoned: the sandbox stays Running and serving, and this
+	// is the reason of its IdleStopBlocked condition (status True) until a
+	// later stop, retried with backoff, succeeds. Only when the pod was
+	// already gone is it the Ready reason of phase Error: the workspace
+	// claim is kept (it holds the only copy of the newest data) and so is
+	// the last good snapshot, and the next activity starts the pod again on
+	// the kept claim.
 	ReasonSnapshotFailed = "SnapshotFailed"
 
 	// ReasonRestoreFailed (phase Error): the workspace could not be restored
@@ -107,6 +122,14 @@ const (
 	// the Sandbox to start afresh. Transient restore errors are retried
 	// and reported as ReconcileError instead.
 	ReasonRestoreFailed = "RestoreFailed"
+
+	// ReasonSnapshotDriverChanged (phase Error): the sandbox is stopped
+	// and its snapshot was taken by another snapshot driver or store
+	// (status.snapshot.driver) than the platform runs now, which cannot
+	// restore it. Nothing is created for it; configure the platform's
+	// snapshot driver back to resume it, or delete the Sandbox to start
+	// afresh without its workspace.
+	ReasonSnapshotDriverChanged = "SnapshotDriverChanged"
 
 	// ReasonSyncFailed (phase Error): making the workspace's last writes
 	// durable before an idle stop's snapshot (the push into the agent's
@@ -146,6 +169,45 @@ const (
 	// platform runs no admission webhook, so kubectl, Terraform and the
 	// API can all create the second object, and it then waits here.
 	ReasonDuplicateAgent = "DuplicateAgent"
+)
+
+// Reasons of the control plane's snapshot check, which runs at start and
+// every minute and which the control plane publishes in the ConfigMap
+// agentbox-controlplane-status of its namespace (key snapshot.reason), as
+// events on its Deployment, and, while it fails, as the reason of the
+// IdleStopBlocked condition of sandboxes whose idle stop it holds back.
+// A Sandbox's IdleStopBlocked condition may also have the reason
+// SnapshotFailed: the check passed, but the snapshot of that sandbox could
+// not be started or failed while its pod still ran.
+const (
+	// ReasonSnapshotDriverReady: the configured driver can take and
+	// restore snapshots.
+	ReasonSnapshotDriverReady = "SnapshotDriverReady"
+
+	// ReasonSnapshotAPIMissing: the volumesnapshot driver is configured
+	// but the cluster does not serve snapshot.storage.k8s.io/v1
+	// VolumeSnapshots: the CSI snapshot CRDs and snapshot-controller are not
+	// installed. Install them, or use the archive driver.
+	ReasonSnapshotAPIMissing = "SnapshotAPIMissing"
+
+	// ReasonVolumeSnapshotClassNotFound: the VolumeSnapshotClass the driver
+	// would use does not exist: the one configured (or named by the
+	// template), or, when none is, a default class.
+	ReasonVolumeSnapshotClassNotFound = "VolumeSnapshotClassNotFound"
+
+	// ReasonVolumeSnapshotClassMismatch: the VolumeSnapshotClass's CSI
+	// driver is not the provisioner of the workspaces' StorageClass, so it
+	// cannot snapshot them.
+	ReasonVolumeSnapshotClassMismatch = "VolumeSnapshotClassMismatch"
+
+	// ReasonSnapshotStoreUnavailable: the archive driver's store cannot be
+	// used: the S3 bucket does not answer or does not exist, or the
+	// embedded store's directory is not writable.
+	ReasonSnapshotStoreUnavailable = "SnapshotStoreUnavailable"
+
+	// ReasonSnapshotCheckFailed: the check itself could not run, for
+	// example because the API server did not answer; it is tried again.
+	ReasonSnapshotCheckFailed = "SnapshotCheckFailed"
 )
 
 // Reasons of a SandboxWarmPool's Ready condition.

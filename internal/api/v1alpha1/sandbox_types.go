@@ -82,6 +82,31 @@ type SandboxSnapshot struct {
 	// readyTime is when the snapshot became ready to restore from.
 	// +optional
 	ReadyTime *metav1.Time `json:"readyTime,omitempty"`
+
+	// driver is the snapshot driver, and for the archive driver its store,
+	// that took the snapshot: "volumesnapshot", "archive/s3" or
+	// "archive/embedded". A sandbox resumes only through the same one; after
+	// the platform's driver changed, it reports SnapshotDriverChanged
+	// instead. Empty on snapshots taken before drivers were recorded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Driver string `json:"driver,omitempty"`
+}
+
+// IdleStopRetry is the backoff of idle stops that could not be taken: each
+// abandoned stop doubles the wait before the next attempt, from 30 seconds
+// up to 30 minutes. It lives in status so that it survives a restart of the
+// control plane.
+type IdleStopRetry struct {
+	// failures counts the idle stops abandoned in a row.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	Failures int32 `json:"failures"`
+
+	// nextAttemptTime is when the next idle stop may begin, if the sandbox
+	// is still idle then.
+	// +required
+	NextAttemptTime metav1.Time `json:"nextAttemptTime"`
 }
 
 // SandboxStatus is the observed state of a Sandbox, written by the control
@@ -126,12 +151,19 @@ type SandboxStatus struct {
 
 	// pendingSnapshot names the snapshot the idle stop in progress is
 	// taking. It becomes status.snapshot when ready, and is cleared if it
-	// fails.
+	// fails or the stop is abandoned.
 	// +optional
 	PendingSnapshot string `json:"pendingSnapshot,omitempty"`
 
+	// idleStopRetry is set while idle stops are being abandoned because the
+	// snapshot cannot be taken; the IdleStopBlocked condition says why. It
+	// is cleared when a stop succeeds.
+	// +optional
+	IdleStopRetry *IdleStopRetry `json:"idleStopRetry,omitempty"`
+
 	// conditions hold the Ready condition, whose reason explains the phase,
-	// and the Leased condition, which says whether the exclusive lease is held.
+	// the Leased condition, which says whether the exclusive lease is held,
+	// and IdleStopBlocked while idle stops cannot be taken.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -224,3 +224,31 @@ func TemplateHash(spec *SandboxTemplateSpec) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])
 }
+
+// The ConfigMap in which the control plane publishes its state, in the
+// platform namespace, for the Terraform provider (agentbox_platform warns
+// when the snapshot check fails) and for people (kubectl get configmap
+// agentbox-controlplane-status -o yaml). The leader writes it at start and
+// whenever the result of its snapshot check changes, and at least every ten
+// minutes; the control plane Deployment owns it, so it goes with the
+// platform.
+const (
+	ControlPlaneStatusConfigMap = "agentbox-controlplane-status"
+
+	// StatusKeySnapshotDriver is the snapshot driver the control plane
+	// runs, as snapshots record it: "volumesnapshot", "archive/s3" or
+	// "archive/embedded".
+	StatusKeySnapshotDriver = "snapshot.driver"
+	// StatusKeySnapshotReady is "true" when the driver can take and
+	// restore snapshots, else "false": idle stops are then not begun.
+	StatusKeySnapshotReady = "snapshot.ready"
+	// StatusKeySnapshotReason is one of the snapshot check reasons
+	// (ReasonSnapshotDriverReady, ReasonSnapshotAPIMissing, ...).
+	StatusKeySnapshotReason = "snapshot.reason"
+	// StatusKeySnapshotMessage says what is wrong and how to fix it.
+	StatusKeySnapshotMessage = "snapshot.message"
+	// StatusKeySnapshotCheckedAt is when the check last ran (RFC 3339).
+	StatusKeySnapshotCheckedAt = "snapshot.checkedAt"
+	// StatusKeyReportedBy names the control plane pod that wrote it.
+	StatusKeyReportedBy = "reportedBy"
+)

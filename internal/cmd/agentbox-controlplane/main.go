@@ -43,6 +43,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/volumesnapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
@@ -68,6 +69,7 @@ type options struct {
 	metricsListen  string
 	healthListen   string
 	apiService     string
+	deployment     string
 	sandboxImage   string
 	egressImage    string
 	trustDomain    string
@@ -127,6 +129,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.metricsListen, "metrics-listen", ":8080", `listen address of the Prometheus metrics endpoint ("0" disables it)`)
 	fs.StringVar(&o.healthListen, "health-listen", ":8081", "listen address of /healthz and /readyz")
 	fs.StringVar(&o.apiService, "api-service", "agentbox-api", "name of the API's Service in the platform namespace; its DNS names and ClusterIP go into the serving certificate")
+	fs.StringVar(&o.deployment, "deployment", "agentbox-controlplane", "name of the control plane's Deployment in the platform namespace; it owns the status ConfigMap and carries the snapshot check's events")
 	fs.StringVar(&o.sandboxImage, "sandbox-image", "", "sandbox image for templates that name none")
 	fs.StringVar(&o.egressImage, "egress-proxy-image", controller.DefaultEgressProxyImage, "image of the egress proxy pods EgressProxies run")
 	fs.StringVar(&o.trustDomain, "trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of the platform's identities")
@@ -255,9 +258,26 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	defer pool.Close()
-	snapshots, err := o.snapshot.newSnapshotDriver(mgr.GetClient())
+	snapshots, err := o.snapshot.newSnapshotDriver(mgr.GetClient(), mgr.GetAPIReader())
 	if err != nil {
 		return fmt.Errorf("snapshot driver: %w", err)
+	}
+	// A driver that cannot work in this cluster does not stop the control
+	// plane: it serves, reports the check's result, and begins no idle stop
+	// until the check passes.
+	snapshotCheck := &controller.SnapshotCheck{
+		Driver:     snapshots,
+		Client:     mgr.GetClient(),
+		Reader:     mgr.GetAPIReader(),
+		Recorder:   mgr.GetEventRecorder("agentbox-controlplane"),
+		Namespace:  o.namespace,
+		Deployment: o.deployment,
+		PodName:    os.Getenv("POD_NAME"),
+		Hint:       o.snapshot.hint,
+		Log:        ctrl.Log.WithName("snapshot-check"),
+	}
+	if err := mgr.Add(snapshotCheck); err != nil {
+		return fmt.Errorf("add the snapshot check: %w", err)
 	}
 	// The archive driver uploads in the background; stopping it cancels
 	// uploads in flight, which the next Take on a new leader finds and redoes.
@@ -271,6 +291,8 @@ func run(ctx context.Context, o *options) error {
 		CA:           ca,
 		Supervisors:  pool,
 		Snapshots:    snapshots,
+		// The interface must stay nil without a check.
+		SnapshotHealth: snapshotCheck,
 	}
 	warmPools := &controller.SandboxWarmPoolReconciler{}
 	if st != nil {
@@ -330,7 +352,7 @@ func run(ctx context.Context, o *options) error {
 	}
 
 	log.Info("starting", "version", version, "namespace", o.namespace, "identity", selfID.String(),
-		"api", o.apiListen, "snapshotDriver", snapshots.Name(), "apiCertificateIPs", fmt.Sprint(servingOpts.IPAddresses), "leaderElection", o.leaderElect)
+		"api", o.apiListen, "snapshotDriver", snapshot.ID(snapshots), "apiCertificateIPs", fmt.Sprint(servingOpts.IPAddresses), "leaderElection", o.leaderElect)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}

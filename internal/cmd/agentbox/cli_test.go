@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/apitest"
@@ -433,5 +435,57 @@ func TestCpShowsProgressOnATerminal(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(s.Workspace, "slow.bin")); err != nil || fi.Size() != 20*32<<10 {
 		t.Errorf("uploaded file: %v", err)
+	}
+}
+
+// A call to a sandbox that does not come up waits as long as the API
+// does (agentbox has no deadline of its own to give up on first), and then
+// shows the API's answer: what the sandbox was still doing, and that a
+// retry picks the resume up.
+func TestExecShowsTheAPIsAnswerWhenTheResumeTakesTooLong(t *testing.T) {
+	s, env := realAgentAPI(t, apitest.Options{ResumeTimeout: 2 * time.Second})
+	if err := s.SetSandboxState(context.Background(), v1alpha1.SandboxPhaseResuming, false, v1alpha1.ReasonResuming); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r := runCLI(t, env, "", "exec", s.AgentID, "--", "true")
+	took := time.Since(start)
+	if r.code != exitAPIError || !strings.Contains(r.stderr, "workspace was being restored") || !strings.Contains(r.stderr, "waited 2s") ||
+		!strings.Contains(r.stderr, "retry the call") || !strings.Contains(r.stderr, "(sandbox_not_ready, HTTP 409)") || took < 2*time.Second {
+		t.Errorf("after %s: code %d, stderr %q", took.Round(time.Millisecond), r.code, r.stderr)
+	}
+	t.Logf("exec on a sandbox stuck resuming: %s after %s", strings.TrimSpace(r.stderr), took.Round(time.Millisecond))
+
+	// Interrupted (Ctrl-C) while waiting: it says so, rather than print a
+	// bare transport error.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(300*time.Millisecond, cancel)
+	var out, errOut strings.Builder
+	code := run(ctx, []string{"exec", s.AgentID, "--", "true"}, func(k string) string { return env[k] }, strings.NewReader(""), &out, &errOut)
+	if code != exitAPIError || !strings.Contains(errOut.String(), "before the Compute API answered") {
+		t.Errorf("interrupted: code %d, stderr %q", code, errOut.String())
+	}
+}
+
+// status shows the driver of the snapshot and why idle stops do not
+// happen.
+func TestStatusShowsDriverAndBlockedStop(t *testing.T) {
+	s, env := realAgentAPI(t, apitest.Options{})
+	ctx := context.Background()
+	var sb v1alpha1.Sandbox
+	if err := s.Kube.Get(ctx, ctrlclient.ObjectKey{Namespace: s.Namespace, Name: s.Sandbox}, &sb); err != nil {
+		t.Fatal(err)
+	}
+	sb.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: "sb-1-1", SizeBytes: 1 << 20, Driver: "archive/embedded"}
+	sb.Status.Conditions = append(sb.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionIdleStopBlocked, Status: metav1.ConditionTrue,
+		Reason: v1alpha1.ReasonSnapshotAPIMissing, Message: "the cluster does not serve VolumeSnapshots", LastTransitionTime: metav1.Now()})
+	if err := s.Kube.Status().Update(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, env, "", "status", s.AgentID)
+	if r.code != 0 || !strings.Contains(r.stdout, "archive/embedded driver") ||
+		!strings.Contains(r.stdout, "idle stop blocked: SnapshotAPIMissing: the cluster does not serve VolumeSnapshots") {
+		t.Errorf("status: code %d, stdout:\n%s", r.code, r.stdout)
 	}
 }

@@ -135,9 +135,20 @@ func readToken(file string, getenv func(string) string) (string, error) {
 
 // describe words an API error for a person: the message, with the code for
 // searching and scripting.
+//
+// agentbox sets no deadline of its own on a call: the API bounds every
+// wait it makes (a stopped sandbox's resume, computeapi.DefaultResumeTimeout)
+// and then answers, so the CLI always shows the API's own account. Only an
+// interruption or a broken connection ends a call early, and those say so.
 func describe(err error) string {
 	var e *client.Error
 	if !errors.As(err, &e) {
+		switch {
+		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			return "interrupted before the Compute API answered; a sandbox that was resuming goes on resuming (agentbox status shows it): " + err.Error()
+		case errors.Is(err, client.ErrStreamIncomplete):
+			return "the connection to the Compute API broke before the command's result arrived, so whether it ran to its end is unknown: " + err.Error()
+		}
 		return err.Error()
 	}
 	msg := fmt.Sprintf("%s (%s, HTTP %d)", e.Message, e.Code, e.Status)

@@ -65,7 +65,17 @@ func printStatus(w io.Writer, st *client.SandboxStatus, asJSON bool) error {
 		if !s.ReadyAt.IsZero() {
 			line += ", taken " + s.ReadyAt.Local().Format(time.RFC3339)
 		}
+		if s.Driver != "" {
+			line += ", " + s.Driver + " driver"
+		}
 		fmt.Fprintf(tw, "snapshot:\t%s\n", line)
+	}
+	if b := st.IdleStopBlocked; b != nil {
+		line := b.Reason + ": " + b.Message
+		if !b.NextAttemptAt.IsZero() {
+			line += fmt.Sprintf(" (next attempt %s)", b.NextAttemptAt.Local().Format(time.RFC3339))
+		}
+		fmt.Fprintf(tw, "idle stop blocked:\t%s\n", line)
 	}
 	return tw.Flush()
 }

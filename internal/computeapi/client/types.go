@@ -213,6 +213,9 @@ type SandboxStatus struct {
 	Reason   string        `json:"reason,omitempty"`
 	Message  string        `json:"message,omitempty"`
 	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
+	// IdleStopBlocked is set while the sandbox is idle but not stopped
+	// because its snapshot cannot be taken; it keeps serving meanwhile.
+	IdleStopBlocked *IdleStopBlocked `json:"idle_stop_blocked,omitempty"`
 	// Created is set by deploy_or_resume when the sandbox was created for
 	// this call's request ID.
 	Created bool `json:"created,omitempty"`
@@ -223,6 +226,19 @@ type SnapshotInfo struct {
 	Name      string    `json:"name"`
 	SizeBytes int64     `json:"size_bytes,omitempty"`
 	ReadyAt   time.Time `json:"ready_at,omitzero"`
+	// Driver took the snapshot: "volumesnapshot", "archive/s3" or
+	// "archive/embedded"; empty for snapshots from before it was recorded.
+	Driver string `json:"driver,omitempty"`
+}
+
+// IdleStopBlocked says why idle stops of a sandbox do not happen: the
+// reason and message of its IdleStopBlocked condition, and, after failed
+// attempts, how many failed in a row and when the next one is due.
+type IdleStopBlocked struct {
+	Reason        string    `json:"reason"`
+	Message       string    `json:"message"`
+	Failures      int       `json:"failures,omitempty"`
+	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
 }
 
 // FileInfo describes a file written to a workspace.

@@ -1,7 +1,9 @@
-// Package archive is the snapshot driver for clusters without CSI
-// snapshots (k3s local-path, for example): a stopped sandbox's workspace is
-// a tar archive in an S3-compatible object store, and a resumed sandbox's
-// fresh, empty workspace is filled from it.
+// Package archive is the snapshot driver that needs no CSI snapshots: a
+// stopped sandbox's workspace is a tar archive in an object store, and a
+// resumed sandbox's fresh, empty workspace is filled from it. The store is
+// an S3-compatible bucket (Config.Endpoint), or a directory on a volume of
+// the control plane (Config.Dir, the chart's embedded store), which works
+// on any cluster with a default StorageClass and needs nothing outside it.
 //
 // # Why the control plane carries the bytes
 //
@@ -20,8 +22,8 @@
 // channel as every other call) straight into a multipart upload, and
 // Restore streams the object back into the supervisor's tar extraction
 // (PUT /v1/files/?format=tar). Neither buffers the workspace: memory is one
-// multipart part (Config.PartSize) per upload in flight, and nothing touches
-// the control plane's disk.
+// multipart part (Config.PartSize) per upload in flight, and with S3
+// nothing touches the control plane's disk.
 //
 // # Objects
 //
@@ -30,6 +32,8 @@
 //	<prefix>/<namespace>/<sandbox>/<name>.tar.gz   (Compression "gzip")
 //	<prefix>/<namespace>/<sandbox>/<name>.tar      (Compression "none")
 //
+// in the bucket, or the file of that path under the directory.
+//
 // Its metadata records the sandbox's UID. A sandbox deleted and created
 // again under the same name is another sandbox: Restore refuses an archive
 // whose UID is not the sandbox's (snapshot.ErrNotFound), and Take replaces
@@ -37,17 +41,18 @@
 //
 // # Completeness
 //
-// An archive becomes visible only when its multipart upload completes, and
-// the upload completes only after the whole tar has passed through: every
-// entry read to its end and the end-of-archive marker seen, and the
-// supervisor's response ended cleanly (the supervisor cuts the connection
-// when it cannot finish a tar, so a cut stream is an error, not an early
-// end). A failed upload is aborted; one left behind by a control plane that
-// died half-way is invisible to readers, removed before the next attempt
-// at the same key, and should also be reaped by a bucket lifecycle rule
-// (AbortIncompleteMultipartUpload). So an object that exists is a whole
-// archive, and Take's "ready" is simply "the object exists and is this
-// sandbox's".
+// An archive becomes visible only when its write completes (an S3
+// multipart upload completes; a directory's temporary file is renamed into
+// place, see dirStore), and the write completes only after the whole tar
+// has passed through: every entry read to its end and the end-of-archive
+// marker seen, and the supervisor's response ended cleanly (the supervisor
+// cuts the connection when it cannot finish a tar, so a cut stream is an
+// error, not an early end). A failed write is discarded; one left behind by
+// a control plane that died half-way is invisible to readers, removed
+// before the next attempt at the same key, and in a bucket should also be
+// reaped by a lifecycle rule (AbortIncompleteMultipartUpload). So an object
+// that exists is a whole archive, and Take's "ready" is simply "the object
+// exists and is this sandbox's".
 //
 // # Compression
 //
@@ -62,8 +67,6 @@ package archive
 import (
 	"archive/tar"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -75,8 +78,6 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/gzip"
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/minio/minio-go/v7/pkg/s3utils"
 	corev1 "k8s.io/api/core/v1"
 
@@ -140,8 +141,13 @@ const (
 	metaFormat     = "Agentbox-Format"
 )
 
-// Config says where the archives go.
+// Config says where the archives go: an S3-compatible bucket (Endpoint,
+// Bucket and the keys) or a directory (Dir), not both.
 type Config struct {
+	// Dir is an existing directory, normally a volume of the control
+	// plane's own, that holds the archives as files: the embedded store.
+	// It excludes every S3 setting.
+	Dir string
 	// Endpoint is the store's URL: https://host[:port], or http:// for a
 	// loopback address or with AllowHTTP. No path, query or user info.
 	Endpoint string
@@ -168,7 +174,7 @@ type Config struct {
 	// PartSize is the multipart part size in bytes, DefaultPartSize when
 	// 0, at least MinPartSize. Each upload in flight holds one part in
 	// memory, and an archive can have at most 10,000 parts (160 GB with
-	// the default).
+	// the default). S3 only.
 	PartSize int64
 	// MaxRetries of one S3 request; 0 means the client library's default
 	// (10). The controller retries Take and Restore as a whole anyway.
@@ -182,11 +188,11 @@ type Config struct {
 	UploadTimeout time.Duration
 }
 
-// Driver stores workspace snapshots as archives in an S3-compatible store.
+// Driver stores workspace snapshots as archives in an object store.
 // It is safe for concurrent use.
 type Driver struct {
 	cfg    Config
-	client *minio.Client
+	store  objectStore
 	prefix string
 
 	// base is the context of the background uploads; Close cancels it.
@@ -197,7 +203,11 @@ type Driver struct {
 	uploads map[string]*upload // by object key
 }
 
-var _ snapshot.Driver = (*Driver)(nil)
+var (
+	_ snapshot.Driver     = (*Driver)(nil)
+	_ snapshot.Checker    = (*Driver)(nil)
+	_ snapshot.StoreNamer = (*Driver)(nil)
+)
 
 // upload is one archive being written in the background.
 type upload struct {
@@ -209,11 +219,57 @@ type upload struct {
 	err   error
 }
 
-// New checks cfg and returns a driver. It does not contact the store; Check
-// does.
+// New checks cfg and returns a driver. It does not contact the store or
+// touch the directory; Check does.
 func New(cfg Config) (*Driver, error) {
+	var store objectStore
+	if cfg.Dir != "" {
+		if cfg.Endpoint != "" || cfg.Bucket != "" || cfg.AccessKeyID != "" || cfg.SecretAccessKey != "" || len(cfg.CAPEM) > 0 {
+			return nil, errors.New("archive: a store directory and an S3 endpoint, bucket, keys or CA are configured together; configure one store")
+		}
+		ds, err := newDirStore(cfg.Dir)
+		if err != nil {
+			return nil, err
+		}
+		store = ds
+	} else {
+		s3, err := checkS3Config(&cfg)
+		if err != nil {
+			return nil, err
+		}
+		store = s3
+	}
+	switch cfg.Compression {
+	case "":
+		cfg.Compression = CompressionGzip
+	case CompressionGzip, CompressionNone:
+	default:
+		return nil, fmt.Errorf("archive: compression %q is not %q or %q", cfg.Compression, CompressionGzip, CompressionNone)
+	}
+	if cfg.TakeWait <= 0 {
+		cfg.TakeWait = DefaultTakeWait
+	}
+	if cfg.UploadTimeout <= 0 {
+		cfg.UploadTimeout = DefaultUploadTimeout
+	}
+	prefix := strings.Trim(cfg.Prefix, "/")
+	if strings.Contains(prefix, "//") || strings.ContainsRune(prefix, 0) {
+		return nil, fmt.Errorf("archive: prefix %q has an empty segment or a NUL byte", cfg.Prefix)
+	}
+	if prefix != "" && cfg.Dir != "" {
+		if err := checkKey(prefix); err != nil {
+			return nil, fmt.Errorf("archive: prefix %q is not a plain relative path: %w", cfg.Prefix, err)
+		}
+	}
+	base, cancel := context.WithCancel(context.Background())
+	return &Driver{cfg: cfg, store: store, prefix: prefix, base: base, cancel: cancel, uploads: map[string]*upload{}}, nil
+}
+
+// checkS3Config checks and completes the S3 settings of cfg and returns
+// the store they describe.
+func checkS3Config(cfg *Config) (*s3Store, error) {
 	if cfg.Endpoint == "" {
-		return nil, errors.New("archive: the endpoint URL is required")
+		return nil, errors.New("archive: the endpoint URL is required (or a store directory)")
 	}
 	u, err := url.Parse(cfg.Endpoint)
 	if err != nil {
@@ -245,13 +301,6 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.AccessKeyID == "" || cfg.SecretAccessKey == "" {
 		return nil, errors.New("archive: the access key ID and the secret access key are both required")
 	}
-	switch cfg.Compression {
-	case "":
-		cfg.Compression = CompressionGzip
-	case CompressionGzip, CompressionNone:
-	default:
-		return nil, fmt.Errorf("archive: compression %q is not %q or %q", cfg.Compression, CompressionGzip, CompressionNone)
-	}
 	switch {
 	case cfg.PartSize == 0:
 		cfg.PartSize = DefaultPartSize
@@ -261,43 +310,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Region == "" {
 		cfg.Region = DefaultRegion
 	}
-	if cfg.TakeWait <= 0 {
-		cfg.TakeWait = DefaultTakeWait
-	}
-	if cfg.UploadTimeout <= 0 {
-		cfg.UploadTimeout = DefaultUploadTimeout
-	}
-	prefix := strings.Trim(cfg.Prefix, "/")
-	if strings.Contains(prefix, "//") || strings.ContainsRune(prefix, 0) {
-		return nil, fmt.Errorf("archive: prefix %q has an empty segment or a NUL byte", cfg.Prefix)
-	}
-
-	transport, err := minio.DefaultTransport(secure)
-	if err != nil {
-		return nil, fmt.Errorf("archive: transport: %w", err)
-	}
-	if secure {
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if len(cfg.CAPEM) > 0 && !pool.AppendCertsFromPEM(cfg.CAPEM) {
-			return nil, errors.New("archive: the CA holds no PEM certificate")
-		}
-		transport.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	}
-	client, err := minio.New(u.Host, &minio.Options{
-		Creds:      credentials.NewStaticV4(cfg.AccessKeyID, cfg.SecretAccessKey, ""),
-		Secure:     secure,
-		Region:     cfg.Region,
-		Transport:  transport,
-		MaxRetries: cfg.MaxRetries,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("archive: S3 client: %w", err)
-	}
-	base, cancel := context.WithCancel(context.Background())
-	return &Driver{cfg: cfg, client: client, prefix: prefix, base: base, cancel: cancel, uploads: map[string]*upload{}}, nil
+	return newS3Store(*cfg, u)
 }
 
 func redact(u *url.URL) string {
@@ -317,15 +330,18 @@ func isLoopback(host string) bool {
 // Name implements snapshot.Driver.
 func (d *Driver) Name() string { return Name }
 
-// Check verifies that the store answers and the bucket exists, so that a
-// misconfiguration shows at start-up rather than at the first idle stop.
+// Store is the kind of store the archives are in: StoreS3 or
+// StoreEmbedded. A snapshot records it with the driver's name, since an
+// archive in one store cannot be restored from the other.
+func (d *Driver) Store() string { return d.store.kind() }
+
+// Check verifies that the store can take archives: the bucket answers and
+// exists, or the directory is writable. The control plane runs it at start
+// and then periodically, so that a misconfiguration shows before the first
+// idle stop needs the store.
 func (d *Driver) Check(ctx context.Context) error {
-	ok, err := d.client.BucketExists(ctx, d.cfg.Bucket)
-	if err != nil {
-		return fmt.Errorf("archive: bucket %s at %s: %w", d.cfg.Bucket, d.cfg.Endpoint, err)
-	}
-	if !ok {
-		return fmt.Errorf("archive: bucket %s does not exist at %s", d.cfg.Bucket, d.cfg.Endpoint)
+	if err := d.store.check(ctx); err != nil {
+		return &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotStoreUnavailable, Message: err.Error()}
 	}
 	return nil
 }
@@ -347,8 +363,14 @@ func (d *Driver) key(sandbox *v1alpha1.Sandbox, name string, c Compression) stri
 	return path.Join(d.prefix, sandbox.Namespace, sandbox.Name, name+c.ext())
 }
 
-// Bucket returns the configured bucket.
+// Bucket returns the configured bucket; "" for a directory.
 func (d *Driver) Bucket() string { return d.cfg.Bucket }
+
+// Location names where snapshot name of sandbox is, or would be, kept:
+// s3://bucket/key, or the file's path.
+func (d *Driver) Location(sandbox *v1alpha1.Sandbox, name string) string {
+	return d.store.location(d.Key(sandbox, name))
+}
 
 func checkName(sandbox *v1alpha1.Sandbox, name string) error {
 	if sandbox == nil || sandbox.Namespace == "" || sandbox.Name == "" {
@@ -445,26 +467,26 @@ func (d *Driver) start(key, uid string, req snapshot.Request) *upload {
 
 // stat reports whether key holds sandbox uid's complete archive.
 func (d *Driver) stat(ctx context.Context, key, uid string) (snapshot.State, bool, error) {
-	info, err := d.client.StatObject(ctx, d.cfg.Bucket, key, minio.StatObjectOptions{})
-	if isNotFound(err) {
+	info, err := d.store.stat(ctx, key)
+	if errors.Is(err, errObjectNotFound) {
 		return snapshot.State{}, false, nil
 	}
 	if err != nil {
-		return snapshot.State{}, false, fmt.Errorf("archive: stat s3://%s/%s: %w", d.cfg.Bucket, key, err)
+		return snapshot.State{}, false, fmt.Errorf("archive: stat %s: %w", d.store.location(key), err)
 	}
-	if metaValue(info.UserMetadata, metaSandboxUID) != uid {
+	if metaValue(info.meta, metaSandboxUID) != uid {
 		// A predecessor's archive under the same names; it is replaced.
 		return snapshot.State{}, false, nil
 	}
-	return snapshot.State{Ready: true, SizeBytes: info.Size, ReadyTime: info.LastModified}, true, nil
+	return snapshot.State{Ready: true, SizeBytes: info.size, ReadyTime: info.modTime}, true, nil
 }
 
 // upload streams the workspace into key and returns the finished object's
 // state.
 func (d *Driver) upload(ctx context.Context, key string, req snapshot.Request) (snapshot.State, error) {
 	// A control plane that died half-way left an incomplete upload behind;
-	// it is invisible, but holds storage until aborted.
-	_ = d.client.RemoveIncompleteUpload(ctx, d.cfg.Bucket, key)
+	// it is invisible, but holds storage until removed.
+	_ = d.store.removeIncomplete(ctx, key)
 
 	body, err := req.Supervisor.GetTar(ctx, workspaceRoot)
 	if err != nil {
@@ -485,17 +507,13 @@ func (d *Driver) upload(ctx context.Context, key string, req snapshot.Request) (
 		pw.CloseWithError(err)
 		produced <- err
 	}()
-	opts := minio.PutObjectOptions{
-		ContentType: d.cfg.Compression.contentType(),
-		PartSize:    uint64(d.cfg.PartSize),
-		UserMetadata: map[string]string{
-			metaSandboxUID: string(req.Sandbox.UID),
-			metaSandbox:    req.Sandbox.Namespace + "/" + req.Sandbox.Name,
-			metaSnapshot:   req.Name,
-			metaFormat:     d.cfg.Compression.format(),
-		},
+	meta := map[string]string{
+		metaSandboxUID: string(req.Sandbox.UID),
+		metaSandbox:    req.Sandbox.Namespace + "/" + req.Sandbox.Name,
+		metaSnapshot:   req.Name,
+		metaFormat:     d.cfg.Compression.format(),
 	}
-	_, putErr := d.client.PutObject(ctx, d.cfg.Bucket, key, pr, -1, opts)
+	putErr := d.store.put(ctx, key, pr, meta, d.cfg.Compression.contentType(), d.cfg.PartSize)
 	// Unblock the producer if the upload stopped reading first.
 	pr.CloseWithError(errConsumerDone)
 	prodErr := <-produced
@@ -504,16 +522,16 @@ func (d *Driver) upload(ctx context.Context, key string, req snapshot.Request) (
 		// The root cause: the upload failed because its input did.
 		return snapshot.State{}, fmt.Errorf("archive: stream the workspace of sandbox %s/%s: %w", req.Sandbox.Namespace, req.Sandbox.Name, prodErr)
 	case putErr != nil:
-		return snapshot.State{}, fmt.Errorf("archive: upload s3://%s/%s: %w", d.cfg.Bucket, key, putErr)
+		return snapshot.State{}, fmt.Errorf("archive: write %s: %w", d.store.location(key), putErr)
 	case prodErr != nil:
-		return snapshot.State{}, fmt.Errorf("archive: upload s3://%s/%s ended before the workspace's tar did", d.cfg.Bucket, key)
+		return snapshot.State{}, fmt.Errorf("archive: the write of %s ended before the workspace's tar did", d.store.location(key))
 	}
 	st, found, err := d.stat(ctx, key, string(req.Sandbox.UID))
 	if err != nil {
 		return snapshot.State{}, err
 	}
 	if !found {
-		return snapshot.State{}, fmt.Errorf("archive: s3://%s/%s is missing right after its upload completed", d.cfg.Bucket, key)
+		return snapshot.State{}, fmt.Errorf("archive: %s is missing right after its write completed", d.store.location(key))
 	}
 	return st, nil
 }
@@ -563,18 +581,14 @@ func (d *Driver) Restore(ctx context.Context, req snapshot.RestoreRequest) error
 	if err != nil {
 		return err
 	}
-	if got := metaValue(info.UserMetadata, metaSandboxUID); got != string(req.Sandbox.UID) {
-		return fmt.Errorf("archive: s3://%s/%s belongs to sandbox UID %q, not %s/%s (UID %s), an earlier sandbox of the same name: %w",
-			d.cfg.Bucket, key, got, req.Sandbox.Namespace, req.Sandbox.Name, req.Sandbox.UID, snapshot.ErrNotFound)
+	where := d.store.location(key)
+	if got := metaValue(info.meta, metaSandboxUID); got != string(req.Sandbox.UID) {
+		return fmt.Errorf("archive: %s belongs to sandbox UID %q, not %s/%s (UID %s), an earlier sandbox of the same name: %w",
+			where, got, req.Sandbox.Namespace, req.Sandbox.Name, req.Sandbox.UID, snapshot.ErrNotFound)
 	}
-	getOpts := minio.GetObjectOptions{}
-	// The object read is the one just checked, not one replaced since.
-	if err := getOpts.SetMatchETag(info.ETag); err != nil {
-		return fmt.Errorf("archive: %w", err)
-	}
-	obj, err := d.client.GetObject(ctx, d.cfg.Bucket, key, getOpts)
+	obj, err := d.store.get(ctx, key, info)
 	if err != nil {
-		return fmt.Errorf("archive: read s3://%s/%s: %w", d.cfg.Bucket, key, err)
+		return fmt.Errorf("archive: read %s: %w", where, err)
 	}
 	defer obj.Close()
 
@@ -592,11 +606,11 @@ func (d *Driver) Restore(ctx context.Context, req snapshot.RestoreRequest) error
 	case prodErr != nil && !errors.Is(prodErr, errConsumerDone):
 		// The root cause: the extraction failed because its input did,
 		// or the archive's checksum is wrong.
-		return fmt.Errorf("archive: read s3://%s/%s: %w", d.cfg.Bucket, key, prodErr)
+		return fmt.Errorf("archive: read %s: %w", where, prodErr)
 	case putErr != nil:
-		return fmt.Errorf("archive: extract s3://%s/%s into sandbox %s/%s: %w", d.cfg.Bucket, key, req.Sandbox.Namespace, req.Sandbox.Name, putErr)
+		return fmt.Errorf("archive: extract %s into sandbox %s/%s: %w", where, req.Sandbox.Namespace, req.Sandbox.Name, putErr)
 	case prodErr != nil:
-		return fmt.Errorf("archive: the supervisor finished extracting s3://%s/%s before the archive ended", d.cfg.Bucket, key)
+		return fmt.Errorf("archive: the supervisor finished extracting %s before the archive ended", where)
 	}
 	return nil
 }
@@ -632,29 +646,30 @@ func decode(w io.Writer, src io.Reader, comp Compression) error {
 
 // find stats the snapshot's object with the configured compression first,
 // then the other.
-func (d *Driver) find(ctx context.Context, sandbox *v1alpha1.Sandbox, name string) (string, Compression, minio.ObjectInfo, error) {
+func (d *Driver) find(ctx context.Context, sandbox *v1alpha1.Sandbox, name string) (string, Compression, objectInfo, error) {
 	comps := []Compression{d.cfg.Compression, CompressionNone}
 	if d.cfg.Compression == CompressionNone {
 		comps[1] = CompressionGzip
 	}
 	for _, c := range comps {
 		key := d.key(sandbox, name, c)
-		info, err := d.client.StatObject(ctx, d.cfg.Bucket, key, minio.StatObjectOptions{})
-		if isNotFound(err) {
+		info, err := d.store.stat(ctx, key)
+		if errors.Is(err, errObjectNotFound) {
 			continue
 		}
 		if err != nil {
-			return "", "", minio.ObjectInfo{}, fmt.Errorf("archive: stat s3://%s/%s: %w", d.cfg.Bucket, key, err)
+			return "", "", objectInfo{}, fmt.Errorf("archive: stat %s: %w", d.store.location(key), err)
 		}
 		return key, c, info, nil
 	}
-	// A HEAD on a missing bucket looks like a missing key; a missing bucket
-	// is a configuration problem to fix and retry, not a lost snapshot.
+	// A HEAD on a missing bucket looks like a missing key, and so does a
+	// directory whose volume is not mounted; either is a configuration
+	// problem to fix and retry, not a lost snapshot.
 	if err := d.Check(ctx); err != nil {
-		return "", "", minio.ObjectInfo{}, err
+		return "", "", objectInfo{}, err
 	}
-	return "", "", minio.ObjectInfo{}, fmt.Errorf("archive: no archive of snapshot %s of sandbox %s/%s at s3://%s/%s: %w",
-		name, sandbox.Namespace, sandbox.Name, d.cfg.Bucket, d.key(sandbox, name, d.cfg.Compression), snapshot.ErrNotFound)
+	return "", "", objectInfo{}, fmt.Errorf("archive: no archive of snapshot %s of sandbox %s/%s at %s: %w",
+		name, sandbox.Namespace, sandbox.Name, d.store.location(d.key(sandbox, name, d.cfg.Compression)), snapshot.ErrNotFound)
 }
 
 // Delete implements snapshot.Driver: it cancels an upload in flight and
@@ -678,35 +693,14 @@ func (d *Driver) Delete(ctx context.Context, sandbox *v1alpha1.Sandbox, name str
 		} else {
 			d.mu.Unlock()
 		}
-		// Removing a missing key succeeds in S3.
-		if err := d.client.RemoveObject(ctx, d.cfg.Bucket, key, minio.RemoveObjectOptions{}); err != nil && !isNotFound(err) {
-			errs = append(errs, fmt.Errorf("archive: delete s3://%s/%s: %w", d.cfg.Bucket, key, err))
+		if err := d.store.remove(ctx, key); err != nil {
+			errs = append(errs, fmt.Errorf("archive: delete %s: %w", d.store.location(key), err))
 		}
-		if err := d.client.RemoveIncompleteUpload(ctx, d.cfg.Bucket, key); err != nil && !isNotFound(err) {
-			errs = append(errs, fmt.Errorf("archive: abort incomplete uploads of s3://%s/%s: %w", d.cfg.Bucket, key, err))
+		if err := d.store.removeIncomplete(ctx, key); err != nil {
+			errs = append(errs, fmt.Errorf("archive: remove incomplete writes of %s: %w", d.store.location(key), err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func isNotFound(err error) bool {
-	if err == nil {
-		return false
-	}
-	switch minio.ToErrorResponse(err).Code {
-	case minio.NoSuchKey, "NotFound", "NoSuchUpload":
-		return true
-	}
-	return false
-}
-
-func metaValue(m map[string]string, key string) string {
-	for k, v := range m {
-		if strings.EqualFold(k, key) || strings.EqualFold(k, "X-Amz-Meta-"+key) {
-			return v
-		}
-	}
-	return ""
 }
 
 // tarStats describes a tar that went through copyTar.

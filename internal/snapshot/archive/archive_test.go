@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -50,6 +51,13 @@ func TestNewValidates(t *testing.T) {
 		"small parts":           {func(c *archive.Config) { c.PartSize = 1 << 20 }, "below S3's minimum"},
 		"empty prefix segment":  {func(c *archive.Config) { c.Prefix = "a//b" }, "empty segment"},
 		"slashes around prefix": {func(c *archive.Config) { c.Prefix = "/a/b/" }, ""},
+		"directory and S3":      {func(c *archive.Config) { c.Dir = "/var/lib/agentbox-snapshots" }, "configure one store"},
+		"directory alone": {func(c *archive.Config) {
+			*c = archive.Config{Dir: "/var/lib/agentbox-snapshots", Prefix: "agentbox/"}
+		}, ""},
+		"relative directory":     {func(c *archive.Config) { *c = archive.Config{Dir: "snapshots"} }, "absolute path"},
+		"dot prefix, directory":  {func(c *archive.Config) { *c = archive.Config{Dir: "/s", Prefix: "a/../../etc"} }, "not a plain relative path"},
+		"dot segment, directory": {func(c *archive.Config) { *c = archive.Config{Dir: "/s", Prefix: ".hidden"} }, "not a plain relative path"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -97,14 +105,15 @@ func TestKeyLayout(t *testing.T) {
 // TestRoundTrip stops a workspace into the real S3 server through a real
 // supervisor, restores it through another supervisor on an empty
 // directory, and compares every path.
-func TestRoundTrip(t *testing.T) {
-	s3 := s3server.Start(t)
+func TestRoundTrip(t *testing.T) { forEachBackend(t, testRoundTrip) }
+
+func testRoundTrip(t *testing.T, b *backend) {
 	p := newPKI(t)
 	for _, comp := range []archive.Compression{archive.CompressionGzip, archive.CompressionNone} {
 		t.Run(string(comp), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			d := newDriver(t, s3, func(c *archive.Config) { c.Compression = comp })
+			d := b.driver(t, func(c *archive.Config) { c.Compression = comp })
 			sb := newSandbox("agent-"+string(comp), "uid-"+string(comp))
 			ws := t.TempDir()
 			content := fillWorkspace(t, ws, 7<<20) // more than one 5 MiB part
@@ -117,12 +126,12 @@ func TestRoundTrip(t *testing.T) {
 				t.Fatalf("Take = %+v after %d calls, %v", st, calls, err)
 			}
 			t.Logf("Take: %d entries, %d bytes of files -> %d-byte object in %s (%d calls)", len(want), content, st.SizeBytes, time.Since(start).Round(time.Millisecond), calls)
-			info, err := s3.Client(t).StatObject(ctx, s3.Bucket, d.Key(sb, "snap-1"), minio.StatObjectOptions{})
-			if err != nil {
-				t.Fatalf("the archive is not at %s: %v", d.Key(sb, "snap-1"), err)
+			size, ok := b.object(t, ctx, d.Key(sb, "snap-1"))
+			if !ok {
+				t.Fatalf("the archive is not at %s", d.Location(sb, "snap-1"))
 			}
-			if info.Size != st.SizeBytes || st.ReadyTime.IsZero() {
-				t.Errorf("State %+v, object size %d", st, info.Size)
+			if size != st.SizeBytes || st.ReadyTime.IsZero() {
+				t.Errorf("State %+v, object size %d", st, size)
 			}
 			if comp == archive.CompressionGzip && st.SizeBytes >= content {
 				t.Errorf("gzip archive of %d bytes is not smaller than the %d bytes of files", st.SizeBytes, content)
@@ -130,7 +139,6 @@ func TestRoundTrip(t *testing.T) {
 			if comp == archive.CompressionNone && st.SizeBytes < content {
 				t.Errorf("plain archive of %d bytes is smaller than the %d bytes of files", st.SizeBytes, content)
 			}
-			t.Logf("object metadata: %v, content type %s", info.UserMetadata, info.ContentType)
 
 			// The pod is gone; a new one starts with an empty workspace.
 			src.kill()
@@ -149,7 +157,10 @@ func TestRoundTrip(t *testing.T) {
 // A driver configured for the other compression still restores an
 // archive, so a configuration change does not strand stopped sandboxes.
 func TestRestoreAfterCompressionChange(t *testing.T) {
-	s3 := s3server.Start(t)
+	forEachBackend(t, testRestoreAfterCompressionChange)
+}
+
+func testRestoreAfterCompressionChange(t *testing.T, b *backend) {
 	p := newPKI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -157,11 +168,11 @@ func TestRestoreAfterCompressionChange(t *testing.T) {
 	ws := t.TempDir()
 	fillWorkspace(t, ws, 1<<10)
 	src := startSupervisor(t, p, sb, ws, supervisorOptions{})
-	gz := newDriver(t, s3, nil)
+	gz := b.driver(t, nil)
 	if st, _, err := takeUntilDone(ctx, gz, snapshot.Request{Sandbox: sb, Name: "s1", Supervisor: src.client}); err != nil || !st.Ready {
 		t.Fatalf("Take = %+v, %v", st, err)
 	}
-	plain := newDriver(t, s3, func(c *archive.Config) { c.Compression = archive.CompressionNone })
+	plain := b.driver(t, func(c *archive.Config) { c.Compression = archive.CompressionNone })
 	fresh := t.TempDir()
 	dst := startSupervisor(t, p, sb, fresh, supervisorOptions{})
 	if err := plain.Restore(ctx, snapshot.RestoreRequest{Sandbox: sb, Snapshot: &v1alpha1.SandboxSnapshot{Name: "s1"}, Supervisor: dst.client}); err != nil {
@@ -172,8 +183,9 @@ func TestRestoreAfterCompressionChange(t *testing.T) {
 
 // Take on a snapshot that is already stored reports it without reading the
 // workspace again, also from a new driver (a restarted control plane).
-func TestTakeIsIdempotent(t *testing.T) {
-	s3 := s3server.Start(t)
+func TestTakeIsIdempotent(t *testing.T) { forEachBackend(t, testTakeIsIdempotent) }
+
+func testTakeIsIdempotent(t *testing.T, b *backend) {
 	p := newPKI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -181,23 +193,19 @@ func TestTakeIsIdempotent(t *testing.T) {
 	ws := t.TempDir()
 	fillWorkspace(t, ws, 1<<20)
 	sup := startSupervisor(t, p, sb, ws, supervisorOptions{})
-	d := newDriver(t, s3, nil)
+	d := b.driver(t, nil)
 	req := snapshot.Request{Sandbox: sb, Name: "s1", Supervisor: sup.client}
 
 	first, _, err := takeUntilDone(ctx, d, req)
 	if err != nil || !first.Ready {
 		t.Fatalf("Take = %+v, %v", first, err)
 	}
-	info1, err := s3.Client(t).StatObject(ctx, s3.Bucket, d.Key(sb, "s1"), minio.StatObjectOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The workspace changes after the snapshot; a second Take must not
 	// pick that up.
 	if err := os.WriteFile(ws+"/after.txt", []byte("later"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, drv := range []*archive.Driver{d, newDriver(t, s3, nil)} {
+	for _, drv := range []*archive.Driver{d, b.driver(t, nil)} {
 		again, err := drv.Take(ctx, req)
 		if err != nil || !again.Ready || again.SizeBytes != first.SizeBytes || !again.ReadyTime.Equal(first.ReadyTime) {
 			t.Fatalf("second Take = %+v, %v; first was %+v", again, err, first)
@@ -207,7 +215,7 @@ func TestTakeIsIdempotent(t *testing.T) {
 	// cache) has no supervisor and must still find the snapshot ready.
 	noPod := req
 	noPod.Supervisor = nil
-	if again, err := newDriver(t, s3, nil).Take(ctx, noPod); err != nil || !again.Ready {
+	if again, err := b.driver(t, nil).Take(ctx, noPod); err != nil || !again.Ready {
 		t.Fatalf("Take without a supervisor after the upload = %+v, %v; want ready", again, err)
 	}
 	noPod.Name = "never-taken"
@@ -217,23 +225,21 @@ func TestTakeIsIdempotent(t *testing.T) {
 	if n := sup.getTars.Load(); n != 1 {
 		t.Errorf("the workspace was read %d times, want once", n)
 	}
-	info2, err := s3.Client(t).StatObject(ctx, s3.Bucket, d.Key(sb, "s1"), minio.StatObjectOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info1.ETag != info2.ETag || !info1.LastModified.Equal(info2.LastModified) {
-		t.Errorf("the object was written again: %s %s, then %s %s", info1.ETag, info1.LastModified, info2.ETag, info2.LastModified)
+	// Same size and time: the object was not written again.
+	if again, err := d.Take(ctx, req); err != nil || again.SizeBytes != first.SizeBytes || !again.ReadyTime.Equal(first.ReadyTime) {
+		t.Errorf("the object changed: %+v, %v; first was %+v", again, err, first)
 	}
 }
 
 // A sandbox re-created under the same name (a new UID) never restores its
 // predecessor's archive, and its own Take replaces it.
-func TestUIDMismatch(t *testing.T) {
-	s3 := s3server.Start(t)
+func TestUIDMismatch(t *testing.T) { forEachBackend(t, testUIDMismatch) }
+
+func testUIDMismatch(t *testing.T, b *backend) {
 	p := newPKI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	d := newDriver(t, s3, nil)
+	d := b.driver(t, nil)
 	old, successor := newSandbox("agent-1", "uid-old"), newSandbox("agent-1", "uid-new")
 	ws := t.TempDir()
 	fillWorkspace(t, ws, 1<<10)
@@ -276,12 +282,13 @@ func TestUIDMismatch(t *testing.T) {
 	}
 }
 
-func TestMissingAndDelete(t *testing.T) {
-	s3 := s3server.Start(t)
+func TestMissingAndDelete(t *testing.T) { forEachBackend(t, testMissingAndDelete) }
+
+func testMissingAndDelete(t *testing.T, b *backend) {
 	p := newPKI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	d := newDriver(t, s3, nil)
+	d := b.driver(t, nil)
 	sb := newSandbox("agent-1", "uid-1")
 	ws := t.TempDir()
 	fillWorkspace(t, ws, 1<<10)
@@ -301,22 +308,24 @@ func TestMissingAndDelete(t *testing.T) {
 			t.Fatalf("Delete #%d: %v", i+1, err)
 		}
 	}
-	if _, err := s3.Client(t).StatObject(ctx, s3.Bucket, d.Key(sb, "s1"), minio.StatObjectOptions{}); minio.ToErrorResponse(err).Code != minio.NoSuchKey {
-		t.Fatalf("after Delete, stat = %v, want NoSuchKey", err)
+	if _, ok := b.object(t, ctx, d.Key(sb, "s1")); ok {
+		t.Fatal("the archive is still there after Delete")
 	}
 	if err := restore("s1"); !errors.Is(err, snapshot.ErrNotFound) {
 		t.Fatalf("Restore after Delete: %v, want ErrNotFound", err)
 	}
 
-	// A bucket that is gone is a configuration error to fix, not a lost
-	// snapshot.
-	wrongBucket := newDriver(t, s3, func(c *archive.Config) { c.Bucket = "no-such-bucket" })
+	// A bucket or directory that is gone is a configuration error to fix,
+	// not a lost snapshot.
+	wrongBucket := b.broken(t)
 	err := wrongBucket.Restore(ctx, snapshot.RestoreRequest{Sandbox: sb, Snapshot: &v1alpha1.SandboxSnapshot{Name: "s1"}, Supervisor: sup.client})
 	if err == nil || errors.Is(err, snapshot.ErrNotFound) {
 		t.Fatalf("Restore from a missing bucket: %v, want an error other than ErrNotFound", err)
 	}
 	if err := wrongBucket.Check(ctx); err == nil {
 		t.Error("Check passed on a missing bucket")
+	} else {
+		t.Logf("Check: %v", err)
 	}
 	if err := d.Check(ctx); err != nil {
 		t.Errorf("Check: %v", err)
@@ -411,29 +420,62 @@ func (b *stallBody) Read(p []byte) (int, error) {
 // an archive that Take reports ready or that Restore reads; the next
 // attempt succeeds.
 func TestInterruptedUpload(t *testing.T) {
-	s3 := s3server.Start(t)
+	t.Run(archive.StoreS3, func(t *testing.T) {
+		s3 := s3server.Start(t)
+		testInterruptedUpload(t, s3Backend(t, s3), func(t *testing.T, ctx context.Context, d *archive.Driver, key string, sb *v1alpha1.Sandbox) {
+			// A control plane killed mid-upload cannot abort: its parts
+			// stay as an incomplete upload, with this sandbox's metadata.
+			// Leave one behind the way it would, through the S3 API.
+			core := minio.Core{Client: s3.Client(t)}
+			meta := map[string]string{"Agentbox-Sandbox-Uid": string(sb.UID)}
+			id, err := core.NewMultipartUpload(ctx, s3.Bucket, key, minio.PutObjectOptions{UserMetadata: meta})
+			if err != nil {
+				t.Fatal(err)
+			}
+			part := bytes.Repeat([]byte{7}, archive.MinPartSize)
+			if _, err := core.PutObjectPart(ctx, s3.Bucket, key, id, 1, bytes.NewReader(part), int64(len(part)), minio.PutObjectPartOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+	t.Run(archive.StoreEmbedded, func(t *testing.T) {
+		b := dirBackend(t)
+		testInterruptedUpload(t, b, func(t *testing.T, _ context.Context, d *archive.Driver, key string, sb *v1alpha1.Sandbox) {
+			// A control plane killed mid-write leaves its temporary file,
+			// header and all, beside the archive's name.
+			path := d.Location(sb, "s3")
+			if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+				t.Fatal(err)
+			}
+			header := `{"format":"agentbox-archive/v1","meta":{"Agentbox-Sandbox-Uid":"` + string(sb.UID) + `"}}` + "\n"
+			partial := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".partial-0123456789abcdef")
+			if err := os.WriteFile(partial, append([]byte(header), bytes.Repeat([]byte{7}, 1<<20)...), 0o640); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+}
+
+// testInterruptedUpload is TestInterruptedUpload against one store;
+// leaveIncomplete leaves behind what a control plane killed in the middle
+// of writing key would.
+func testInterruptedUpload(t *testing.T, b *backend, leaveIncomplete func(t *testing.T, ctx context.Context, d *archive.Driver, key string, sb *v1alpha1.Sandbox)) {
 	p := newPKI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb := newSandbox("agent-1", "uid-1")
 	ws := t.TempDir()
 	fillWorkspace(t, ws, 24<<20)
-	mc := s3.Client(t)
-	incomplete := func(key string) int {
-		n := 0
-		for u := range mc.ListIncompleteUploads(ctx, s3.Bucket, key, true) {
-			if u.Err != nil {
-				t.Fatal(u.Err)
-			}
-			n++
-		}
-		return n
+	incomplete := func(key string) int { return b.incomplete(t, ctx, key) }
+	visible := func(key string) bool {
+		_, ok := b.object(t, ctx, key)
+		return ok
 	}
 
 	t.Run("supervisor dies", func(t *testing.T) {
 		// Uncompressed, so that 12 MiB of tar are two whole 5 MiB parts
 		// already uploaded when the stream breaks.
-		d := newDriver(t, s3, func(c *archive.Config) { c.Compression = archive.CompressionNone; c.TakeWait = time.Minute })
+		d := b.driver(t, func(c *archive.Config) { c.Compression = archive.CompressionNone; c.TakeWait = time.Minute })
 		stall := &stallTransport{limit: 12 << 20, reached: make(chan struct{}), release: make(chan struct{})}
 		sup := startSupervisor(t, p, sb, ws, supervisorOptions{wrap: func(rt http.RoundTripper) http.RoundTripper { stall.base = rt; return stall }})
 		key := d.Key(sb, "s1")
@@ -447,12 +489,12 @@ func TestInterruptedUpload(t *testing.T) {
 			res <- result{st, err}
 		}()
 		<-stall.reached
-		// Parts are uploaded, and the upload is in progress, not visible.
+		// Parts are written, and the write is in progress, not visible.
 		if n := incomplete(key); n != 1 {
-			t.Errorf("%d multipart uploads in progress, want 1", n)
+			t.Errorf("%d writes in progress, want 1", n)
 		}
-		if _, err := mc.StatObject(ctx, s3.Bucket, key, minio.StatObjectOptions{}); minio.ToErrorResponse(err).Code != minio.NoSuchKey {
-			t.Errorf("the half-written archive is visible: %v", err)
+		if visible(key) {
+			t.Error("the half-written archive is visible")
 		}
 		sup.kill()
 		close(stall.release)
@@ -461,11 +503,11 @@ func TestInterruptedUpload(t *testing.T) {
 			t.Fatalf("Take with the supervisor killed mid-stream = %+v, %v; want an error", r.st, r.err)
 		}
 		t.Logf("Take: %v", r.err)
-		if _, err := mc.StatObject(ctx, s3.Bucket, key, minio.StatObjectOptions{}); minio.ToErrorResponse(err).Code != minio.NoSuchKey {
-			t.Errorf("after the failed upload, stat = %v, want NoSuchKey", err)
+		if visible(key) {
+			t.Error("an archive is visible after the failed write")
 		}
 		if n := incomplete(key); n != 0 {
-			t.Errorf("the failed upload was not aborted: %d left", n)
+			t.Errorf("the failed write was not discarded: %d left", n)
 		}
 		// The next Take, on a new pod, starts over and completes.
 		sup2 := startSupervisor(t, p, sb, ws, supervisorOptions{})
@@ -475,7 +517,7 @@ func TestInterruptedUpload(t *testing.T) {
 	})
 
 	t.Run("control plane stops", func(t *testing.T) {
-		d := newDriver(t, s3, func(c *archive.Config) { c.Compression = archive.CompressionNone })
+		d := b.driver(t, func(c *archive.Config) { c.Compression = archive.CompressionNone })
 		stall := &stallTransport{limit: 12 << 20, reached: make(chan struct{}), release: make(chan struct{})}
 		sup := startSupervisor(t, p, sb, ws, supervisorOptions{wrap: func(rt http.RoundTripper) http.RoundTripper { stall.base = rt; return stall }})
 		key := d.Key(sb, "s2")
@@ -493,36 +535,27 @@ func TestInterruptedUpload(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if n := incomplete(key); n != 0 {
-			t.Errorf("%d incomplete uploads left behind by Close", n)
+			t.Errorf("%d incomplete writes left behind by Close", n)
 		}
-		if _, err := mc.StatObject(ctx, s3.Bucket, key, minio.StatObjectOptions{}); minio.ToErrorResponse(err).Code != minio.NoSuchKey {
-			t.Fatalf("a cancelled upload is visible: %v", err)
+		if visible(key) {
+			t.Fatal("a cancelled write is visible")
 		}
 	})
 
 	t.Run("control plane killed", func(t *testing.T) {
-		// A control plane killed mid-upload cannot abort: its parts stay
-		// as an incomplete upload, with this sandbox's metadata. Leave one
-		// behind the way it would, through the S3 API.
-		d := newDriver(t, s3, func(c *archive.Config) { c.Compression = archive.CompressionNone })
+		d := b.driver(t, func(c *archive.Config) { c.Compression = archive.CompressionNone })
 		key := d.Key(sb, "s3")
-		core := minio.Core{Client: mc}
-		meta := map[string]string{"Agentbox-Sandbox-Uid": string(sb.UID)}
-		id, err := core.NewMultipartUpload(ctx, s3.Bucket, key, minio.PutObjectOptions{UserMetadata: meta})
-		if err != nil {
-			t.Fatal(err)
-		}
-		part := bytes.Repeat([]byte{7}, archive.MinPartSize)
-		if _, err := core.PutObjectPart(ctx, s3.Bucket, key, id, 1, bytes.NewReader(part), int64(len(part)), minio.PutObjectPartOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		leaveIncomplete(t, ctx, d, key, sb)
 		if n := incomplete(key); n != 1 {
-			t.Fatalf("%d incomplete uploads, want the one left behind", n)
+			t.Fatalf("%d incomplete writes, want the one left behind", n)
 		}
-		if _, err := mc.StatObject(ctx, s3.Bucket, key, minio.StatObjectOptions{}); minio.ToErrorResponse(err).Code != minio.NoSuchKey {
-			t.Fatalf("an incomplete upload is visible: %v", err)
+		if visible(key) {
+			t.Fatal("an incomplete write is visible")
 		}
-		err = d.Restore(ctx, snapshot.RestoreRequest{Sandbox: sb, Snapshot: &v1alpha1.SandboxSnapshot{Name: "s3"}, Supervisor: nil})
+		if st, err := d.Take(ctx, snapshot.Request{Sandbox: sb, Name: "s3"}); err == nil || st.Ready {
+			t.Fatalf("Take without a supervisor over an incomplete write = %+v, %v; want not ready", st, err)
+		}
+		err := d.Restore(ctx, snapshot.RestoreRequest{Sandbox: sb, Snapshot: &v1alpha1.SandboxSnapshot{Name: "s3"}, Supervisor: nil})
 		if err == nil {
 			t.Fatal("Restore without a supervisor succeeded")
 		}

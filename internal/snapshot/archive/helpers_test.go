@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -21,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -232,6 +234,122 @@ func newDriver(tb testing.TB, s3 *s3server.Server, mod func(*archive.Config)) *a
 	}
 	tb.Cleanup(d.Close)
 	return d
+}
+
+// backend is one kind of object store the driver's tests run against,
+// with what the tests need to look into it behind the driver's back.
+type backend struct {
+	// driver returns a driver of the store; mod may change its config.
+	driver func(tb testing.TB, mod func(*archive.Config)) *archive.Driver
+	// broken returns a driver whose store is misconfigured: a bucket or
+	// a directory that does not exist.
+	broken func(tb testing.TB) *archive.Driver
+	// object reports whether key is visible in the store, and its size.
+	object func(tb testing.TB, ctx context.Context, key string) (int64, bool)
+	// incomplete counts the interrupted writes of key left in the store.
+	incomplete func(tb testing.TB, ctx context.Context, key string) int
+}
+
+// forEachBackend runs test against a real S3 server and against a
+// directory (the embedded store). The S3 server is started inside its
+// subtest, so that a machine without it skips only that half.
+func forEachBackend(t *testing.T, test func(t *testing.T, b *backend)) {
+	t.Run(archive.StoreS3, func(t *testing.T) { test(t, s3Backend(t, s3server.Start(t))) })
+	t.Run(archive.StoreEmbedded, func(t *testing.T) { test(t, dirBackend(t)) })
+}
+
+func s3Backend(t *testing.T, s3 *s3server.Server) *backend {
+	mc := s3.Client(t)
+	return &backend{
+		driver: func(tb testing.TB, mod func(*archive.Config)) *archive.Driver { return newDriver(tb, s3, mod) },
+		broken: func(tb testing.TB) *archive.Driver {
+			return newDriver(tb, s3, func(c *archive.Config) { c.Bucket = "no-such-bucket" })
+		},
+		object: func(tb testing.TB, ctx context.Context, key string) (int64, bool) {
+			tb.Helper()
+			info, err := mc.StatObject(ctx, s3.Bucket, key, minio.StatObjectOptions{})
+			if minio.ToErrorResponse(err).Code == minio.NoSuchKey {
+				return 0, false
+			}
+			if err != nil {
+				tb.Fatalf("stat %s: %v", key, err)
+			}
+			return info.Size, true
+		},
+		incomplete: func(tb testing.TB, ctx context.Context, key string) int {
+			tb.Helper()
+			n := 0
+			for u := range mc.ListIncompleteUploads(ctx, s3.Bucket, key, true) {
+				if u.Err != nil {
+					tb.Fatal(u.Err)
+				}
+				n++
+			}
+			return n
+		},
+	}
+}
+
+func dirBackend(t *testing.T) *backend {
+	dir := t.TempDir()
+	newDir := func(tb testing.TB, d string, mod func(*archive.Config)) *archive.Driver {
+		tb.Helper()
+		cfg := archive.Config{Dir: d, Prefix: "agentbox/snapshots"}
+		if mod != nil {
+			mod(&cfg)
+		}
+		drv, err := archive.New(cfg)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(drv.Close)
+		return drv
+	}
+	return &backend{
+		driver: func(tb testing.TB, mod func(*archive.Config)) *archive.Driver { return newDir(tb, dir, mod) },
+		broken: func(tb testing.TB) *archive.Driver {
+			return newDir(tb, filepath.Join(tb.TempDir(), "not-mounted"), nil)
+		},
+		object: func(tb testing.TB, _ context.Context, key string) (int64, bool) {
+			tb.Helper()
+			f, err := os.Open(filepath.Join(dir, filepath.FromSlash(key)))
+			if errors.Is(err, fs.ErrNotExist) {
+				return 0, false
+			}
+			if err != nil {
+				tb.Fatal(err)
+			}
+			defer f.Close()
+			fi, err := f.Stat()
+			if err != nil {
+				tb.Fatal(err)
+			}
+			// The archive follows one header line of JSON metadata.
+			header, err := bufio.NewReader(f).ReadString('\n')
+			if err != nil || !json.Valid([]byte(header)) {
+				tb.Fatalf("%s does not start with a JSON line: %q, %v", key, header, err)
+			}
+			return fi.Size() - int64(len(header)), true
+		},
+		incomplete: func(tb testing.TB, _ context.Context, key string) int {
+			tb.Helper()
+			d, base := filepath.Split(filepath.Join(dir, filepath.FromSlash(key)))
+			entries, err := os.ReadDir(d)
+			if errors.Is(err, fs.ErrNotExist) {
+				return 0
+			}
+			if err != nil {
+				tb.Fatal(err)
+			}
+			n := 0
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), "."+base+".partial-") {
+					n++
+				}
+			}
+			return n
+		},
+	}
 }
 
 // takeUntilDone calls Take as the controller does, until the snapshot is

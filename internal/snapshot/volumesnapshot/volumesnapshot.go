@@ -13,13 +13,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v6/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -80,6 +84,12 @@ type Options struct {
 	CutTimeout time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// APIReader, when set, reads VolumeSnapshotClasses and StorageClasses
+	// straight from the API server, for Check and for a look before each
+	// VolumeSnapshot is created: a class that does not exist, or cannot
+	// snapshot the claim's volume, then fails the snapshot at once instead
+	// of after ErrorGrace or CutTimeout. It needs get and list on both.
+	APIReader client.Reader
 }
 
 // Driver takes workspace snapshots as VolumeSnapshots.
@@ -88,7 +98,10 @@ type Driver struct {
 	opts Options
 }
 
-var _ snapshot.Driver = (*Driver)(nil)
+var (
+	_ snapshot.Driver  = (*Driver)(nil)
+	_ snapshot.Checker = (*Driver)(nil)
+)
 
 // New returns a driver that uses c, whose scheme must include AddToScheme's
 // types. It needs get, create and delete on volumesnapshots, and get on
@@ -140,6 +153,13 @@ func (d *Driver) create(ctx context.Context, req snapshot.Request) (snapshot.Sta
 		}
 		return snapshot.State{}, fmt.Errorf("get workspace claim %s/%s: %w", ns, req.ClaimName, err)
 	}
+	if d.opts.APIReader != nil {
+		// Before anything is created, so that the stop is abandoned with
+		// the reason rather than left to a snapshot that never cuts.
+		if err := d.checkClass(ctx, d.className(req.Template), ptr.Deref(claim.Spec.StorageClassName, "")); err != nil {
+			return snapshot.State{}, err
+		}
+	}
 	vs := &snapshotv1.VolumeSnapshot{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      req.Name,
@@ -150,10 +170,8 @@ func (d *Driver) create(ctx context.Context, req snapshot.Request) (snapshot.Sta
 			Source: snapshotv1.VolumeSnapshotSource{PersistentVolumeClaimName: ptr.To(req.ClaimName)},
 		},
 	}
-	if req.Template != nil && req.Template.Spec.Workspace.VolumeSnapshotClassName != nil {
-		vs.Spec.VolumeSnapshotClassName = ptr.To(*req.Template.Spec.Workspace.VolumeSnapshotClassName)
-	} else if d.opts.Class != "" {
-		vs.Spec.VolumeSnapshotClassName = ptr.To(d.opts.Class)
+	if class := d.className(req.Template); class != "" {
+		vs.Spec.VolumeSnapshotClassName = ptr.To(class)
 	}
 	// Owned by the Sandbox, so that deleting the Sandbox collects its
 	// snapshots (and, with a Delete class, their storage).
@@ -169,6 +187,143 @@ func (d *Driver) create(ctx context.Context, req snapshot.Request) (snapshot.Sta
 		return snapshot.State{}, fmt.Errorf("create VolumeSnapshot %s/%s: %w", ns, req.Name, err)
 	}
 	return snapshot.State{}, nil
+}
+
+// className is the VolumeSnapshotClass of a template's snapshots: its own,
+// else the driver's, else "" for the cluster's default.
+func (d *Driver) className(tpl *v1alpha1.SandboxTemplate) string {
+	if tpl != nil && tpl.Spec.Workspace.VolumeSnapshotClassName != nil {
+		return *tpl.Spec.Workspace.VolumeSnapshotClassName
+	}
+	return d.opts.Class
+}
+
+// Annotations that mark default classes.
+const (
+	defaultSnapshotClassAnnotation = "snapshot.storage.kubernetes.io/is-default-class"
+	defaultStorageClassAnnotation  = "storageclass.kubernetes.io/is-default-class"
+	defaultStorageClassBeta        = "storageclass.beta.kubernetes.io/is-default-class"
+)
+
+// Check implements snapshot.Checker: the cluster serves VolumeSnapshots
+// (the RESTMapper knows the kind) and the class the driver uses exists and
+// can snapshot volumes of the default StorageClass, when there is one.
+// Templates that name their own classes are checked when their snapshots
+// are taken.
+func (d *Driver) Check(ctx context.Context) error {
+	for _, kind := range []string{"VolumeSnapshot", "VolumeSnapshotClass"} {
+		if _, err := d.c.RESTMapper().RESTMapping(schema.GroupKind{Group: APIGroup, Kind: kind}, snapshotv1.SchemeGroupVersion.Version); err != nil {
+			if meta.IsNoMatchError(err) {
+				return &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotAPIMissing, Message: fmt.Sprintf(
+					"the cluster does not serve %s/%s %s: the CSI snapshot CRDs and the snapshot-controller are not installed", APIGroup, snapshotv1.SchemeGroupVersion.Version, kind)}
+			}
+			return fmt.Errorf("look up the %s kind: %w", kind, err)
+		}
+	}
+	if d.opts.APIReader == nil {
+		return nil
+	}
+	return d.checkClass(ctx, d.opts.Class, "")
+}
+
+// checkClass checks that class (or, for "", a default class) exists and
+// that its CSI driver provisions storageClass ("" for the default
+// StorageClass), when the StorageClass and its provisioner can be known.
+func (d *Driver) checkClass(ctx context.Context, class, storageClass string) error {
+	r := d.opts.APIReader
+	provisioner, scName, err := d.provisioner(ctx, storageClass)
+	if err != nil {
+		return err
+	}
+	var chosen *snapshotv1.VolumeSnapshotClass
+	if class != "" {
+		var vsc snapshotv1.VolumeSnapshotClass
+		err := r.Get(ctx, types.NamespacedName{Name: class}, &vsc)
+		switch {
+		case apierrors.IsNotFound(err):
+			return &snapshot.Problem{Reason: v1alpha1.ReasonVolumeSnapshotClassNotFound, Message: fmt.Sprintf("VolumeSnapshotClass %s does not exist", class)}
+		case meta.IsNoMatchError(err):
+			return &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotAPIMissing, Message: "the cluster does not serve VolumeSnapshotClasses: the CSI snapshot CRDs are not installed"}
+		case err != nil:
+			return fmt.Errorf("get VolumeSnapshotClass %s: %w", class, err)
+		}
+		chosen = &vsc
+	} else {
+		var list snapshotv1.VolumeSnapshotClassList
+		if err := r.List(ctx, &list); err != nil {
+			if meta.IsNoMatchError(err) {
+				return &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotAPIMissing, Message: "the cluster does not serve VolumeSnapshotClasses: the CSI snapshot CRDs are not installed"}
+			}
+			return fmt.Errorf("list VolumeSnapshotClasses: %w", err)
+		}
+		// The snapshot-controller picks the default class of the
+		// volume's CSI driver, and refuses when there are several.
+		var defaults []string
+		for i := range list.Items {
+			c := &list.Items[i]
+			if c.Annotations[defaultSnapshotClassAnnotation] != "true" || (provisioner != "" && c.Driver != provisioner) {
+				continue
+			}
+			defaults = append(defaults, c.Name)
+			chosen = c
+		}
+		switch {
+		case len(defaults) == 0 && provisioner != "":
+			return &snapshot.Problem{Reason: v1alpha1.ReasonVolumeSnapshotClassNotFound, Message: fmt.Sprintf(
+				"no VolumeSnapshotClass is configured and none is the default (annotation %s=true) for CSI driver %s, the provisioner of StorageClass %s",
+				defaultSnapshotClassAnnotation, provisioner, scName)}
+		case len(defaults) == 0:
+			return &snapshot.Problem{Reason: v1alpha1.ReasonVolumeSnapshotClassNotFound, Message: fmt.Sprintf(
+				"no VolumeSnapshotClass is configured and none is the default (annotation %s=true)", defaultSnapshotClassAnnotation)}
+		case len(defaults) > 1 && provisioner != "":
+			return &snapshot.Problem{Reason: v1alpha1.ReasonVolumeSnapshotClassNotFound, Message: fmt.Sprintf(
+				"VolumeSnapshotClasses %s are all the default for CSI driver %s; the snapshot-controller refuses to choose, so configure one",
+				strings.Join(defaults, ", "), provisioner)}
+		}
+	}
+	if provisioner != "" && chosen.Driver != provisioner {
+		return &snapshot.Problem{Reason: v1alpha1.ReasonVolumeSnapshotClassMismatch, Message: fmt.Sprintf(
+			"VolumeSnapshotClass %s is for CSI driver %s, but the workspaces' StorageClass %s is provisioned by %s",
+			chosen.Name, chosen.Driver, scName, provisioner)}
+	}
+	return nil
+}
+
+// provisioner returns the provisioner of StorageClass name, or of the
+// default StorageClass for "", with the class's name; "" when it cannot
+// be known (no default, or a claim bound without a class).
+func (d *Driver) provisioner(ctx context.Context, name string) (string, string, error) {
+	r := d.opts.APIReader
+	if name != "" {
+		var sc storagev1.StorageClass
+		if err := r.Get(ctx, types.NamespacedName{Name: name}, &sc); err != nil {
+			if apierrors.IsNotFound(err) {
+				return "", name, nil
+			}
+			return "", name, fmt.Errorf("get StorageClass %s: %w", name, err)
+		}
+		return sc.Provisioner, name, nil
+	}
+	var list storagev1.StorageClassList
+	if err := r.List(ctx, &list); err != nil {
+		return "", "", fmt.Errorf("list StorageClasses: %w", err)
+	}
+	var found *storagev1.StorageClass
+	for i := range list.Items {
+		sc := &list.Items[i]
+		if sc.Annotations[defaultStorageClassAnnotation] == "true" || sc.Annotations[defaultStorageClassBeta] == "true" {
+			if found != nil {
+				// Several defaults: the API server picks the newest; the
+				// check does not guess.
+				return "", "", nil
+			}
+			found = sc
+		}
+	}
+	if found == nil {
+		return "", "", nil
+	}
+	return found.Provisioner, found.Name, nil
 }
 
 // state reads a VolumeSnapshot's status as the controller needs it.

@@ -9,7 +9,9 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v6/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -337,5 +339,104 @@ func TestDelete(t *testing.T) {
 	}})
 	if err := e2.d.Delete(context.Background(), sandbox(), "agent-1-1"); !errors.Is(err, boom) {
 		t.Fatalf("Delete = %v, want the API error wrapped", err)
+	}
+}
+
+func snapshotClass(name, driver string, isDefault bool) *snapshotv1.VolumeSnapshotClass {
+	c := &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Driver: driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}
+	if isDefault {
+		c.Annotations = map[string]string{"snapshot.storage.kubernetes.io/is-default-class": "true"}
+	}
+	return c
+}
+
+func storageClass(name, provisioner string, isDefault bool) *storagev1.StorageClass {
+	c := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: provisioner}
+	if isDefault {
+		c.Annotations = map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}
+	}
+	return c
+}
+
+// The check a control plane runs at start: the API must be served, and
+// the class the driver uses must exist and fit the workspaces'
+// StorageClass.
+func TestCheck(t *testing.T) {
+	ctx := context.Background()
+	reason := func(err error) string {
+		var p *snapshot.Problem
+		if errors.As(err, &p) {
+			return p.Reason
+		}
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return ""
+	}
+
+	// No snapshot CRDs: the RESTMapper does not know the kind.
+	bare := meta.NewDefaultRESTMapper(nil)
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithRESTMapper(bare).Build()
+	err := volumesnapshot.New(c, volumesnapshot.Options{APIReader: c}).Check(ctx)
+	if reason(err) != v1alpha1.ReasonSnapshotAPIMissing || !strings.Contains(err.Error(), "VolumeSnapshot") {
+		t.Fatalf("Check without the CRDs: %v", err)
+	}
+	t.Logf("without the CRDs: %v", err)
+
+	for name, tc := range map[string]struct {
+		class string
+		objs  []client.Object
+		want  string
+	}{
+		"default class of the default provisioner": {"", []client.Object{storageClass("local", "csi.example.com", true), snapshotClass("snap", "csi.example.com", true)}, ""},
+		"no class at all":                          {"", []client.Object{storageClass("local", "csi.example.com", true)}, v1alpha1.ReasonVolumeSnapshotClassNotFound},
+		"default class of another driver": {"", []client.Object{
+			storageClass("local", "rancher.io/local-path", true), snapshotClass("snap", "csi.example.com", true),
+		}, v1alpha1.ReasonVolumeSnapshotClassNotFound},
+		"two defaults for the driver": {"", []client.Object{
+			storageClass("local", "csi.example.com", true), snapshotClass("a", "csi.example.com", true), snapshotClass("b", "csi.example.com", true),
+		}, v1alpha1.ReasonVolumeSnapshotClassNotFound},
+		"no default StorageClass, a default class": {"", []client.Object{snapshotClass("snap", "csi.example.com", true)}, ""},
+		"configured class missing":                 {"fast", []client.Object{snapshotClass("snap", "csi.example.com", true)}, v1alpha1.ReasonVolumeSnapshotClassNotFound},
+		"configured class of another driver": {"fast", []client.Object{
+			storageClass("local", "rancher.io/local-path", true), snapshotClass("fast", "csi.example.com", false),
+		}, v1alpha1.ReasonVolumeSnapshotClassMismatch},
+		"configured class fits": {"fast", []client.Object{storageClass("local", "csi.example.com", true), snapshotClass("fast", "csi.example.com", false)}, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mapper := meta.NewDefaultRESTMapper(nil)
+			mapper.Add(snapshotv1.SchemeGroupVersion.WithKind("VolumeSnapshot"), meta.RESTScopeNamespace)
+			mapper.Add(snapshotv1.SchemeGroupVersion.WithKind("VolumeSnapshotClass"), meta.RESTScopeRoot)
+			c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithRESTMapper(mapper).WithObjects(tc.objs...).Build()
+			err := volumesnapshot.New(c, volumesnapshot.Options{Class: tc.class, APIReader: c}).Check(ctx)
+			if got := reason(err); got != tc.want {
+				t.Fatalf("Check: %v (reason %q), want reason %q", err, got, tc.want)
+			}
+			if err != nil {
+				t.Logf("%v", err)
+			}
+		})
+	}
+}
+
+// With an API reader, a template's class that does not exist (or does not
+// fit the claim's StorageClass) fails Take at once, before anything is
+// created, with the reason.
+func TestTakeChecksTheClassFirst(t *testing.T) {
+	wc := claim()
+	wc.Spec.StorageClassName = ptr.To("local")
+	objs := []client.Object{wc, storageClass("local", "csi.example.com", true), snapshotClass("other", "csi.other.com", false)}
+	e := newEnv(t, nil, objs...)
+	e.d = volumesnapshot.New(e.c, volumesnapshot.Options{APIReader: e.c})
+	for class, want := range map[string]string{"missing": v1alpha1.ReasonVolumeSnapshotClassNotFound, "other": v1alpha1.ReasonVolumeSnapshotClassMismatch} {
+		st, err := e.d.Take(context.Background(), request(ptr.To(class)))
+		var p *snapshot.Problem
+		if !errors.As(err, &p) || p.Reason != want || st.Ready || st.Failed != "" {
+			t.Errorf("Take with class %q = %+v, %v; want a %s problem", class, st, err, want)
+		}
+	}
+	var list snapshotv1.VolumeSnapshotList
+	if err := e.c.List(context.Background(), &list); err != nil || len(list.Items) != 0 {
+		t.Errorf("%d VolumeSnapshots created (%v), want none", len(list.Items), err)
 	}
 }
