@@ -20,7 +20,7 @@ import (
 func TestWarnSnapshotCheck(t *testing.T) {
 	ctx := context.Background()
 	const ns = "agentbox-system"
-	rel, err := chart.Template(ns, chart.DefaultReleaseName, chart.Values{Raw: "snapshot: {driver: volumesnapshot}"})
+	rel, err := chart.RenderInstall(ns, chart.DefaultReleaseName, chart.Values{Raw: "snapshot: {driver: volumesnapshot}"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestSnapshotDriverOfRelease(t *testing.T) {
 		"snapshot: {archive: {endpoint: 'https://s3.example.com', bucket: b, credentialsSecret: s3}}": SnapshotDriverArchiveS3,
 		"snapshot: {driver: volumesnapshot}":                                                          SnapshotDriverVolumeSnapshot,
 	} {
-		rel, err := Template(testNamespace, DefaultReleaseName, Values{Raw: raw})
+		rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +52,7 @@ func TestSnapshotDriverOfRelease(t *testing.T) {
 func TestReadSnapshotCheck(t *testing.T) {
 	ctx := context.Background()
 	cs := fake.NewClientset()
-	rel, err := Template(testNamespace, DefaultReleaseName, Values{})
+	rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestReadSnapshotCheck(t *testing.T) {
 	if c, err := WaitSnapshotCheck(ctx, cs, rel, time.Minute); err != nil || !c.Current(rel) {
 		t.Fatalf("report of the running pod: %+v, %v", c, err)
 	}
-	other, err := Template(testNamespace, DefaultReleaseName, Values{Raw: "snapshot: {driver: volumesnapshot}"})
+	other, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: "snapshot: {driver: volumesnapshot}"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,7 +186,7 @@ func TestRunscInstallerDaemonSet(t *testing.T) {
 // fail here rather than be looked for in a registry.
 func renderInstaller(t *testing.T, namespace, tag, hostBinDir string) *appsv1.DaemonSet {
 	t.Helper()
-	rel, err := chart.Template(namespace, chart.DefaultReleaseName, chart.Values{
+	rel, err := chart.RenderInstall(namespace, chart.DefaultReleaseName, chart.Values{
 		ImageTag: tag,
 		Raw:      fmt.Sprintf("runscInstaller: {enabled: true, hostBinDir: %q, image: {pullPolicy: Never}}", hostBinDir),
 	})
