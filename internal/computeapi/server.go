@@ -397,13 +397,14 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, op string)
 
 func commandResult(res *supervisorapi.CommandResult) *api.CommandResult {
 	return &api.CommandResult{
-		Stdout:     res.Stdout,
-		Stderr:     res.Stderr,
-		ExitCode:   res.ExitCode,
-		Signal:     res.Signal,
-		TimedOut:   res.TimedOut,
-		Truncated:  res.Truncated,
-		DurationMS: res.DurationMS,
+		Stdout:      res.Stdout,
+		Stderr:      res.Stderr,
+		ExitCode:    res.ExitCode,
+		Signal:      res.Signal,
+		TimedOut:    res.TimedOut,
+		OutOfMemory: res.OutOfMemory,
+		Truncated:   res.Truncated,
+		DurationMS:  res.DurationMS,
 	}
 }
 

@@ -354,10 +354,14 @@ type CommandResult struct {
 	// ExitCode is -1 when the process was ended by a signal.
 	ExitCode int `json:"exit_code"`
 	// Signal names the signal that ended the process, e.g. "SIGKILL".
-	Signal     string `json:"signal"`
-	TimedOut   bool   `json:"timed_out"`
-	Truncated  bool   `json:"truncated"`
-	DurationMS int64  `json:"duration_ms"`
+	Signal   string `json:"signal"`
+	TimedOut bool   `json:"timed_out"`
+	// OutOfMemory means the sandbox's supervisor killed the command because
+	// the sandbox neared its memory limit and this command held the most
+	// memory (Signal is then SIGKILL). The sandbox itself lives on.
+	OutOfMemory bool  `json:"out_of_memory"`
+	Truncated   bool  `json:"truncated"`
+	DurationMS  int64 `json:"duration_ms"`
 }
 
 // Code classifies an error. Callers branch on it, never on the message.
