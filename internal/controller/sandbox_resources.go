@@ -113,9 +113,12 @@ func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.San
 		{Name: "AGENTBOX_LISTEN", Value: ":" + strconv.Itoa(v1alpha1.SupervisorPort)},
 		{Name: "AGENTBOX_TLS_DIR", Value: TLSMountPath},
 		{Name: "AGENTBOX_WORKDIR", Value: workspaceMountPath(tpl)},
-		// On the pod's /tmp emptyDir: it is the supervisor's own record of
-		// calls, kept out of the workspace that snapshots carry away.
-		{Name: "AGENTBOX_AUDIT_LOG", Value: supervisorAuditLog},
+		// Off, and reserved so that a template cannot turn it on: the
+		// supervisor's record of each call leaves the sandbox with the
+		// call's response and lands in the control plane's audit log,
+		// where code in the sandbox cannot rewrite it, as it could a file
+		// in the pod.
+		{Name: "AGENTBOX_AUDIT_LOG", Value: ""},
 		// Under gVisor the pod's memory limit bounds the sandbox as a
 		// whole, so the supervisor stops the largest command before the
 		// limit takes the sandbox down. Without a limit the kubelet gives
@@ -267,10 +270,7 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 
 // desiredWorkspaceClaim is the sandbox's workspace volume claim.
 func desiredWorkspaceClaim(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) *corev1.PersistentVolumeClaim {
-	size := tpl.Spec.Workspace.Size
-	if size.IsZero() {
-		size = defaultWorkspaceSize
-	}
+	size := workspaceSize(tpl)
 	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      WorkspaceClaimName(workloadName(sbx)),

@@ -48,7 +48,7 @@ type gvisorPod struct {
 
 type gvisorPodOptions struct {
 	memoryLimit  string // the container's memory limit
-	workspaceCap string // AGENTBOX_WORKSPACE_CAP
+	workspaceCap string // the template's workspace size, which is the supervisor's cap, e.g. 32MiB
 	emptyDirSize string // the workspace volume's sizeLimit
 	pidsLimit    string // AGENTBOX_COMMAND_PIDS_LIMIT; empty: the supervisor's default
 }
@@ -64,7 +64,7 @@ func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *g
 		Spec: v1alpha1.SandboxTemplateSpec{
 			Image:           image,
 			ImagePullPolicy: corev1.PullNever,
-			Env:             []corev1.EnvVar{{Name: "AGENTBOX_WORKSPACE_CAP", Value: o.workspaceCap}},
+			Workspace:       v1alpha1.WorkspaceSpec{Size: resource.MustParse(strings.TrimSuffix(o.workspaceCap, "B"))},
 			Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(o.memoryLimit)},

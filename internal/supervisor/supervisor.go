@@ -58,10 +58,12 @@ const (
 )
 
 // DefaultPassEnv lists the variables copied from the supervisor's own
-// environment into every command's. Sandbox pods reach the network only
-// through the egress proxy, so commands need the proxy settings; nothing
-// else of the supervisor's environment is passed on, so that whatever is
-// given to the supervisor does not leak to the code it runs.
+// environment into every command's when none are configured. Sandbox pods
+// reach the network only through the egress proxy, so commands need the
+// proxy settings; nothing else of the supervisor's environment is passed
+// on unless named (the controller names the template's variables), so
+// that whatever configures the supervisor does not leak to the code it
+// runs.
 var DefaultPassEnv = []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"}
 
 // Config configures a Server. Zero values mean the defaults above.
@@ -116,8 +118,10 @@ type Config struct {
 	// PATH=DefaultPath, HOME=the default cwd, LANG=C.UTF-8.
 	BaseEnv map[string]string
 	// PassEnv names variables copied from the supervisor's environment
-	// into BaseEnv when set there. Nil means DefaultPassEnv; use an empty
-	// slice to pass nothing.
+	// into BaseEnv when set there, over BaseEnv's values. Nil means
+	// DefaultPassEnv; use an empty slice to pass nothing. Names starting
+	// with api.ReservedEnvPrefix are refused: they are the supervisor's
+	// own configuration.
 	PassEnv []string
 	// Python is the interpreter python_exec runs: a name looked up in the
 	// command's PATH, as a shell would, or a path. Empty means
@@ -259,6 +263,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.PassEnv == nil {
 		cfg.PassEnv = DefaultPassEnv
 	}
+	if err := CheckPassEnv(cfg.PassEnv); err != nil {
+		return nil, err
+	}
 	if cfg.Python == "" {
 		cfg.Python = DefaultPython
 	}
@@ -356,6 +363,45 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	return s, nil
+}
+
+// CheckPassEnv refuses a list of variables to pass to commands that names
+// one of the supervisor's own (api.ReservedEnvPrefix).
+func CheckPassEnv(names []string) error {
+	for _, k := range names {
+		if strings.HasPrefix(k, api.ReservedEnvPrefix) {
+			return fmt.Errorf("pass env: %s is the supervisor's own configuration (%s...), never passed to commands", k, api.ReservedEnvPrefix)
+		}
+	}
+	return nil
+}
+
+// ParseEnvNames reads a list of variable names, as -pass-env and
+// AGENTBOX_PASS_ENV take it: a JSON array of strings (the controller
+// writes one, since a name may hold a comma) or a comma-separated list. It
+// never returns nil, so that an empty list means none rather than the
+// default.
+func ParseEnvNames(s string) ([]string, error) {
+	out := []string{}
+	if t := strings.TrimSpace(s); strings.HasPrefix(t, "[") {
+		var names []string
+		if err := json.Unmarshal([]byte(t), &names); err != nil {
+			return nil, fmt.Errorf("not a JSON array of names: %w", err)
+		}
+		for _, n := range names {
+			if n == "" || strings.ContainsAny(n, "=\x00") {
+				return nil, fmt.Errorf("%q is not a variable name", n)
+			}
+			out = append(out, n)
+		}
+		return out, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out, nil
 }
 
 // Close releases the workspace handle and stops environment builds.

@@ -11,7 +11,8 @@
 //	-allowed-client-ids  AGENTBOX_ALLOWED_CLIENT_IDS  the control plane's ID in AGENTBOX_NAMESPACE
 //	-workdir             AGENTBOX_WORKDIR             the workspace if there is one, else the current directory
 //	-workspace           AGENTBOX_WORKSPACE           -workdir if set, else /workspace (file endpoints are off if it does not exist)
-//	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB
+//	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB (the controller sets the template's workspace size)
+//	-pass-env            AGENTBOX_PASS_ENV            the proxy variables (the controller adds the template's env)
 //	-audit-log           AGENTBOX_AUDIT_LOG           off
 //	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
 //	-mcp-servers         AGENTBOX_MCP_SERVERS         none (a JSON file: [{"name", "command", "args", "env", "dir"}])
@@ -169,7 +170,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.IntVar(&o.maxQueued, "max-queued", supervisor.DefaultMaxQueuedCommands, "commands that may wait for one of the -max-concurrent slots; negative: none wait")
 	fs.DurationVar(&o.queueWait, "queue-wait", supervisor.DefaultCommandQueueWait, "how long a command waits for a slot before it is refused")
 	fs.IntVar(&o.maxProcesses, "max-processes", supervisor.DefaultMaxProcesses, "background processes allowed to exist at once")
-	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
+	fs.StringVar(&passEnv, "pass-env", env("AGENTBOX_PASS_ENV", strings.Join(supervisor.DefaultPassEnv, ",")), "variables passed from this process's environment to every process it starts (commands, python_exec, execute, terminals, MCP servers): comma-separated, or a JSON array of names; none may start with "+supervisorapi.ReservedEnvPrefix)
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
 	fs.StringVar(&pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", strconv.Itoa(supervisor.DefaultCommandPidsLimit)), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none")
@@ -244,9 +245,11 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	// The template API promises that a default above the cap is cut to
 	// it, so that lowering only the cap is enough.
 	o.pythonTimeout = min(o.pythonTimeout, o.pythonMaxTimeout)
-	o.passEnv = splitList(passEnv)
-	if o.passEnv == nil {
-		o.passEnv = []string{}
+	if o.passEnv, err = supervisor.ParseEnvNames(passEnv); err != nil {
+		return nil, fmt.Errorf("-pass-env: %w", err)
+	}
+	if err := supervisor.CheckPassEnv(o.passEnv); err != nil {
+		return nil, fmt.Errorf("-pass-env: %w", err)
 	}
 
 	o.allowedClientIDs = splitList(allowed)

@@ -74,6 +74,10 @@ const (
 	FormatTar = "tar"
 	// DefaultFileMode applies to files written without a mode.
 	DefaultFileMode = 0o644
+	// ReservedEnvPrefix starts the names of the variables that configure
+	// the supervisor (AGENTBOX_WORKSPACE_CAP, AGENTBOX_TLS_DIR, ...). The
+	// supervisor never passes them to the processes it starts.
+	ReservedEnvPrefix = "AGENTBOX_"
 	// DefaultWorkspaceCapBytes is the workspace cap when none is configured
 	// (the design's 1 GB).
 	DefaultWorkspaceCapBytes = 1 << 30
