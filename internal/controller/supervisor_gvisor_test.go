@@ -194,7 +194,8 @@ func (p *gvisorPod) procStatus(t *testing.T) map[string]int64 {
 }
 
 // otherProcesses lists the processes in the pod other than the
-// supervisor and the python3 that lists them, as "pid cmdline".
+// supervisor, the python3 that lists them and a liveness probe that
+// happens to run, as "pid cmdline".
 const listProcesses = `
 import os
 me = os.getpid()
@@ -202,7 +203,10 @@ for p in sorted(int(d) for d in os.listdir('/proc') if d.isdigit()):
     if p in (1, me):
         continue
     try:
-        cmd = open('/proc/%d/cmdline' % p, 'rb').read().replace(b'\0', b' ').decode(errors='replace').strip()
+        argv = open('/proc/%d/cmdline' % p, 'rb').read().split(b'\0')
+        if argv[1:2] == [b'-probe']:
+            continue
+        cmd = b' '.join(argv).decode(errors='replace').strip()
         state = [l for l in open('/proc/%d/status' % p) if l.startswith('State:')][0].split()[1]
     except OSError:
         continue

@@ -25,6 +25,13 @@
 //	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024 (RLIMIT_NPROC of commands; -1: none)
 //	-memory-limit        AGENTBOX_MEMORY_LIMIT        off (the pod's memory limit; the controller sets it)
 //	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
+//	-health-listen       AGENTBOX_HEALTH_LISTEN       off (plain HTTP, /livez and /healthz only; the controller sets 127.0.0.1:8444)
+//
+// "agentbox-supervisor -probe" serves nothing: it calls GET /livez on
+// -health-listen and exits 0 if the supervisor answered, 1 if not. It is
+// the sandbox pod's liveness probe, run by kubelet inside the pod with
+// the pod's environment, so it finds the address the supervisor listens
+// on.
 //
 // The audit log is off unless a path is given. Its obvious default place,
 // /tmp, is the worst one in a sandbox: it is writable by the very code
@@ -50,6 +57,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -116,6 +124,8 @@ type options struct {
 	reapOrphans      bool
 	logLevel         slog.Level
 	showVersion      bool
+	probe            bool
+	probeTimeout     time.Duration
 }
 
 func main() {
@@ -129,6 +139,13 @@ func main() {
 	}
 	if opts.showVersion {
 		fmt.Println(version)
+		return
+	}
+	if opts.probe {
+		if err := probe(opts.healthListen, opts.probeTimeout); err != nil {
+			fmt.Fprintln(os.Stderr, "agentbox-supervisor -probe:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	log := slog.New(supervisor.NewRedactingHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: opts.logLevel})))
@@ -158,7 +175,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	var pidsLimit, memoryLimit, memoryReserve string
 	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
 	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
-	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /healthz, for kubelet probes (which cannot present a client certificate)")
+	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /livez and /healthz, for probes (which cannot present a client certificate); the controller sets a loopback one")
+	fs.BoolVar(&o.probe, "probe", false, "instead of serving, call GET /livez on -health-listen (a loopback address when its host is empty or unspecified) and exit 0 if the supervisor answered, 1 if not: the sandbox pod's liveness probe")
+	fs.DurationVar(&o.probeTimeout, "probe-timeout", 5*time.Second, "how long -probe waits for the answer")
 	fs.StringVar(&o.tlsDir, "tls-dir", env("AGENTBOX_TLS_DIR", "/etc/agentbox/tls"), "directory holding tls.crt, tls.key and ca.crt")
 	fs.StringVar(&o.trustDomain, "trust-domain", env("AGENTBOX_TRUST_DOMAIN", pki.DefaultTrustDomain), "SPIFFE trust domain")
 	fs.StringVar(&allowed, "allowed-client-ids", env("AGENTBOX_ALLOWED_CLIENT_IDS", ""), "comma-separated SPIFFE IDs allowed to call (default: the control plane in AGENTBOX_NAMESPACE)")
@@ -627,9 +646,50 @@ func loadTLS(dir string, allowed []string) (*tls.Config, string, error) {
 	return pki.ServerTLS(cert, pool, allowed...), id.String(), nil
 }
 
+// probe is -probe: one GET /livez on the health listener at addr, which
+// goes through the same request handling as every call. A supervisor that
+// is stopped or wedged (its accept loop, or the lock every call takes)
+// does not answer within timeout, and the probe fails, where a TCP connect
+// to its port would still succeed: the kernel accepts connections for a
+// listener whose process no longer runs.
+func probe(addr string, timeout time.Duration) error {
+	if addr == "" {
+		return errors.New("no -health-listen (AGENTBOX_HEALTH_LISTEN) to probe")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-health-listen %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	u := "http://" + net.JoinHostPort(host, port) + supervisorapi.PathLive
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	// Not the default transport: no proxy from the environment (the pod
+	// has HTTP_PROXY for the egress proxy) and no connection kept.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body) != nil || body.Status != "ok" {
+		return fmt.Errorf("GET %s: %s, status %q", u, resp.Status, body.Status)
+	}
+	return nil
+}
+
 func healthOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthSeed {
+		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthSeed && r.URL.Path != supervisorapi.PathLive {
 			http.NotFound(w, r)
 			return
 		}

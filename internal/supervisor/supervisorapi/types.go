@@ -7,6 +7,7 @@
 // The supervisor serves HTTPS with mutual TLS on port 8443:
 //
 //	GET    /healthz                -> Health
+//	GET    /livez                  -> {"status":"ok"} (the liveness probe's)
 //	POST   /v1/commands            CommandRequest -> CommandResult
 //	POST   /v1/commands/stream     CommandRequest -> NDJSON CommandEvent lines
 //	POST   /v1/python              PythonRequest -> CommandResult (python_exec)
@@ -47,7 +48,14 @@ const (
 	// DefaultPort is the port the supervisor listens on in a sandbox pod.
 	DefaultPort = 8443
 
-	PathHealth   = "/healthz"
+	PathHealth = "/healthz"
+	// PathLive answers {"status":"ok"} once the request has gone through
+	// the supervisor's request handling, and does nothing else: it is the
+	// liveness probe's, cheap enough to call every few seconds whatever
+	// the workspace holds (PathHealth measures the workspace). Like
+	// PathHealth it is also served on the plain-HTTP health listener,
+	// which needs no client certificate.
+	PathLive = "/livez"
 	PathCommands = "/v1/commands"
 	// PathCommandsStream (POST) runs a command like PathCommands but
 	// answers with its output as it arrives; see CommandEvent.
