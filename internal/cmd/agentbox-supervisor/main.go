@@ -33,12 +33,13 @@
 // the pod's environment, so it finds the address the supervisor listens
 // on.
 //
-// The audit log is off unless a path is given. Its obvious default place,
-// /tmp, is the worst one in a sandbox: it is writable by the very code
-// being audited, so the log could be edited or filled, and it grows
-// unbounded on the pod's ephemeral storage. An operator who wants the log
-// points it at a volume the sandboxed code cannot write and that something
-// collects.
+// Every answer carries the supervisor's record of the call (see
+// supervisorapi.AuditRecord), which the control plane appends to its
+// hash-chained audit log: the record leaves the sandbox as it is made.
+// The local audit log is a debugging aid, off unless a path is given (the
+// controller keeps it off in sandbox pods). Anywhere the supervisor can
+// write, so can the code it runs, as the same user: a local log could be
+// edited or filled, and it grows unbounded on the pod's storage.
 //
 // On SIGTERM the supervisor stops accepting calls and lets running
 // commands finish for -shutdown-grace; then it sends SIGTERM to the
@@ -368,11 +369,21 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			log.Info("audit log closed", "path", o.auditLog)
 		}()
 	}
+	var tlsConfig *tls.Config
+	var self string
+	if o.insecureListen == "" {
+		var err error
+		if tlsConfig, self, err = loadTLS(o.tlsDir, o.allowedClientIDs); err != nil {
+			return err
+		}
+		log.Info("loaded TLS identity", "identity", self, "allowed_client_ids", o.allowedClientIDs)
+	}
 	mcpServers, err := newMCPManager(o, log)
 	if err != nil {
 		return err
 	}
 	handler, err := supervisor.New(supervisor.Config{
+		Identity:              self,
 		MCP:                   mcpHandler(mcpServers),
 		DefaultCwd:            o.workdir,
 		Workspace:             o.workspace,
@@ -415,17 +426,10 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		log.Info("starting MCP servers", "servers", mcpServers.Names())
 	}
 
-	var tlsConfig *tls.Config
 	addr := o.listen
 	if o.insecureListen != "" {
 		addr = o.insecureListen
 		log.Warn("serving plain HTTP without client authentication; for local debugging only", "addr", addr)
-	} else {
-		var self string
-		if tlsConfig, self, err = loadTLS(o.tlsDir, o.allowedClientIDs); err != nil {
-			return err
-		}
-		log.Info("loaded TLS identity", "identity", self, "allowed_client_ids", o.allowedClientIDs)
 	}
 
 	ln, err := net.Listen("tcp", addr)
