@@ -55,7 +55,7 @@ const (
 	// the workspace holds (PathHealth measures the workspace). Like
 	// PathHealth it is also served on the plain-HTTP health listener,
 	// which needs no client certificate.
-	PathLive = "/livez"
+	PathLive     = "/livez"
 	PathCommands = "/v1/commands"
 	// PathCommandsStream (POST) runs a command like PathCommands but
 	// answers with its output as it arrives; see CommandEvent.
