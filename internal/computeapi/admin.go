@@ -123,7 +123,7 @@ func (s *Server) queryAudit(w http.ResponseWriter, r *http.Request) {
 	for i, rec := range page.Records {
 		out.Records[i] = api.AuditRecord{Seq: rec.Seq, Time: rec.Time, Caller: rec.Caller, CallerKind: rec.CallerKind,
 			AgentID: rec.AgentID, Operation: rec.Operation, ParamsHash: rec.ParamsHash, DurationMS: rec.Duration.Milliseconds(),
-			Result: rec.Result, Status: rec.Status, RequestID: rec.RequestID,
+			Result: rec.Result, Status: rec.Status, RequestID: rec.RequestID, Detail: rec.Detail,
 			Hash: hex.EncodeToString(rec.Hash), PrevHash: hex.EncodeToString(rec.PrevHash)}
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -57,6 +57,8 @@ type apiSetup struct {
 	// noContract serves the API without contractCheck, whose recorder
 	// holds a response until it is complete: for tests of streaming.
 	noContract bool
+	// server, if set, gets the Server.
+	server func(*Server)
 }
 
 func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Client {
@@ -112,6 +114,9 @@ func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Cli
 		Authenticator: auth, Store: st, FilespacePushDelay: o.pushDelay})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.server != nil {
+		o.server(srv)
 	}
 	handler := srv.Handler()
 	if !o.noContract {

@@ -296,6 +296,11 @@ type AuditRecord struct {
 	Result    string `json:"result"`
 	Status    int    `json:"status"`
 	RequestID string `json:"request_id,omitempty"`
+	// Detail is free text, JSON by convention. The records whose
+	// Operation starts with "supervisor:" are the sandbox supervisor's own
+	// record of a call it served, which came back with its answer; Detail
+	// is that record as the supervisor sent it.
+	Detail string `json:"detail,omitempty"`
 	// Hash chains the record to PrevHash (hex SHA-256).
 	Hash     string `json:"hash"`
 	PrevHash string `json:"prev_hash"`
