@@ -134,7 +134,8 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 			"namespace": namespaceAttribute(templateKind),
 			"image": schema.StringAttribute{
 				Optional: true,
-				MarkdownDescription: "Container image of the sandbox: it must run the agentbox supervisor as its entrypoint. " +
+				MarkdownDescription: "Container image of the sandbox: it must run the agentbox supervisor, installed at `/usr/local/bin/agentbox-supervisor` " +
+					"(where the liveness probe runs it), as its entrypoint. " +
 					"Unset means the platform's default sandbox image (Python 3 and the supervisor).",
 			},
 			"image_pull_policy": schema.StringAttribute{

@@ -76,24 +76,29 @@ const (
 	supervisorHealthListen = "127.0.0.1:8444"
 )
 
+// supervisorBinary is where a sandbox image has the supervisor (see the
+// SandboxTemplate's image).
+const supervisorBinary = "/usr/local/bin/agentbox-supervisor"
+
 // livenessProbe restarts a sandbox whose supervisor no longer serves: it
-// runs the supervisor's own binary in probe mode inside the pod (PID 1 is
-// the supervisor, the image's entrypoint, so /proc/1/exe is its binary
-// wherever the image put it), which calls GET /livez on the loopback
-// health listener. That request goes through the supervisor's request
+// runs the supervisor's own binary in probe mode inside the pod, which
+// calls GET /livez on the loopback health listener. (Not /proc/1/exe,
+// which would find the binary wherever an image put it: gVisor refuses to
+// execute it. An image without the binary at supervisorBinary gets probes
+// that fail to start, which kubelet counts as unknown, not as failures.) That request goes through the supervisor's request
 // handling, so a stopped or deadlocked supervisor fails it, where the
 // readiness probe's TCP connect would still succeed. An exec probe, rather
 // than an HTTP one: kubelet's HTTP probes come from the node to the pod's
 // IP, which the sandbox's NetworkPolicy closes to all but the control plane
 // (whether the node gets through depends on the network plugin), and a
 // listener there that needs no certificate would be one more way into the
-// sandbox. Under gVisor each run
-// starts a process in the sandbox, so it runs every 20 s, and a sandbox is
-// restarted only after three failures in a row (a minute) with 10 s for
-// each: a busy sandbox on a loaded node is slow, not wedged.
+// sandbox. Under gVisor each run starts a process in the sandbox, so it
+// runs every 20 s, and a sandbox is restarted only after three failures in
+// a row (a minute) with 10 s for each: a busy sandbox on a loaded node is
+// slow, not wedged.
 var livenessProbe = corev1.Probe{
 	ProbeHandler: corev1.ProbeHandler{
-		Exec: &corev1.ExecAction{Command: []string{"/proc/1/exe", "-probe", "-probe-timeout", "8s"}},
+		Exec: &corev1.ExecAction{Command: []string{supervisorBinary, "-probe", "-probe-timeout", "8s"}},
 	},
 	PeriodSeconds:    20,
 	TimeoutSeconds:   10,

@@ -350,8 +350,8 @@ func TestUnitLivenessProbe(t *testing.T) {
 	pod := r.desiredPod(unitSandbox("s", "t"), unitTemplate("t"))
 	ctr := pod.Spec.Containers[0]
 	p := ctr.LivenessProbe
-	if p == nil || p.Exec == nil || len(p.Exec.Command) < 2 || p.Exec.Command[0] != "/proc/1/exe" || p.Exec.Command[1] != "-probe" {
-		t.Fatalf("liveness probe %+v, want an exec of the supervisor (/proc/1/exe) with -probe", p)
+	if p == nil || p.Exec == nil || len(p.Exec.Command) < 2 || p.Exec.Command[0] != "/usr/local/bin/agentbox-supervisor" || p.Exec.Command[1] != "-probe" {
+		t.Fatalf("liveness probe %+v, want an exec of the supervisor with -probe", p)
 	}
 	timeout := 5 * time.Second // the supervisor's default -probe-timeout
 	for i, a := range p.Exec.Command {

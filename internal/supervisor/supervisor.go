@@ -1021,7 +1021,7 @@ func peerID(r *http.Request) string {
 // makes room for the record in the response (see api.AuditRecord): a
 // response with a body is sent chunked with the record declared as its
 // trailer; the header of one without a body (204, 304, HEAD) is held back
-// until release, to carry the record itself.
+// until attach, to carry the record itself.
 type recorder struct {
 	http.ResponseWriter
 	status      int
@@ -1034,7 +1034,9 @@ type recorder struct {
 
 func (r *recorder) WriteHeader(code int) {
 	if r.wroteHeader {
-		r.ResponseWriter.WriteHeader(code)
+		if !r.held {
+			r.ResponseWriter.WriteHeader(code)
+		}
 		return
 	}
 	r.status, r.wroteHeader = code, true
