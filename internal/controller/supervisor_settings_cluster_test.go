@@ -271,7 +271,10 @@ func TestSupervisorAuditOnCluster(t *testing.T) {
 	agent := sbx.Spec.AgentID
 	ctx := e.ctx
 
-	res, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"sh", "-c", "echo first; exit 3"}})
+	// The first call leaves files behind, in /tmp and in the workspace,
+	// for the rewrite below to find.
+	res, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"sh", "-c",
+		"echo first; mkdir -p /tmp/notes; for i in 1 2 3; do echo $i > /tmp/notes/$i; echo $i > /workspace/note-$i 2>/dev/null; done; exit 3"}})
 	if err != nil || res.ExitCode != 3 {
 		t.Fatalf("run_command: %+v, %v", res, err)
 	}
@@ -334,20 +337,30 @@ for root, dirs, files in os.walk('/'):
                 fh.write(b'{"tool":"forged"}\n')
                 fh.truncate()
             n += 1
+            if n <= 10:
+                print(p)
         except OSError:
             pass
-print(n)
+print(n, 'files rewritten')
 `
 	res, err = api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"python3", "-c", rewrite}, TimeoutSeconds: 120})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("the rewrite: %+v, %v", res, err)
 	}
-	t.Logf("the command rewrote %s files it could write in the sandbox", strings.TrimSpace(res.Stdout))
+	t.Logf("the rewrite of every file the sandbox can write: %s", strings.ReplaceAll(strings.TrimSpace(res.Stdout), "\n", ", "))
+	if !strings.Contains(res.Stdout, "/tmp/notes/1") {
+		t.Errorf("the rewrite did not reach the files the first call made: %q", res.Stdout)
+	}
 	if res, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"echo", "after"}}); err != nil || res.Stdout != "after\n" {
 		t.Fatalf("after the rewrite: %+v, %v", res, err)
 	}
 
-	after := supRecords()
+	var after map[int64]apiclient.AuditRecord
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if after = supRecords(); len(after) >= len(before)+2 {
+			break
+		}
+	}
 	for seq, r := range before {
 		if a, ok := after[seq]; !ok || a.Hash != r.Hash || a.Detail != r.Detail {
 			t.Errorf("record %d changed: %+v, was %+v", seq, a, r)
