@@ -178,6 +178,8 @@ func TestTemplateSettingsOnCluster(t *testing.T) {
 		_, err := api.PutFile(ctx, agent, "big.bin", io.LimitReader(rand.Reader, wsSize+(1<<20)), 0)
 		if apiclient.CodeOf(err) != apiclient.CodeWorkspaceFull {
 			t.Errorf("a file past the template's size: %v, want %s", err, apiclient.CodeWorkspaceFull)
+		} else {
+			t.Logf("a file past the template's size was refused: %v", err)
 		}
 	}
 	t.Logf("the template's env reached a command, python_exec, execute, a terminal and an MCP server; workspace cap %d", h.Workspace.CapBytes)
