@@ -400,17 +400,26 @@ func TestLivenessProbeOnCluster(t *testing.T) {
 	}
 	period := time.Duration(probe.PeriodSeconds) * time.Second
 
-	// Healthy: several periods without a failure.
+	// Healthy: several periods without a restart. One slow probe on a
+	// loaded machine is tolerated, as kubelet tolerates it; more are not.
 	time.Sleep(4 * period)
 	if r := p.restarts(t); r != 0 {
 		t.Fatalf("a healthy sandbox restarted %d times", r)
 	}
-	if n := livenessFailures(t, e, p.name); n != 0 {
-		t.Errorf("%d liveness probe failures on a healthy sandbox", n)
+	var pod corev1.Pod
+	must(t, e.get(p.name, &pod))
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
+			t.Errorf("a healthy sandbox's pod is not Ready: %+v", c)
+		}
+	}
+	failures := livenessFailures(t, e, p.name)
+	if failures > 1 {
+		t.Errorf("%d liveness probe failures on a healthy sandbox", failures)
 	}
 	h0, err := p.sup.Health(ctx)
 	must(t, err)
-	t.Logf("healthy for %v (%d probe periods): no restart, no probe failure; supervisor uptime %d s", 4*period, 4, h0.UptimeSeconds)
+	t.Logf("healthy for %v (4 probe periods): Ready, no restart, %d probe failures; supervisor uptime %d s", 4*period, failures, h0.UptimeSeconds)
 
 	// Wedge the supervisor: SIGSTOP, sent from inside the pod by code the
 	// agent runs.
