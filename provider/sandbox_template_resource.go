@@ -134,7 +134,8 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 			"namespace": namespaceAttribute(templateKind),
 			"image": schema.StringAttribute{
 				Optional: true,
-				MarkdownDescription: "Container image of the sandbox: it must run the agentbox supervisor as its entrypoint. " +
+				MarkdownDescription: "Container image of the sandbox: it must run the agentbox supervisor, installed at `/usr/local/bin/agentbox-supervisor` " +
+					"(where the liveness probe runs it), as its entrypoint. " +
 					"Unset means the platform's default sandbox image (Python 3 and the supervisor).",
 			},
 			"image_pull_policy": schema.StringAttribute{
@@ -146,7 +147,7 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 				Optional: true, Computed: true, Default: stringdefault.StaticString(defaultRuntimeClass),
 				MarkdownDescription: "RuntimeClass of the sandbox pods; it should select gVisor. Defaults to `" + defaultRuntimeClass + "`.",
 			},
-			"env": optionalMap("Environment variables of the sandbox (plain values; put secrets in `secret_files`)."),
+			"env": optionalMap("Environment variables of the sandbox (plain values; put secrets in `secret_files`). Every process the sandbox runs gets them: commands, `python_exec` and `execute` runs, terminals and MCP servers. Names starting with `AGENTBOX_` configure the sandbox's supervisor and are not passed on."),
 			"resources": schema.SingleNestedAttribute{
 				Optional:            true,
 				MarkdownDescription: "CPU and memory of each sandbox pod, as Kubernetes quantities (`cpu = \"500m\"`, `memory = \"1Gi\"`).",
@@ -166,7 +167,7 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 				Attributes: map[string]schema.Attribute{
 					"size": schema.StringAttribute{
 						Optional: true, Computed: true, Default: stringdefault.StaticString(defaultWorkspaceSize),
-						MarkdownDescription: "Size of the volume, a Kubernetes quantity. Defaults to `" + defaultWorkspaceSize + "`.",
+						MarkdownDescription: "Size of the volume, a Kubernetes quantity, and the most the files in it may hold: the supervisor refuses writes past it. Defaults to `" + defaultWorkspaceSize + "`.",
 					},
 					"storage_class_name": schema.StringAttribute{
 						Optional: true, MarkdownDescription: "StorageClass of the volume. Unset means the cluster's default class.",

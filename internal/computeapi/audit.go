@@ -22,7 +22,9 @@ import (
 // Every call, refused ones included, is appended to the store's
 // hash-chained audit log: who called, for which agent, which operation, a
 // hash of the parameters (what was asked, without secrets or file
-// contents), how long it took and how it ended.
+// contents), how long it took and how it ended. The records of the
+// sandbox's supervisor for the calls it served follow (see
+// supervisoraudit.go).
 //
 // Appends go through one background writer that commits them in batches,
 // so that a call does not wait for a commit of its own (about a
@@ -43,6 +45,11 @@ type auditor struct {
 	log  logr.Logger
 	ch   chan store.AuditEntry
 	done chan struct{}
+
+	// closed, under mu, keeps tryRecord from sending on the closed
+	// channel.
+	mu     sync.RWMutex
+	closed bool
 }
 
 func newAuditor(st *store.Store, log logr.Logger) *auditor {
@@ -56,9 +63,23 @@ func (a *auditor) record(e store.AuditEntry) {
 	metricAuditQueue.Set(float64(len(a.ch)))
 }
 
+// tryRecord is record for records that may come after close (a
+// supervisor's answer read by a goroutine that outlived the API), which
+// are dropped then.
+func (a *auditor) tryRecord(e store.AuditEntry) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if !a.closed {
+		a.record(e)
+	}
+}
+
 // close writes what is queued and stops the writer.
 func (a *auditor) close() {
+	a.mu.Lock()
+	a.closed = true
 	close(a.ch)
+	a.mu.Unlock()
 	<-a.done
 }
 
@@ -159,6 +180,9 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 	}
 	note := &auditNote{}
 	r = r.WithContext(context.WithValue(r.Context(), auditNoteKey{}, note))
+	// The supervisor calls made while serving r report their records
+	// here, to be appended after the call's own (see supervisoraudit.go).
+	r, calls := withSupervisorCalls(r)
 	aw := &auditedWriter{ResponseWriter: w}
 	p := serve(aw, r)
 	e := store.AuditEntry{
@@ -182,6 +206,9 @@ func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serv
 	e.Result = resultOf(aw)
 	metricRequestSeconds.WithLabelValues(op, e.Result).Observe(e.Duration.Seconds())
 	s.audit.record(e)
+	for _, se := range calls.finish(e) {
+		s.audit.record(se)
+	}
 	return e.Result
 }
 

@@ -92,7 +92,8 @@ func (p *autoPusher) push(agentID string) {
 	}
 	start := p.s.clock.Now()
 	sum, err := filespace.Sync(ctx, sup, p.s.store, filespace.Options{
-		AgentID: agentID, Direction: filespace.Push, CapBytes: p.s.workspaceCap(ctx, agentID), Now: p.s.clock.Now,
+		// The supervisor's cap, as for sync_filespace.
+		AgentID: agentID, Direction: filespace.Push, Now: p.s.clock.Now,
 	})
 	if err != nil {
 		// Not an error of anyone's call; the next push or the idle stop

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"net/http"
 
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
@@ -38,10 +35,13 @@ func (s *Server) syncFilespace(w http.ResponseWriter, r *http.Request) {
 	agentID := r.PathValue("agent_id")
 	ctx, cancel := context.WithTimeout(r.Context(), filespace.Timeout)
 	defer cancel()
+	// No CapBytes: the sync takes the cap the supervisor enforces, which
+	// the controller set from the template's workspace size when it made
+	// the pod. A template changed since then would name a size the volume
+	// does not have; the controller's idle-stop sync does the same.
 	sum, err := filespace.Sync(ctx, sup, s.store, filespace.Options{
 		AgentID:   agentID,
 		Direction: filespace.Direction(req.Direction),
-		CapBytes:  s.workspaceCap(ctx, agentID),
 		Now:       s.clock.Now,
 	})
 	if err != nil {
@@ -68,23 +68,6 @@ func (s *Server) syncFilespace(w http.ResponseWriter, r *http.Request) {
 	log.Info("filespace synced", "direction", out.Direction, "pushed", out.Pushed, "pulled", out.Pulled,
 		"deleted", out.Deleted, "skipped", out.Skipped, "bytes", out.Bytes, "duration_ms", out.DurationMS)
 	writeJSON(w, http.StatusOK, out)
-}
-
-// workspaceCap is the cap of the agent's template's workspace, or 0 (the
-// supervisor's own cap) when the template cannot be read.
-func (s *Server) workspaceCap(ctx context.Context, agentID string) int64 {
-	sb, apiErr := s.agentSandbox(ctx, agentID)
-	if apiErr != nil {
-		return 0
-	}
-	var tpl v1alpha1.SandboxTemplate
-	if err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: sb.Spec.TemplateRef.Name}, &tpl); err != nil {
-		return 0
-	}
-	if size := tpl.Spec.Workspace.Size; !size.IsZero() {
-		return size.Value()
-	}
-	return 0
 }
 
 func syncError(ctx context.Context, err error) *api.Error {

@@ -221,7 +221,15 @@ func TestMCPEndpoint(t *testing.T) {
 	}
 
 	// One audit record per tool call under its REST operation, as agent-1's
-	// caller, carrying the request ID of the MCP POST that made it.
+	// caller, carrying the request ID of the MCP POST that made it; each
+	// that reached the sandbox followed by the supervisor's own record.
+	for op, sup := range map[string]string{"run_command": "supervisor:run_command", "put_file": "supervisor:write_file",
+		"get_file": "supervisor:read_file", "delete_file": "supervisor:delete_file", "tool_request": "supervisor:python_exec",
+		"execute": "supervisor:execute"} {
+		if n := wantOps[op]; n > 0 {
+			wantOps[sup] = n
+		}
+	}
 	admin := clients(adminToken)
 	var records []api.AuditRecord
 	deadline := time.Now().Add(10 * time.Second)

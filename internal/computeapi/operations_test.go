@@ -63,6 +63,8 @@ type apiSetup struct {
 	renewInterval time.Duration
 	// started, if set, gets the fake cluster and the API's clock.
 	started func(kube client.Client, clk *clocktesting.FakeClock)
+	// server, if set, gets the Server.
+	server func(*Server)
 }
 
 func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Client {
@@ -121,6 +123,9 @@ func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Cli
 	}
 	if o.started != nil {
 		o.started(kube, clk)
+	}
+	if o.server != nil {
+		o.server(srv)
 	}
 	handler := srv.Handler()
 	if !o.noContract {

@@ -2,11 +2,13 @@ package computeapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -18,7 +20,8 @@ import (
 // (run_command_pty) and the staff console both relay the supervisor's
 // agentbox.pty.v1 WebSocket frame for frame, so a client speaks the same
 // protocol to either and the control plane never interprets terminal
-// bytes beyond keeping a console's transcript.
+// bytes beyond keeping a console's transcript. The one frame not relayed is
+// the supervisor's audit message, which the API keeps.
 
 // agentPTY opens a PTY session in the agent's sandbox (waking it) and
 // relays it to the caller.
@@ -113,6 +116,11 @@ func relayPTY(ctx context.Context, client, upstream *websocket.Conn, input, outp
 		defer cancel()
 		for {
 			typ, data, err := from.Read(ctx)
+			if err == nil && from == upstream && typ == websocket.MessageText && keepPTYAudit(ctx, data) {
+				// The supervisor's record of the session is the control
+				// plane's to keep, not the client's to see.
+				continue
+			}
 			if err != nil {
 				if code := websocket.CloseStatus(err); code != -1 {
 					var ce websocket.CloseError
@@ -134,4 +142,22 @@ func relayPTY(ctx context.Context, client, upstream *websocket.Conn, input, outp
 	go relay(client, upstream, input)
 	go relay(upstream, client, output)
 	wg.Wait()
+}
+
+// keepPTYAudit reports whether data, a control message of a PTY session's
+// supervisor, is its audit message, and hands the record to the API call
+// the session is relayed for (see supervisoraudit.go).
+func keepPTYAudit(ctx context.Context, data []byte) bool {
+	var m supervisorapi.PTYMessage
+	if json.Unmarshal(data, &m) != nil || m.Type != supervisorapi.PTYMessageAudit {
+		return false
+	}
+	rec, raw, err := supervisorapi.DecodeAuditRecord(m.Audit)
+	if err != nil {
+		return true
+	}
+	if calls, ok := ctx.Value(supervisorCallsKey{}).(*supervisorCalls); ok {
+		calls.add(supervisorRecord{rec: rec, raw: raw, at: time.Now()})
+	}
+	return true
 }

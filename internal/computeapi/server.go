@@ -125,6 +125,8 @@ type Server struct {
 	handler         http.Handler
 	store           *store.Store
 	audit           *auditor
+	// supervisorAudit is what the pool hands supervisors' records to.
+	supervisorAudit *supervisorAuditSink
 	pushes          *autoPusher // nil without a store
 	poolTakes       poolTakes
 	// background holds work a call starts and does not wait for (see
@@ -206,6 +208,10 @@ func NewServer(opts Options) (*Server, error) {
 	s.leases = newLeaseRenewer(s.leaseWriter, s.clock, interval, s.log.WithName("lease"))
 	if s.store != nil {
 		s.audit = newAuditor(s.store, s.log.WithName("audit"))
+		if pool, ok := s.supervisors.(*SupervisorPool); ok {
+			s.supervisorAudit = &supervisorAuditSink{record: s.recordSupervisor, invalid: s.invalidSupervisorRecord}
+			pool.audit.Store(s.supervisorAudit)
+		}
 		delay := opts.FilespacePushDelay
 		if delay == 0 {
 			delay = DefaultFilespacePushDelay
@@ -290,6 +296,9 @@ func (s *Server) Close() {
 	s.background.Wait()
 	if s.pushes != nil {
 		s.pushes.close()
+	}
+	if pool, ok := s.supervisors.(*SupervisorPool); ok && s.supervisorAudit != nil {
+		pool.audit.CompareAndSwap(s.supervisorAudit, nil)
 	}
 	if s.audit != nil {
 		s.audit.close()
@@ -414,13 +423,14 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, op string)
 
 func commandResult(res *supervisorapi.CommandResult) *api.CommandResult {
 	return &api.CommandResult{
-		Stdout:     res.Stdout,
-		Stderr:     res.Stderr,
-		ExitCode:   res.ExitCode,
-		Signal:     res.Signal,
-		TimedOut:   res.TimedOut,
-		Truncated:  res.Truncated,
-		DurationMS: res.DurationMS,
+		Stdout:      res.Stdout,
+		Stderr:      res.Stderr,
+		ExitCode:    res.ExitCode,
+		Signal:      res.Signal,
+		TimedOut:    res.TimedOut,
+		OutOfMemory: res.OutOfMemory,
+		Truncated:   res.Truncated,
+		DurationMS:  res.DurationMS,
 	}
 }
 

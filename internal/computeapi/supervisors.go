@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -34,7 +36,10 @@ func (f SupervisorDialerFunc) Supervisor(endpoint, id string) (*supervisorapi.Cl
 // sandbox is stopped anyway.
 const supervisorPoolIdle = time.Hour
 
-// SupervisorPool is the SupervisorDialer of the control plane. It keeps one
+// SupervisorPool is the SupervisorDialer of the control plane. The Server
+// it is given to keeps the records its supervisors return with their
+// answers (see supervisoraudit.go), also those of calls the controller
+// makes through it; one Server per pool. It keeps one
 // HTTP transport per (endpoint, identity), so consecutive calls to a
 // sandbox reuse a verified connection instead of paying a TLS handshake
 // each time. The identity is part of the key because a pod IP can be reused
@@ -48,6 +53,10 @@ type SupervisorPool struct {
 	entries   map[poolKey]*poolEntry
 	lastSweep time.Time
 	now       func() time.Time
+
+	// audit receives the records the supervisors return with their
+	// answers; nil drops them.
+	audit atomic.Pointer[supervisorAuditSink]
 }
 
 type poolKey struct{ endpoint, id string }
@@ -96,11 +105,36 @@ func (p *SupervisorPool) Supervisor(endpoint, id string) (*supervisorapi.Client,
 		// re-established after the transport dropped an idle one; pki's
 		// VerifyConnection checks resumed sessions too.
 		cfg.ClientSessionCache = tls.NewLRUClientSessionCache(4)
-		e = &poolEntry{client: supervisorapi.NewClient(endpoint, supervisorapi.NewHTTPClient(cfg))}
+		hc := supervisorapi.NewHTTPClient(cfg)
+		hc.Transport = p.auditTransport(hc.Transport, id)
+		e = &poolEntry{client: supervisorapi.NewClient(endpoint, hc)}
 		p.entries[key] = e
 	}
 	e.lastUsed = now
 	return e.client, nil
+}
+
+// auditTransport hands the records that the supervisor with identity id
+// returns to the pool's audit sink, and sends it the calls' request IDs,
+// which it puts in its records.
+func (p *SupervisorPool) auditTransport(base http.RoundTripper, id string) http.RoundTripper {
+	return &supervisorapi.AuditTransport{
+		Base: base,
+		Record: func(req *http.Request, rec supervisorapi.AuditRecord, raw []byte) {
+			if sink := p.audit.Load(); sink != nil {
+				sink.record(req.Context(), id, rec, raw)
+			}
+		},
+		Invalid: func(req *http.Request, err error) {
+			if sink := p.audit.Load(); sink != nil {
+				sink.invalid(req.Context(), id, err)
+			}
+		},
+		RequestID: func(ctx context.Context) string {
+			id, _ := ctx.Value(requestIDKey{}).(string)
+			return id
+		},
+	}
 }
 
 // sweepLocked drops entries unused for supervisorPoolIdle. It runs at most

@@ -129,7 +129,7 @@ func TestMCPOnCluster(t *testing.T) {
 			Tools []struct{ Name string } `json:"tools"`
 		} `json:"result"`
 	}
-	if err := json.Unmarshal(list, &listed); err != nil || len(listed.Result.Tools) != 2 {
+	if err := json.Unmarshal(list, &listed); err != nil || len(listed.Result.Tools) != 3 {
 		t.Errorf("tools/list through mcp_request: %s (%v)", list, err)
 	}
 	var read struct {
@@ -179,8 +179,10 @@ func TestMCPOnCluster(t *testing.T) {
 		for _, r := range page.Records {
 			ops[r.Operation]++
 		}
+		// Each mcp_request reached the stdio server through the
+		// supervisor, whose own records follow the API's.
 		for op, n := range map[string]int{"mcp": 10, "run_command": 2, "put_file": 3, "get_file": 1, "tool_request": 1,
-			"status": 2, "mcp_request": 3, "list_mcp_tools": 2} {
+			"status": 2, "mcp_request": 3, "list_mcp_tools": 2, "supervisor:mcp_call": 3} {
 			if ops[op] < n {
 				return fmt.Errorf("%d records of %s, want at least %d (have %v)", ops[op], op, n, ops)
 			}

@@ -68,7 +68,42 @@ const (
 	volumeTLS       = "tls"
 
 	defaultWorkspaceMountPath = "/workspace"
+
+	// supervisorHealthListen is the supervisor's plain-HTTP health
+	// listener, on the sandbox's loopback only: the liveness probe, which
+	// runs inside the pod, is all that calls it, and nothing outside the
+	// pod can.
+	supervisorHealthListen = "127.0.0.1:8444"
 )
+
+// supervisorBinary is where a sandbox image has the supervisor (see the
+// SandboxTemplate's image).
+const supervisorBinary = "/usr/local/bin/agentbox-supervisor"
+
+// livenessProbe restarts a sandbox whose supervisor no longer serves: it
+// runs the supervisor's own binary in probe mode inside the pod, which
+// calls GET /livez on the loopback health listener. (Not /proc/1/exe,
+// which would find the binary wherever an image put it: gVisor refuses to
+// execute it. An image without the binary at supervisorBinary gets probes
+// that fail to start, which kubelet counts as unknown, not as failures.) That request goes through the supervisor's request
+// handling, so a stopped or deadlocked supervisor fails it, where the
+// readiness probe's TCP connect would still succeed. An exec probe, rather
+// than an HTTP one: kubelet's HTTP probes come from the node to the pod's
+// IP, which the sandbox's NetworkPolicy closes to all but the control plane
+// (whether the node gets through depends on the network plugin), and a
+// listener there that needs no certificate would be one more way into the
+// sandbox. Under gVisor each run starts a process in the sandbox, so it
+// runs every 20 s, and a sandbox is restarted only after three failures in
+// a row (a minute) with 10 s for each: a busy sandbox on a loaded node is
+// slow, not wedged.
+var livenessProbe = corev1.Probe{
+	ProbeHandler: corev1.ProbeHandler{
+		Exec: &corev1.ExecAction{Command: []string{supervisorBinary, "-probe", "-probe-timeout", "8s"}},
+	},
+	PeriodSeconds:    20,
+	TimeoutSeconds:   10,
+	FailureThreshold: 3,
+}
 
 // defaultWorkspaceSize applies when a template was stored without the CRD's
 // default (clients that bypass the API server's defaulting, such as fakes).
@@ -112,10 +147,16 @@ func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.San
 		{Name: "AGENTBOX_ALLOWED_CLIENT_IDS", Value: cp},
 		{Name: "AGENTBOX_LISTEN", Value: ":" + strconv.Itoa(v1alpha1.SupervisorPort)},
 		{Name: "AGENTBOX_TLS_DIR", Value: TLSMountPath},
+		// Where the supervisor answers the liveness probe, and where the
+		// probe, which runs in the pod with this environment, calls it.
+		{Name: "AGENTBOX_HEALTH_LISTEN", Value: supervisorHealthListen},
 		{Name: "AGENTBOX_WORKDIR", Value: workspaceMountPath(tpl)},
-		// On the pod's /tmp emptyDir: it is the supervisor's own record of
-		// calls, kept out of the workspace that snapshots carry away.
-		{Name: "AGENTBOX_AUDIT_LOG", Value: supervisorAuditLog},
+		// Off, and reserved so that a template cannot turn it on: the
+		// supervisor's record of each call leaves the sandbox with the
+		// call's response and lands in the control plane's audit log,
+		// where code in the sandbox cannot rewrite it, as it could a file
+		// in the pod.
+		{Name: "AGENTBOX_AUDIT_LOG", Value: ""},
 		// Under gVisor the pod's memory limit bounds the sandbox as a
 		// whole, so the supervisor stops the largest command before the
 		// limit takes the sandbox down. Without a limit the kubelet gives
@@ -237,8 +278,9 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 				// would always fail. A TCP connect is the next best signal:
 				// the supervisor opens its listener only after it has loaded
 				// and checked its certificate, so an open port means it can
-				// serve. (Its optional plain-HTTP health port is not used:
-				// it would be one more unauthenticated listener in the pod.)
+				// serve. (Its plain-HTTP health listener is on loopback,
+				// which kubelet's probes cannot reach; the liveness probe
+				// runs inside the pod.)
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler: corev1.ProbeHandler{
 						TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(SupervisorPortName)},
@@ -248,8 +290,9 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 					TimeoutSeconds:   1,
 					FailureThreshold: 3,
 				},
-				Resources:    *tpl.Spec.Resources.DeepCopy(),
-				VolumeMounts: mounts,
+				LivenessProbe: livenessProbe.DeepCopy(),
+				Resources:     *tpl.Spec.Resources.DeepCopy(),
+				VolumeMounts:  mounts,
 				SecurityContext: &corev1.SecurityContext{
 					RunAsNonRoot:             ptr.To(true),
 					RunAsUser:                ptr.To(sandboxUID),
@@ -267,10 +310,7 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 
 // desiredWorkspaceClaim is the sandbox's workspace volume claim.
 func desiredWorkspaceClaim(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) *corev1.PersistentVolumeClaim {
-	size := tpl.Spec.Workspace.Size
-	if size.IsZero() {
-		size = defaultWorkspaceSize
-	}
+	size := workspaceSize(tpl)
 	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      WorkspaceClaimName(workloadName(sbx)),

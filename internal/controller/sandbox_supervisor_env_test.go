@@ -2,13 +2,16 @@ package controller
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 )
 
@@ -18,7 +21,12 @@ import (
 func TestUnitSupervisorEnv(t *testing.T) {
 	r := &SandboxReconciler{Namespace: "platform", TrustDomain: "td.example"}
 	tpl := unitTemplate("t")
-	tpl.Spec.Env = []corev1.EnvVar{{Name: "AGENTBOX_AUDIT_LOG", Value: "/workspace/hide-here"}}
+	tpl.Spec.Env = []corev1.EnvVar{
+		{Name: "AGENTBOX_AUDIT_LOG", Value: "/workspace/hide-here"},
+		{Name: "AGENTBOX_WORKSPACE_CAP", Value: "100GiB"},
+		{Name: "AGENTBOX_PASS_ENV", Value: "AGENTBOX_TLS_DIR"},
+	}
+	tpl.Spec.Workspace.Size = resource.MustParse("2Gi")
 	tpl.Spec.Python = v1alpha1.PythonPolicy{
 		DefaultTimeout:  metav1.Duration{Duration: 20 * time.Second},
 		MaxTimeout:      metav1.Duration{Duration: 90 * time.Second},
@@ -35,7 +43,8 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		env[e.Name] = e.Value
 	}
 	want := map[string]string{
-		"AGENTBOX_AUDIT_LOG":               supervisorAuditLog,
+		"AGENTBOX_AUDIT_LOG":               "",
+		"AGENTBOX_WORKSPACE_CAP":           "2147483648",
 		"AGENTBOX_PYTHON_DEFAULT_TIMEOUT":  "20s",
 		"AGENTBOX_PYTHON_MAX_TIMEOUT":      "1m30s",
 		"AGENTBOX_PYTHON_INDEX":            "https://pypi.internal.test/simple",
@@ -55,14 +64,55 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		t.Errorf("MCP servers %+v, want %+v", servers, wantS)
 	}
 
-	// A template that sets nothing passes nothing, so the supervisor's
-	// defaults apply.
+	// A template that sets nothing passes nothing optional, so the
+	// supervisor's defaults apply; the workspace's cap is always its size.
 	for _, e := range r.podEnv(unitSandbox("s", "t"), unitTemplate("t")) {
+		if e.Name == "AGENTBOX_WORKSPACE_CAP" {
+			if e.Value != "1073741824" {
+				t.Errorf("a template without a size: cap %q, want the default 1Gi", e.Value)
+			}
+			continue
+		}
 		if _, ok := want[e.Name]; ok && e.Name != "AGENTBOX_AUDIT_LOG" {
 			t.Errorf("empty template sets %s=%q", e.Name, e.Value)
 		}
 		if e.Name == "AGENTBOX_MCP_SERVERS_JSON" {
 			t.Errorf("empty template sets MCP servers %q", e.Value)
 		}
+	}
+}
+
+// TestUnitSupervisorPassEnv checks that the supervisor is told to pass the
+// template's variables (literal and from Secrets, which only the pod
+// resolves) and the proxy's to what it starts, in the form its own parser
+// reads, and never a variable of its own configuration.
+func TestUnitSupervisorPassEnv(t *testing.T) {
+	r := &SandboxReconciler{Namespace: "platform", TrustDomain: "td.example"}
+	tpl := unitTemplate("t")
+	tpl.Spec.Env = []corev1.EnvVar{
+		{Name: "GREETING", Value: "hello"},
+		{Name: "API_KEY", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "keys"}, Key: "api"}}},
+		{Name: "ODD,NAME", Value: "commas are legal in names"},
+		{Name: "PATH", Value: "/opt/tools/bin:/usr/bin:/bin"},
+		{Name: "HTTP_PROXY", Value: "http://template.example:3128"},
+		{Name: "AGENTBOX_LOG_LEVEL", Value: "debug"},
+	}
+	var raw string
+	for _, e := range r.podEnv(unitSandbox("s", "t"), tpl) {
+		if e.Name == "AGENTBOX_PASS_ENV" {
+			raw = e.Value
+		}
+	}
+	names, err := supervisor.ParseEnvNames(raw)
+	if err != nil {
+		t.Fatalf("the supervisor cannot read AGENTBOX_PASS_ENV %q: %v", raw, err)
+	}
+	if err := supervisor.CheckPassEnv(names); err != nil {
+		t.Errorf("the supervisor refuses AGENTBOX_PASS_ENV %q: %v", raw, err)
+	}
+	want := append(slices.Clone(egressEnvNames), "GREETING", "API_KEY", "ODD,NAME", "PATH")
+	if !slices.Equal(names, want) {
+		t.Errorf("AGENTBOX_PASS_ENV names %q, want %q", names, want)
 	}
 }

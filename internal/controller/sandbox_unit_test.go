@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -338,6 +339,46 @@ func TestUnitPodEnvPrecedence(t *testing.T) {
 	if env["AGENTBOX_WORKDIR"] != "/home/agent" {
 		t.Errorf("workdir %q, want the template's mount path", env["AGENTBOX_WORKDIR"])
 	}
+}
+
+// The sandbox's container gets a liveness probe that runs the supervisor's
+// own binary in probe mode against its loopback health listener, whose
+// address the pod's environment gives both; the probe's own timeout is
+// within kubelet's, so that it reports a failure rather than being killed.
+func TestUnitLivenessProbe(t *testing.T) {
+	r := &SandboxReconciler{Namespace: "platform", TrustDomain: "td.example"}
+	pod := r.desiredPod(unitSandbox("s", "t"), unitTemplate("t"))
+	ctr := pod.Spec.Containers[0]
+	p := ctr.LivenessProbe
+	if p == nil || p.Exec == nil || len(p.Exec.Command) < 2 || p.Exec.Command[0] != "/usr/local/bin/agentbox-supervisor" || p.Exec.Command[1] != "-probe" {
+		t.Fatalf("liveness probe %+v, want an exec of the supervisor with -probe", p)
+	}
+	timeout := 5 * time.Second // the supervisor's default -probe-timeout
+	for i, a := range p.Exec.Command {
+		if a == "-probe-timeout" && i+1 < len(p.Exec.Command) {
+			d, err := time.ParseDuration(p.Exec.Command[i+1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			timeout = d
+		}
+	}
+	if timeout >= time.Duration(p.TimeoutSeconds)*time.Second {
+		t.Errorf("-probe-timeout %v is not within kubelet's %ds", timeout, p.TimeoutSeconds)
+	}
+	if p.PeriodSeconds < 10 || p.FailureThreshold < 3 {
+		t.Errorf("period %ds, threshold %d: too eager for a process start in gVisor each time", p.PeriodSeconds, p.FailureThreshold)
+	}
+	for _, e := range ctr.Env {
+		if e.Name == "AGENTBOX_HEALTH_LISTEN" {
+			host, _, err := net.SplitHostPort(e.Value)
+			if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+				t.Errorf("AGENTBOX_HEALTH_LISTEN=%q, want a loopback address", e.Value)
+			}
+			return
+		}
+	}
+	t.Error("no AGENTBOX_HEALTH_LISTEN: the supervisor would serve no probe")
 }
 
 // A Sandbox deleted and re-created at once (terraform apply after someone

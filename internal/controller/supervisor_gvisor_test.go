@@ -48,7 +48,7 @@ type gvisorPod struct {
 
 type gvisorPodOptions struct {
 	memoryLimit  string // the container's memory limit
-	workspaceCap string // AGENTBOX_WORKSPACE_CAP
+	workspaceCap string // the template's workspace size, which is the supervisor's cap, e.g. 32MiB
 	emptyDirSize string // the workspace volume's sizeLimit
 	pidsLimit    string // AGENTBOX_COMMAND_PIDS_LIMIT; empty: the supervisor's default
 }
@@ -64,7 +64,7 @@ func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *g
 		Spec: v1alpha1.SandboxTemplateSpec{
 			Image:           image,
 			ImagePullPolicy: corev1.PullNever,
-			Env:             []corev1.EnvVar{{Name: "AGENTBOX_WORKSPACE_CAP", Value: o.workspaceCap}},
+			Workspace:       v1alpha1.WorkspaceSpec{Size: resource.MustParse(strings.TrimSuffix(o.workspaceCap, "B"))},
 			Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(o.memoryLimit)},
@@ -194,7 +194,8 @@ func (p *gvisorPod) procStatus(t *testing.T) map[string]int64 {
 }
 
 // otherProcesses lists the processes in the pod other than the
-// supervisor and the python3 that lists them, as "pid cmdline".
+// supervisor, the python3 that lists them and a liveness probe that
+// happens to run, as "pid cmdline".
 const listProcesses = `
 import os
 me = os.getpid()
@@ -202,7 +203,10 @@ for p in sorted(int(d) for d in os.listdir('/proc') if d.isdigit()):
     if p in (1, me):
         continue
     try:
-        cmd = open('/proc/%d/cmdline' % p, 'rb').read().replace(b'\0', b' ').decode(errors='replace').strip()
+        argv = open('/proc/%d/cmdline' % p, 'rb').read().split(b'\0')
+        if argv[1:2] == [b'-probe']:
+            continue
+        cmd = b' '.join(argv).decode(errors='replace').strip()
         state = [l for l in open('/proc/%d/status' % p) if l.startswith('State:')][0].split()[1]
     except OSError:
         continue

@@ -74,8 +74,10 @@ var ErrWorkspaceOverCap = errors.New("filespace: workspace exceeds its cap")
 type Options struct {
 	AgentID   string
 	Direction Direction
-	// CapBytes is the template's workspace cap; 0 takes the cap the
-	// supervisor reports, or supervisorapi.DefaultWorkspaceCapBytes.
+	// CapBytes overrides the workspace's cap; 0 takes the cap the
+	// supervisor reports and enforces (the template's workspace size, which
+	// the controller gives it), or supervisorapi.DefaultWorkspaceCapBytes
+	// from a supervisor that reports none.
 	CapBytes int64
 	// Now is the sync clock; nil means time.Now.
 	Now func() time.Time

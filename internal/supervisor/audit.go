@@ -7,44 +7,20 @@ import (
 	"io"
 	"os"
 	"sync"
-	"time"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// AuditEntry is one line of the audit log. It says who called what, when,
-// for how long and with what outcome, but never with which parameters:
-// those hold commands, code and file paths that may carry secrets, so
-// only their SHA-256 is kept, which lets a caller that kept its request
-// match it to a line.
-type AuditEntry struct {
-	// Time is when the call arrived.
-	Time time.Time `json:"time"`
-	// Tool is the call in agent terms: run_command, run_command_stream,
-	// python_exec, start_process, list_processes, get_process,
-	// kill_process, read_file, write_file, delete_file, stat_file,
-	// list_files, flush, pty_session (one line when the session ends),
-	// list_tools, describe_tool, and for POST /v1/tools/{name} the
-	// tool's name (create_file, edit_file, ...; unknown_tool for a name
-	// that is not one).
-	Tool string `json:"tool"`
-	// ParamsSHA256 is the hex SHA-256 of the JSON body as sent for
-	// run_command, run_command_stream, python_exec, start_process and tool
-	// invocations, and of "METHOD escaped-path?query" for the others.
-	ParamsSHA256 string `json:"params_sha256"`
-	DurationMS   int64  `json:"duration_ms"`
-	HTTPStatus   int    `json:"http_status"`
-	// ExitCode is set when a process ran.
-	ExitCode  *int   `json:"exit_code,omitempty"`
-	Signal    string `json:"signal,omitempty"`
-	TimedOut  bool   `json:"timed_out,omitempty"`
-	Truncated bool   `json:"truncated,omitempty"`
-	ErrorCode string `json:"error_code,omitempty"`
-	// Aborted means the response was cut off after it had started.
-	Aborted bool `json:"aborted,omitempty"`
-	// Peer is the caller's SPIFFE ID, when it presented a certificate.
-	Peer string `json:"peer,omitempty"`
-}
+// AuditEntry is one record of a call: the one the supervisor sends with
+// the call's answer (see api.AuditRecord), and a line of the optional
+// AuditLog.
+type AuditEntry = api.AuditRecord
 
-// AuditLog appends AuditEntry values to a file as JSON lines.
+// AuditLog appends AuditEntry values to a file as JSON lines. It is a
+// debugging aid, off in sandbox pods: a file in the sandbox can be
+// rewritten by the code the supervisor runs, which runs as the same user.
+// The record that counts is the one each answer carries to the control
+// plane.
 //
 // Each line is written with a single write(2) on a file opened with
 // O_APPEND, under a mutex: the mutex keeps this process's lines whole and

@@ -3,10 +3,12 @@ package supervisor
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -201,5 +205,201 @@ func TestToolNames(t *testing.T) {
 		if got := toolName(httptest.NewRequest(c.method, c.path, nil)); got != c.want {
 			t.Errorf("%s %s: %q, want %q", c.method, c.path, got, c.want)
 		}
+	}
+}
+
+// Every answer carries the supervisor's record of its call, however the
+// answer is sent: a JSON result, a stream, a file, a HEAD or 204 answer
+// without a body, an error, a PTY session; the client side
+// (api.AuditTransport) hands each one over with the request it answers.
+// The records are those the optional local log gets, and carry the
+// caller's request ID. Health checks carry none.
+func TestAuditRecordTravelsWithTheAnswer(t *testing.T) {
+	ws := t.TempDir()
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	local, err := OpenAuditLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(t, Config{Workspace: ws, DefaultCwd: ws, Audit: local, Identity: "spiffe://td/ns/a/sandbox/sb"})
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+
+	type got struct {
+		path string
+		rec  api.AuditRecord
+		raw  []byte
+	}
+	var mu sync.Mutex
+	var records []got
+	var invalid []error
+	tr := &api.AuditTransport{
+		Base: srv.Client().Transport,
+		Record: func(req *http.Request, rec api.AuditRecord, raw []byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			records = append(records, got{req.URL.Path, rec, raw})
+		},
+		Invalid:   func(_ *http.Request, err error) { invalid = append(invalid, err) },
+		RequestID: func(ctx context.Context) string { id, _ := ctx.Value(reqIDKey{}).(string); return id },
+	}
+	c := api.NewClient(srv.URL, &http.Client{Transport: tr})
+	ctx := context.WithValue(t.Context(), reqIDKey{}, "req-42")
+	last := func(t *testing.T, path string) api.AuditRecord {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(records) == 0 || records[len(records)-1].path != path {
+			t.Fatalf("no record for %s (have %+v, invalid %v)", path, records, invalid)
+		}
+		return records[len(records)-1].rec
+	}
+
+	res, err := c.RunCommand(ctx, api.CommandRequest{Command: []string{"sh", "-c", "exit 3"}})
+	if err != nil || res.ExitCode != 3 {
+		t.Fatalf("run: %+v %v", res, err)
+	}
+	if r := last(t, api.PathCommands); r.Tool != "run_command" || r.ExitCode == nil || *r.ExitCode != 3 || r.HTTPStatus != 200 ||
+		r.RequestID != "req-42" || r.Sandbox != "spiffe://td/ns/a/sandbox/sb" {
+		t.Errorf("run_command record %+v", r)
+	}
+	if _, err := c.RunCommandStream(ctx, api.CommandRequest{Command: []string{"echo", "streamed"}}, func(api.CommandEvent) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if r := last(t, api.PathCommandsStream); r.Tool != "run_command_stream" || r.ExitCode == nil || *r.ExitCode != 0 {
+		t.Errorf("stream record %+v", r)
+	}
+	if _, err := c.PutFile(ctx, "f.txt", strings.NewReader("data"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if r := last(t, api.PathFiles+"f.txt"); r.Tool != "write_file" {
+		t.Errorf("put record %+v", r)
+	}
+	body, err := c.GetFile(ctx, "f.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(body); string(b) != "data" {
+		t.Fatalf("get: %q", b)
+	}
+	body.Close()
+	if r := last(t, api.PathFiles+"f.txt"); r.Tool != "read_file" || r.HTTPStatus != 200 {
+		t.Errorf("get record %+v", r)
+	}
+	head, err := http.NewRequestWithContext(ctx, http.MethodHead, srv.URL+api.PathFiles+"f.txt", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(head)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if r := last(t, api.PathFiles+"f.txt"); r.Tool != "read_file" || r.HTTPStatus != 200 || resp.Header.Get(api.HeaderAudit) == "" {
+		t.Errorf("HEAD record %+v (header %q)", r, resp.Header.Get(api.HeaderAudit))
+	}
+	if err := c.Delete(ctx, "f.txt", false); err != nil {
+		t.Fatal(err)
+	}
+	if r := last(t, api.PathFiles+"f.txt"); r.Tool != "delete_file" || r.HTTPStatus != http.StatusNoContent {
+		t.Errorf("delete record %+v", r)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := last(t, api.PathFlush); r.Tool != "flush" || r.HTTPStatus != http.StatusNoContent {
+		t.Errorf("flush record %+v", r)
+	}
+	if _, err := c.GetFile(ctx, "missing"); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("get missing: %v", err)
+	}
+	if r := last(t, api.PathFiles+"missing"); r.ErrorCode != string(api.CodeNotFound) || r.HTTPStatus != http.StatusNotFound {
+		t.Errorf("error record %+v", r)
+	}
+
+	// A PTY session: its record follows the exit message on the
+	// connection, before the close.
+	conn, err := c.DialPTY(ctx, api.PTYRequest{Command: []string{"sh", "-c", "exit 5"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exit *api.PTYExit
+	var sess *api.AuditRecord
+	for {
+		typ, data, err := conn.Read(ctx)
+		if err != nil {
+			break
+		}
+		if typ != websocket.MessageText {
+			continue
+		}
+		var m api.PTYMessage
+		if err := json.Unmarshal(data, &m); err != nil {
+			t.Fatal(err)
+		}
+		switch m.Type {
+		case api.PTYMessageExit:
+			exit = m.Exit
+		case api.PTYMessageAudit:
+			if exit == nil {
+				t.Error("the audit message came before the exit message")
+			}
+			r, _, err := api.DecodeAuditRecord(m.Audit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sess = &r
+		}
+	}
+	if sess == nil || sess.Tool != "pty_session" || sess.ExitCode == nil || *sess.ExitCode != 5 || sess.HTTPStatus != http.StatusSwitchingProtocols || sess.RequestID != "req-42" {
+		t.Errorf("PTY session record %+v after exit %+v", sess, exit)
+	}
+
+	// Health checks carry nothing.
+	n := len(records)
+	if _, err := c.Health(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(records) != n {
+		t.Errorf("a health check carried a record: %+v", records[n:])
+	}
+
+	// What travelled is what the local log holds, byte for byte.
+	if err := s.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := local.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readAuditLines(t, path)
+	if len(lines) != len(records)+1 {
+		t.Fatalf("%d local lines, %d records sent (+1 PTY session)", len(lines), len(records))
+	}
+	data, _ := os.ReadFile(path)
+	for _, r := range records {
+		if !bytes.Contains(data, append(r.raw, '\n')) {
+			t.Errorf("record %s is not a line of the local log", r.raw)
+		}
+	}
+	if len(invalid) > 0 {
+		t.Errorf("records that could not be read: %v", invalid)
+	}
+}
+
+type reqIDKey struct{}
+
+// The record says when the memory guard killed the command.
+func TestAuditRecordOutOfMemory(t *testing.T) {
+	s := newServer(t, Config{MemoryLimit: 256 << 20, MemoryReserve: 56 << 20, MemoryInUse: func() (int64, error) { return 250 << 20, nil }})
+	t.Cleanup(func() { s.Close() })
+	req := httptest.NewRequest(http.MethodPost, api.PathCommands, strings.NewReader(`{"command":["sleep","30"]}`))
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	r, _, err := api.DecodeAuditRecord(rec.Result().Trailer.Get(api.HeaderAudit))
+	if err != nil {
+		t.Fatalf("trailer %v: %v", rec.Result().Trailer, err)
+	}
+	if !r.OutOfMemory || r.Signal != "SIGKILL" {
+		t.Errorf("record %+v, want out_of_memory with SIGKILL", r)
 	}
 }

@@ -125,4 +125,6 @@ func (s *Server) health() api.Health {
 	return h
 }
 
-func isHealthPath(p string) bool { return p == api.PathHealth || p == api.PathHealthSeed }
+func isHealthPath(p string) bool {
+	return p == api.PathHealth || p == api.PathHealthSeed || p == api.PathLive
+}

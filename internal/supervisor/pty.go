@@ -185,6 +185,16 @@ func (s *Server) servePTY(w *recorder, r *http.Request, info *requestInfo) bool 
 	}
 	conn.SetReadLimit(api.PTYMaxInputFrame)
 	run.conn = conn
+	run.audit = func() []byte {
+		info.result = run.result
+		v, err := api.EncodeAuditRecord(*info.record())
+		if err != nil {
+			s.log.Error("audit record not encoded", "tool", "pty_session", "error", err.Error())
+			return nil
+		}
+		msg, _ := json.Marshal(api.PTYMessage{Type: api.PTYMessageAudit, Audit: v})
+		return msg
+	}
 	run.serve(r.Context())
 	info.result = run.result
 	return true
@@ -355,6 +365,9 @@ type ptyRun struct {
 
 	exited chan struct{} // closed once the leader has been waited for
 	result *api.CommandResult
+	// audit is the session's record, as the message that carries it (or
+	// nil), made once the result is known.
+	audit func() []byte
 
 	// lastActivity is the UnixNano of the last frame either way, for the
 	// idle timeout.
@@ -481,6 +494,19 @@ wait:
 	if err != nil {
 		_ = p.conn.CloseNow()
 		return
+	}
+	// The session's record, before the close: the only way left to hand
+	// it to the control plane (see api.AuditRecord).
+	if p.audit != nil {
+		if msg := p.audit(); msg != nil {
+			wctx, wcancel := context.WithTimeout(ctx, streamWriteTimeout)
+			err := p.conn.Write(wctx, websocket.MessageText, msg)
+			wcancel()
+			if err != nil {
+				_ = p.conn.CloseNow()
+				return
+			}
+		}
 	}
 	code, why := websocket.StatusNormalClosure, "process exited"
 	if reason != "" {

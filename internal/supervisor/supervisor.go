@@ -3,8 +3,10 @@
 // control plane. It is served over mutual
 // TLS by cmd/agentbox-supervisor; this package only knows HTTP.
 //
-// Every call can be recorded in an audit log (see AuditLog), and
-// NewRedactingHandler keeps known secret formats out of the slog output.
+// Every call's answer carries the supervisor's record of it (see
+// supervisorapi.AuditRecord), which the control plane keeps where code in
+// the sandbox cannot reach it; NewRedactingHandler keeps known secret
+// formats out of the slog output.
 //
 // It must stay free of client-go and other control-plane code: it runs next
 // to untrusted code, so its attack surface is kept small.
@@ -17,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -58,10 +61,12 @@ const (
 )
 
 // DefaultPassEnv lists the variables copied from the supervisor's own
-// environment into every command's. Sandbox pods reach the network only
-// through the egress proxy, so commands need the proxy settings; nothing
-// else of the supervisor's environment is passed on, so that whatever is
-// given to the supervisor does not leak to the code it runs.
+// environment into every command's when none are configured. Sandbox pods
+// reach the network only through the egress proxy, so commands need the
+// proxy settings; nothing else of the supervisor's environment is passed
+// on unless named (the controller names the template's variables), so
+// that whatever configures the supervisor does not leak to the code it
+// runs.
 var DefaultPassEnv = []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"}
 
 // Config configures a Server. Zero values mean the defaults above.
@@ -116,8 +121,10 @@ type Config struct {
 	// PATH=DefaultPath, HOME=the default cwd, LANG=C.UTF-8.
 	BaseEnv map[string]string
 	// PassEnv names variables copied from the supervisor's environment
-	// into BaseEnv when set there. Nil means DefaultPassEnv; use an empty
-	// slice to pass nothing.
+	// into BaseEnv when set there, over BaseEnv's values. Nil means
+	// DefaultPassEnv; use an empty slice to pass nothing. Names starting
+	// with api.ReservedEnvPrefix are refused: they are the supervisor's
+	// own configuration.
 	PassEnv []string
 	// Python is the interpreter python_exec runs: a name looked up in the
 	// command's PATH, as a shell would, or a path. Empty means
@@ -162,9 +169,13 @@ type Config struct {
 	// Execute configures /v1/execute and the cached Python environments of
 	// /v1/envs (see execute.go).
 	Execute ExecuteConfig
-	// Audit, when set, gets one line per call (health checks excepted).
-	// The caller owns it and closes it after Wait.
+	// Audit, when set, gets one line per call (health checks excepted), as
+	// a debugging aid: every call's record goes back with its answer
+	// anyway (see api.AuditRecord). The caller owns it and closes it after
+	// Wait.
 	Audit *AuditLog
+	// Identity is the supervisor's own SPIFFE ID, put in its records.
+	Identity string
 	// MCP, when set, serves /mcp and everything under it: the template's
 	// stdio MCP servers (see mcpbridge.Manager). Without it those paths
 	// are not found.
@@ -258,6 +269,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.PassEnv == nil {
 		cfg.PassEnv = DefaultPassEnv
+	}
+	if err := CheckPassEnv(cfg.PassEnv); err != nil {
+		return nil, err
 	}
 	if cfg.Python == "" {
 		cfg.Python = DefaultPython
@@ -356,6 +370,45 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	return s, nil
+}
+
+// CheckPassEnv refuses a list of variables to pass to commands that names
+// one of the supervisor's own (api.ReservedEnvPrefix).
+func CheckPassEnv(names []string) error {
+	for _, k := range names {
+		if strings.HasPrefix(k, api.ReservedEnvPrefix) {
+			return fmt.Errorf("pass env: %s is the supervisor's own configuration (%s...), never passed to commands", k, api.ReservedEnvPrefix)
+		}
+	}
+	return nil
+}
+
+// ParseEnvNames reads a list of variable names, as -pass-env and
+// AGENTBOX_PASS_ENV take it: a JSON array of strings (the controller
+// writes one, since a name may hold a comma) or a comma-separated list. It
+// never returns nil, so that an empty list means none rather than the
+// default.
+func ParseEnvNames(s string) ([]string, error) {
+	out := []string{}
+	if t := strings.TrimSpace(s); strings.HasPrefix(t, "[") {
+		var names []string
+		if err := json.Unmarshal([]byte(t), &names); err != nil {
+			return nil, fmt.Errorf("not a JSON array of names: %w", err)
+		}
+		for _, n := range names {
+			if n == "" || strings.ContainsAny(n, "=\x00") {
+				return nil, fmt.Errorf("%q is not a variable name", n)
+			}
+			out = append(out, n)
+		}
+		return out, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out, nil
 }
 
 // Close releases the workspace handle and stops environment builds.
@@ -520,9 +573,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.begin()
 	defer s.end()
 	start := time.Now()
-	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+	// Health checks are probes, not calls anyone makes on the sandbox:
+	// they are neither recorded nor carry a record.
+	audited := !isHealthPath(r.URL.Path)
+	rec := &recorder{ResponseWriter: w, status: http.StatusOK, carry: audited, head: r.Method == http.MethodHead}
 	var info requestInfo
 	params := sha256.New()
+	info.record = func() *AuditEntry {
+		if info.made == nil {
+			info.made = s.auditRecord(r, start, rec.status, &info, params)
+		}
+		return info.made
+	}
 	switch {
 	case r.URL.Path == api.PathCommands, r.URL.Path == api.PathPython, r.URL.Path == api.PathCommandsStream,
 		r.URL.Path == api.PathProcesses && r.Method == http.MethodPost,
@@ -544,6 +606,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		writeJSON(rec, http.StatusOK, s.health())
+	case api.PathLive:
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(rec, r, "GET, HEAD")
+			break
+		}
+		// Reaching here took the accept loop, the HTTP parser, this
+		// router and the lock every call takes (begin): what a wedged
+		// supervisor would not get through. Nothing more is done, so that
+		// the probe costs the same whatever the sandbox holds.
+		writeJSON(rec, http.StatusOK, map[string]string{"status": "ok"})
 	case api.PathFlush:
 		if r.Method != http.MethodPost {
 			methodNotAllowed(rec, r, "POST")
@@ -628,29 +700,23 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		level = slog.LevelDebug
 	}
 	s.log.LogAttrs(r.Context(), level, "request", attrs...)
-	if s.cfg.Audit != nil && !isHealthPath(r.URL.Path) {
-		// Health checks are the kubelet's probes, not calls anyone makes
-		// on the sandbox.
-		e := AuditEntry{
-			Time:         start.UTC(),
-			Tool:         toolName(r),
-			ParamsSHA256: hex.EncodeToString(params.Sum(nil)),
-			DurationMS:   time.Since(start).Milliseconds(),
-			HTTPStatus:   rec.status,
-			Peer:         peerID(r),
+	if audited {
+		e := info.record()
+		switch {
+		case info.aborted != nil, rec.status == http.StatusSwitchingProtocols:
+			// A response cut off carries nothing more; a PTY session sent
+			// its record on the connection, if its client was still there.
+		default:
+			if v, err := api.EncodeAuditRecord(*e); err == nil {
+				rec.attach(v)
+			} else {
+				s.log.Error("audit record not encoded", "tool", e.Tool, "error", err.Error())
+			}
 		}
-		if res := info.result; res != nil {
-			e.ExitCode = &res.ExitCode
-			e.Signal, e.TimedOut, e.Truncated = res.Signal, res.TimedOut, res.Truncated
-		}
-		if info.err != nil {
-			e.ErrorCode = string(info.err.Code)
-		}
-		if info.aborted != nil {
-			e.Aborted = true
-		}
-		if err := s.cfg.Audit.Record(e); err != nil {
-			s.log.Error("audit log write failed", "tool", e.Tool, "error", err.Error())
+		if s.cfg.Audit != nil {
+			if err := s.cfg.Audit.Record(*e); err != nil {
+				s.log.Error("audit log write failed", "tool", e.Tool, "error", err.Error())
+			}
 		}
 	}
 	if info.aborted != nil {
@@ -669,6 +735,52 @@ type requestInfo struct {
 	// aborted is set when a streamed response failed after its first
 	// byte.
 	aborted error
+	// record makes the call's audit record from what is known when it is
+	// first called, and returns that one from then on: a PTY session
+	// makes it before its close, to send it, and ServeHTTP after the
+	// handler.
+	record func() *AuditEntry
+	made   *AuditEntry
+}
+
+// auditRecord is the record of a call that answered status.
+func (s *Server) auditRecord(r *http.Request, start time.Time, status int, info *requestInfo, params hash.Hash) *AuditEntry {
+	e := &AuditEntry{
+		Time:         start.UTC(),
+		Tool:         toolName(r),
+		ParamsSHA256: hex.EncodeToString(params.Sum(nil)),
+		DurationMS:   time.Since(start).Milliseconds(),
+		HTTPStatus:   status,
+		Peer:         peerID(r),
+		Sandbox:      s.cfg.Identity,
+		RequestID:    requestID(r),
+	}
+	if res := info.result; res != nil {
+		e.ExitCode = &res.ExitCode
+		e.Signal, e.TimedOut, e.OutOfMemory, e.Truncated = res.Signal, res.TimedOut, res.OutOfMemory, res.Truncated
+	}
+	if info.err != nil {
+		e.ErrorCode = string(info.err.Code)
+	}
+	if info.aborted != nil {
+		e.Aborted = true
+	}
+	return e
+}
+
+// requestID is the caller's request ID, if it is one a record can hold:
+// short printable ASCII.
+func requestID(r *http.Request) string {
+	id := r.Header.Get(api.HeaderRequestID)
+	if len(id) > api.MaxRequestIDBytes {
+		return ""
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return ""
+		}
+	}
+	return id
 }
 
 func (i *requestInfo) abort(err error) { i.aborted = err }
@@ -905,17 +1017,85 @@ func peerID(r *http.Request) string {
 	return id.String()
 }
 
+// recorder remembers the status, and, when the call is audited (carry),
+// makes room for the record in the response (see api.AuditRecord): a
+// response with a body is sent chunked with the record declared as its
+// trailer; the header of one without a body (204, 304, HEAD) is held back
+// until attach, to carry the record itself.
 type recorder struct {
 	http.ResponseWriter
 	status      int
 	wroteHeader bool
+	carry, head bool
+	// held: the header is held back; trailer: the record is declared as
+	// the trailer.
+	held, trailer bool
 }
 
 func (r *recorder) WriteHeader(code int) {
-	if !r.wroteHeader {
-		r.status, r.wroteHeader = code, true
+	if r.wroteHeader {
+		if !r.held {
+			r.ResponseWriter.WriteHeader(code)
+		}
+		return
+	}
+	r.status, r.wroteHeader = code, true
+	if r.carry {
+		switch {
+		case r.head || code == http.StatusNoContent || code == http.StatusNotModified:
+			r.held = true
+			return
+		case code != http.StatusSwitchingProtocols:
+			// Without a length the body goes chunked, which a trailer
+			// needs.
+			h := r.Header()
+			h.Del("Content-Length")
+			h.Add("Trailer", api.HeaderAudit)
+			r.trailer = true
+		}
 	}
 	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.held {
+		if r.head {
+			// What a HEAD handler writes is not sent anyway.
+			return len(p), nil
+		}
+		return 0, http.ErrBodyNotAllowed
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+// FlushError is what http.ResponseController.Flush calls: a flush sends
+// the header, so it must go through WriteHeader.
+func (r *recorder) FlushError() error {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.held {
+		return nil
+	}
+	return http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+// attach puts the encoded record v into the response: as the declared
+// trailer, or in the header held back (or never written), which it then
+// sends.
+func (r *recorder) attach(v string) {
+	switch {
+	case r.trailer:
+		r.Header().Set(api.HeaderAudit, v)
+	case r.held || !r.wroteHeader:
+		r.Header().Set(api.HeaderAudit, v)
+		r.held = false
+		r.wroteHeader = true
+		r.ResponseWriter.WriteHeader(r.status)
+	}
 }
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }

@@ -38,9 +38,12 @@ type SandboxTemplateSpec struct {
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 
-	// env is added to the sandbox container's environment. The platform's own
-	// variables (such as HTTP_PROXY) take precedence over entries with the same
-	// name.
+	// env is added to the sandbox container's environment, and every process
+	// the sandbox's supervisor starts gets it: commands, python_exec and
+	// execute runs, terminals and stdio MCP servers (each with its own env on
+	// top). The platform's own variables (such as HTTP_PROXY) take precedence
+	// over entries with the same name. Names starting with AGENTBOX_ configure
+	// the supervisor and are not passed to the processes it starts.
 	// +optional
 	// +listType=map
 	// +listMapKey=name

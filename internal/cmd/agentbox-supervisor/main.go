@@ -11,7 +11,8 @@
 //	-allowed-client-ids  AGENTBOX_ALLOWED_CLIENT_IDS  the control plane's ID in AGENTBOX_NAMESPACE
 //	-workdir             AGENTBOX_WORKDIR             the workspace if there is one, else the current directory
 //	-workspace           AGENTBOX_WORKSPACE           -workdir if set, else /workspace (file endpoints are off if it does not exist)
-//	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB
+//	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB (the controller sets the template's workspace size)
+//	-pass-env            AGENTBOX_PASS_ENV            the proxy variables (the controller adds the template's env)
 //	-audit-log           AGENTBOX_AUDIT_LOG           off
 //	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
 //	-mcp-servers         AGENTBOX_MCP_SERVERS         none (a JSON file: [{"name", "command", "args", "env", "dir"}])
@@ -24,13 +25,21 @@
 //	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024 (RLIMIT_NPROC of commands; -1: none)
 //	-memory-limit        AGENTBOX_MEMORY_LIMIT        off (the pod's memory limit; the controller sets it)
 //	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
+//	-health-listen       AGENTBOX_HEALTH_LISTEN       off (plain HTTP, /livez and /healthz only; the controller sets 127.0.0.1:8444)
 //
-// The audit log is off unless a path is given. Its obvious default place,
-// /tmp, is the worst one in a sandbox: it is writable by the very code
-// being audited, so the log could be edited or filled, and it grows
-// unbounded on the pod's ephemeral storage. An operator who wants the log
-// points it at a volume the sandboxed code cannot write and that something
-// collects.
+// "agentbox-supervisor -probe" serves nothing: it calls GET /livez on
+// -health-listen and exits 0 if the supervisor answered, 1 if not. It is
+// the sandbox pod's liveness probe, run by kubelet inside the pod with
+// the pod's environment, so it finds the address the supervisor listens
+// on.
+//
+// Every answer carries the supervisor's record of the call (see
+// supervisorapi.AuditRecord), which the control plane appends to its
+// hash-chained audit log: the record leaves the sandbox as it is made.
+// The local audit log is a debugging aid, off unless a path is given (the
+// controller keeps it off in sandbox pods). Anywhere the supervisor can
+// write, so can the code it runs, as the same user: a local log could be
+// edited or filled, and it grows unbounded on the pod's storage.
 //
 // On SIGTERM the supervisor stops accepting calls and lets running
 // commands finish for -shutdown-grace; then it sends SIGTERM to the
@@ -49,6 +58,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -115,6 +125,8 @@ type options struct {
 	reapOrphans      bool
 	logLevel         slog.Level
 	showVersion      bool
+	probe            bool
+	probeTimeout     time.Duration
 }
 
 func main() {
@@ -128,6 +140,13 @@ func main() {
 	}
 	if opts.showVersion {
 		fmt.Println(version)
+		return
+	}
+	if opts.probe {
+		if err := probe(opts.healthListen, opts.probeTimeout); err != nil {
+			fmt.Fprintln(os.Stderr, "agentbox-supervisor -probe:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	log := slog.New(supervisor.NewRedactingHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: opts.logLevel})))
@@ -157,7 +176,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	var pidsLimit, memoryLimit, memoryReserve string
 	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
 	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
-	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /healthz, for kubelet probes (which cannot present a client certificate)")
+	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /livez and /healthz, for probes (which cannot present a client certificate); the controller sets a loopback one")
+	fs.BoolVar(&o.probe, "probe", false, "instead of serving, call GET /livez on -health-listen (a loopback address when its host is empty or unspecified) and exit 0 if the supervisor answered, 1 if not: the sandbox pod's liveness probe")
+	fs.DurationVar(&o.probeTimeout, "probe-timeout", 5*time.Second, "how long -probe waits for the answer")
 	fs.StringVar(&o.tlsDir, "tls-dir", env("AGENTBOX_TLS_DIR", "/etc/agentbox/tls"), "directory holding tls.crt, tls.key and ca.crt")
 	fs.StringVar(&o.trustDomain, "trust-domain", env("AGENTBOX_TRUST_DOMAIN", pki.DefaultTrustDomain), "SPIFFE trust domain")
 	fs.StringVar(&allowed, "allowed-client-ids", env("AGENTBOX_ALLOWED_CLIENT_IDS", ""), "comma-separated SPIFFE IDs allowed to call (default: the control plane in AGENTBOX_NAMESPACE)")
@@ -169,7 +190,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.IntVar(&o.maxQueued, "max-queued", supervisor.DefaultMaxQueuedCommands, "commands that may wait for one of the -max-concurrent slots; negative: none wait")
 	fs.DurationVar(&o.queueWait, "queue-wait", supervisor.DefaultCommandQueueWait, "how long a command waits for a slot before it is refused")
 	fs.IntVar(&o.maxProcesses, "max-processes", supervisor.DefaultMaxProcesses, "background processes allowed to exist at once")
-	fs.StringVar(&passEnv, "pass-env", strings.Join(supervisor.DefaultPassEnv, ","), "comma-separated variables passed from this process's environment to commands")
+	fs.StringVar(&passEnv, "pass-env", env("AGENTBOX_PASS_ENV", strings.Join(supervisor.DefaultPassEnv, ",")), "variables passed from this process's environment to every process it starts (commands, python_exec, execute, terminals, MCP servers): comma-separated, or a JSON array of names; none may start with "+supervisorapi.ReservedEnvPrefix)
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
 	fs.StringVar(&pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", strconv.Itoa(supervisor.DefaultCommandPidsLimit)), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none")
@@ -244,9 +265,11 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	// The template API promises that a default above the cap is cut to
 	// it, so that lowering only the cap is enough.
 	o.pythonTimeout = min(o.pythonTimeout, o.pythonMaxTimeout)
-	o.passEnv = splitList(passEnv)
-	if o.passEnv == nil {
-		o.passEnv = []string{}
+	if o.passEnv, err = supervisor.ParseEnvNames(passEnv); err != nil {
+		return nil, fmt.Errorf("-pass-env: %w", err)
+	}
+	if err := supervisor.CheckPassEnv(o.passEnv); err != nil {
+		return nil, fmt.Errorf("-pass-env: %w", err)
 	}
 
 	o.allowedClientIDs = splitList(allowed)
@@ -346,11 +369,21 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			log.Info("audit log closed", "path", o.auditLog)
 		}()
 	}
+	var tlsConfig *tls.Config
+	var self string
+	if o.insecureListen == "" {
+		var err error
+		if tlsConfig, self, err = loadTLS(o.tlsDir, o.allowedClientIDs); err != nil {
+			return err
+		}
+		log.Info("loaded TLS identity", "identity", self, "allowed_client_ids", o.allowedClientIDs)
+	}
 	mcpServers, err := newMCPManager(o, log)
 	if err != nil {
 		return err
 	}
 	handler, err := supervisor.New(supervisor.Config{
+		Identity:              self,
 		MCP:                   mcpHandler(mcpServers),
 		DefaultCwd:            o.workdir,
 		Workspace:             o.workspace,
@@ -393,17 +426,10 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		log.Info("starting MCP servers", "servers", mcpServers.Names())
 	}
 
-	var tlsConfig *tls.Config
 	addr := o.listen
 	if o.insecureListen != "" {
 		addr = o.insecureListen
 		log.Warn("serving plain HTTP without client authentication; for local debugging only", "addr", addr)
-	} else {
-		var self string
-		if tlsConfig, self, err = loadTLS(o.tlsDir, o.allowedClientIDs); err != nil {
-			return err
-		}
-		log.Info("loaded TLS identity", "identity", self, "allowed_client_ids", o.allowedClientIDs)
 	}
 
 	ln, err := net.Listen("tcp", addr)
@@ -624,9 +650,50 @@ func loadTLS(dir string, allowed []string) (*tls.Config, string, error) {
 	return pki.ServerTLS(cert, pool, allowed...), id.String(), nil
 }
 
+// probe is -probe: one GET /livez on the health listener at addr, which
+// goes through the same request handling as every call. A supervisor that
+// is stopped or wedged (its accept loop, or the lock every call takes)
+// does not answer within timeout, and the probe fails, where a TCP connect
+// to its port would still succeed: the kernel accepts connections for a
+// listener whose process no longer runs.
+func probe(addr string, timeout time.Duration) error {
+	if addr == "" {
+		return errors.New("no -health-listen (AGENTBOX_HEALTH_LISTEN) to probe")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-health-listen %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	u := "http://" + net.JoinHostPort(host, port) + supervisorapi.PathLive
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	// Not the default transport: no proxy from the environment (the pod
+	// has HTTP_PROXY for the egress proxy) and no connection kept.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body) != nil || body.Status != "ok" {
+		return fmt.Errorf("GET %s: %s, status %q", u, resp.Status, body.Status)
+	}
+	return nil
+}
+
 func healthOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthSeed {
+		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthSeed && r.URL.Path != supervisorapi.PathLive {
 			http.NotFound(w, r)
 			return
 		}

@@ -68,9 +68,10 @@ func execCommand(ctx context.Context, name string, args []string, getenv func(st
 Runs CMD in the sandbox of AGENT_ID. No shell is involved; use
 "-- sh -c '...'" for one. Flags may also follow AGENT_ID, before "--".
 The command's stdout and stderr are printed as they are, then
-"exit_code=N duration=D" on stderr; agentbox exits with the command's
-code, 124 if it timed out, 128+N if signal N ended it, 1 if the API
-failed the call and 2 for bad usage.
+"exit_code=N duration=D" on stderr (with out_of_memory=true, and a line
+saying so, when the sandbox's memory guard killed it); agentbox exits
+with the command's code, 124 if it timed out, 128+N if signal N ended
+it, 1 if the API failed the call and 2 for bad usage.
 
 flags:
 `, name)
@@ -176,6 +177,9 @@ flags:
 		}
 		fmt.Fprintf(stderr, "agentbox %s: %s\n", name, msg)
 		return exitAPIError
+	}
+	if res.OutOfMemory {
+		fmt.Fprintf(stderr, "agentbox %s: %s\n", name, outOfMemoryNote)
 	}
 	fmt.Fprintln(stderr, summary(res))
 	return exitCode(res)

@@ -170,11 +170,18 @@ func summary(res *client.CommandResult) string {
 	if res.TimedOut {
 		b.WriteString(" timed_out=true")
 	}
+	if res.OutOfMemory {
+		b.WriteString(" out_of_memory=true")
+	}
 	if res.Truncated {
 		b.WriteString(" truncated=true")
 	}
 	return b.String()
 }
+
+// outOfMemoryNote explains a command the sandbox's memory guard killed,
+// which a bare SIGKILL would not.
+const outOfMemoryNote = "the sandbox ran short of memory: its supervisor killed this command, which held the most"
 
 // signalNumbers maps the signals a sandboxed command is commonly ended by
 // to their Linux numbers, for the shell convention of exiting 128+N.

@@ -70,6 +70,8 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		res = client.CommandResult{ExitCode: -1, Signal: "SIGKILL", TimedOut: true, DurationMS: 2000}
 	case "killed":
 		res = client.CommandResult{ExitCode: -1, Signal: "SIGKILL", DurationMS: 5}
+	case "memory-hog":
+		res = client.CommandResult{ExitCode: -1, Signal: "SIGKILL", OutOfMemory: true, DurationMS: 5}
 	default:
 		res = client.CommandResult{Stdout: strings.Join(req.Command, " ") + "\n", DurationMS: 12}
 	}
@@ -165,8 +167,12 @@ func TestTimeoutAndSignalExitCodes(t *testing.T) {
 		t.Errorf("timed out: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(t, env, "", "run-command", "--endpoint", api.srv.URL, "--ca-file", api.caFile, "a", "--", "killed")
-	if r.code != 137 {
-		t.Errorf("killed: exit %d, want 137", r.code)
+	if r.code != 137 || strings.Contains(r.stderr, "memory") {
+		t.Errorf("killed: exit %d, stderr %q; want 137 and no word of memory", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "", "run-command", "--endpoint", api.srv.URL, "--ca-file", api.caFile, "a", "--", "memory-hog")
+	if r.code != 137 || !strings.Contains(r.stderr, "signal=SIGKILL out_of_memory=true") || !strings.Contains(r.stderr, outOfMemoryNote) {
+		t.Errorf("killed by the memory guard: exit %d, stderr %q; want 137, out_of_memory=true and the note", r.code, r.stderr)
 	}
 }
 

@@ -389,7 +389,10 @@ type AuditRecord struct {
 	RequestID string `json:"request_id,omitempty"`
 	// Detail is what the call added for a reviewer, a JSON object: for
 	// example "lease_bypassed" (the holder and expiry of a hold the staff
-	// console passed). Known secret formats are redacted from it.
+	// console passed). The records whose Operation starts with
+	// "supervisor:" are the sandbox supervisor's own record of a call it
+	// served, which came back with its answer; Detail is that record as the
+	// supervisor sent it. Known secret formats are redacted from it.
 	Detail string `json:"detail,omitempty"`
 	// Hash chains the record to PrevHash (hex SHA-256).
 	Hash     string `json:"hash"`
@@ -449,10 +452,14 @@ type CommandResult struct {
 	// ExitCode is -1 when the process was ended by a signal.
 	ExitCode int `json:"exit_code"`
 	// Signal names the signal that ended the process, e.g. "SIGKILL".
-	Signal     string `json:"signal"`
-	TimedOut   bool   `json:"timed_out"`
-	Truncated  bool   `json:"truncated"`
-	DurationMS int64  `json:"duration_ms"`
+	Signal   string `json:"signal"`
+	TimedOut bool   `json:"timed_out"`
+	// OutOfMemory means the sandbox's supervisor killed the command because
+	// the sandbox neared its memory limit and this command held the most
+	// memory (Signal is then SIGKILL). The sandbox itself lives on.
+	OutOfMemory bool  `json:"out_of_memory"`
+	Truncated   bool  `json:"truncated"`
+	DurationMS  int64 `json:"duration_ms"`
 }
 
 // Code classifies an error. Callers branch on it, never on the message.

@@ -43,8 +43,10 @@ import (
 //   - text, both ways: one PTYMessage, a JSON control message. The client
 //     sends {"type":"resize","cols":C,"rows":R}; the supervisor sends
 //     {"type":"exit","exit":{...}} once the process has exited and its
-//     output has been sent. A text frame that is not a valid message ends
-//     the session.
+//     output has been sent, then {"type":"audit","audit":"..."}, its
+//     record of the session (see AuditRecord), which the control plane
+//     keeps and does not relay. A text frame that is not a valid message
+//     ends the session; clients ignore message types they do not know.
 //
 // After the exit message the supervisor closes the WebSocket: with 1000
 // (normal closure) when the process ended on its own, with 1001 (going
@@ -66,6 +68,7 @@ const (
 
 	PTYMessageResize = "resize"
 	PTYMessageExit   = "exit"
+	// PTYMessageAudit is in audit.go.
 
 	// Reasons the supervisor ends a session itself (PTYExit.Reason).
 	PTYReasonIdle      = "idle_timeout"
@@ -111,6 +114,9 @@ type PTYMessage struct {
 	Rows uint16 `json:"rows,omitempty"`
 	// Exit is set in exit messages.
 	Exit *PTYExit `json:"exit,omitempty"`
+	// Audit is set in audit messages: the session's AuditRecord, encoded
+	// as for HeaderAudit.
+	Audit string `json:"audit,omitempty"`
 }
 
 // PTYExit says how a PTY session's process ended.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // Streams a CommandEvent can carry output from.
@@ -89,8 +90,10 @@ func (c *Client) RunCommandStream(ctx context.Context, req CommandRequest, fn fu
 		}
 		switch {
 		case ev.Exit != nil:
+			readTail(resp.Body)
 			return ev.Exit, nil
 		case ev.Error != nil:
+			readTail(resp.Body)
 			ev.Error.HTTPStatus = resp.StatusCode
 			return nil, ev.Error
 		}
@@ -102,6 +105,17 @@ func (c *Client) RunCommandStream(ctx context.Context, req CommandRequest, fn fu
 		return nil, fmt.Errorf("%w: %w", ErrStreamIncomplete, err)
 	}
 	return nil, ErrStreamIncomplete
+}
+
+// readTail reads what follows a stream's last event: the end of the
+// chunked body and its trailer, the supervisor's record of the call (see
+// AuditRecord), which is known only once the body has been read to its
+// end. The supervisor sends nothing more, so this takes no time; the
+// bounds only guard against a broken peer.
+func readTail(body io.ReadCloser) {
+	t := time.AfterFunc(5*time.Second, func() { body.Close() })
+	defer t.Stop()
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, 64<<10))
 }
 
 func (c *Client) httpClient() *http.Client {

@@ -7,6 +7,7 @@
 // The supervisor serves HTTPS with mutual TLS on port 8443:
 //
 //	GET    /healthz                -> Health
+//	GET    /livez                  -> {"status":"ok"} (the liveness probe's)
 //	POST   /v1/commands            CommandRequest -> CommandResult
 //	POST   /v1/commands/stream     CommandRequest -> NDJSON CommandEvent lines
 //	POST   /v1/python              PythonRequest -> CommandResult (python_exec)
@@ -47,7 +48,14 @@ const (
 	// DefaultPort is the port the supervisor listens on in a sandbox pod.
 	DefaultPort = 8443
 
-	PathHealth   = "/healthz"
+	PathHealth = "/healthz"
+	// PathLive answers {"status":"ok"} once the request has gone through
+	// the supervisor's request handling, and does nothing else: it is the
+	// liveness probe's, cheap enough to call every few seconds whatever
+	// the workspace holds (PathHealth measures the workspace). Like
+	// PathHealth it is also served on the plain-HTTP health listener,
+	// which needs no client certificate.
+	PathLive     = "/livez"
 	PathCommands = "/v1/commands"
 	// PathCommandsStream (POST) runs a command like PathCommands but
 	// answers with its output as it arrives; see CommandEvent.
@@ -74,6 +82,10 @@ const (
 	FormatTar = "tar"
 	// DefaultFileMode applies to files written without a mode.
 	DefaultFileMode = 0o644
+	// ReservedEnvPrefix starts the names of the variables that configure
+	// the supervisor (AGENTBOX_WORKSPACE_CAP, AGENTBOX_TLS_DIR, ...). The
+	// supervisor never passes them to the processes it starts.
+	ReservedEnvPrefix = "AGENTBOX_"
 	// DefaultWorkspaceCapBytes is the workspace cap when none is configured
 	// (the design's 1 GB).
 	DefaultWorkspaceCapBytes = 1 << 30

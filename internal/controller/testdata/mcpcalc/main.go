@@ -29,6 +29,15 @@ type readOut struct {
 	Content string `json:"content"`
 }
 
+type getenvIn struct {
+	Names []string `json:"names" jsonschema:"environment variables to read"`
+}
+
+type getenvOut struct {
+	// Values holds the variables that are set.
+	Values map[string]string `json:"values"`
+}
+
 func main() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "mcpcalc", Version: "1.0.0"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "add", Description: "adds two integers"},
@@ -44,6 +53,17 @@ func main() {
 				return nil, readOut{}, err
 			}
 			return nil, readOut{Content: string(b)}, nil
+		})
+	// getenv shows what environment the sandbox gives its MCP servers.
+	mcp.AddTool(s, &mcp.Tool{Name: "getenv", Description: "returns the server's environment variables of the names given"},
+		func(_ context.Context, _ *mcp.CallToolRequest, in getenvIn) (*mcp.CallToolResult, getenvOut, error) {
+			out := getenvOut{Values: map[string]string{}}
+			for _, n := range in.Names {
+				if v, ok := os.LookupEnv(n); ok {
+					out.Values[n] = v
+				}
+			}
+			return nil, out, nil
 		})
 	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
 		log.Fatal(err)
