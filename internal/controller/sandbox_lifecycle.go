@@ -220,7 +220,10 @@ func (r *SandboxReconciler) stopping(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sandbo
 }
 
 // parked reports whether the sandbox is meant to stay without a pod: idle
-// after a stop, or after a failed one.
+// after a stop, or after a failed one. A stop that failed took the pod
+// away on purpose; bringing it back before any activity would only turn
+// idle again at once and repeat the failed stop, a new pod every few
+// seconds, for as long as nobody calls.
 func parked(sbx *v1alpha1.Sandbox, a activity) bool {
 	if !a.idle() {
 		return false
@@ -229,7 +232,10 @@ func parked(sbx *v1alpha1.Sandbox, a activity) bool {
 	case v1alpha1.SandboxPhaseStopped:
 		return true
 	case v1alpha1.SandboxPhaseError:
-		return readyReason(sbx) == v1alpha1.ReasonSnapshotFailed
+		switch readyReason(sbx) {
+		case v1alpha1.ReasonSnapshotFailed, v1alpha1.ReasonSyncFailed:
+			return true
+		}
 	}
 	return false
 }
@@ -288,10 +294,10 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 			return ctrl.Result{}, err
 		}
 		if err := r.syncBeforeStop(ctx, sbx, sup); err != nil {
-			// Seed 000's sync failure: retried once already; the pod stops
-			// and the sandbox is marked Error. The claim keeps the data (no
-			// snapshot is taken of a volume whose last writes may not have
-			// reached it), and the next activity starts the pod on it.
+			// Retried once already: the pod stops and the sandbox is marked
+			// Error. The claim keeps the data (no snapshot is taken of a
+			// volume whose last writes may not have reached it), and the
+			// next activity, not sooner, starts the pod on it (parked).
 			if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
 				return ctrl.Result{}, err
 			}
@@ -563,7 +569,8 @@ var syncRetryDelay = time.Second
 
 // syncBeforeStop pushes the workspace into the agent's filespace and then
 // makes the workspace's last writes durable before it is snapshotted,
-// retrying once as seed 000 asks. The push comes first because it writes
+// retrying once: a failure that persists stops the sandbox without a
+// snapshot (SyncFailed). The push comes first because it writes
 // the sync baseline into the workspace, which the snapshot must hold.
 func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client) error {
 	var err error
