@@ -530,7 +530,7 @@ func TestStoreVolume(t *testing.T) {
 	t.Run("pvc by default", func(t *testing.T) {
 		r := render(t, Values{})
 		pvc := must[*corev1.PersistentVolumeClaim](r, "agentbox-store")
-		if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != "1Gi" {
+		if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != "10Gi" {
 			t.Errorf("size %s", q.String())
 		}
 		if pvc.Spec.StorageClassName != nil {
