@@ -318,7 +318,7 @@ func checkRoom(ctx context.Context, st *store.Store, plan []action, work map[str
 	}
 	if room.Known && need > room.Bytes {
 		return fmt.Errorf("%w: the push has %d new files (%s) for the agent's filespace, but there is room for %s (%s); "+
-			"give the control plane's store a larger volume (the chart's store.persistence.size, for the claim agentbox-store) or a PostgreSQL database",
+			"grow the control plane's store: its volume (the claim agentbox-store, the chart's store.persistence.size, where the claim's StorageClass allows expansion), or a PostgreSQL store",
 			store.ErrStoreFull, files, humanize.IBytes(uint64(need)), humanize.IBytes(uint64(room.Bytes)), room)
 	}
 	return nil
