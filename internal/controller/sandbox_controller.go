@@ -107,11 +107,15 @@ type SandboxReconciler struct {
 	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
 	// The control plane gives the warm pool controller the same one.
 	WarmTakes WarmTakes
-	// Filespaces syncs workspaces with the agents' filespaces (seed 000):
-	// a push before an idle stop's snapshot, a pull before a new or resumed
+	// Filespaces syncs workspaces with the agents' filespaces: a push
+	// before an idle stop's snapshot, a pull before a new or resumed
 	// sandbox serves. Nil leaves workspaces alone, as a control plane
 	// without a store must.
 	Filespaces FilespaceSyncer
+	// APIReader reads Sandboxes past the cache, where a pass must not act
+	// twice on a status it wrote a moment ago; SetupWithManager fills it
+	// from the manager when nil, and nil means the client.
+	APIReader client.Reader
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -130,6 +134,9 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(SandboxControllerName)
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, templateRefIndex,
 		func(o client.Object) []string {

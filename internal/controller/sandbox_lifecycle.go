@@ -363,6 +363,12 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		return ctrl.Result{RequeueAfter: snapshotPoll}, nil
 	}
 
+	if done, err := r.stopRecorded(ctx, sbx, name); err != nil || done {
+		// A pass from a cache that has not seen the stop's status yet (the
+		// pod and claim it deleted woke it): the stop is over, and
+		// finishing it again would repeat its event and metrics.
+		return ctrl.Result{}, err
+	}
 	if err := r.deleteWorkload(ctx, sbx, pod, true); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -390,6 +396,21 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s, %s driver); the next activity resumes the sandbox",
 		name, formatBytes(state.SizeBytes), snapshot.ID(r.Snapshots)))
 	return ctrl.Result{}, nil
+}
+
+// stopRecorded reports whether the Sandbox as stored, not as cached, is
+// already Stopped with snapshot name: an earlier pass finished this stop.
+func (r *SandboxReconciler) stopRecorded(ctx context.Context, sbx *v1alpha1.Sandbox, name string) (bool, error) {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	var live v1alpha1.Sandbox
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(sbx), &live); err != nil {
+		return false, fmt.Errorf("read sandbox %s before finishing its stop: %w", sbx.Name, err)
+	}
+	return live.UID == sbx.UID && live.Status.Phase == v1alpha1.SandboxPhaseStopped &&
+		live.Status.Snapshot != nil && live.Status.Snapshot.Name == name, nil
 }
 
 // idleStopBackoff is the wait after failures stops abandoned in a row.
