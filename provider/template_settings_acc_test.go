@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-testing/statecheck"
 	"github.com/hashicorp/terraform-plugin-testing/terraform"
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -270,6 +271,24 @@ func (r *settingsRun) checkEnv(ctx context.Context) error {
 		return fmt.Errorf("python_exec: %s (%v); want GREETING=%q", raw, err, settingsGreeting)
 	}
 
+	// The agent's MCP endpoint, as any MCP client uses it: its run_command
+	// tool is the REST call's twin.
+	mcs, err := mcp.NewClient(&mcp.Implementation{Name: "acc-test", Version: "v0"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: r.api.Endpoint() + client.PathMCP(settingsAgent), HTTPClient: r.api.MCPHTTPClient()}, nil)
+	if err != nil {
+		return fmt.Errorf("connect to the agent's MCP endpoint: %w", err)
+	}
+	called, err := mcs.CallTool(ctx, &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{"command": []string{"printenv", "GREETING"}}})
+	mcs.Close()
+	if err != nil {
+		return fmt.Errorf("run_command through the MCP endpoint: %w", err)
+	}
+	raw, _ = json.Marshal(called.StructuredContent)
+	var viaMCP client.CommandResult
+	if err := json.Unmarshal(raw, &viaMCP); err != nil || called.IsError || viaMCP.Stdout != settingsGreeting+"\n" {
+		return fmt.Errorf("run_command through the MCP endpoint: %s (error %v, %v); want GREETING=%q", raw, called.IsError, err, settingsGreeting)
+	}
+
 	f, err := os.Open(r.tools.mcpcalc)
 	if err != nil {
 		return err
@@ -287,7 +306,7 @@ func (r *settingsRun) checkEnv(ctx context.Context) error {
 	if env["GREETING"] != settingsGreeting || env["MCP_ONLY"] != "for calc" {
 		return fmt.Errorf("the MCP server's environment: %v; want the template's GREETING and its own MCP_ONLY", env)
 	}
-	r.t.Logf("GREETING reached run_command, python_exec and the stdio MCP server (which answered %s after its binary was put)",
+	r.t.Logf("GREETING reached run_command (REST and the MCP endpoint), python_exec and the stdio MCP server (which answered %s after its binary was put)",
 		time.Since(start).Round(time.Millisecond))
 	return nil
 }
@@ -423,6 +442,17 @@ func (r *settingsRun) checkBigFileAcrossStop(ctx context.Context) error {
 	r.t.Logf("wrote %d MiB from /dev/urandom through agentbox exec in %s (%.0f MiB/s, sha256sum included); sha256 %s",
 		settingsBigMiB, wrote.Round(time.Millisecond), float64(settingsBigMiB)/wrote.Seconds(), r.bigSum)
 
+	// Into the agent's filespace in the control plane's store, as the API
+	// does on its own after a call and the idle stop does before the
+	// snapshot: the default store has room for it.
+	start = time.Now()
+	push, err := r.api.SyncFilespace(ctx, settingsAgent, client.SyncPush)
+	if err != nil {
+		return fmt.Errorf("sync_filespace push of the big file: %w", err)
+	}
+	r.t.Logf("sync_filespace push right after the write: %s (pushed %d files, %d bytes, in %d ms; the API's own push after the call may have taken it first)",
+		time.Since(start).Round(time.Millisecond), push.Pushed, push.Bytes, push.DurationMS)
+
 	// The idle stop: Running, then IdleStopping, then Stopped with the
 	// snapshot in the embedded store.
 	var sbx agentboxv1alpha1.Sandbox
@@ -490,10 +520,16 @@ func (r *settingsRun) checkBigFileAcrossStop(ctx context.Context) error {
 		return fmt.Errorf("after the resume: sha256sum %q, want %q", stdout, want)
 	}
 	r.t.Logf("agentbox exec sha256sum on the stopped sandbox, resume included: %s", resumed.Round(time.Millisecond))
+	// One stop and one resume so far, each told once.
+	seen := map[string]int{}
 	for _, e := range r.eventList(ctx) {
 		if e.Reason == "IdleStopped" || e.Reason == "Resumed" || e.Reason == "FilespacePulled" {
 			r.t.Logf("event %s: %s", e.Reason, e.Message)
+			seen[e.Reason]++
 		}
+	}
+	if seen["IdleStopped"] != 1 || seen["Resumed"] != 1 {
+		return fmt.Errorf("events of the stop and the resume: %v; want one IdleStopped and one Resumed", seen)
 	}
 
 	// The resumed sandbox runs the MCP server from the restored workspace,
