@@ -317,9 +317,9 @@ func checkRoom(ctx context.Context, st *store.Store, plan []action, work map[str
 		return err
 	}
 	if room.Known && need > room.Bytes {
-		return fmt.Errorf("%w: the push has %d new files (%s) for the agent's filespace, but there is room for %s (%s); "+
+		return fmt.Errorf("%w: pushing the workspace into the agent's filespace needs room for %s of new content (in %d file(s)), but the store has room for %s (%s); "+
 			"grow the control plane's store: its volume (the claim agentbox-store, the chart's store.persistence.size, where the claim's StorageClass allows expansion), or a PostgreSQL store",
-			store.ErrStoreFull, files, humanize.IBytes(uint64(need)), humanize.IBytes(uint64(room.Bytes)), room)
+			store.ErrStoreFull, humanize.IBytes(uint64(need)), files, humanize.IBytes(uint64(room.Bytes)), room)
 	}
 	return nil
 }

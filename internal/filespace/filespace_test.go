@@ -353,7 +353,7 @@ func TestPushRefusedWithoutRoom(t *testing.T) {
 	big := string(bytes.Repeat([]byte("x"), 3<<20))
 	a.write(t, "big.bin", big, time.Time{})
 	_, err = filespace.Sync(ctx, a.client, st, filespace.Options{AgentID: agent, Direction: filespace.Push})
-	if !errors.Is(err, store.ErrStoreFull) || !strings.Contains(err.Error(), "1 new files (3.0 MiB)") ||
+	if !errors.Is(err, store.ErrStoreFull) || !strings.Contains(err.Error(), "3.0 MiB of new content (in 1 file(s))") ||
 		!strings.Contains(err.Error(), "store.persistence.size") {
 		t.Fatalf("a push past the store's room: %v, want ErrStoreFull saying what to do", err)
 	}
