@@ -58,18 +58,20 @@ const (
 
 // TestAccTemplateSettings takes the template's settings end to end the way
 // a user goes: the platform with the chart's default values (only the image
-// tag, as the quickstart), a template with an environment variable, a 2Gi
-// workspace, a one-minute idle timeout and a stdio MCP server, and an
-// agent's sandbox, all through the terraform CLI. Then, through the Compute
-// API with what agentbox_platform reports, and the agentbox CLI:
+// tag, as the quickstart), a template with an environment variable (a plain
+// value: the provider's env takes no values from Secrets, which go in
+// secret_files), a 2Gi workspace, a one-minute idle timeout and a stdio MCP
+// server, and an agent's sandbox, all through the terraform CLI. Then,
+// through the Compute API with what agentbox_platform reports, and the
+// agentbox CLI:
 //
-//   - the variable reaches run_command, python_exec, a terminal and the MCP
-//     server (mcp_request);
+//   - the variable reaches run_command (REST and the agent's MCP endpoint),
+//     python_exec, a terminal and the stdio MCP server (mcp_request);
 //   - a terminal held open for twice the idle timeout keeps the sandbox
 //     Running, and answers at the end;
-//   - 1.5 GiB written by a command survive an idle stop into the default
-//     snapshot store and the resume that the next call brings, byte for
-//     byte;
+//   - 1.5 GiB written by a command go into the agent's filespace in the
+//     default store, and survive an idle stop into the default snapshot
+//     store and the resume that the next call brings, byte for byte;
 //   - dd past the 2Gi workspace fails with ENOSPC, and leaves the earlier
 //     file intact.
 func TestAccTemplateSettings(t *testing.T) {
