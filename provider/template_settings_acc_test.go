@@ -253,9 +253,10 @@ func (r *settingsRun) run(ctx context.Context, script string) (*client.CommandRe
 	return res, nil
 }
 
-// checkEnv: the template's variable in a command, python_exec and the
-// stdio MCP server, whose binary goes into the workspace through the file
-// API (the template runs it from there; the bridge retries until it is).
+// checkEnv: the template's variable in a command (through REST and the
+// agent's MCP endpoint), python_exec and the stdio MCP server, whose binary
+// goes into the workspace through the file API (the template runs it from
+// there; the bridge retries until it is).
 func (r *settingsRun) checkEnv(ctx context.Context) error {
 	res, err := r.run(ctx, `printf '%s\n' "$GREETING"`)
 	if err != nil {
