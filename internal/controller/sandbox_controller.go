@@ -107,7 +107,7 @@ type SandboxReconciler struct {
 	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
 	// The control plane gives the warm pool controller the same one.
 	WarmTakes WarmTakes
-	// Filespaces syncs workspaces with the agents' filespaces (seed 000):
+	// Filespaces syncs workspaces with the agents' filespaces:
 	// a push before an idle stop's snapshot, a pull before a new or resumed
 	// sandbox serves. Nil leaves workspaces alone, as a control plane
 	// without a store must.

@@ -25,7 +25,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
 )
 
-// TestFilespaceFollowsTheAgent runs seed 000's filespace sync through the
+// TestFilespaceFollowsTheAgent runs the filespace sync through the
 // controller on the real cluster, with the real store (SQLite) and a gVisor
 // pod's supervisor: the idle stop pushes the workspace into the agent's
 // filespace; a change made to the filespace while the sandbox is stopped is

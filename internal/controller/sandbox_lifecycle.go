@@ -288,7 +288,7 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 			return ctrl.Result{}, err
 		}
 		if err := r.syncBeforeStop(ctx, sbx, sup); err != nil {
-			// Seed 000's sync failure: retried once already; the pod stops
+			// A sync failure: retried once already; the pod stops
 			// and the sandbox is marked Error. The claim keeps the data (no
 			// snapshot is taken of a volume whose last writes may not have
 			// reached it), and the next activity starts the pod on it.
@@ -563,7 +563,7 @@ var syncRetryDelay = time.Second
 
 // syncBeforeStop pushes the workspace into the agent's filespace and then
 // makes the workspace's last writes durable before it is snapshotted,
-// retrying once as seed 000 asks. The push comes first because it writes
+// retrying once, as the sync-failure policy asks. The push comes first because it writes
 // the sync baseline into the workspace, which the snapshot must hold.
 func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client) error {
 	var err error

@@ -543,7 +543,7 @@ func TestSnapshotName(t *testing.T) {
 	}
 }
 
-// TestUnitSyncFailure: seed 000's sync failure. The flush before the
+// TestUnitSyncFailure: the sync failure of an idle stop. The flush before the
 // snapshot fails, is retried once, fails again: the pod stops without a
 // snapshot, the claim stays, the sandbox is Error/SyncFailed, and the next
 // activity brings it back on its claim.

@@ -18,7 +18,7 @@ import (
 // to a node that no longer exists.
 const EventNodeLost = "NodeLost"
 
-// Node loss (seed 000): a workspace on node-local storage (local-path, a
+// Node loss: a workspace on node-local storage (local-path, a
 // hostPath or local PersistentVolume) is pinned to its node by the
 // volume's node affinity. Once that node object is gone the claim can
 // never be mounted again, and a new pod would wait unschedulable for ever.

@@ -21,7 +21,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
-// Adoption from a warm pool (DESIGN.md, "Warm pools").
+// Adoption from a warm pool.
 //
 // A new Sandbox X takes over a ready warm sandbox W of its template instead
 // of starting a pod of its own. A pod's spec cannot change, and W's pod

@@ -1,5 +1,5 @@
 // Package filespace syncs a sandbox's workspace with the agent's filespace
-// in the control plane's store (seed 000's "Filespace Sync"): file
+// in the control plane's store (filespace sync): file
 // metadata in store.FileNode, contents as content-addressed blobs.
 //
 // A sync is one direction at a time. A push writes the workspace's changes

@@ -600,7 +600,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(params, "%s %s?%s", r.Method, r.URL.EscapedPath(), r.URL.RawQuery)
 	}
 	switch r.URL.Path {
-	case api.PathHealth, api.PathHealthSeed:
+	case api.PathHealth, api.PathHealthShort:
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			methodNotAllowed(rec, r, "GET, HEAD")
 			break

@@ -10,7 +10,7 @@ const (
 	ConditionReady = "Ready"
 
 	// ConditionLeased is True while someone holds the Sandbox's exclusive
-	// lease (seed 003), taken through the Compute API and stored as the
+	// lease, taken through the Compute API and stored as the
 	// holder of the sandbox's coordination.k8s.io Lease; its message names
 	// the holder. It is independent of Ready: a stopped sandbox can be
 	// leased.

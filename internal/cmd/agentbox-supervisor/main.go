@@ -693,7 +693,7 @@ func probe(addr string, timeout time.Duration) error {
 
 func healthOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthSeed && r.URL.Path != supervisorapi.PathLive {
+		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthShort && r.URL.Path != supervisorapi.PathLive {
 			http.NotFound(w, r)
 			return
 		}
