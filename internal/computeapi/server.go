@@ -524,10 +524,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.E
 }
 
 // readySandbox returns agentID's Sandbox once it can take calls. A sandbox
-// that is stopped, stopping or starting is waited for: the call renews its
-// Lease, which is what wakes a stopped sandbox, and is served when the
-// controller reports it running, so the caller sees one slower call rather
-// than an error. A sandbox in a state that needs a person fails at once.
+// that is stopped, stopping or starting, or that lost its node, is waited
+// for: the call renews its Lease, which is what wakes a stopped sandbox or
+// one that lost its node, and is served when the controller reports it
+// running, so the caller sees one slower call rather than an error. A
+// sandbox in a state that needs a person fails at once.
 func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	sb, apiErr := s.agentSandbox(ctx, agentID)
 	if apiErr != nil {
@@ -539,9 +540,16 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 	if !starting(sb) {
 		return nil, notReady(agentID, sb)
 	}
-	wakeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-	s.leases.wake(wakeCtx, sb)
-	cancel()
+	wake := func() {
+		wakeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+		s.leases.wake(wakeCtx, sb)
+		cancel()
+	}
+	wake()
+	// A node lost while the call waits (the sandbox was starting on it)
+	// parks the sandbox until activity after the loss, which the renewal
+	// above may predate: each loss seen gets its own renewal.
+	wokenFor := nodeLossKey(sb)
 
 	// Wall-clock time, not s.clock: the wait is for another process.
 	timeout := time.NewTimer(s.resumeTimeout)
@@ -567,7 +575,25 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 		if !starting(sb) {
 			return nil, notReady(agentID, sb)
 		}
+		if k := nodeLossKey(sb); k != "" && k != wokenFor {
+			wokenFor = k
+			wake()
+		}
 	}
+}
+
+// nodeLossKey identifies the node loss a sandbox waits after, empty when it
+// waits after none.
+func nodeLossKey(sb *v1alpha1.Sandbox) string {
+	loss := sb.Status.NodeLoss
+	if loss == nil || sb.Status.Phase != v1alpha1.SandboxPhaseError {
+		return ""
+	}
+	key := loss.NodeName + "@" + loss.Time.UTC().Format(time.RFC3339)
+	if loss.ActivityTime != nil {
+		key += "/" + loss.ActivityTime.UTC().Format(time.RFC3339Nano)
+	}
+	return key
 }
 
 // serving reports whether the sandbox takes calls now.
@@ -579,11 +605,16 @@ func serving(sb *v1alpha1.Sandbox) bool {
 
 // starting reports whether the sandbox will take calls without anyone's
 // help: it is stopped (and the call wakes it), being stopped (the resume
-// follows), resuming, or its pod is being created.
+// follows), resuming, its pod is being created, or its node was lost (the
+// call wakes it, and it resumes on another node). Every other Error needs
+// a person, and fails the call at once with the condition's message.
 func starting(sb *v1alpha1.Sandbox) bool {
 	switch sb.Status.Phase {
 	case v1alpha1.SandboxPhaseStopped, v1alpha1.SandboxPhaseIdleStopping, v1alpha1.SandboxPhaseResuming:
 		return true
+	case v1alpha1.SandboxPhaseError:
+		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+		return ready != nil && ready.Reason == v1alpha1.ReasonNodeLost
 	case v1alpha1.SandboxPhasePending, "":
 		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
 		return ready == nil || ready.Reason == v1alpha1.ReasonCreating || ready.Reason == v1alpha1.ReasonAdoptedFromWarmPool

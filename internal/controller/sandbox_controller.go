@@ -22,10 +22,13 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -102,6 +105,11 @@ type SandboxReconciler struct {
 	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
 	// The control plane gives the warm pool controller the same one.
 	WarmTakes WarmTakes
+	// APIReader reads straight from the API server, to confirm that a Node
+	// the cache does not know is really gone before a sandbox is treated
+	// as having lost it; SetupWithManager fills it from the manager when
+	// nil, and without one the cached Client is used.
+	APIReader client.Reader
 	// Filespaces syncs workspaces with the agents' filespaces (seed 000):
 	// a push before an idle stop's snapshot, a pull before a new or resumed
 	// sandbox serves. Nil leaves workspaces alone, as a control plane
@@ -126,11 +134,23 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(SandboxControllerName)
 	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, templateRefIndex,
 		func(o client.Object) []string {
 			return []string{o.(*v1alpha1.Sandbox).Spec.TemplateRef.Name}
 		}); err != nil {
 		return fmt.Errorf("index sandboxes by template: %w", err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, sandboxNodeIndex,
+		func(o client.Object) []string {
+			if n := o.(*v1alpha1.Sandbox).Status.NodeName; n != "" {
+				return []string{n}
+			}
+			return nil
+		}); err != nil {
+		return fmt.Errorf("index sandboxes by node: %w", err)
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(SandboxControllerName).
@@ -144,6 +164,14 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForTemplate)).
 		// Likewise a sandbox waiting for its template's EgressProxy.
 		Watches(&v1alpha1.EgressProxy{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForEgressProxy)).
+		// A deleted Node is a node loss for the sandboxes that ran there;
+		// nothing else about nodes concerns them.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesOnNode),
+			builder.WithPredicates(predicate.Funcs{
+				CreateFunc:  func(event.CreateEvent) bool { return false },
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			})).
 		Complete(r)
 }
 
@@ -344,6 +372,9 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	act := r.activityOf(sbx, tpl, lease)
 	prevPhase := sbx.Status.Phase
 	defer func() { recordActivity(prevPhase, sbx, act) }()
+	if done, err := r.handleNodeLoss(ctx, sbx, tpl, podOrNil, lease); err != nil || done {
+		return result, err
+	}
 	// Only a sandbox that can be stopped needs waking when it turns idle.
 	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
 		result.RequeueAfter = min(result.RequeueAfter, d)
@@ -365,10 +396,6 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		if claim, workspaceReady, err = r.ensureWorkspace(ctx, prevReason, sbx, tpl); err != nil {
 			return ctrl.Result{}, err
 		}
-	}
-
-	if lost, err := r.recoverFromNodeLoss(ctx, sbx, podOrNil, claim); err != nil || lost {
-		return result, err
 	}
 
 	if !havePod {

@@ -115,18 +115,29 @@ const (
 	// is kept, and the next activity starts the sandbox on it.
 	ReasonSyncFailed = "SyncFailed"
 
-	// ReasonPodFailed (phase Error): the pod failed or its node was lost, or
-	// its container cannot run: the message carries kubelet's reason, such
+	// ReasonPodFailed (phase Error): the pod failed (evicted, or refused by
+	// kubelet at admission), or its container cannot run: the message carries kubelet's reason, such
 	// as ImagePullBackOff, ErrImageNeverPull or CrashLoopBackOff, and the
 	// container's last exit. A stopped pod is deleted and created again; a
 	// container that cannot start is retried by kubelet, and the sandbox
 	// turns Running as soon as the pod is ready.
 	ReasonPodFailed = "PodFailed"
 
-	// ReasonNodeLost (phase Pending): the workspace volume was pinned to a
-	// node that no longer exists; its claim was given up and the sandbox
-	// starts on another node from its last snapshot (or empty, when it has
-	// none, as the message and a NodeLost event say).
+	// ReasonNodeLost (phase Error): the node the sandbox ran on no longer
+	// exists (its Node object was deleted). It is the same whether the
+	// controller sees the pod on the deleted node, or finds the pod already
+	// removed by the pod garbage collector (status.nodeName still names the
+	// node), or finds the workspace volume pinned to a node that is gone.
+	// The pod is force-deleted, since no kubelet will confirm a graceful
+	// deletion. A workspace on node-local storage of that node is lost
+	// with it: its claim is deleted, and the sandbox will resume from its
+	// last snapshot, or, without one, with an empty workspace (its files
+	// are lost, as the message says). A workspace on network storage is
+	// kept, to be mounted on another node with its files. status.nodeLoss
+	// records the loss. The sandbox then waits, holding no node: the next
+	// activity (any call through the Compute API, which waits for the
+	// resume) starts it on another node. A warm pool's unassigned sandbox
+	// has no caller and starts again at once.
 	ReasonNodeLost = "NodeLost"
 
 	// ReasonOwnershipConflict (phase Error): an object the sandbox needs
