@@ -164,6 +164,9 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForTemplate)).
 		// Likewise a sandbox waiting for its template's EgressProxy.
 		Watches(&v1alpha1.EgressProxy{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForEgressProxy)).
+		// Sandboxes report whether their namespace enforces restricted.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesInNamespace),
+			builder.WithPredicates(enforceLevelChanged)).
 		// A deleted Node is a node loss for the sandboxes that ran there;
 		// nothing else about nodes concerns them.
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesOnNode),
@@ -241,6 +244,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 
 	base := sbx.DeepCopy()
 	sbx.Status.ObservedGeneration = sbx.Generation
+	r.reportPodSecurity(ctx, meta.FindStatusCondition(base.Status.Conditions, v1alpha1.ConditionPodSecurity), &sbx)
 	result, err := r.reconcileChildren(ctx, readyReason(base), &sbx)
 	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
 		// The cache lags behind a write (ours or someone's); the next pass

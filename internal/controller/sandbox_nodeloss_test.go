@@ -265,14 +265,18 @@ func TestNodeLossResumesOnAnotherNode(t *testing.T) {
 		// reason may be Resuming or ReconcileError; the phase stays.
 		t.Fatalf("on the fake node: phase %s, want Resuming", got.Status.Phase)
 	}
+	lostAt := time.Now()
 	nodes.lose(lostA)
 	e.wantNodeLost(name, lostA, snap)
+	t.Logf("node %s deleted: Error/NodeLost after %s", lostA, time.Since(lostAt).Round(time.Millisecond))
 
 	// The next call resumes it on the real node, from the snapshot.
 	vols.on(testenv.NodeName, true)
+	callAt := time.Now()
 	if after := apiRun(t, e.ctx, api, agent, digest); after != before {
 		t.Errorf("workspace after the resume on another node:\n%s\nwant:\n%s", after, before)
 	}
+	t.Logf("the call that resumed it on %s took %s", testenv.NodeName, time.Since(callAt).Round(time.Millisecond))
 	sbx = e.waitOnNode(name, testenv.NodeName)
 	if sbx.Status.Phase != v1alpha1.SandboxPhaseRunning || sbx.Status.NodeLoss != nil {
 		t.Errorf("after the resume: phase %s, nodeLoss %+v", sbx.Status.Phase, sbx.Status.NodeLoss)
@@ -288,8 +292,11 @@ func TestNodeLossResumesOnAnotherNode(t *testing.T) {
 	e.setActivity(name, time.Now())
 	e.waitOnNode(name, lostB)
 	e.stop()
+	lostAt = time.Now()
 	nodes.lose(lostB)
 	e.gone(&corev1.Pod{}, PodName(name))
+	t.Logf("node %s deleted with the control plane down: the pod garbage collector removed the pod after %s",
+		lostB, time.Since(lostAt).Round(time.Millisecond))
 	e.startManager(withSnapshots(t, newArchive(), &pool))
 	e.wantNodeLost(name, lostB, snap)
 

@@ -124,7 +124,7 @@ func TestUnitNodeLossLocalStorage(t *testing.T) {
 	f.clock.Step(3 * time.Hour)
 	f.reconcile("s")
 	f.reconcile("s")
-	if got := f.wantLost("s", true); got.Status.Conditions[0].Message != msg || !got.Status.NodeLoss.Time.Equal(&sbx.Status.NodeLoss.Time) {
+	if got := f.wantLost("s", true); f.ready("s").Message != msg || !got.Status.NodeLoss.Time.Equal(&sbx.Status.NodeLoss.Time) {
 		t.Errorf("waiting changed the status: %+v", got.Status)
 	}
 	if f.exists(&corev1.PersistentVolumeClaim{}, WorkspaceClaimName("s")) || len(d.prepared) != 0 {

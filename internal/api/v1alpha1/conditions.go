@@ -15,6 +15,33 @@ const (
 	// the holder. It is independent of Ready: a stopped sandbox can be
 	// leased.
 	ConditionLeased = "Leased"
+
+	// ConditionPodSecurity says whether the Sandbox's namespace enforces
+	// the restricted Pod Security Standard
+	// (pod-security.kubernetes.io/enforce=restricted). The sandbox's own
+	// pod meets restricted either way; the controller builds it so. What
+	// the label decides is whether the API server would admit other pods
+	// there that do not, pods that could mount the sandboxes' Secrets and
+	// workspace volumes. It is independent of Ready: a sandbox runs in a
+	// namespace that does not enforce restricted, and says so here and in
+	// a PodSecurityNotEnforced event. The platform labels only namespaces
+	// it creates (the release namespace, when the provider's
+	// agentbox_platform creates it); a namespace its owner made is never
+	// relabelled, since the label is a policy for every pod in it.
+	ConditionPodSecurity = "PodSecurity"
+)
+
+// Reasons of a Sandbox's PodSecurity condition.
+const (
+	// ReasonRestrictedEnforced (status True): the namespace's enforce label
+	// is restricted.
+	ReasonRestrictedEnforced = "RestrictedEnforced"
+
+	// ReasonRestrictedNotEnforced (status False): the namespace enforces
+	// baseline or privileged, or has no enforce label (then the cluster's
+	// PodSecurity admission default applies, privileged unless configured
+	// otherwise). The message names the label's value.
+	ReasonRestrictedNotEnforced = "RestrictedNotEnforced"
 )
 
 // Reasons of a Sandbox's Leased condition.
