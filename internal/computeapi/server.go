@@ -613,8 +613,10 @@ func starting(sb *v1alpha1.Sandbox) bool {
 	case v1alpha1.SandboxPhaseStopped, v1alpha1.SandboxPhaseIdleStopping, v1alpha1.SandboxPhaseResuming:
 		return true
 	case v1alpha1.SandboxPhaseError:
+		// status.nodeLoss too: a retried API error of the controller can
+		// stand in the Ready condition for a moment.
 		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
-		return ready != nil && ready.Reason == v1alpha1.ReasonNodeLost
+		return sb.Status.NodeLoss != nil || (ready != nil && ready.Reason == v1alpha1.ReasonNodeLost)
 	case v1alpha1.SandboxPhasePending, "":
 		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
 		return ready == nil || ready.Reason == v1alpha1.ReasonCreating || ready.Reason == v1alpha1.ReasonAdoptedFromWarmPool

@@ -670,8 +670,9 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 		return nil
 
 	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
-		// With restartPolicy Always this is eviction, node loss or an
-		// admission failure on the node: kubelet will not restart it.
+		// With restartPolicy Always this is eviction or an admission
+		// failure on the node: kubelet will not restart it. (A pod on a
+		// node that was deleted never gets here: handleNodeLoss.)
 		msg := fmt.Sprintf("pod %s stopped (phase %s): %s; it is deleted and created again",
 			pod.Name, pod.Status.Phase, podStopReason(pod))
 		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonPodFailed, msg)
