@@ -83,7 +83,7 @@ func (r *SandboxReconciler) handleNodeLoss(ctx context.Context, sbx *v1alpha1.Sa
 				at = " at " + lease.Spec.RenewTime.UTC().Format(time.RFC3339)
 			}
 			r.event(sbx, nil, corev1.EventTypeNormal, EventResuming, "Resume",
-				fmt.Sprintf("activity%s after the loss of node %s: starting the sandbox on another node with %s", at, loss.NodeName, resumeSource(sbx, loss, r.Snapshots != nil)))
+				fmt.Sprintf("activity%s after the loss of %s: starting the sandbox on another node with %s", at, lostNodeName(loss), resumeSource(sbx, loss, r.Snapshots != nil)))
 			return false, nil
 		}
 		// Said again on every pass, so that a ReconcileError in between
@@ -374,14 +374,18 @@ func resumeSource(sbx *v1alpha1.Sandbox, loss *v1alpha1.SandboxNodeLoss, haveDri
 	return "an empty workspace"
 }
 
+// lostNodeName names the lost node in messages.
+func lostNodeName(loss *v1alpha1.SandboxNodeLoss) string {
+	if loss.NodeName == "" {
+		return "the node its workspace volume was pinned to"
+	}
+	return "node " + loss.NodeName
+}
+
 // nodeLossMessage is the Ready condition's message after loss. It is
 // derived from the status alone, so that repeating it changes nothing.
 func nodeLossMessage(sbx *v1alpha1.Sandbox, loss *v1alpha1.SandboxNodeLoss, haveDriver bool) string {
-	node := "the node its workspace volume was pinned to"
-	if loss.NodeName != "" {
-		node = "node " + loss.NodeName
-	}
-	msg := node + ", where the sandbox ran, no longer exists; its pod is gone"
+	msg := lostNodeName(loss) + ", where the sandbox ran, no longer exists; its pod is gone"
 	next := "the next call starts it on another node with "
 	if isWarm(sbx) {
 		next = "the warm sandbox starts again on another node with "

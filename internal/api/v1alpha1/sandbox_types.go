@@ -92,10 +92,10 @@ type SandboxSnapshot struct {
 // controller, an autoscaler or an operator) is how the cluster says it will
 // not.
 type SandboxNodeLoss struct {
-	// nodeName is the node that was lost.
-	// +required
-	// +kubebuilder:validation:MinLength=1
-	NodeName string `json:"nodeName"`
+	// nodeName is the node that was lost; empty when only the workspace
+	// volume showed the loss and its node affinity names no single node.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
 
 	// time is when the controller found the node gone.
 	// +required
