@@ -15,9 +15,14 @@ import (
 	"github.com/hashicorp/terraform-plugin-testing/statecheck"
 	"github.com/hashicorp/terraform-plugin-testing/terraform"
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/chart"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
@@ -60,7 +65,7 @@ func TestAccQuickstart(t *testing.T) {
 					statecheck.ExpectKnownValue("agentbox_sandbox.agent", tfjsonpath.New("agent_id"), knownvalue.StringExact(agent)),
 					statecheck.ExpectKnownValue("agentbox_sandbox.agent", tfjsonpath.New("id"), knownvalue.StringExact(DefaultNamespace+"/quickstart-agent")),
 				},
-				Check: checkRunsInGVisor(t, agent),
+				Check: resource.ComposeTestCheckFunc(checkRunsInGVisor(t, agent), checkRestrictedNamespace(c, sandboxKey)),
 			},
 			{
 				ProtoV6ProviderFactories: f,
@@ -138,6 +143,34 @@ func checkRunsInGVisor(t *testing.T, agent string) resource.TestCheckFunc {
 		t.Logf("run_command: exit %d in %d ms, stdout %q, stderr %q", res.ExitCode, res.DurationMS, res.Stdout, res.Stderr)
 		if res.ExitCode != 0 || !strings.Contains(res.Stdout, "gvisor") {
 			return fmt.Errorf("python3 in the sandbox: exit %d, stdout %q, stderr %q; want the gVisor kernel release", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return nil
+	}
+}
+
+// checkRestrictedNamespace checks that the namespace the platform created
+// enforces the restricted Pod Security Standard, which the API server then
+// applied to the sandbox's pod, and that the sandbox reports it so.
+func checkRestrictedNamespace(c ctrlclient.Client, sandbox types.NamespacedName) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var ns corev1.Namespace
+		if err := c.Get(ctx, types.NamespacedName{Name: sandbox.Namespace}, &ns); err != nil {
+			return err
+		}
+		for k, v := range chart.RestrictedNamespaceLabels() {
+			if ns.Labels[k] != v {
+				return fmt.Errorf("namespace %s: label %s=%q, want %q (labels %v)", ns.Name, k, ns.Labels[k], v, ns.Labels)
+			}
+		}
+		var sb agentboxv1alpha1.Sandbox
+		if err := c.Get(ctx, sandbox, &sb); err != nil {
+			return err
+		}
+		cond := apimeta.FindStatusCondition(sb.Status.Conditions, agentboxv1alpha1.ConditionPodSecurity)
+		if cond == nil || cond.Status != metav1.ConditionTrue {
+			return fmt.Errorf("sandbox %s: PodSecurity condition %+v, want True", sandbox, cond)
 		}
 		return nil
 	}
