@@ -143,9 +143,9 @@ const (
 	ReasonSyncFailed = "SyncFailed"
 
 	// ReasonPodFailed (phase Error): the pod failed (evicted, or refused by
-	// kubelet at admission), or its container cannot run: the message carries kubelet's reason, such
-	// as ImagePullBackOff, ErrImageNeverPull or CrashLoopBackOff, and the
-	// container's last exit. A stopped pod is deleted and created again; a
+	// kubelet at admission), or its container cannot run: the message
+	// carries kubelet's reason, such as ImagePullBackOff, ErrImageNeverPull
+	// or CrashLoopBackOff, and the container's last exit. A stopped pod is deleted and created again; a
 	// container that cannot start is retried by kubelet, and the sandbox
 	// turns Running as soon as the pod is ready.
 	ReasonPodFailed = "PodFailed"
