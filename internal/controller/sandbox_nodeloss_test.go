@@ -78,12 +78,12 @@ func (f *fakeNodes) lose(name string) {
 	}
 }
 
-// workspaceVolumes hands out node-local volumes of one StorageClass with no
-// provisioner, each bound in advance to the sandbox's workspace claim and
-// pinned to one node: that is how the test decides which node the next
-// pod of the sandbox lands on. Volumes on the real node are folders of the
-// test that any user may write; those on fake nodes exist as API objects
-// only.
+// workspaceVolumes hands out volumes of one StorageClass with no
+// provisioner, each bound in advance to the sandbox's workspace claim.
+// Node-local ones are pinned to one node: that is how the test decides
+// which node the next pod of the sandbox lands on. Volumes on the real node
+// are folders of the test that any user may write; those on fake nodes
+// exist as API objects only.
 type workspaceVolumes struct {
 	e     *clusterEnv
 	class string
@@ -111,14 +111,34 @@ func newWorkspaceVolumes(e *clusterEnv, claim string) *workspaceVolumes {
 // node.
 func (v *workspaceVolumes) on(node string, real bool) {
 	v.e.t.Helper()
-	v.n++
 	path := "/fake-node/" + node + "/workspace"
 	if real {
-		path = v.e.t.TempDir()
-		// The sandbox runs as a non-root user, and kubelet applies no
-		// fsGroup to hostPath volumes.
-		must(v.e.t, os.Chmod(path, 0o777))
+		path = v.folder()
 	}
+	v.create(path, &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+	}}}})
+}
+
+// shared creates a volume with no node affinity, as network storage has,
+// for the sandbox's next workspace claim.
+func (v *workspaceVolumes) shared() {
+	v.e.t.Helper()
+	v.create(v.folder(), nil)
+}
+
+// folder is a folder of the test on this machine, the real node.
+func (v *workspaceVolumes) folder() string {
+	path := v.e.t.TempDir()
+	// The sandbox runs as a non-root user, and kubelet applies no fsGroup
+	// to hostPath volumes.
+	must(v.e.t, os.Chmod(path, 0o777))
+	return path
+}
+
+func (v *workspaceVolumes) create(path string, affinity *corev1.VolumeNodeAffinity) {
+	v.e.t.Helper()
+	v.n++
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", v.class, v.n)},
 		Spec: corev1.PersistentVolumeSpec{
@@ -130,9 +150,7 @@ func (v *workspaceVolumes) on(node string, real bool) {
 			PersistentVolumeSource: corev1.PersistentVolumeSource{
 				HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)},
 			},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
-			}}}},
+			NodeAffinity: affinity,
 		},
 	}
 	must(v.e.t, v.e.c.Create(v.e.ctx, pv))
@@ -321,4 +339,88 @@ func apiRun(t *testing.T, ctx context.Context, api *apiclient.Client, agent, scr
 		t.Fatalf("%s: exit %d: %s", script, res.ExitCode, res.Stderr)
 	}
 	return strings.TrimSpace(res.Stdout)
+}
+
+// TestNodeLossKeepsNetworkWorkspace loses the node a sandbox runs on when
+// its workspace volume is not tied to that node: the claim is kept, and
+// the next call through the Compute API starts the sandbox on another node
+// with the files the agent wrote, from the claim itself (there is no
+// snapshot driver, so nothing else could hold them).
+//
+// The stand-in for network storage is a hostPath volume of this machine
+// with no node affinity: like a network volume, the scheduler and the
+// controller take it to be mountable on any node, and on this one-machine
+// cluster the real node and the fake one do reach the same folder. The
+// sandbox is moved onto the fake node the way a drain moves it: its
+// template now selects that node, and its pod is deleted.
+func TestNodeLossKeepsNetworkWorkspace(t *testing.T) {
+	t.Parallel()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: the sandbox must run the real supervisor", EnvSandboxImage)
+	}
+	nodes := startFakeNodes(t)
+	var pool *computeapi.SupervisorPool
+	e := newClusterEnv(t, withSnapshots(t, nil, &pool))
+	const name = "net"
+	vols := newWorkspaceVolumes(e, WorkspaceClaimName(name))
+	vols.shared()
+	tpl := e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.Workspace = v1alpha1.WorkspaceSpec{Size: resource.MustParse(nodeLossWorkspaceSize), StorageClassName: &vols.class}
+		tpl.Spec.Tolerations = []corev1.Toleration{kwok.Toleration()}
+		tpl.Spec.NodeSelector = map[string]string{corev1.LabelHostname: testenv.NodeName}
+	})
+	sbx := e.sandbox(name, "tpl")
+	agent := sbx.Spec.AgentID
+	api := e.computeAPI(pool)
+	e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	e.waitOnNode(name, testenv.NodeName)
+	const digest = `cat notes/a.txt && sha256sum blob`
+	before := apiRun(t, e.ctx, api, agent,
+		`mkdir -p notes && echo "kept on network storage" > notes/a.txt && head -c 1048576 /dev/urandom > blob && `+digest)
+	var claim corev1.PersistentVolumeClaim
+	must(t, e.get(WorkspaceClaimName(name), &claim))
+
+	lost := nodes.add("kwok-net")
+	e.selectNodes(tpl, map[string]string{kwok.NodeLabel: kwok.NodeLabelValue})
+	var pod corev1.Pod
+	must(t, e.get(PodName(name), &pod))
+	must(t, e.c.Delete(e.ctx, &pod))
+	e.waitOnNode(name, lost)
+	e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+
+	e.selectNodes(tpl, map[string]string{corev1.LabelHostname: testenv.NodeName})
+	nodes.lose(lost)
+	sbx, _ = e.waitPhase(name, v1alpha1.SandboxPhaseError, v1alpha1.ReasonNodeLost)
+	if loss := sbx.Status.NodeLoss; loss == nil || loss.NodeName != lost || loss.WorkspaceLost {
+		t.Errorf("status.nodeLoss %+v, want node %s with its workspace kept", loss, lost)
+	}
+	if msg := readyMessage(sbx); !strings.Contains(msg, "is kept") {
+		t.Errorf("NodeLost message %q does not say the workspace is kept", msg)
+	}
+	e.gone(&corev1.Pod{}, PodName(name))
+	var kept corev1.PersistentVolumeClaim
+	if err := e.get(WorkspaceClaimName(name), &kept); err != nil || kept.UID != claim.UID || !kept.DeletionTimestamp.IsZero() {
+		t.Fatalf("the workspace claim on network storage was not kept: %v", err)
+	}
+
+	if after := apiRun(t, e.ctx, api, agent, digest); after != before {
+		t.Errorf("workspace after the resume on another node:\n%s\nwant:\n%s", after, before)
+	}
+	e.waitOnNode(name, testenv.NodeName)
+	must(t, e.get(WorkspaceClaimName(name), &kept))
+	if kept.UID != claim.UID {
+		t.Error("the sandbox resumed on a new claim, not the kept one")
+	}
+}
+
+// selectNodes sets the template's node selector, which the sandbox's next
+// pod is created with.
+func (e *clusterEnv) selectNodes(tpl *v1alpha1.SandboxTemplate, sel map[string]string) {
+	e.t.Helper()
+	must(e.t, e.get(tpl.Name, tpl))
+	patch := client.MergeFrom(tpl.DeepCopy())
+	tpl.Spec.NodeSelector = sel
+	must(e.t, e.c.Patch(e.ctx, tpl, patch))
 }

@@ -18,8 +18,9 @@ import (
 
 // Node loss as the API server shows it, played against the fake client:
 // the sandbox's pod is bound to a node, its workspace to a volume, and the
-// Node object goes away. The real cluster's version, with kwok nodes and a
-// call through the Compute API, is TestNodeLossResumesOnAnotherNode.
+// Node object goes away. The real cluster's versions, with kwok nodes and a
+// call through the Compute API, are TestNodeLossResumesOnAnotherNode and
+// TestNodeLossKeepsNetworkWorkspace.
 
 // nodeLossEnv is a running sandbox "s" whose pod is on node-a and whose
 // workspace claim is bound to volume pv-s, pinned to node-a when local.
