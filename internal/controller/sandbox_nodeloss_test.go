@@ -353,8 +353,11 @@ func apiRun(t *testing.T, ctx context.Context, api *apiclient.Client, agent, scr
 // cluster the real node and the fake one do reach the same folder. The
 // sandbox is moved onto the fake node the way a drain moves it: its
 // template now selects that node, and its pod is deleted.
+//
+// Not parallel: every kwok process plays the kubelet of every fake node,
+// so this test and TestNodeLossResumesOnAnotherNode, each with its own
+// kwok, do not run at once.
 func TestNodeLossKeepsNetworkWorkspace(t *testing.T) {
-	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
 	if image == "" {
 		t.Skipf("%s is not set: the sandbox must run the real supervisor", EnvSandboxImage)
@@ -383,7 +386,7 @@ func TestNodeLossKeepsNetworkWorkspace(t *testing.T) {
 	must(t, e.get(WorkspaceClaimName(name), &claim))
 
 	lost := nodes.add("kwok-net")
-	e.selectNodes(tpl, map[string]string{kwok.NodeLabel: kwok.NodeLabelValue})
+	e.selectNodes(tpl, map[string]string{corev1.LabelHostname: lost})
 	var pod corev1.Pod
 	must(t, e.get(PodName(name), &pod))
 	must(t, e.c.Delete(e.ctx, &pod))
