@@ -660,6 +660,8 @@ func (r *SandboxReconciler) deleteWorkload(ctx context.Context, sbx *v1alpha1.Sa
 			return fmt.Errorf("delete pod %s: %w", pod.Name, err)
 		}
 	}
+	// A pod the controller removed is not one lost with its node.
+	sbx.Status.NodeName = ""
 	if !withClaim {
 		return nil
 	}

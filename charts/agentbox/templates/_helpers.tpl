@@ -157,3 +157,12 @@ express with a message a person can act on.
 {{- end }}
 {{- include "agentbox.validateSnapshot" . }}
 {{- end }}
+
+{{/*
+The runsc installer's namespace: its own, because its install container
+breaks the restricted Pod Security Standard that the release namespace
+enforces.
+*/}}
+{{- define "agentbox.runscInstallerNamespace" -}}
+{{- .Values.runscInstaller.namespace | default (printf "%s-runsc-installer" .Release.Namespace | trunc 63 | trimSuffix "-") }}
+{{- end }}
