@@ -1219,7 +1219,7 @@ func TestRunscInstallerNamespace(t *testing.T) {
 
 	// Cut to a valid name under a long release namespace.
 	long := strings.Repeat("n", 60)
-	rel, err := Template(long, DefaultReleaseName, Values{Raw: "runscInstaller: {enabled: true}"})
+	rel, err := RenderInstall(long, DefaultReleaseName, Values{Raw: "runscInstaller: {enabled: true}"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1245,7 +1245,7 @@ func TestRunscInstallerNamespace(t *testing.T) {
 	}
 
 	// The release namespace cannot be turned into the installer's.
-	_, err = Template(testNamespace, DefaultReleaseName, Values{Raw: "runscInstaller: {enabled: true, namespace: " + testNamespace + "}"})
+	_, err = RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: "runscInstaller: {enabled: true, namespace: " + testNamespace + "}"})
 	if err == nil || !strings.Contains(err.Error(), "must not be the release namespace") {
 		t.Errorf("installer namespace = release namespace: %v", err)
 	}
