@@ -204,3 +204,46 @@ func TestOtherErrorsFailAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// An idle stop that failed after its pod was gone (SyncFailed,
+// SnapshotFailed) leaves the sandbox waiting for activity, like a lost
+// node: the call renews the Lease, which starts it again on its kept
+// workspace claim, and is served once it runs.
+func TestFailedStopIsWokenAndServed(t *testing.T) {
+	for _, reason := range []string{v1alpha1.ReasonSyncFailed, v1alpha1.ReasonSnapshotFailed} {
+		t.Run(reason, func(t *testing.T) {
+			f := newFixture(t, "")
+			ctx := context.Background()
+			c := f.client(t, adminToken)
+			var sb v1alpha1.Sandbox
+			if err := f.kube.Get(ctx, sb1, &sb); err != nil {
+				t.Fatal(err)
+			}
+			running := *sb.Status.DeepCopy()
+			before := f.renewTime(t)
+			f.setStatus(t, func(st *v1alpha1.SandboxStatus) {
+				st.Phase = v1alpha1.SandboxPhaseError
+				st.ServiceEndpoint = ""
+				st.Conditions[0].Status = metav1.ConditionFalse
+				st.Conditions[0].Reason = reason
+				st.Conditions[0].Message = "the pod is stopped, the workspace claim is kept, and the next activity starts the sandbox again"
+			})
+			f.clock.Step(time.Second)
+			resumed := make(chan error, 1)
+			go func() {
+				if _, err := f.renewedPast(before); err != nil {
+					resumed <- err
+					return
+				}
+				resumed <- f.resume(running)
+			}()
+			res, err := c.RunCommand(ctx, "agent-1", api.RunCommandRequest{Command: []string{"true"}})
+			if rerr := <-resumed; rerr != nil {
+				t.Fatal(rerr)
+			}
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("call on a sandbox in Error/%s: %+v, %v; want it served after the restart", reason, res, err)
+			}
+		})
+	}
+}

@@ -662,7 +662,7 @@ func stillDoing(sb *v1alpha1.Sandbox) string {
 	case v1alpha1.SandboxPhaseResuming:
 		return "its workspace was being restored from its snapshot"
 	case v1alpha1.SandboxPhaseError:
-		return "it was being started on another node after the loss of its node"
+		return "it was being started again after the error its status names"
 	}
 	return "its pod was starting"
 }
@@ -690,9 +690,11 @@ func serving(sb *v1alpha1.Sandbox) bool {
 
 // starting reports whether the sandbox will take calls without anyone's
 // help: it is stopped (and the call wakes it), being stopped (the resume
-// follows), resuming, its pod is being created, or its node was lost (the
-// call wakes it, and it resumes on another node). Every other Error needs
-// a person, and fails the call at once with the condition's message.
+// follows), resuming, its pod is being created, or in an Error that the
+// next activity ends (v1alpha1.ErrorResumesOnActivity: a lost node, after
+// which it resumes on another node, or an idle stop that failed after its
+// pod was gone; the call wakes it). Every other Error needs a person, and
+// fails the call at once with the condition's message.
 func starting(sb *v1alpha1.Sandbox) bool {
 	switch sb.Status.Phase {
 	case v1alpha1.SandboxPhaseStopped, v1alpha1.SandboxPhaseIdleStopping, v1alpha1.SandboxPhaseResuming:
@@ -701,7 +703,7 @@ func starting(sb *v1alpha1.Sandbox) bool {
 		// status.nodeLoss too: a retried API error of the controller can
 		// stand in the Ready condition for a moment.
 		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
-		return sb.Status.NodeLoss != nil || (ready != nil && ready.Reason == v1alpha1.ReasonNodeLost)
+		return sb.Status.NodeLoss != nil || (ready != nil && v1alpha1.ErrorResumesOnActivity(ready.Reason))
 	case v1alpha1.SandboxPhasePending, "":
 		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
 		return ready == nil || ready.Reason == v1alpha1.ReasonCreating || ready.Reason == v1alpha1.ReasonAdoptedFromWarmPool

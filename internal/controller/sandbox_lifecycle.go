@@ -220,7 +220,10 @@ func (r *SandboxReconciler) stopping(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sandbo
 }
 
 // parked reports whether the sandbox is meant to stay without a pod: idle
-// after a stop, or after a failed one.
+// after a stop, or after a failed one. A stop that failed after the pod
+// was gone (its sync or its snapshot) waits, like a finished one, for the
+// next activity: the sandbox is still idle, so a pod started without it
+// would only be stopped again at once.
 func parked(sbx *v1alpha1.Sandbox, a activity) bool {
 	if !a.idle() {
 		return false
@@ -229,7 +232,7 @@ func parked(sbx *v1alpha1.Sandbox, a activity) bool {
 	case v1alpha1.SandboxPhaseStopped:
 		return true
 	case v1alpha1.SandboxPhaseError:
-		return readyReason(sbx) == v1alpha1.ReasonSnapshotFailed
+		return v1alpha1.ErrorResumesOnActivity(readyReason(sbx))
 	}
 	return false
 }

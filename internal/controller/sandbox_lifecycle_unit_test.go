@@ -575,6 +575,14 @@ func TestUnitSyncFailure(t *testing.T) {
 	if evs := strings.Join(f.drainEvents(), "\n"); !strings.Contains(evs, EventSyncFailed) {
 		t.Errorf("events %q lack SyncFailed", evs)
 	}
+	// Without activity it stays stopped: starting the pod again would stop
+	// it again at once, the sandbox being idle, in a loop of failed syncs.
+	f.reconcile("s")
+	f.reconcile("s")
+	if f.exists(&corev1.Pod{}, "s") {
+		t.Fatal("the pod was started again without activity after a sync failure")
+	}
+	f.wantPhase("s", v1alpha1.SandboxPhaseError, v1alpha1.ReasonSyncFailed)
 	f.renew("s")
 	f.reconcile("s")
 	if !f.exists(&corev1.Pod{}, "s") {

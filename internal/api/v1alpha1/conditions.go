@@ -303,3 +303,18 @@ const (
 	// (kubelet reports the node NotReady or has stopped reporting).
 	ReasonNodesNotReady = "NodesNotReady"
 )
+
+// ErrorResumesOnActivity reports whether a Sandbox in phase Error whose
+// Ready condition has reason starts again by itself at its next activity
+// (a renewal of its Lease, which every Compute API call makes), so that a
+// call waits for it rather than failing: an idle stop that failed after
+// the pod was gone (SyncFailed, SnapshotFailed; the workspace claim was
+// kept) and a lost node (NodeLost). Every other Error reason needs a
+// person.
+func ErrorResumesOnActivity(reason string) bool {
+	switch reason {
+	case ReasonSyncFailed, ReasonSnapshotFailed, ReasonNodeLost:
+		return true
+	}
+	return false
+}
