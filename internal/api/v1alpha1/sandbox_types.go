@@ -226,9 +226,16 @@ type SandboxStatus struct {
 // persistent workspace that is stopped into a snapshot when idle and resumed
 // on the next call.
 //
+// spec.agentID and spec.templateRef.name are selectable fields, so that
+// the API server itself answers "the sandboxes of this agent" (kubectl get
+// sandboxes --field-selector spec.agentID=...), as the control plane's
+// cache indexes do.
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,shortName=sbx,categories=agentbox
+// +kubebuilder:selectablefield:JSONPath=`.spec.agentID`
+// +kubebuilder:selectablefield:JSONPath=`.spec.templateRef.name`
 // +kubebuilder:printcolumn:name="Agent",type=string,JSONPath=`.spec.agentID`
 // +kubebuilder:printcolumn:name="Template",type=string,JSONPath=`.spec.templateRef.name`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
