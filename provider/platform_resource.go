@@ -128,6 +128,11 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 			"namespace": schema.StringAttribute{
 				Optional: true, Computed: true,
 				MarkdownDescription: "Namespace of the release and the control plane; created if missing, never deleted. " +
+					"A namespace the platform creates enforces the restricted Pod Security Standard " +
+					"(`pod-security.kubernetes.io/enforce`, `warn` and `audit` set to `restricted`, version `latest`), " +
+					"which every pod of the platform and every sandbox meets, and each apply puts those labels back; " +
+					"a namespace that existed before is left as it is, and sandboxes in it report whether it enforces " +
+					"restricted (their `PodSecurity` condition). The runsc installer runs in a namespace of its own. " +
 					"Defaults to the provider's `namespace`. Changing it replaces the platform.",
 				PlanModifiers: []planmodifier.String{
 					stringplanmodifier.UseStateForUnknown(), stringplanmodifier.RequiresReplace(),

@@ -20,11 +20,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/chart"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
@@ -78,7 +80,7 @@ func TestAccQuickstart(t *testing.T) {
 					statecheck.ExpectKnownValue("agentbox_sandbox.agent", tfjsonpath.New("id"), knownvalue.StringExact(DefaultNamespace+"/quickstart-agent")),
 					statecheck.ExpectKnownValue("agentbox_platform.this", tfjsonpath.New("snapshot_driver"), knownvalue.StringExact("archive/embedded")),
 				},
-				Check: resource.ComposeTestCheckFunc(checkRunsInGVisor(t, agent), writeWorkspaceNote(t, agent)),
+				Check: resource.ComposeTestCheckFunc(checkRunsInGVisor(t, agent), writeWorkspaceNote(t, agent), checkRestrictedNamespace(c, sandboxKey)),
 			},
 			{
 				ProtoV6ProviderFactories: f,
@@ -374,6 +376,34 @@ func checkIdleStopAndResume(t *testing.T, c ctrlclient.Client, key types.Namespa
 			if e.InvolvedObject.Kind == "Sandbox" && e.InvolvedObject.Name == key.Name && (e.Reason == "IdleStopped" || e.Reason == "Resumed") {
 				t.Logf("event %s: %s", e.Reason, e.Message)
 			}
+		}
+		return nil
+	}
+}
+
+// checkRestrictedNamespace checks that the namespace the platform created
+// enforces the restricted Pod Security Standard, which the API server then
+// applied to the sandbox's pod, and that the sandbox reports it so.
+func checkRestrictedNamespace(c ctrlclient.Client, sandbox types.NamespacedName) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var ns corev1.Namespace
+		if err := c.Get(ctx, types.NamespacedName{Name: sandbox.Namespace}, &ns); err != nil {
+			return err
+		}
+		for k, v := range chart.RestrictedNamespaceLabels() {
+			if ns.Labels[k] != v {
+				return fmt.Errorf("namespace %s: label %s=%q, want %q (labels %v)", ns.Name, k, ns.Labels[k], v, ns.Labels)
+			}
+		}
+		var sb agentboxv1alpha1.Sandbox
+		if err := c.Get(ctx, sandbox, &sb); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(sb.Status.Conditions, agentboxv1alpha1.ConditionPodSecurity)
+		if cond == nil || cond.Status != metav1.ConditionTrue {
+			return fmt.Errorf("sandbox %s: PodSecurity condition %+v, want True", sandbox, cond)
 		}
 		return nil
 	}

@@ -181,8 +181,9 @@ func (c *Client) Status(_ context.Context, namespace, name string) (*Release, er
 	return fromHelm(r), nil
 }
 
-// Install installs the chart as a new release, creating the namespace if
-// needed. An existing release of that name is an error, never adopted.
+// Install installs the chart as a new release, creating the namespace,
+// labelled to enforce the restricted Pod Security Standard, if needed. An
+// existing release of that name is an error, never adopted.
 func (c *Client) Install(ctx context.Context, o Options) (*Release, error) {
 	if _, err := c.Status(ctx, o.Namespace, o.ReleaseName); err == nil {
 		return nil, fmt.Errorf("release %s/%s already exists; import it instead of installing it again", o.Namespace, o.ReleaseName)
@@ -201,11 +202,14 @@ func (c *Client) Install(ctx context.Context, o Options) (*Release, error) {
 		return nil, err
 	}
 	getter.resetMapper()
+	// Instead of Helm's CreateNamespace: see ensureNamespace.
+	if err := c.ensureNamespace(ctx, o.Namespace); err != nil {
+		return nil, err
+	}
 
 	inst := action.NewInstall(ac)
 	inst.Namespace = o.Namespace
 	inst.ReleaseName = o.ReleaseName
-	inst.CreateNamespace = true
 	// applyCRDs did it, and unlike Helm it also upgrades them.
 	inst.SkipCRDs = true
 	inst.Timeout = o.timeout()
@@ -265,6 +269,9 @@ func (c *Client) Upgrade(ctx context.Context, o Options) (*Release, error) {
 		return nil, err
 	}
 	getter.resetMapper()
+	if err := c.ensureNamespace(ctx, o.Namespace); err != nil {
+		return nil, err
+	}
 
 	up := action.NewUpgrade(ac)
 	up.Namespace = o.Namespace

@@ -286,7 +286,7 @@ func TestIgnoredPaths(t *testing.T) {
 // longer renders.
 func TestDriftReviewedKinds(t *testing.T) {
 	reviewed := []string{
-		"ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment",
+		"ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment", "Namespace",
 		"PersistentVolumeClaim", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
 	}
 	kinds := map[string]bool{}

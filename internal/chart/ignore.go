@@ -38,6 +38,10 @@ type ignoredField struct {
 //     and imagePullSecrets, which the manifest does not set.
 //   - ClusterRole, ClusterRoleBinding, Role, RoleBinding: nothing writes
 //     them; the chart's ClusterRole has no aggregationRule.
+//   - Namespace (the runsc installer's): the API server adds the
+//     kubernetes.io/metadata.name label and the kubernetes finalizer where
+//     the manifest sets nothing. Its Pod Security labels are the chart's:
+//     a change to them is drift.
 //   - Secret, PersistentVolumeClaim: below.
 //
 // The chart's CRDs are left out altogether (presence is still checked):

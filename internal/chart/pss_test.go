@@ -144,6 +144,9 @@ func TestPodSecurityRestricted(t *testing.T) {
 					}
 					continue
 				}
+				if w.namespace != testNamespace {
+					t.Errorf("%s is outside the release namespace", w)
+				}
 				for _, s := range v {
 					t.Errorf("%s violates restricted/latest: %s", w, s)
 				}
@@ -175,10 +178,15 @@ func TestPodSecurityInstallerException(t *testing.T) {
 		t.Fatalf("workloads that violate restricted: %v, want only DaemonSet %s", installer, installerDaemonSet)
 	}
 	w := installer[0]
-	// The chart creates no namespace: the installer runs in the release
-	// namespace, which values.yaml tells operators to label privileged.
-	if w.namespace != testNamespace {
-		t.Errorf("%s is not in the release namespace %s", w, testNamespace)
+	// The exception lives in a namespace of its own, which the chart
+	// creates privileged, so that the release namespace can enforce
+	// restricted.
+	if w.namespace == testNamespace {
+		t.Errorf("%s runs in the release namespace, which then could not enforce restricted", w)
+	}
+	ns, ok := find[*corev1.Namespace](r, w.namespace)
+	if !ok || ns.Labels[psapi.EnforceLevelLabel] != string(psapi.LevelPrivileged) {
+		t.Errorf("%s: its namespace is not rendered labelled %s=privileged (%v)", w, psapi.EnforceLevelLabel, ns)
 	}
 
 	// The failed checks are exactly those of root and a hostPath, and they
@@ -240,8 +248,8 @@ func TestPodSecurityInstallerException(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, installerDoc, ok := strings.Cut(string(values), "\nrunscInstaller:")
-	if !ok || !strings.Contains(installerDoc, "pod-security.kubernetes.io/enforce=privileged") {
-		t.Error("values.yaml's runscInstaller section does not tell operators to label the release namespace privileged")
+	if !ok || !strings.Contains(installerDoc, "pod-security.kubernetes.io/enforce=privileged") || !strings.Contains(installerDoc, "namespace of its own") {
+		t.Error("values.yaml's runscInstaller section does not tell operators that the installer runs in a namespace of its own, labelled privileged")
 	}
 }
 

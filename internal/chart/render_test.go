@@ -1085,8 +1085,9 @@ func TestRunscInstaller(t *testing.T) {
 		"  nodeSelector: {pool-kind: gvisor}\n  resources: {requests: {cpu: 10m}}\n")
 	ds := must[*appsv1.DaemonSet](r, "agentbox-runsc-installer")
 	pod := ds.Spec.Template.Spec
-	if ds.Namespace != testNamespace {
-		t.Errorf("namespace %q", ds.Namespace)
+	// Apart from the release namespace, which enforces restricted.
+	if want := testNamespace + "-runsc-installer"; ds.Namespace != want {
+		t.Errorf("namespace %q, want %q", ds.Namespace, want)
 	}
 	for k, v := range ds.Spec.Selector.MatchLabels {
 		if ds.Spec.Template.Labels[k] != v {
@@ -1238,5 +1239,69 @@ func must0(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRunscInstallerNamespace: the installer gets a namespace of its own,
+// created with the release and labelled privileged, unless the operator
+// names one that exists; it is never the release namespace the chart
+// would then have to relax.
+func TestRunscInstallerNamespace(t *testing.T) {
+	r := renderRaw(t, "runscInstaller: {enabled: true}")
+	ds := must[*appsv1.DaemonSet](r, "agentbox-runsc-installer")
+	ns := must[*corev1.Namespace](r, ds.Namespace)
+	want := map[string]string{
+		"pod-security.kubernetes.io/enforce":         "privileged",
+		"pod-security.kubernetes.io/enforce-version": "latest",
+		"pod-security.kubernetes.io/audit":           "restricted",
+		"pod-security.kubernetes.io/audit-version":   "latest",
+		"app.kubernetes.io/component":                "runsc-installer",
+		"app.kubernetes.io/managed-by":               "Helm",
+	}
+	for k, v := range want {
+		if ns.Labels[k] != v {
+			t.Errorf("namespace %s: label %s=%q, want %q", ns.Name, k, ns.Labels[k], v)
+		}
+	}
+	if _, ok := ns.Labels["pod-security.kubernetes.io/warn"]; ok {
+		t.Errorf("namespace %s warns on every installer rollout: %v", ns.Name, ns.Labels)
+	}
+	for _, o := range r.objects {
+		if n, ok := o.(*corev1.Namespace); ok && n.Name != ds.Namespace {
+			t.Errorf("the chart renders namespace %s besides the installer's", n.Name)
+		}
+	}
+
+	// Cut to a valid name under a long release namespace.
+	long := strings.Repeat("n", 60)
+	rel, err := RenderInstall(long, DefaultReleaseName, Values{Raw: "runscInstaller: {enabled: true}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := manifestObjects(rel.Manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" && o.GetNamespace() != long+"-ru" {
+			t.Errorf("installer namespace %q under release namespace %s", o.GetNamespace(), long)
+		}
+	}
+
+	// A namespace the operator made: no Namespace object.
+	r = renderRaw(t, "runscInstaller: {enabled: true, namespace: gvisor-system, createNamespace: false}")
+	if ds := must[*appsv1.DaemonSet](r, "agentbox-runsc-installer"); ds.Namespace != "gvisor-system" {
+		t.Errorf("namespace %q, want gvisor-system", ds.Namespace)
+	}
+	for _, o := range r.objects {
+		if n, ok := o.(*corev1.Namespace); ok {
+			t.Errorf("namespace %s rendered with createNamespace false", n.Name)
+		}
+	}
+
+	// The release namespace cannot be turned into the installer's.
+	_, err = RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: "runscInstaller: {enabled: true, namespace: " + testNamespace + "}"})
+	if err == nil || !strings.Contains(err.Error(), "must not be the release namespace") {
+		t.Errorf("installer namespace = release namespace: %v", err)
 	}
 }

@@ -15,8 +15,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
-	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 )
 
 // storeAPI serves the fixture's cluster through a second Server that has a
@@ -72,7 +72,7 @@ func TestTokensScopeAndAudit(t *testing.T) {
 	if !strings.HasPrefix(tok1.Token, TokenPrefix) || tok1.ID == "" || tok1.AgentID != "agent-1" {
 		t.Fatalf("created token %+v", tok1)
 	}
-	if got := supervisor.Redact("AGENTBOX_TOKEN=" + tok1.Token); strings.Contains(got, tok1.Token) {
+	if got := redact.String("AGENTBOX_TOKEN=" + tok1.Token); strings.Contains(got, tok1.Token) {
 		t.Errorf("the supervisor's log redaction does not know the API's tokens: %q", got)
 	}
 	for _, bad := range []api.CreateTokenRequest{

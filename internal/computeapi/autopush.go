@@ -12,7 +12,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
 )
 
-// Seed 000 pushes the workspace into the agent's filespace after each tool
+// The platform pushes the workspace into the agent's filespace after each tool
 // call. A push walks the workspace, so it is not run inside the call (a
 // command's answer would wait for it) nor once per call of a burst: the
 // calls that can change the workspace schedule one push per agent, run

@@ -10,7 +10,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// syncFilespace runs seed 000's sync_filespace: one push or pull between
+// syncFilespace runs sync_filespace: one push or pull between
 // the agent's workspace and its filespace in the store.
 func (s *Server) syncFilespace(w http.ResponseWriter, r *http.Request) {
 	start := s.clock.Now()

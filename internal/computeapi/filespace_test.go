@@ -121,7 +121,7 @@ func TestSyncFilespaceThroughTheAPI(t *testing.T) {
 	}
 }
 
-// TestPushAfterCalls checks seed 000's push after each tool call: a burst
+// TestPushAfterCalls checks the push after each tool call: a burst
 // of writes through the API reaches the filespace once it is quiet,
 // without any sync_filespace call, and a read does not schedule a push.
 func TestPushAfterCalls(t *testing.T) {

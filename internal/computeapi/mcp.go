@@ -17,7 +17,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
-// MCP through the API (seed 000): mcp_request forwards one JSON-RPC
+// MCP through the API: mcp_request forwards one JSON-RPC
 // request to a stdio MCP server of the agent's sandbox (waking it), and
 // the tool catalog is served from the store, keyed by a hash of the
 // server's configuration and the sandbox image, so that listing tools

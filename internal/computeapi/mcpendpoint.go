@@ -320,7 +320,7 @@ type mcpExecuteInput struct {
 	Files          map[string]string `json:"files,omitempty" jsonschema:"input files written to the run directory first: relative path to base64 content"`
 }
 
-// execute is seed 001's /execute; its output is the supervisor's, as for
+// execute is the supervisor's /v1/execute; its output is the supervisor's, as for
 // python_exec.
 func (c *mcpCaller) execute(ctx context.Context, _ *mcp.CallToolRequest, in mcpExecuteInput) (*mcp.CallToolResult, any, error) {
 	var out json.RawMessage

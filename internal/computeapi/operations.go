@@ -19,7 +19,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// The operations of seed 000 beyond run_command: status and
+// The operations beyond run_command: status and
 // deploy_or_resume, files, tool_request and execute. Files, tools and
 // execute are forwarded to the supervisor as they are (bodies stream
 // through; tool and execute JSON is the supervisor's, see supervisorapi),
@@ -199,7 +199,7 @@ func (s *Server) toolRequest(w http.ResponseWriter, r *http.Request) {
 	writeRawJSON(w, out)
 }
 
-// execute runs seed 001's /execute in the sandbox: code, requirements and
+// execute runs the supervisor's /v1/execute in the sandbox: code, requirements and
 // inline files in, output and produced files out.
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	var req supervisorapi.ExecuteRequest

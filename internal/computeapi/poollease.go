@@ -29,7 +29,7 @@ import (
 const poolExhaustedRetry = 2 * time.Second
 
 // acquirePoolLease leases a ready sandbox of a warm pool for one ephemeral
-// run (seeds 001 and 003).
+// run.
 //
 // The store decides which caller gets which sandbox: one row insert
 // (store.WarmTake), which adoptions by new Sandboxes and the pool's own

@@ -584,11 +584,12 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.E
 }
 
 // readySandbox returns agentID's Sandbox once it can take calls. A sandbox
-// that is stopped, stopping or starting is waited for: the call renews its
-// Lease, which is what wakes a stopped sandbox, and is served when the
-// controller reports it running, so the caller sees one slower call rather
-// than an error. A sandbox in a state that needs a person fails at once,
-// and one that someone else holds (checkHold) before it is woken.
+// that is stopped, stopping or starting, or that lost its node, is waited
+// for: the call renews its Lease, which is what wakes a stopped sandbox or
+// one that lost its node, and is served when the controller reports it
+// running, so the caller sees one slower call rather than an error. A
+// sandbox in a state that needs a person fails at once, and one that
+// someone else holds (checkHold) before it is woken.
 func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	sb, apiErr := s.agentSandbox(ctx, agentID)
 	if apiErr != nil {
@@ -603,13 +604,20 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 	if !starting(sb) {
 		return nil, notReady(agentID, sb)
 	}
-	if p := sb.Status.Phase; p != "" && p != v1alpha1.SandboxPhasePending {
-		// A sandbox being created needs no wake-up, and may have no Lease
-		// yet.
+	wake := func() {
 		wakeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 		s.leases.wake(wakeCtx, sb)
 		cancel()
 	}
+	if p := sb.Status.Phase; p != "" && p != v1alpha1.SandboxPhasePending {
+		// A sandbox being created needs no wake-up, and may have no Lease
+		// yet.
+		wake()
+	}
+	// A node lost while the call waits (the sandbox was starting on it)
+	// parks the sandbox until activity after the loss, which the renewal
+	// above may predate: each loss seen gets its own renewal.
+	wokenFor := nodeLossKey(sb)
 
 	// Wall-clock time, not s.clock: the wait is for another process.
 	timeout := time.NewTimer(s.resumeTimeout)
@@ -636,6 +644,10 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 		if !starting(sb) {
 			return nil, notReady(agentID, sb)
 		}
+		if k := nodeLossKey(sb); k != "" && k != wokenFor {
+			wokenFor = k
+			wake()
+		}
 	}
 }
 
@@ -649,8 +661,24 @@ func stillDoing(sb *v1alpha1.Sandbox) string {
 		return "the resume was about to begin"
 	case v1alpha1.SandboxPhaseResuming:
 		return "its workspace was being restored from its snapshot"
+	case v1alpha1.SandboxPhaseError:
+		return "it was being started again after the error its status names"
 	}
 	return "its pod was starting"
+}
+
+// nodeLossKey identifies the node loss a sandbox waits after, empty when it
+// waits after none.
+func nodeLossKey(sb *v1alpha1.Sandbox) string {
+	loss := sb.Status.NodeLoss
+	if loss == nil || sb.Status.Phase != v1alpha1.SandboxPhaseError {
+		return ""
+	}
+	key := loss.NodeName + "@" + loss.Time.UTC().Format(time.RFC3339)
+	if loss.ActivityTime != nil {
+		key += "/" + loss.ActivityTime.UTC().Format(time.RFC3339Nano)
+	}
+	return key
 }
 
 // serving reports whether the sandbox takes calls now.
@@ -662,11 +690,20 @@ func serving(sb *v1alpha1.Sandbox) bool {
 
 // starting reports whether the sandbox will take calls without anyone's
 // help: it is stopped (and the call wakes it), being stopped (the resume
-// follows), resuming, or its pod is being created.
+// follows), resuming, its pod is being created, or in an Error that the
+// next activity ends (v1alpha1.ErrorResumesOnActivity: a lost node, after
+// which it resumes on another node, or an idle stop that failed after its
+// pod was gone; the call wakes it). Every other Error needs a person, and
+// fails the call at once with the condition's message.
 func starting(sb *v1alpha1.Sandbox) bool {
 	switch sb.Status.Phase {
 	case v1alpha1.SandboxPhaseStopped, v1alpha1.SandboxPhaseIdleStopping, v1alpha1.SandboxPhaseResuming:
 		return true
+	case v1alpha1.SandboxPhaseError:
+		// status.nodeLoss too: a retried API error of the controller can
+		// stand in the Ready condition for a moment.
+		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+		return sb.Status.NodeLoss != nil || (ready != nil && v1alpha1.ErrorResumesOnActivity(ready.Reason))
 	case v1alpha1.SandboxPhasePending, "":
 		ready := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
 		return ready == nil || ready.Reason == v1alpha1.ReasonCreating || ready.Reason == v1alpha1.ReasonAdoptedFromWarmPool

@@ -18,7 +18,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
-// Terminate is seed 000's force stop. The API never writes a Sandbox's
+// Terminate is the force stop. The API never writes a Sandbox's
 // spec, so it has two levers:
 //
 //   - with a snapshot, the activity Lease: its renewTime is set back by the

@@ -27,6 +27,12 @@ package controller
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch
+//
+// Node loss: a deleted Node is how a sandbox learns its node is gone
+// (nodes are also read for node pools, below). A sandbox reports whether
+// its namespace enforces the restricted Pod Security Standard; namespaces
+// are only read, never labelled.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 //

@@ -66,7 +66,7 @@ func TestRunscInstallerDaemonSet(t *testing.T) {
 
 	// The pod runs as root with a hostPath: not allowed by the restricted
 	// or baseline Pod Security Standards, so the namespace says privileged,
-	// as the release namespace must when the installer is enabled.
+	// as the installer's own namespace, which the chart creates, does.
 	var ns corev1.Namespace
 	must(t, e.c.Get(e.ctx, types.NamespacedName{Name: e.ns}, &ns))
 	patch := client.MergeFrom(ns.DeepCopy())
@@ -181,14 +181,17 @@ func TestRunscInstallerDaemonSet(t *testing.T) {
 }
 
 // renderInstaller renders the chart as a release in namespace with the
-// installer enabled, and returns its DaemonSet. The pull policy is Never:
+// installer enabled, in that same namespace (the test's, labelled
+// privileged) rather than one of its own, and returns its DaemonSet. The
+// pull policy is Never:
 // the image must be the one imported into the node, and a missing one must
 // fail here rather than be looked for in a registry.
 func renderInstaller(t *testing.T, namespace, tag, hostBinDir string) *appsv1.DaemonSet {
 	t.Helper()
 	rel, err := chart.RenderInstall(namespace, chart.DefaultReleaseName, chart.Values{
 		ImageTag: tag,
-		Raw:      fmt.Sprintf("runscInstaller: {enabled: true, hostBinDir: %q, image: {pullPolicy: Never}}", hostBinDir),
+		Raw: fmt.Sprintf("runscInstaller: {enabled: true, namespace: %q, createNamespace: false, hostBinDir: %q, image: {pullPolicy: Never}}",
+			namespace, hostBinDir),
 	})
 	must(t, err)
 	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(rel.Manifest), 4096)

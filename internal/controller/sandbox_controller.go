@@ -25,8 +25,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -107,15 +109,17 @@ type SandboxReconciler struct {
 	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
 	// The control plane gives the warm pool controller the same one.
 	WarmTakes WarmTakes
+	// APIReader reads straight from the API server: to confirm that a Node
+	// the cache does not know is really gone before a sandbox is treated
+	// as having lost it, and that an idle stop a stale cache shows under
+	// way was not finished already. SetupWithManager fills it from the
+	// manager when nil, and without one the cached Client is used.
+	APIReader client.Reader
 	// Filespaces syncs workspaces with the agents' filespaces: a push
 	// before an idle stop's snapshot, a pull before a new or resumed
 	// sandbox serves. Nil leaves workspaces alone, as a control plane
 	// without a store must.
 	Filespaces FilespaceSyncer
-	// APIReader reads Sandboxes past the cache, where a pass must not act
-	// twice on a status it wrote a moment ago; SetupWithManager fills it
-	// from the manager when nil, and nil means the client.
-	APIReader client.Reader
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -147,6 +151,15 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, agentIDIndex, indexAgentID); err != nil {
 		return fmt.Errorf("index sandboxes by agent: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, sandboxNodeIndex,
+		func(o client.Object) []string {
+			if n := o.(*v1alpha1.Sandbox).Status.NodeName; n != "" {
+				return []string{n}
+			}
+			return nil
+		}); err != nil {
+		return fmt.Errorf("index sandboxes by node: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(SandboxControllerName).
 		For(&v1alpha1.Sandbox{}).
@@ -163,6 +176,17 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// the agent to go (see agentKeeper).
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesOfAgent),
 			builder.WithPredicates(agentMembershipChanged)).
+		// Sandboxes report whether their namespace enforces restricted.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesInNamespace),
+			builder.WithPredicates(enforceLevelChanged)).
+		// A deleted Node is a node loss for the sandboxes that ran there;
+		// nothing else about nodes concerns them.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesOnNode),
+			builder.WithPredicates(predicate.Funcs{
+				CreateFunc:  func(event.CreateEvent) bool { return false },
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			})).
 		Complete(r)
 }
 
@@ -237,6 +261,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 
 	base := sbx.DeepCopy()
 	sbx.Status.ObservedGeneration = sbx.Generation
+	r.reportPodSecurity(ctx, meta.FindStatusCondition(base.Status.Conditions, v1alpha1.ConditionPodSecurity), &sbx)
 	result, err := r.reconcileChildren(ctx, readyReason(base), &sbx)
 	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
 		// The cache lags behind a write (ours or someone's); the next pass
@@ -375,6 +400,9 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	act := r.activityOf(sbx, tpl, lease)
 	prevPhase := sbx.Status.Phase
 	defer func() { recordActivity(prevPhase, sbx, act) }()
+	if done, err := r.handleNodeLoss(ctx, sbx, tpl, podOrNil, lease); err != nil || done {
+		return result, err
+	}
 	// Only a sandbox that can be stopped needs waking when it turns idle.
 	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
 		result.RequeueAfter = min(result.RequeueAfter, d)
@@ -409,10 +437,6 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		if claim, workspaceReady, err = r.ensureWorkspace(ctx, prevReason, sbx, tpl); err != nil {
 			return ctrl.Result{}, err
 		}
-	}
-
-	if lost, err := r.recoverFromNodeLoss(ctx, sbx, podOrNil, claim); err != nil || lost {
-		return result, err
 	}
 
 	if !havePod {
@@ -688,8 +712,9 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 		return nil
 
 	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
-		// With restartPolicy Always this is eviction, node loss or an
-		// admission failure on the node: kubelet will not restart it.
+		// With restartPolicy Always this is eviction or an admission
+		// failure on the node: kubelet will not restart it. (A pod on a
+		// node that was deleted never gets here: handleNodeLoss.)
 		msg := fmt.Sprintf("pod %s stopped (phase %s): %s; it is deleted and created again",
 			pod.Name, pod.Status.Phase, podStopReason(pod))
 		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonPodFailed, msg)

@@ -17,7 +17,7 @@ import (
 // exclusive hold whose holder stopped heartbeating.
 const EventLeaseExpired = "LeaseExpired"
 
-// reconcileHold reports the sandbox's exclusive hold (seed 003) in the
+// reconcileHold reports the sandbox's exclusive hold in the
 // Leased condition and reclaims it once it has expired, so that a holder
 // that crashed cannot leave the sandbox busy for ever. It returns how long
 // until the current hold expires, or 0 when there is none, so that the

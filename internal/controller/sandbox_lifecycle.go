@@ -220,10 +220,10 @@ func (r *SandboxReconciler) stopping(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sandbo
 }
 
 // parked reports whether the sandbox is meant to stay without a pod: idle
-// after a stop, or after a failed one. A stop that failed took the pod
-// away on purpose; bringing it back before any activity would only turn
-// idle again at once and repeat the failed stop, a new pod every few
-// seconds, for as long as nobody calls.
+// after a stop, or after a failed one. A stop that failed after the pod
+// was gone (its sync or its snapshot) waits, like a finished one, for the
+// next activity: the sandbox is still idle, so a pod started without it
+// would only be stopped again at once.
 func parked(sbx *v1alpha1.Sandbox, a activity) bool {
 	if !a.idle() {
 		return false
@@ -232,10 +232,7 @@ func parked(sbx *v1alpha1.Sandbox, a activity) bool {
 	case v1alpha1.SandboxPhaseStopped:
 		return true
 	case v1alpha1.SandboxPhaseError:
-		switch readyReason(sbx) {
-		case v1alpha1.ReasonSnapshotFailed, v1alpha1.ReasonSyncFailed:
-			return true
-		}
+		return v1alpha1.ErrorResumesOnActivity(readyReason(sbx))
 	}
 	return false
 }
@@ -688,6 +685,8 @@ func (r *SandboxReconciler) deleteWorkload(ctx context.Context, sbx *v1alpha1.Sa
 			return fmt.Errorf("delete pod %s: %w", pod.Name, err)
 		}
 	}
+	// A pod the controller removed is not one lost with its node.
+	sbx.Status.NodeName = ""
 	if !withClaim {
 		return nil
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
-// Adoption from a warm pool (DESIGN.md, "Warm pools").
+// Adoption from a warm pool.
 //
 // A new Sandbox X takes over a ready warm sandbox W of its template instead
 // of starting a pod of its own. A pod's spec cannot change, and W's pod
@@ -126,6 +126,11 @@ func (r *SandboxReconciler) mayAdopt(ctx context.Context, sbx *v1alpha1.Sandbox,
 		return false, fmt.Errorf("list pods of sandbox %s: %w", sbx.Name, err)
 	}
 	for i := range pods.Items {
+		if _, proxy := pods.Items[i].Labels[v1alpha1.LabelEgressProxy]; proxy {
+			// The sandbox's PerAgent egress proxy, which its controller
+			// may well have started first.
+			continue
+		}
 		if metav1.IsControlledBy(&pods.Items[i], sbx) {
 			return false, apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("sandboxes").GroupResource(), sbx.Name,
 				fmt.Errorf("pod %s was adopted but the cached status does not say so yet", pods.Items[i].Name))

@@ -18,7 +18,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
-// TestEphemeralPoolLease runs seed 003's ephemeral cycle on real gVisor
+// TestEphemeralPoolLease runs the ephemeral pool-lease cycle on real gVisor
 // sandboxes through the real Compute API: sandboxes are leased from a warm
 // pool (exclusively, idempotently), used, and destroyed when the lease is
 // released or expires, while the pool keeps its ready count; a later run

@@ -5,7 +5,9 @@
 // transcripts, logs), never for what a command hands back to its caller.
 //
 // String and Bytes redact a whole text; Stream redacts text that arrives
-// in pieces, so that a secret split between two pieces is caught as well.
+// in pieces, so that a secret split between two pieces is caught as well;
+// Logger (logr, the control plane's) and SlogHandler (slog, the
+// supervisor's) redact what a program logs.
 // The package depends on the standard library and logr only, so that any
 // part of the platform can use the one list of formats.
 package redact

@@ -10,7 +10,7 @@ import (
 )
 
 // ToolCatalog is the cached tool list of one MCP server configuration
-// (seed 000). It is keyed by a hash of the server's configuration, so a
+// (the MCP tool catalog). It is keyed by a hash of the server's configuration, so a
 // changed configuration misses the cache and is discovered afresh, and
 // listing tools never has to wake an idle sandbox.
 type ToolCatalog struct {

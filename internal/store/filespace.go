@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// FileNode is the metadata of one path in an agent's filespace (seed 000's
+// FileNode is the metadata of one path in an agent's filespace (the
 // AgentFsNode). UpdatedAt is the last-writer-wins clock: a write or a
 // deletion replaces the stored node only if it is strictly newer, so an
 // older write never overwrites a newer one and a deletion only takes

@@ -18,7 +18,7 @@ const (
 	LeaseExpire    LeaseEventKind = "expire"
 )
 
-// LeaseEvent is one entry of the lease history (seed 003). The live lease
+// LeaseEvent is one entry of the lease history. The live lease
 // is a coordination.k8s.io Lease; the store keeps what happened to it, and
 // the request ids that make acquire idempotent across replicas.
 type LeaseEvent struct {

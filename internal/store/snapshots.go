@@ -18,7 +18,7 @@ const (
 )
 
 // Snapshot records one workspace snapshot taken at idle stop or terminate
-// (seed 000's ComputeSnapshot). The controller keeps the last ready one to
+// (a workspace snapshot). The controller keeps the last ready one to
 // resume from even when a later one fails.
 type Snapshot struct {
 	ID      string

@@ -96,8 +96,8 @@ func envCache(st pyenv.Stats) api.EnvCache {
 	}
 }
 
-// health is the body of /healthz and /health: the old fields, and seed
-// 001's state, environments, capacity and load, so that the control plane
+// health is the body of /healthz and /health: the old fields, and the
+// sandbox's state, environments, capacity and load, so that the control plane
 // can route a run to a sandbox that has its environment.
 func (s *Server) health() api.Health {
 	h := api.Health{
@@ -126,5 +126,5 @@ func (s *Server) health() api.Health {
 }
 
 func isHealthPath(p string) bool {
-	return p == api.PathHealth || p == api.PathHealthSeed || p == api.PathLive
+	return p == api.PathHealth || p == api.PathHealthShort || p == api.PathLive
 }

@@ -24,7 +24,7 @@ import (
 // /tmp being the pod's emptyDir), holding the request's inline files; it
 // is the code's working directory and is removed when the response has
 // been built. Not a directory in the workspace, because:
-//   - seed 001's /execute is stateless: files go in with the request and
+//   - /v1/execute is stateless: files go in with the request and
 //     come back in the response, so nothing needs to outlive the run;
 //   - in the workspace they would count against its 1 GB cap, be written
 //     to its volume and snapshotted at idle stop, and could overwrite the
@@ -163,7 +163,7 @@ func (s *Server) runBuildStep(ctx context.Context, argv, env []string, dir strin
 	return res.ExitCode, nil
 }
 
-// handleExecute serves seed 001's /execute.
+// handleExecute serves /v1/execute.
 func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, info *requestInfo) {
 	var req api.ExecuteRequest
 	if !s.decodeRequest(w, r, info, &req) {

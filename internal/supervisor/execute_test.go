@@ -101,7 +101,7 @@ print(os.getcwd().startswith(os.environ['RUNS']), len(data))`,
 		t.Fatalf("failing run: %+v, %v", res, e)
 	}
 	if res.FilesProduced == nil {
-		t.Error("files_produced is null; seed 001 has an object")
+		t.Error("files_produced is null; the contract has an object")
 	}
 }
 
@@ -177,7 +177,7 @@ func TestExecuteInvalidRequests(t *testing.T) {
 	}
 }
 
-// /health is seed 001's name for /healthz; both report load while a
+// /health is the short name of /healthz; both report load while a
 // command runs.
 func TestHealthStateAndLoad(t *testing.T) {
 	s := newServer(t, Config{MaxConcurrentCommands: 3, Version: "v"})
@@ -190,7 +190,7 @@ func TestHealthStateAndLoad(t *testing.T) {
 		}
 		return h
 	}
-	for _, p := range []string{api.PathHealth, api.PathHealthSeed} {
+	for _, p := range []string{api.PathHealth, api.PathHealthShort} {
 		h := get(p)
 		if h.Status != "ok" || h.Version != "v" || h.State != api.StateIdle || h.Capacity != 3 || h.CurrentLoad != 0 || h.Environments != nil || h.EnvCache != nil {
 			t.Errorf("%s idle: %+v", p, h)
@@ -203,7 +203,7 @@ func TestHealthStateAndLoad(t *testing.T) {
 	}()
 	var busy api.Health
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if busy = get(api.PathHealthSeed); busy.CurrentLoad == 1 {
+		if busy = get(api.PathHealthShort); busy.CurrentLoad == 1 {
 			break
 		}
 	}
@@ -249,7 +249,7 @@ func TestExecuteInEnvironment(t *testing.T) {
 		}
 	}
 	rec := httptest.NewRecorder()
-	s.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, api.PathHealthSeed, nil))
+	s.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, api.PathHealthShort, nil))
 	var h api.Health
 	if err := json.Unmarshal(rec.Body.Bytes(), &h); err != nil || len(h.Environments) != 1 || h.Environments[0].InUse != 0 ||
 		h.EnvCache.Installer != "pip" || h.EnvCache.Count != 1 {

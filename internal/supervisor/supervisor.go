@@ -5,8 +5,8 @@
 //
 // Every call's answer carries the supervisor's record of it (see
 // supervisorapi.AuditRecord), which the control plane keeps where code in
-// the sandbox cannot reach it; NewRedactingHandler keeps known secret
-// formats out of the slog output.
+// the sandbox cannot reach it; its binary logs through redact.SlogHandler,
+// which keeps known secret formats out of the slog output.
 //
 // It must stay free of client-go and other control-plane code: it runs next
 // to untrusted code, so its attack surface is kept small.
@@ -600,7 +600,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(params, "%s %s?%s", r.Method, r.URL.EscapedPath(), r.URL.RawQuery)
 	}
 	switch r.URL.Path {
-	case api.PathHealth, api.PathHealthSeed:
+	case api.PathHealth, api.PathHealthShort:
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			methodNotAllowed(rec, r, "GET, HEAD")
 			break

@@ -159,6 +159,15 @@ express with a message a person can act on.
 {{- end }}
 
 {{/*
+The runsc installer's namespace: its own, because its install container
+breaks the restricted Pod Security Standard that the release namespace
+enforces.
+*/}}
+{{- define "agentbox.runscInstallerNamespace" -}}
+{{- .Values.runscInstaller.namespace | default (printf "%s-runsc-installer" .Release.Namespace | trunc 63 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
 agentbox.claimSize is the storage request of a claim the chart makes: size,
 unless the claim exists already on a StorageClass that cannot expand it.
 Kubernetes grows a claim only where its StorageClass allows volume expansion,

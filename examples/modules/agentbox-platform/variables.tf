@@ -76,7 +76,7 @@ variable "replicas" {
 }
 
 variable "install_runsc" {
-  description = "Run the chart's runsc installer DaemonSet on the node pool's nodes (Managed mode). It copies runsc onto the nodes as root, so the namespace must allow privileged pods; leave it off when the node image already has gVisor."
+  description = "Run the chart's runsc installer DaemonSet on the node pool's nodes (Managed mode). It copies runsc onto the nodes as root, from a namespace of its own that the chart creates allowing privileged pods (the platform's namespace stays restricted); leave it off when the node image already has gVisor."
   type        = bool
   default     = false
   nullable    = false

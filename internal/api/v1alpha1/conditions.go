@@ -10,7 +10,7 @@ const (
 	ConditionReady = "Ready"
 
 	// ConditionLeased is True while someone holds the Sandbox's exclusive
-	// lease (seed 003), taken through the Compute API and stored as the
+	// lease, taken through the Compute API and stored as the
 	// holder of the sandbox's coordination.k8s.io Lease; its message names
 	// the holder. It is independent of Ready: a stopped sandbox can be
 	// leased.
@@ -23,6 +23,33 @@ const (
 	// SnapshotFailed; its message says why and names the fix. It is removed
 	// when an idle stop succeeds.
 	ConditionIdleStopBlocked = "IdleStopBlocked"
+
+	// ConditionPodSecurity says whether the Sandbox's namespace enforces
+	// the restricted Pod Security Standard
+	// (pod-security.kubernetes.io/enforce=restricted). The sandbox's own
+	// pod meets restricted either way; the controller builds it so. What
+	// the label decides is whether the API server would admit other pods
+	// there that do not, pods that could mount the sandboxes' Secrets and
+	// workspace volumes. It is independent of Ready: a sandbox runs in a
+	// namespace that does not enforce restricted, and says so here and in
+	// a PodSecurityNotEnforced event. The platform labels only namespaces
+	// it creates (the release namespace, when the provider's
+	// agentbox_platform creates it); a namespace its owner made is never
+	// relabelled, since the label is a policy for every pod in it.
+	ConditionPodSecurity = "PodSecurity"
+)
+
+// Reasons of a Sandbox's PodSecurity condition.
+const (
+	// ReasonRestrictedEnforced (status True): the namespace's enforce label
+	// is restricted.
+	ReasonRestrictedEnforced = "RestrictedEnforced"
+
+	// ReasonRestrictedNotEnforced (status False): the namespace enforces
+	// baseline or privileged, or has no enforce label (then the cluster's
+	// PodSecurity admission default applies, privileged unless configured
+	// otherwise). The message names the label's value.
+	ReasonRestrictedNotEnforced = "RestrictedNotEnforced"
 )
 
 // Reasons of a Sandbox's Leased condition.
@@ -138,18 +165,29 @@ const (
 	// is kept, and the next activity starts the sandbox on it.
 	ReasonSyncFailed = "SyncFailed"
 
-	// ReasonPodFailed (phase Error): the pod failed or its node was lost, or
-	// its container cannot run: the message carries kubelet's reason, such
-	// as ImagePullBackOff, ErrImageNeverPull or CrashLoopBackOff, and the
-	// container's last exit. A stopped pod is deleted and created again; a
+	// ReasonPodFailed (phase Error): the pod failed (evicted, or refused by
+	// kubelet at admission), or its container cannot run: the message
+	// carries kubelet's reason, such as ImagePullBackOff, ErrImageNeverPull
+	// or CrashLoopBackOff, and the container's last exit. A stopped pod is deleted and created again; a
 	// container that cannot start is retried by kubelet, and the sandbox
 	// turns Running as soon as the pod is ready.
 	ReasonPodFailed = "PodFailed"
 
-	// ReasonNodeLost (phase Pending): the workspace volume was pinned to a
-	// node that no longer exists; its claim was given up and the sandbox
-	// starts on another node from its last snapshot (or empty, when it has
-	// none, as the message and a NodeLost event say).
+	// ReasonNodeLost (phase Error): the node the sandbox ran on no longer
+	// exists (its Node object was deleted). It is the same whether the
+	// controller sees the pod on the deleted node, or finds the pod already
+	// removed by the pod garbage collector (status.nodeName still names the
+	// node), or finds the workspace volume pinned to a node that is gone.
+	// The pod is force-deleted, since no kubelet will confirm a graceful
+	// deletion. A workspace on node-local storage of that node is lost
+	// with it: its claim is deleted, and the sandbox will resume from its
+	// last snapshot, or, without one, with an empty workspace (its files
+	// are lost, as the message says). A workspace on network storage is
+	// kept, to be mounted on another node with its files. status.nodeLoss
+	// records the loss. The sandbox then waits, holding no node: the next
+	// activity (any call through the Compute API, which waits for the
+	// resume) starts it on another node. A warm pool's unassigned sandbox
+	// has no caller and starts again at once.
 	ReasonNodeLost = "NodeLost"
 
 	// ReasonOwnershipConflict (phase Error): an object the sandbox needs
@@ -265,3 +303,18 @@ const (
 	// (kubelet reports the node NotReady or has stopped reporting).
 	ReasonNodesNotReady = "NodesNotReady"
 )
+
+// ErrorResumesOnActivity reports whether a Sandbox in phase Error whose
+// Ready condition has reason starts again by itself at its next activity
+// (a renewal of its Lease, which every Compute API call makes), so that a
+// call waits for it rather than failing: an idle stop that failed after
+// the pod was gone (SyncFailed, SnapshotFailed; the workspace claim was
+// kept) and a lost node (NodeLost). Every other Error reason needs a
+// person.
+func ErrorResumesOnActivity(reason string) bool {
+	switch reason {
+	case ReasonSyncFailed, ReasonSnapshotFailed, ReasonNodeLost:
+		return true
+	}
+	return false
+}

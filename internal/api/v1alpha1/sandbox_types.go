@@ -60,8 +60,10 @@ const (
 	// snapshot and the pod started again.
 	SandboxPhaseResuming SandboxPhase = "Resuming"
 	// SandboxPhaseError: a step failed in a way the controller does not retry
-	// on its own, such as a failed snapshot; the Ready condition says which.
-	// The last good snapshot is kept.
+	// on its own, such as a failed snapshot, or the sandbox's node was lost;
+	// the Ready condition says which. The last good snapshot is kept. After
+	// a node loss (reason NodeLost, see status.nodeLoss) the next call
+	// resumes the sandbox on another node.
 	SandboxPhaseError SandboxPhase = "Error"
 )
 
@@ -109,6 +111,37 @@ type IdleStopRetry struct {
 	NextAttemptTime metav1.Time `json:"nextAttemptTime"`
 }
 
+// SandboxNodeLoss records that the node a sandbox ran on no longer exists.
+// Only a deleted Node object counts: a node that is merely NotReady may come
+// back with the data, and deleting the Node (by the node lifecycle
+// controller, an autoscaler or an operator) is how the cluster says it will
+// not.
+type SandboxNodeLoss struct {
+	// nodeName is the node that was lost; empty when only the workspace
+	// volume showed the loss and its node affinity names no single node.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+
+	// time is when the controller found the node gone.
+	// +required
+	Time metav1.Time `json:"time"`
+
+	// activityTime is the renewTime of the sandbox's activity Lease when the
+	// loss was found. Any later renewal, which every call through the
+	// Compute API makes, is the activity that resumes the sandbox on
+	// another node; until then it stays in phase Error with reason
+	// NodeLost, and takes no node's resources.
+	// +optional
+	ActivityTime *metav1.MicroTime `json:"activityTime,omitempty"`
+
+	// workspaceLost says the workspace volume was node-local storage on the
+	// lost node and went with it: the sandbox resumes from status.snapshot,
+	// or with an empty workspace when there is none. False means network
+	// storage, which another node mounts with the files as they were.
+	// +optional
+	WorkspaceLost bool `json:"workspaceLost,omitempty"`
+}
+
 // SandboxStatus is the observed state of a Sandbox, written by the control
 // plane.
 type SandboxStatus struct {
@@ -124,6 +157,19 @@ type SandboxStatus struct {
 	// podIP is the current pod's IP address.
 	// +optional
 	PodIP string `json:"podIP,omitempty"`
+
+	// nodeName is the node the sandbox's pod is scheduled to. It is kept
+	// after the pod disappears until the controller has checked that node:
+	// the pod garbage collector deletes the pods of a deleted node, and this
+	// is how the controller still knows where the sandbox ran.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+
+	// nodeLoss is set while the sandbox is in phase Error with reason
+	// NodeLost: its node was deleted, and the next activity resumes it on
+	// another node (and clears this).
+	// +optional
+	NodeLoss *SandboxNodeLoss `json:"nodeLoss,omitempty"`
 
 	// serviceEndpoint is the supervisor's URL, https://<podIP>:8443. Its
 	// certificate names the sandbox, not the IP.
@@ -180,14 +226,22 @@ type SandboxStatus struct {
 // persistent workspace that is stopped into a snapshot when idle and resumed
 // on the next call.
 //
+// spec.agentID and spec.templateRef.name are selectable fields, so that
+// the API server itself answers "the sandboxes of this agent" (kubectl get
+// sandboxes --field-selector spec.agentID=...), as the control plane's
+// cache indexes do.
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,shortName=sbx,categories=agentbox
+// +kubebuilder:selectablefield:JSONPath=`.spec.agentID`
+// +kubebuilder:selectablefield:JSONPath=`.spec.templateRef.name`
 // +kubebuilder:printcolumn:name="Agent",type=string,JSONPath=`.spec.agentID`
 // +kubebuilder:printcolumn:name="Template",type=string,JSONPath=`.spec.templateRef.name`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Pod IP",type=string,JSONPath=`.status.podIP`,priority=1
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`,priority=1
 // +kubebuilder:printcolumn:name="Last Activity",type=date,JSONPath=`.status.lastActivityTime`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Sandbox struct {

@@ -58,7 +58,7 @@ const (
 )
 
 // Annotations of a warm sandbox leased straight from its pool for one
-// ephemeral run (seeds 001 and 003). The control plane's store decides
+// ephemeral run (a pool lease). The control plane's store decides
 // which caller gets the sandbox (a warm take, shared with adoption and the
 // pool's deletions, so exactly one of them wins); the Compute API then
 // writes the sandbox's Lease hold and, after it, these annotations. From
@@ -141,7 +141,7 @@ func SupervisorEndpoint(podIP string) string {
 func LeaseName(sandbox string) string { return sandbox }
 
 // Annotations on a sandbox's Lease that describe the current exclusive
-// hold (seed 003) beside spec.holderIdentity. The Compute API writes them
+// hold (an exclusive lease) beside spec.holderIdentity. The Compute API writes them
 // with the holder and the controller removes them when it reclaims an
 // expired hold, so both take the keys from here.
 const (

@@ -135,7 +135,7 @@ func processesMentioning(s string) []int {
 	return out
 }
 
-// TestSupervisorProcessExecute is seed 001's /execute and /envs through
+// TestSupervisorProcessExecute is /v1/execute and /v1/envs through
 // the real binary over mTLS, installing real wheels with the real pip
 // from a package index the test serves on loopback.
 func TestSupervisorProcessExecute(t *testing.T) {
@@ -236,7 +236,7 @@ print(agentbox_greet.hello('sandbox'), sys.prefix == os.environ['VIRTUAL_ENV'])`
 	}
 	t.Logf("environment greet: %d bytes on disk, python %s", g.SizeBytes, g.PythonVersion)
 
-	// Health, under both names, with seed 001's fields beside the old ones.
+	// Health, under both names, with the routing fields beside the old ones.
 	h, err := client.Health(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ print(agentbox_greet.hello('sandbox'), sys.prefix == os.environ['VIRTUAL_ENV'])`
 		len(h.Environments) != 1 || h.Environments[0].Name != "greet" || h.EnvCache == nil || h.EnvCache.Count != 1 {
 		t.Errorf("Health = %+v", h)
 	}
-	resp, err := client.HTTPClient.Get("https://" + p.addr + api.PathHealthSeed)
+	resp, err := client.HTTPClient.Get("https://" + p.addr + api.PathHealthShort)
 	if err != nil {
 		t.Fatal(err)
 	}

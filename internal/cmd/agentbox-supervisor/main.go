@@ -76,6 +76,7 @@ import (
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/pyenv"
@@ -149,7 +150,7 @@ func main() {
 		}
 		return
 	}
-	log := slog.New(supervisor.NewRedactingHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: opts.logLevel})))
+	log := slog.New(redact.SlogHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: opts.logLevel})))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// Once shutdown has begun, a second SIGINT or SIGTERM ends the process
@@ -693,7 +694,7 @@ func probe(addr string, timeout time.Duration) error {
 
 func healthOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthSeed && r.URL.Path != supervisorapi.PathLive {
+		if r.URL.Path != supervisorapi.PathHealth && r.URL.Path != supervisorapi.PathHealthShort && r.URL.Path != supervisorapi.PathLive {
 			http.NotFound(w, r)
 			return
 		}

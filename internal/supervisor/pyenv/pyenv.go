@@ -1,5 +1,5 @@
 // Package pyenv keeps the sandbox's cached Python virtual environments
-// (seed 001's /envs): one per name or per requirement set, built once and
+// (/v1/envs): one per name or per requirement set, built once and
 // reused by every run that asks for the same thing, and evicted least
 // recently used first when there are too many of them or they take too
 // much disk.

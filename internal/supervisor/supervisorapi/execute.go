@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Seed 001's REST contract: cached Python environments and code execution
+// The execution contract: cached Python environments and code execution
 // with requirements and inline files.
 //
 //	POST   /v1/execute            ExecuteRequest -> ExecuteResult
@@ -22,9 +22,9 @@ const (
 	// PathEnvs lists and creates environments; one is addressed as
 	// PathEnvs + "/" + name.
 	PathEnvs = "/v1/envs"
-	// PathHealthSeed is seed 001's name for the health endpoint; it serves
+	// PathHealthShort is the short name of the health endpoint; it serves
 	// what PathHealth does.
-	PathHealthSeed = "/health"
+	PathHealthShort = "/health"
 
 	// ToolPythonExecute is the only tool_name /v1/execute runs.
 	ToolPythonExecute = "python_execute"
@@ -134,8 +134,8 @@ type EnvRequest struct {
 	PythonIndex  string   `json:"python_index,omitempty"`
 }
 
-// EnvInfo describes one cached environment. The first fields are seed
-// 001's PodEnvironment.
+// EnvInfo describes one cached environment. The first fields are the
+// environment as routing by environment reads it.
 type EnvInfo struct {
 	Name string `json:"name"`
 	// Packages are the installed distributions, "name==version",
@@ -182,7 +182,7 @@ type EnvCache struct {
 // EnvPath is the URL path of the named environment.
 func EnvPath(name string) string { return PathEnvs + "/" + url.PathEscape(name) }
 
-// Execute runs code (seed 001's /execute).
+// Execute runs code (/v1/execute).
 func (c *Client) Execute(ctx context.Context, req ExecuteRequest) (*ExecuteResult, error) {
 	body, err := json.Marshal(req)
 	if err != nil {

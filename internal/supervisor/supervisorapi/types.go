@@ -26,7 +26,7 @@
 //	POST   /v1/tools/{name}        tool input -> tool output
 //	GET    /v1/pty                 WebSocket: interactive terminal (see pty.go)
 //
-// and seed 001's execution and environment endpoints (see execute.go):
+// and the execution and environment endpoints (see execute.go):
 // POST /v1/execute, GET and POST /v1/envs, DELETE /v1/envs/{name}, and
 // GET /health as another name for /healthz.
 //
@@ -181,7 +181,7 @@ type CommandResult struct {
 }
 
 // Health is the body of GET /healthz (and /health). The fields after
-// Workspace are seed 001's PodStatus, for routing runs to a sandbox that
+// Workspace are the pod's status as environment routing reads it, for routing runs to a sandbox that
 // has their environment cached.
 type Health struct {
 	Status  string `json:"status"`
