@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
@@ -23,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
@@ -39,11 +42,18 @@ var scheme = func() *runtime.Scheme {
 	return s
 }()
 
+var ctrlLogOnce sync.Once
+
 // newObjectClient builds a typed client whose REST mapper discovers lazily
 // and again after a miss: agentbox_platform installs the CRDs in the same
 // apply that creates the first objects, so they may not exist when the
 // provider is configured.
 func newObjectClient(cfg *rest.Config) (client.Client, error) {
+	// controller-runtime logs through a global logger and, when nobody
+	// ever sets one, prints a stack trace saying so into the provider's
+	// output half a minute on. The provider reports through diagnostics
+	// and tflog; what the client would log (API warnings) adds nothing.
+	ctrlLogOnce.Do(func() { ctrllog.SetLogger(logr.Discard()) })
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating HTTP client: %w", err)

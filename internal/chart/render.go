@@ -12,6 +12,7 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -99,15 +100,17 @@ type offlineCluster struct{ client dynamic.Interface }
 // namespaced. A template that looks up another kind fails the render
 // rather than getting a guess.
 var offlineKinds = map[schema.GroupVersionKind]bool{
-	corev1.SchemeGroupVersion.WithKind("Namespace"): false,
-	corev1.SchemeGroupVersion.WithKind("Secret"):    true,
+	corev1.SchemeGroupVersion.WithKind("Namespace"):             false,
+	corev1.SchemeGroupVersion.WithKind("Secret"):                true,
+	corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"): true,
+	storagev1.SchemeGroupVersion.WithKind("StorageClass"):       false,
 }
 
 func (c offlineCluster) GetClientFor(apiVersion, kind string) (dynamic.NamespaceableResourceInterface, bool, error) {
 	gvk := schema.FromAPIVersionAndKind(apiVersion, kind)
 	namespaced, ok := offlineKinds[gvk]
 	if !ok {
-		return nil, false, fmt.Errorf("lookup of %s %s: RenderInstall knows only Namespaces and Secrets", apiVersion, kind)
+		return nil, false, fmt.Errorf("lookup of %s %s: RenderInstall knows only Namespaces, Secrets, PersistentVolumeClaims and StorageClasses", apiVersion, kind)
 	}
 	gvr, _ := meta.UnsafeGuessKindToResource(gvk)
 	return c.client.Resource(gvr), namespaced, nil

@@ -20,6 +20,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
@@ -530,7 +533,7 @@ func TestStoreVolume(t *testing.T) {
 	t.Run("pvc by default", func(t *testing.T) {
 		r := render(t, Values{})
 		pvc := must[*corev1.PersistentVolumeClaim](r, "agentbox-store")
-		if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != "1Gi" {
+		if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != "10Gi" {
 			t.Errorf("size %s", q.String())
 		}
 		if pvc.Spec.StorageClassName != nil {
@@ -593,6 +596,58 @@ func TestStoreVolume(t *testing.T) {
 			t.Errorf("two replicas without leader election: %q", c.Args)
 		}
 	})
+}
+
+// TestClaimSizeOnUpgrade: a claim the chart made and that exists already
+// keeps its size where its StorageClass cannot expand it, so that an
+// upgrade (to a chart whose default is larger, or with a larger value)
+// does not fail on it; where the class can expand it, it gets the value.
+func TestClaimSizeOnUpgrade(t *testing.T) {
+	claim := func(name, class, size string) *corev1.PersistentVolumeClaim {
+		c := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNamespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+			},
+		}
+		if class != "" {
+			c.Spec.StorageClassName = &class
+		}
+		return c
+	}
+	class := func(name string, expand bool) *storagev1.StorageClass {
+		return &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: "example.com/csi", AllowVolumeExpansion: &expand}
+	}
+	sizes := func(objects ...runtime.Object) (string, string) {
+		t.Helper()
+		rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{}, objects...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := parse(t, rel)
+		st := must[*corev1.PersistentVolumeClaim](r, "agentbox-store").Spec.Resources.Requests[corev1.ResourceStorage]
+		sn := must[*corev1.PersistentVolumeClaim](r, "agentbox-snapshots").Spec.Resources.Requests[corev1.ResourceStorage]
+		return st.String(), sn.String()
+	}
+	for name, tc := range map[string]struct {
+		objects    []runtime.Object
+		store, snp string
+	}{
+		"first install": {nil, "10Gi", "10Gi"},
+		"class that cannot expand": {[]runtime.Object{claim("agentbox-store", "fixed", "1Gi"), claim("agentbox-snapshots", "fixed", "5Gi"), class("fixed", false)},
+			"1Gi", "5Gi"},
+		"class that can expand": {[]runtime.Object{claim("agentbox-store", "grows", "1Gi"), claim("agentbox-snapshots", "grows", "5Gi"), class("grows", true)},
+			"10Gi", "10Gi"},
+		"class gone, or none named": {[]runtime.Object{claim("agentbox-store", "gone", "1Gi"), claim("agentbox-snapshots", "", "5Gi")},
+			"1Gi", "5Gi"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if st, sn := sizes(tc.objects...); st != tc.store || sn != tc.snp {
+				t.Errorf("agentbox-store %s, agentbox-snapshots %s; want %s and %s", st, sn, tc.store, tc.snp)
+			}
+		})
+	}
 }
 
 func TestSecrets(t *testing.T) {

@@ -109,13 +109,14 @@ type SandboxReconciler struct {
 	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
 	// The control plane gives the warm pool controller the same one.
 	WarmTakes WarmTakes
-	// APIReader reads straight from the API server, to confirm that a Node
+	// APIReader reads straight from the API server: to confirm that a Node
 	// the cache does not know is really gone before a sandbox is treated
-	// as having lost it; SetupWithManager fills it from the manager when
-	// nil, and without one the cached Client is used.
+	// as having lost it, and that an idle stop a stale cache shows under
+	// way was not finished already. SetupWithManager fills it from the
+	// manager when nil, and without one the cached Client is used.
 	APIReader client.Reader
-	// Filespaces syncs workspaces with the agents' filespaces :
-	// a push before an idle stop's snapshot, a pull before a new or resumed
+	// Filespaces syncs workspaces with the agents' filespaces: a push
+	// before an idle stop's snapshot, a pull before a new or resumed
 	// sandbox serves. Nil leaves workspaces alone, as a control plane
 	// without a store must.
 	Filespaces FilespaceSyncer

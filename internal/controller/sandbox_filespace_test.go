@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -22,6 +24,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
 )
 
@@ -133,6 +136,12 @@ func (e *clusterEnv) checkEvent(sbx *v1alpha1.Sandbox, reason string) {
 // it returns with the store.
 func platformEnv(t *testing.T) (*clusterEnv, *store.Store, *computeapi.SupervisorPool) {
 	t.Helper()
+	return platformEnvAt(t, t.TempDir())
+}
+
+// platformEnvAt is platformEnv with the store's SQLite file in dir.
+func platformEnvAt(t *testing.T, dir string) (*clusterEnv, *store.Store, *computeapi.SupervisorPool) {
+	t.Helper()
 	s3 := s3server.Start(t)
 	arch, err := archive.New(archive.Config{
 		Endpoint: s3.Endpoint, Bucket: s3.Bucket, Region: s3.Region,
@@ -140,7 +149,7 @@ func platformEnv(t *testing.T) (*clusterEnv, *store.Store, *computeapi.Superviso
 	})
 	must(t, err)
 	t.Cleanup(arch.Close)
-	dbPath := filepath.Join(t.TempDir(), "agentbox.db")
+	dbPath := filepath.Join(dir, "agentbox.db")
 	st, err := store.Open(context.Background(), dbPath, store.Options{})
 	must(t, err)
 	t.Cleanup(func() { st.Close() })
@@ -151,4 +160,82 @@ func platformEnv(t *testing.T) (*clusterEnv, *store.Store, *computeapi.Superviso
 	})
 	e.storePath = dbPath
 	return e, st, pool
+}
+
+// TestStoreWithoutRoomOnCluster: the store's SQLite file on a real 256 MiB
+// volume (ext4 on a loop device, as a chart's claim of that size is), and a
+// gVisor sandbox whose workspace holds more than the store has room for.
+// The idle stop's push is refused before it writes (the volume keeps its
+// reserve, and the store goes on taking audit records); the sandbox turns
+// Error/SyncFailed saying what to grow, stays without a pod while nobody
+// calls, and the next activity starts it on its kept workspace, whole.
+func TestStoreWithoutRoomOnCluster(t *testing.T) {
+	t.Parallel()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: the filespace sync needs the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	if err := loopvol.Check(); err != nil {
+		t.Skipf("a store volume of a fixed size needs loop devices: %v", err)
+	}
+	const volSize = 256 << 20
+	dir := t.TempDir()
+	ctx := context.Background()
+	img, mnt := filepath.Join(dir, "store.img"), filepath.Join(dir, "store")
+	must(t, os.Mkdir(mnt, 0o755))
+	must(t, loopvol.Format(ctx, img, volSize, 0o755))
+	must(t, loopvol.Mount(ctx, img, mnt))
+	// Registered before the store's own cleanup, so it runs after it.
+	t.Cleanup(func() {
+		if err := loopvol.Unmount(context.Background(), mnt); err != nil {
+			t.Errorf("unmount the store's volume: %v", err)
+		}
+	})
+	e, st, _ := platformEnvAt(t, mnt)
+	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+	})
+	e.sandbox("full", "tpl")
+	sbx, _ := e.waitPhase("full", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	sup := e.supervisor(t, sbx)
+	if !e.workspaceWritable(t, sup) {
+		t.Fatal("the workspace must be writable for this test")
+	}
+	sum := run(t, e.ctx, sup, `dd if=/dev/urandom of=big.bin bs=1M count=200 2>/dev/null && sha256sum big.bin`)
+
+	e.setActivity("full", time.Now().Add(-2*time.Hour))
+	sbx = e.waitReason("full", v1alpha1.ReasonSyncFailed)
+	ready := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady)
+	if sbx.Status.Phase != v1alpha1.SandboxPhaseError || !strings.Contains(ready.Message, "no room for filespace contents") ||
+		!strings.Contains(ready.Message, "store.persistence.size") {
+		t.Fatalf("after the refused push: phase %s, Ready %s: %s", sbx.Status.Phase, ready.Reason, ready.Message)
+	}
+	t.Logf("SyncFailed: %s", ready.Message)
+	room, err := st.BlobRoom(e.ctx)
+	must(t, err)
+	if !room.Known || room.Free < room.Reserve {
+		t.Errorf("the store's volume after the refused push: %+v; want its reserve free", room)
+	}
+	if _, err := st.GetFile(e.ctx, sbx.Spec.AgentID, "big.bin"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("big.bin in the filespace: %v", err)
+	}
+	if _, err := st.AppendAudit(e.ctx, store.AuditEntry{Caller: "test", CallerKind: "admin", Operation: "status", Result: "ok"}); err != nil {
+		t.Errorf("an audit record after the refused push: %v", err)
+	}
+
+	// Parked: no pod comes back while nobody calls (it would turn idle at
+	// once and fail its stop again).
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		var pod corev1.Pod
+		if err := e.get(PodName(sbx.WorkloadName()), &pod); err == nil && pod.DeletionTimestamp == nil {
+			t.Fatalf("a pod %s came back without activity", pod.Name)
+		}
+	}
+
+	e.setActivity("full", time.Now())
+	sbx, _ = e.waitPhase("full", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	if got := run(t, e.ctx, e.supervisor(t, sbx), `sha256sum big.bin`); got != sum {
+		t.Errorf("big.bin after the restart on the kept workspace: %q, want %q", got, sum)
+	}
 }

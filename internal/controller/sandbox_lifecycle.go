@@ -291,10 +291,10 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 			return ctrl.Result{}, err
 		}
 		if err := r.syncBeforeStop(ctx, sbx, sup); err != nil {
-			// A sync failure: retried once already; the pod stops
-			// and the sandbox is marked Error. The claim keeps the data (no
-			// snapshot is taken of a volume whose last writes may not have
-			// reached it), and the next activity starts the pod on it.
+			// Retried once already: the pod stops and the sandbox is marked
+			// Error. The claim keeps the data (no snapshot is taken of a
+			// volume whose last writes may not have reached it), and the
+			// next activity, not sooner, starts the pod on it (parked).
 			if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
 				return ctrl.Result{}, err
 			}
@@ -360,6 +360,12 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		return ctrl.Result{RequeueAfter: snapshotPoll}, nil
 	}
 
+	if done, err := r.stopRecorded(ctx, sbx, name); err != nil || done {
+		// A pass from a cache that has not seen the stop's status yet (the
+		// pod and claim it deleted woke it): the stop is over, and
+		// finishing it again would repeat its event and metrics.
+		return ctrl.Result{}, err
+	}
 	if err := r.deleteWorkload(ctx, sbx, pod, true); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -387,6 +393,21 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s, %s driver); the next activity resumes the sandbox",
 		name, formatBytes(state.SizeBytes), snapshot.ID(r.Snapshots)))
 	return ctrl.Result{}, nil
+}
+
+// stopRecorded reports whether the Sandbox as stored, not as cached, is
+// already Stopped with snapshot name: an earlier pass finished this stop.
+func (r *SandboxReconciler) stopRecorded(ctx context.Context, sbx *v1alpha1.Sandbox, name string) (bool, error) {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	var live v1alpha1.Sandbox
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(sbx), &live); err != nil {
+		return false, fmt.Errorf("read sandbox %s before finishing its stop: %w", sbx.Name, err)
+	}
+	return live.UID == sbx.UID && live.Status.Phase == v1alpha1.SandboxPhaseStopped &&
+		live.Status.Snapshot != nil && live.Status.Snapshot.Name == name, nil
 }
 
 // idleStopBackoff is the wait after failures stops abandoned in a row.
@@ -566,7 +587,8 @@ var syncRetryDelay = time.Second
 
 // syncBeforeStop pushes the workspace into the agent's filespace and then
 // makes the workspace's last writes durable before it is snapshotted,
-// retrying once, as the sync-failure policy asks. The push comes first because it writes
+// retrying once: a failure that persists stops the sandbox without a
+// snapshot (SyncFailed). The push comes first because it writes
 // the sync baseline into the workspace, which the snapshot must hold.
 func (r *SandboxReconciler) syncBeforeStop(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client) error {
 	var err error

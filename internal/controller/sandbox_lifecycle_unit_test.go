@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -587,5 +588,50 @@ func TestUnitSyncFailure(t *testing.T) {
 	f.reconcile("s")
 	if !f.exists(&corev1.Pod{}, "s") {
 		t.Error("activity after a sync failure did not start the pod again")
+	}
+}
+
+// staleReader serves the stored Sandbox while the client, standing for
+// the manager's cache, still serves an older copy.
+type staleReader struct{ live *v1alpha1.Sandbox }
+
+func (s staleReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	s.live.DeepCopyInto(obj.(*v1alpha1.Sandbox))
+	return nil
+}
+
+func (s staleReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return errors.New("not used")
+}
+
+// TestUnitStopFinishedOnce: the pass that the stop's own deletions wake may
+// read the sandbox from a cache that still says IdleStopping. It must not
+// finish the stop a second time: one IdleStopped event, one stop counted.
+func TestUnitStopFinishedOnce(t *testing.T) {
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	f.clock.Step(2 * time.Minute)
+	f.reconcile("s")
+	stale := f.wantPhase("s", v1alpha1.SandboxPhaseIdleStopping, v1alpha1.ReasonIdleTimeout)
+	d.state = snapshot.State{Ready: true, SizeBytes: 4096}
+	stops := testutil.ToFloat64(metricIdleStops)
+	f.reconcile("s")
+	live := f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	f.drainEvents()
+
+	// The cache still has the sandbox as it was before the stop finished.
+	f.r.APIReader = staleReader{live: live}
+	cached := live.DeepCopy()
+	cached.Status = stale.Status
+	must(t, f.c.Status().Update(context.Background(), cached))
+	f.clock.Step(10 * time.Millisecond)
+	f.reconcile("s")
+	if evs := strings.Join(f.drainEvents(), "\n"); strings.Contains(evs, EventIdleStopped) {
+		t.Errorf("a stale pass finished the stop again: %q", evs)
+	}
+	if got := testutil.ToFloat64(metricIdleStops) - stops; got != 1 {
+		t.Errorf("idle stops counted %v times, want once", got)
 	}
 }

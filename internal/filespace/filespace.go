@@ -1,6 +1,6 @@
 // Package filespace syncs a sandbox's workspace with the agent's filespace
-// in the control plane's store (filespace sync): file
-// metadata in store.FileNode, contents as content-addressed blobs.
+// in the control plane's store: file metadata in store.FileNode, contents
+// as content-addressed blobs.
 //
 // A sync is one direction at a time. A push writes the workspace's changes
 // into the filespace, stamped with the sync time; a pull writes the
@@ -33,13 +33,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
 // Timeout is what callers bound one sync with: hashing and copying a full
-// 1 GB workspace at a slow 10 MB/s takes a few minutes, so it is a hang
-// guard.
+// workspace of a few GiB at a slow 10 MB/s takes a few minutes, so it is a
+// hang guard.
 const Timeout = 30 * time.Minute
 
 // Workspace is the sandbox side of a sync; *supervisorapi.Client is one.
@@ -214,6 +216,11 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 	}
 
 	plan := planSync(work, nodes, base, sum)
+	if opts.Direction == Push {
+		if err := checkRoom(ctx, st, plan, work); err != nil {
+			return nil, err
+		}
+	}
 	if opts.Direction == Pull {
 		// Refuse a pull the cap could not take before writing anything:
 		// the supervisor would stop it half-way otherwise.
@@ -279,6 +286,42 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 		}
 	}
 	return sum, nil
+}
+
+// checkRoom refuses, before anything is written, a push whose new
+// contents the store has no room for: failing half-way would take as long
+// and say less.
+func checkRoom(ctx context.Context, st *store.Store, plan []action, work map[string]supervisorapi.ManifestEntry) error {
+	var files int
+	var need int64
+	seen := map[string]bool{}
+	for _, a := range plan {
+		w, ok := work[a.path]
+		if a.winner != fromWorkspace || !ok || seen[w.SHA256] {
+			continue
+		}
+		seen[w.SHA256] = true
+		if _, exists, err := st.BlobExists(ctx, w.SHA256); err != nil {
+			return fmt.Errorf("look up the content of %s: %w", a.path, err)
+		} else if exists {
+			continue
+		}
+		files++
+		need += w.Size
+	}
+	if need == 0 {
+		return nil
+	}
+	room, err := st.BlobRoom(ctx)
+	if err != nil {
+		return err
+	}
+	if room.Known && need > room.Bytes {
+		return fmt.Errorf("%w: pushing the workspace into the agent's filespace needs room for %s of new content (in %d file(s)), but the store has room for %s (%s); "+
+			"grow the control plane's store: its volume (the claim agentbox-store, the chart's store.persistence.size, where the claim's StorageClass allows expansion), or a PostgreSQL store",
+			store.ErrStoreFull, humanize.IBytes(uint64(need)), files, humanize.IBytes(uint64(room.Bytes)), room)
+	}
+	return nil
 }
 
 type side int

@@ -325,3 +325,47 @@ func TestCap(t *testing.T) {
 		t.Fatal("a refused pull wrote the workspace")
 	}
 }
+
+// TestPushRefusedWithoutRoom: a push whose new contents the store has no
+// room for (here, a SQLite store on a volume that keeps 64 MiB free and has
+// 2 MiB more) is refused before any of them is written, with what to do;
+// contents the store holds already need no room, and a push of only those
+// goes through.
+func TestPushRefusedWithoutRoom(t *testing.T) {
+	ctx := context.Background()
+	free := int64(1 << 30)
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "agentbox.db"), store.Options{
+		VolumeSpace: func(string) (int64, int64, error) { return free, 1 << 30, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	a := newSandbox(t, 0)
+	a.write(t, "small.txt", "hello", time.Time{})
+	syncAt(t, a, st, filespace.Push, time.Now().Add(-time.Hour))
+
+	room, err := st.BlobRoom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free -= room.Bytes - 2<<20
+	big := string(bytes.Repeat([]byte("x"), 3<<20))
+	a.write(t, "big.bin", big, time.Time{})
+	_, err = filespace.Sync(ctx, a.client, st, filespace.Options{AgentID: agent, Direction: filespace.Push})
+	if !errors.Is(err, store.ErrStoreFull) || !strings.Contains(err.Error(), "3.0 MiB of new content (in 1 file(s))") ||
+		!strings.Contains(err.Error(), "store.persistence.size") {
+		t.Fatalf("a push past the store's room: %v, want ErrStoreFull saying what to do", err)
+	}
+	t.Logf("refused: %v", err)
+	if _, err := st.GetFile(ctx, agent, "big.bin"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("big.bin in the filespace after the refused push: %v", err)
+	}
+
+	// The same content under another name is stored already.
+	b := newSandbox(t, 0)
+	b.write(t, "again.txt", "hello", time.Time{})
+	if sum := syncAt(t, b, st, filespace.Push, time.Now()); sum.Pushed != 1 {
+		t.Fatalf("a push of stored content: %+v", sum)
+	}
+}

@@ -16,7 +16,7 @@ import (
 // in the database rather than on a replica's disk so that every replica of
 // the control plane serves the same filespace; a FileNode's SHA256 names
 // its blob. A blob is stored in chunks so that neither side ever holds a
-// whole file (up to the 1 GB workspace cap) in memory, and each chunk is
+// whole file (as large as a workspace) in memory, and each chunk is
 // its own short write, so that a large upload does not hold SQLite's
 // single write lock (and with it every audited call) for its duration.
 
@@ -67,7 +67,9 @@ func (s *Store) BlobExists(ctx context.Context, sum string) (BlobInfo, bool, err
 
 // PutBlob stores the content r yields under its digest sum. If the blob is
 // already stored, r is not read and Existed is set. If the bytes do not
-// hash to sum, nothing is stored and the error is ErrDigestMismatch.
+// hash to sum, nothing is stored and the error is ErrDigestMismatch; if the
+// store has no room for them (see BlobRoom), nothing is stored and the
+// error is ErrStoreFull.
 // Concurrent puts of the same content are safe: one wins, the others'
 // chunks are removed.
 func (s *Store) PutBlob(ctx context.Context, sum string, r io.Reader) (BlobInfo, error) {
@@ -96,8 +98,16 @@ func (s *Store) PutBlob(ctx context.Context, sum string, r io.Reader) (BlobInfo,
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
 			h.Write(buf[:n])
+			// Measured before every chunk: other uploads and the audit log
+			// take room meanwhile, and the caller's estimate may be stale.
+			if err := s.ensureRoom(ctx, int64(n)); err != nil {
+				return fail(fmt.Errorf("store blob chunk %d after %d bytes: %w", chunks, size, err))
+			}
 			if _, err := s.wdb.ExecContext(ctx, `INSERT INTO filespace_blob_chunks (upload_id, seq, data, created_at)
 				VALUES ($1, $2, $3, $4)`, upload, chunks, buf[:n], created); err != nil {
+				if sqliteFull(err) {
+					err = fmt.Errorf("%w: %w", ErrStoreFull, err)
+				}
 				return fail(fmt.Errorf("store blob chunk %d: %w", chunks, err))
 			}
 			chunks++

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -32,6 +33,10 @@ var (
 	// ErrSchemaTooNew means the database was migrated by a newer agentbox,
 	// whose schema this binary does not know; running on it could corrupt it.
 	ErrSchemaTooNew = errors.New("store: database schema is newer than this binary")
+	// ErrStoreFull means the store has no room for filespace contents: they
+	// would eat into what a SQLite store keeps free on its volume for the
+	// audit log and everything else, or the database itself is full.
+	ErrStoreFull = errors.New("store: no room for filespace contents")
 )
 
 // Options tune a Store. The zero value is ready for production use.
@@ -48,6 +53,10 @@ type Options struct {
 	// MaxTranscript caps a console session's stored transcript in bytes
 	// (default 256 KiB); the rest is dropped and the session marked truncated.
 	MaxTranscript int
+	// VolumeSpace measures the volume that holds a SQLite store's
+	// directory: the bytes free to an unprivileged writer, and its size.
+	// Tests replace it; nil asks the file system (statfs).
+	VolumeSpace func(dir string) (free, size int64, err error)
 }
 
 func (o Options) withDefaults() Options {
@@ -62,6 +71,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxTranscript <= 0 {
 		o.MaxTranscript = 256 << 10
+	}
+	if o.VolumeSpace == nil {
+		o.VolumeSpace = volumeSpace
 	}
 	return o
 }
@@ -79,6 +91,9 @@ type Store struct {
 	// SQLITE_BUSY when it upgrades from reading to writing.
 	wdb  *sql.DB
 	opts Options
+	// dir is a SQLite store's directory, whose volume BlobRoom measures;
+	// empty on PostgreSQL.
+	dir string
 }
 
 // Open opens the store named by dsn and applies pending migrations. A dsn
@@ -128,7 +143,7 @@ func OpenSQLite(ctx context.Context, path string, opts Options) (*Store, error) 
 	wdb.SetConnMaxIdleTime(0)
 	wdb.SetConnMaxLifetime(0)
 
-	s := &Store{dialect: sqliteDialect, db: wdb, wdb: wdb, opts: opts}
+	s := &Store{dialect: sqliteDialect, db: wdb, wdb: wdb, opts: opts, dir: filepath.Dir(path)}
 	if err := s.migrate(ctx); err != nil {
 		_ = wdb.Close()
 		return nil, err

@@ -166,3 +166,25 @@ enforces.
 {{- define "agentbox.runscInstallerNamespace" -}}
 {{- .Values.runscInstaller.namespace | default (printf "%s-runsc-installer" .Release.Namespace | trunc 63 | trimSuffix "-") }}
 {{- end }}
+
+{{/*
+agentbox.claimSize is the storage request of a claim the chart makes: size,
+unless the claim exists already on a StorageClass that cannot expand it.
+Kubernetes grows a claim only where its StorageClass allows volume expansion,
+so another size there would fail the upgrade (as a larger default would, on
+every platform installed before it); such a claim keeps the size it has. An
+offline render sees no claim and renders size.
+Usage: include "agentbox.claimSize" (dict "name" "agentbox-store" "size" .Values.store.persistence.size "root" $)
+*/}}
+{{- define "agentbox.claimSize" -}}
+{{- $size := .size -}}
+{{- $claim := lookup "v1" "PersistentVolumeClaim" .root.Release.Namespace .name -}}
+{{- if and $claim $claim.spec -}}
+{{- $class := dict -}}
+{{- with $claim.spec.storageClassName }}{{ $class = lookup "storage.k8s.io/v1" "StorageClass" "" . }}{{ end -}}
+{{- if not (and $class $class.allowVolumeExpansion) -}}
+{{- $size = $claim.spec.resources.requests.storage -}}
+{{- end -}}
+{{- end -}}
+{{- $size -}}
+{{- end }}
