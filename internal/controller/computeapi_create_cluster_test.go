@@ -275,10 +275,14 @@ func TestPoolLeaseWaitsAndColdStartsOnCluster(t *testing.T) {
 	}
 
 	// Cold starts: no warm sandbox at all, so the lease must start one.
+	// A merge patch, as kubectl or Terraform would: the pool's controller
+	// writes its status meanwhile, which an update of a copy read before
+	// would conflict with.
 	var pool v1alpha1.SandboxWarmPool
 	must(t, e.get("pool", &pool))
+	base := pool.DeepCopy()
 	pool.Spec.Replicas, pool.Spec.ColdStartWhenExhausted = 0, true
-	must(t, e.c.Update(ctx, &pool))
+	must(t, e.c.Patch(ctx, &pool, client.MergeFrom(base)))
 	e.eventually("the pool to empty", func() error {
 		var list v1alpha1.SandboxList
 		if err := e.c.List(ctx, &list, client.InNamespace(e.ns), client.MatchingLabels{v1alpha1.LabelWarmPool: "pool"}); err != nil {
