@@ -18,6 +18,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/progress"
 )
 
 // Debian builds a root filesystem from Debian packages fetched by apt as the
@@ -195,10 +197,15 @@ func (d *Debian) Fetch(ctx context.Context, pkgs []Package) ([]string, error) {
 		args = append(args, p.Name+"="+p.Version)
 	}
 	d.logf("downloading %d packages with apt-get", len(missing))
-	cmd := exec.CommandContext(ctx, "apt-get", args...)
-	cmd.Dir = tmp
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("apt-get download: %w\n%s", err, out)
+	got := 0
+	dl := progress.Cmd{Dir: tmp, Logf: d.logf, Label: "apt-get download"}
+	if err := dl.Run(ctx, fmt.Sprintf("0/%d packages", len(missing)), func(s *progress.Step, text string) {
+		if strings.HasPrefix(text, "Get:") {
+			got++
+			s.Set("%d/%d packages (last %s)", got, len(missing), text)
+		}
+	}, "apt-get", args...); err != nil {
+		return nil, fmt.Errorf("apt-get download: %w", err)
 	}
 	for _, p := range missing {
 		got := filepath.Join(tmp, p.debFile())

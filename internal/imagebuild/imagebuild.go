@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -30,6 +29,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/ociimage"
+	"github.com/agentbox/terraform-provider-agentbox/internal/progress"
 )
 
 // Image names as -only takes them.
@@ -321,7 +321,10 @@ func writeSandbox(ctx context.Context, d *Debian, pkgs []Package, ref, superviso
 	}
 	defer os.RemoveAll(dir)
 	t = time.Now()
-	if err := Unpack(ctx, debs, dir); err != nil {
+	step := progress.Start(logf, "root filesystem", fmt.Sprintf("unpacking %d packages", len(debs)), 0)
+	err = Unpack(ctx, debs, dir)
+	step.Stop()
+	if err != nil {
 		return v1.Hash{}, "", err
 	}
 	if err := SandboxFiles(dir, supervisor, ca); err != nil {
@@ -340,6 +343,9 @@ func writeSandbox(ctx context.Context, d *Debian, pkgs []Package, ref, superviso
 		python = pythonFromPackages(pkgs)
 		logf("not root: Python not run in a chroot; version from its package")
 	}
+	// Compressing a few hundred megabytes takes a while on a small machine.
+	step = progress.Start(logf, "image archive", "writing and compressing the layer", 0)
+	defer step.Stop()
 	h, err := ociimage.WriteArchive(ociimage.Image{
 		Ref:        ref,
 		Rootfs:     dir,
@@ -405,18 +411,11 @@ func goBuild(ctx context.Context, o Options, command, out string) error {
 	}
 	// Built into a lasting path: go build leaves a binary alone when its
 	// build ID says it is current, so an unchanged command is not linked
-	// again.
-	cmd := exec.CommandContext(ctx, o.Go, "build", "-trimpath",
-		"-ldflags", "-s -w -X main.version="+o.Tag,
-		"-o", out, "./internal/cmd/"+command)
-	cmd.Dir = moduleDir
-	// Static binaries: the control plane and proxy images hold no libc,
-	// and the supervisor must not depend on the sandbox's.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./internal/cmd/%s: %w\n%s", command, err, b)
-	}
-	return nil
+	// again. Static binaries: the control plane and proxy images hold no
+	// libc, and the supervisor must not depend on the sandbox's.
+	c := progress.Cmd{Dir: moduleDir, Env: append(os.Environ(), "CGO_ENABLED=0"), Logf: o.logf, Label: "go build " + command}
+	return c.GoBuild(ctx, progress.GoBuild{Go: o.Go, Flags: []string{"-trimpath", "-ldflags", "-s -w -X main.version=" + o.Tag},
+		Out: out, Packages: []string{"./internal/cmd/" + command}})
 }
 
 func selfHash() (string, error) {

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/progress"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
 
@@ -311,7 +312,11 @@ func (c *Cluster) ImportImages(ctx context.Context, archives ...string) error {
 	}
 	for _, a := range archives {
 		t := time.Now()
-		if err := run(ctx, c.bin("ctr"), "-a", c.sock(), "-n", "k8s.io", "images", "import", "--no-unpack=false", a); err != nil {
+		// Unpacking a large image into the snapshotter takes a while.
+		step := progress.Start(c.logf, "importing "+filepath.Base(a), "unpacking into containerd", 0)
+		err := run(ctx, c.bin("ctr"), "-a", c.sock(), "-n", "k8s.io", "images", "import", "--no-unpack=false", a)
+		step.Stop()
+		if err != nil {
 			return fmt.Errorf("import image %s: %w", a, err)
 		}
 		c.logf("imported %s (%s)", filepath.Base(a), time.Since(t).Round(time.Millisecond))

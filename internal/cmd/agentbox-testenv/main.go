@@ -1,7 +1,9 @@
 // Command agentbox-testenv builds and runs the real local cluster that the
 // tests and the quickstart use.
 //
-//	agentbox-testenv build            build the toolchain into the cache (make testenv)
+//	agentbox-testenv build [-cluster-only]
+//	                                  build the toolchain into the cache (make testenv);
+//	                                  -cluster-only leaves out what only tests start
 //	agentbox-testenv up [-node]       start a cluster; print its kubeconfig path
 //	agentbox-testenv import FILE...   import OCI archives into the running node
 //	agentbox-testenv exec [-node] -- CMD...
@@ -34,7 +36,7 @@ func main() {
 	}
 }
 
-const usage = "usage: agentbox-testenv build|up [-node] [-reuse] [-image FILE]...|exec [-node] [-image FILE]... -- CMD...|import FILE...|down|dir"
+const usage = "usage: agentbox-testenv build [-cluster-only]|up [-node] [-reuse] [-image FILE]...|exec [-node] [-image FILE]... -- CMD...|import FILE...|down|dir"
 
 type files []string
 
@@ -53,8 +55,9 @@ func run(ctx context.Context, args []string) error {
 	case "build":
 		fs := flag.NewFlagSet("build", flag.ExitOnError)
 		skipPkgs := fs.Bool("skip-packages", false, "do not install missing Debian packages")
+		clusterOnly := fs.Bool("cluster-only", false, "build what a cluster runs (the quickstart's needs), not the servers only tests start")
 		_ = fs.Parse(args[1:])
-		b := &toolchain.Builder{Dir: dir, Out: os.Stdout, SkipPackages: *skipPkgs}
+		b := &toolchain.Builder{Dir: dir, Out: os.Stdout, SkipPackages: *skipPkgs, ClusterOnly: *clusterOnly}
 		return b.Build(ctx)
 	case "up":
 		fs := flag.NewFlagSet("up", flag.ExitOnError)

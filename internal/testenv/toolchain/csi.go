@@ -19,7 +19,7 @@ const (
 )
 
 func csiProvisioner() component {
-	return component{name: "csi-provisioner", binary: []binary{
+	return component{name: "csi-provisioner", testOnly: true, binary: []binary{
 		{CSIProvisioner, "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner"},
 	}, ldflags: "-s -w -X main.version=" + ExternalProvisionerVersion}
 }

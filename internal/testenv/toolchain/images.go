@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/ociimage"
+	"github.com/agentbox/terraform-provider-agentbox/internal/progress"
 )
 
 // Image references of the test node's own images. The ".test" domain is
@@ -33,14 +35,25 @@ func ImageDir(dir string) string { return filepath.Join(dir, "images") }
 // second.
 func (b *Builder) buildOwnTools(ctx context.Context) error {
 	t := time.Now()
-	env := append(os.Environ(), "CGO_ENABLED=0")
-	for _, tool := range []binary{{LocalPathProvisioner, localPathPackage}, {CSIHostPath, csiHostPathPackage}} {
-		if err := b.run(ctx, "", env, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(BinDir(b.Dir), tool.out), tool.pkg); err != nil {
+	tools := []binary{{LocalPathProvisioner, localPathPackage}}
+	if !b.ClusterOnly {
+		tools = append(tools, binary{CSIHostPath, csiHostPathPackage})
+	}
+	var names []string
+	for _, tool := range tools {
+		if err := b.goBuild(ctx, tool.out, filepath.Join(BinDir(b.Dir), tool.out), tool.pkg); err != nil {
 			return fmt.Errorf("build %s: %w", tool.out, err)
 		}
+		names = append(names, tool.out)
 	}
-	b.logf("own tools: %s %s (%s)", LocalPathProvisioner, CSIHostPath, time.Since(t).Round(time.Millisecond))
+	b.logf("own tools: %s (%s)", strings.Join(names, " "), time.Since(t).Round(time.Millisecond))
 	return nil
+}
+
+// goBuild builds one of this repository's commands, static.
+func (b *Builder) goBuild(ctx context.Context, label, out, pkg string) error {
+	return b.cmd(label, "", append(os.Environ(), "CGO_ENABLED=0")).GoBuild(ctx, progress.GoBuild{
+		Flags: []string{"-trimpath", "-ldflags", "-s -w"}, Out: out, Packages: []string{pkg}})
 }
 
 // buildImages builds the pause and busybox images. They are rebuilt only when
@@ -58,8 +71,7 @@ func (b *Builder) buildImages(ctx context.Context) error {
 			return err
 		}
 	}
-	env := append(os.Environ(), "CGO_ENABLED=0")
-	if err := b.run(ctx, "", env, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(pauseRoot, "pause"), pausePackage); err != nil {
+	if err := b.goBuild(ctx, "pause", filepath.Join(pauseRoot, "pause"), pausePackage); err != nil {
 		return fmt.Errorf("build pause: %w", err)
 	}
 	if err := copyFile(busyboxPath, filepath.Join(boxRoot, "bin", "busybox"), 0o755); err != nil {

@@ -48,7 +48,7 @@ func snapshotController() component {
 	for i, f := range SnapshotCRDs {
 		produces[i] = filepath.Join(snapshotCRDSubdir, f)
 	}
-	return component{name: "snapshot-controller", binary: []binary{
+	return component{name: "snapshot-controller", testOnly: true, binary: []binary{
 		{SnapshotController, "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller"},
 		{CSISnapshotter, "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"},
 	}, ldflags: "-s -w -X main.version=" + ExternalSnapshotterVersion, files: copySnapshotCRDs, produces: produces}

@@ -17,8 +17,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/progress"
 )
 
 // Layout is the cache format version. Bump it when the directory layout
@@ -34,14 +37,17 @@ const (
 	GVisorVersion     = "v0.0.0-20260905035102-160fafc42237"
 )
 
-// DebianPackages are installed with apt when missing: the OCI runtime, the
-// netfilter tools kube-proxy and the CNI plugins drive, the CNI plugins
-// themselves, busybox for the test images, PostgreSQL, which the store's
-// tests start as a real server (internal/testenv/postgres), and the tools
-// that give every volume of the node a filesystem of its size on a loop
-// device (internal/testenv/loopvol): mkfs.ext4 and debugfs (e2fsprogs),
-// mount and umount (mount).
-var DebianPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static", "postgresql", "e2fsprogs", "mount"}
+// ClusterPackages are the Debian packages a cluster needs, installed with
+// apt when missing: the OCI runtime, the netfilter tools kube-proxy and the
+// CNI plugins drive, the CNI plugins themselves, busybox for the test
+// images, and the tools that give every volume of the node a filesystem of
+// its size on a loop device (internal/testenv/loopvol): mkfs.ext4 and
+// debugfs (e2fsprogs), mount and umount (mount).
+var ClusterPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static", "e2fsprogs", "mount"}
+
+// TestPackages are needed by the tests alone: PostgreSQL, which the store's
+// tests start as a real server (internal/testenv/postgres).
+var TestPackages = []string{"postgresql"}
 
 //go:embed wrappers
 var wrappers embed.FS
@@ -52,10 +58,13 @@ type binary struct {
 }
 
 type component struct {
-	name    string
-	binary  []binary
-	ldflags string
-	tags    string
+	name string
+	// testOnly components serve tests that start them themselves; a
+	// cluster, and so the quickstart, runs without them.
+	testOnly bool
+	binary   []binary
+	ldflags  string
+	tags     string
 	// vendor builds from a vendored tree, so that patch can change a file of
 	// a dependency without committing any of its source.
 	vendor bool
@@ -96,7 +105,7 @@ func components() []component {
 		}, ldflags: "-s -w", vendor: true, patch: patchGVisorShimOOM},
 		// The S3-compatible store the archive snapshot driver is tested
 		// against.
-		{name: "versitygw", binary: []binary{
+		{name: "versitygw", testOnly: true, binary: []binary{
 			{"versitygw", "github.com/versity/versitygw/cmd/versitygw"},
 		}, ldflags: "-s -w"},
 		snapshotController(),
@@ -152,25 +161,71 @@ type Builder struct {
 	Out io.Writer
 	// SkipPackages leaves the Debian packages alone (for hosts managed otherwise).
 	SkipPackages bool
+	// ClusterOnly builds what a cluster runs and nothing that only tests
+	// start (the S3 server, the snapshot and CSI sidecars, PostgreSQL): what
+	// the quickstart needs. A later full build reuses all of it.
+	ClusterOnly bool
 }
 
 // Build builds every missing or outdated component. A second run with
 // nothing to do only checks stamps and finishes in well under a second.
+//
+// Components are resolved one ahead of the one being compiled: fetching
+// modules waits on the network and compiling on the CPU, so the two
+// overlap.
 func (b *Builder) Build(ctx context.Context) error {
 	start := time.Now()
 	if err := os.MkdirAll(BinDir(b.Dir), 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", BinDir(b.Dir), err)
 	}
-	b.logf("testenv cache: %s", b.Dir)
+	what := "the cluster and the tests"
+	if b.ClusterOnly {
+		what = "the cluster (the tests' own servers are built by `make testenv`)"
+	}
+	b.logf("testenv cache: %s; building what %s need", b.Dir, what)
 	if !b.SkipPackages {
 		if err := b.debianPackages(ctx); err != nil {
 			return err
 		}
 	}
+	var todo []component
 	for _, c := range components() {
-		if err := b.component(ctx, c); err != nil {
-			return fmt.Errorf("component %s: %w", c.name, err)
+		if !c.testOnly || !b.ClusterOnly {
+			todo = append(todo, c)
 		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type resolved struct {
+		c   component
+		src string
+		err error
+	}
+	next := make(chan resolved)
+	go func() {
+		defer close(next)
+		for _, c := range todo {
+			src, err := b.resolve(ctx, c)
+			select {
+			case next <- resolved{c, src, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for r := range next {
+		if r.err == nil && r.src != "" {
+			r.err = b.compile(ctx, r.c, r.src)
+		}
+		if r.err != nil {
+			return fmt.Errorf("component %s: %w", r.c.name, r.err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if err := b.buildOwnTools(ctx); err != nil {
 		return err
@@ -186,16 +241,25 @@ func (b *Builder) logf(format string, args ...any) {
 	fmt.Fprintf(b.Out, "==> "+format+"\n", args...)
 }
 
+// cmd runs commands for one component with progress reports.
+func (b *Builder) cmd(label, dir string, env []string) progress.Cmd {
+	return progress.Cmd{Dir: dir, Env: env, Logf: b.logf, Label: label}
+}
+
 func (b *Builder) debianPackages(ctx context.Context) error {
+	want := ClusterPackages
+	if !b.ClusterOnly {
+		want = append(slices.Clone(ClusterPackages), TestPackages...)
+	}
 	var missing []string
-	for _, p := range DebianPackages {
+	for _, p := range want {
 		out, err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Status}", p).Output()
 		if err != nil || !strings.Contains(string(out), "install ok installed") {
 			missing = append(missing, p)
 		}
 	}
 	if len(missing) == 0 {
-		b.logf("debian packages: %s (installed)", strings.Join(DebianPackages, " "))
+		b.logf("debian packages: %s (installed)", strings.Join(want, " "))
 		return nil
 	}
 	t := time.Now()
@@ -203,12 +267,19 @@ func (b *Builder) debianPackages(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("debian packages %s are missing and installing them needs root", strings.Join(missing, " "))
 	}
-	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	if err := b.run(ctx, "", env, "apt-get", "update", "-q"); err != nil {
+	c := b.cmd("debian packages", "", append(os.Environ(), "DEBIAN_FRONTEND=noninteractive"))
+	// apt prints a line per package it fetches, unpacks and sets up; the
+	// last one says where it is.
+	last := func(s *progress.Step, text string) {
+		if text = strings.TrimSpace(text); text != "" {
+			s.Set("%s", text)
+		}
+	}
+	if err := c.Run(ctx, "apt-get update", last, "apt-get", "update", "-q"); err != nil {
 		return fmt.Errorf("apt-get update: %w", err)
 	}
 	args := append([]string{"install", "-y", "-q", "--no-install-recommends"}, missing...)
-	if err := b.run(ctx, "", env, "apt-get", args...); err != nil {
+	if err := c.Run(ctx, "apt-get install", last, "apt-get", args...); err != nil {
 		return fmt.Errorf("apt-get install %s: %w", strings.Join(missing, " "), err)
 	}
 	b.logf("debian packages: done in %s", time.Since(t).Round(time.Second))
@@ -240,82 +311,113 @@ func (c component) stamp() (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
-func (b *Builder) component(ctx context.Context, c component) error {
-	stamp, err := c.stamp()
-	if err != nil {
-		return err
-	}
-	stampFile := filepath.Join(b.Dir, "stamps", c.name)
+func (c component) names() []string {
 	names := make([]string, len(c.binary))
 	for i, bin := range c.binary {
 		names[i] = bin.out
 	}
-	if got, err := os.ReadFile(stampFile); err == nil && string(got) == stamp && b.allPresent(c) {
-		b.logf("%s: %s (cached)", c.name, strings.Join(names, " "))
-		return nil
+	return names
+}
+
+func (c component) env() []string {
+	return append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false", "GOWORK=off")
+}
+
+func (b *Builder) stampFile(c component) string { return filepath.Join(b.Dir, "stamps", c.name) }
+
+// resolve writes a component's wrapper module and resolves (and for a
+// vendored build, vendors and patches) its dependencies. It returns "" when
+// the cache already holds the component as its stamp describes.
+func (b *Builder) resolve(ctx context.Context, c component) (string, error) {
+	stamp, err := c.stamp()
+	if err != nil {
+		return "", err
+	}
+	if got, err := os.ReadFile(b.stampFile(c)); err == nil && string(got) == stamp && b.allPresent(c) {
+		b.logf("%s: %s (cached)", c.name, strings.Join(c.names(), " "))
+		return "", nil
 	}
 	t := time.Now()
-	b.logf("%s: building %s", c.name, strings.Join(names, " "))
 	src := filepath.Join(b.Dir, "src", c.name)
 	if err := os.RemoveAll(src); err != nil {
-		return err
+		return "", err
 	}
 	if err := os.MkdirAll(src, 0o755); err != nil {
-		return err
+		return "", err
 	}
 	gomod, _ := wrappers.ReadFile("wrappers/" + c.name + "/go.mod.txt")
 	if err := os.WriteFile(filepath.Join(src, "go.mod"), gomod, 0o644); err != nil {
-		return err
+		return "", err
 	}
 	// A wrapper's go.sum.txt holds hashes of modules the checksum database
 	// does not answer for, taken from a go.sum it did verify.
 	if gosum, err := wrappers.ReadFile("wrappers/" + c.name + "/go.sum.txt"); err == nil {
 		if err := os.WriteFile(filepath.Join(src, "go.sum"), gosum, 0o644); err != nil {
-			return err
+			return "", err
 		}
 	}
-	env := append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false", "GOWORK=off")
-	b.logf("%s: resolving modules", c.name)
-	if err := b.run(ctx, src, env, "go", "mod", "tidy"); err != nil {
-		return fmt.Errorf("go mod tidy: %w", err)
+	cmd := b.cmd(c.name, src, c.env())
+	if err := cmd.GoModules(ctx, "go", "mod", "tidy"); err != nil {
+		return "", fmt.Errorf("go mod tidy: %w", err)
 	}
 	if c.vendor {
-		if err := b.run(ctx, src, env, "go", "mod", "vendor"); err != nil {
-			return fmt.Errorf("go mod vendor: %w", err)
+		if err := cmd.GoModules(ctx, "go", "mod", "vendor"); err != nil {
+			return "", fmt.Errorf("go mod vendor: %w", err)
 		}
 	}
 	if c.patch != nil {
 		if err := c.patch(src); err != nil {
-			return err
+			return "", err
 		}
 	}
+	b.logf("%s: modules resolved in %s", c.name, time.Since(t).Round(time.Second))
+	return src, nil
+}
+
+// compile builds a resolved component's binaries in one go build, so that
+// they share one package graph and link side by side.
+func (b *Builder) compile(ctx context.Context, c component, src string) error {
+	t := time.Now()
+	b.logf("%s: building %s", c.name, strings.Join(c.names(), " "))
+	out := filepath.Join(src, "bin")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	flags := []string{"-trimpath", "-ldflags", c.ldflags}
+	if c.tags != "" {
+		flags = append(flags, "-tags", c.tags)
+	}
+	if c.vendor {
+		flags = append(flags, "-mod=vendor")
+	}
+	pkgs := make([]string, len(c.binary))
+	for i, bin := range c.binary {
+		pkgs[i] = bin.pkg
+	}
+	if err := b.cmd(c.name, src, c.env()).GoBuild(ctx, progress.GoBuild{Flags: flags, Out: out + string(filepath.Separator), Packages: pkgs}); err != nil {
+		return fmt.Errorf("go build: %w", err)
+	}
 	for _, bin := range c.binary {
-		bt := time.Now()
-		args := []string{"build", "-trimpath", "-ldflags", c.ldflags, "-o", filepath.Join(BinDir(b.Dir), bin.out)}
-		if c.tags != "" {
-			args = append(args, "-tags", c.tags)
+		if err := os.Rename(filepath.Join(out, progress.DefaultBinaryName(bin.pkg)), filepath.Join(BinDir(b.Dir), bin.out)); err != nil {
+			return fmt.Errorf("install %s: %w", bin.out, err)
 		}
-		if c.vendor {
-			args = append(args, "-mod=vendor")
-		}
-		args = append(args, bin.pkg)
-		if err := b.run(ctx, src, env, "go", args...); err != nil {
-			return fmt.Errorf("go build %s: %w", bin.pkg, err)
-		}
-		b.logf("%s: built %s in %s", c.name, bin.out, time.Since(bt).Round(time.Second))
 	}
 	if c.files != nil {
 		if err := c.files(ctx, b, src); err != nil {
 			return err
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(stampFile), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(b.stampFile(c)), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(stampFile, []byte(stamp), 0o644); err != nil {
+	stamp, err := c.stamp()
+	if err != nil {
 		return err
 	}
-	b.logf("%s: done in %s", c.name, time.Since(t).Round(time.Second))
+	if err := os.WriteFile(b.stampFile(c), []byte(stamp), 0o644); err != nil {
+		return err
+	}
+	b.logf("%s: built in %s", c.name, time.Since(t).Round(time.Second))
 	return nil
 }
 
@@ -333,46 +435,16 @@ func (b *Builder) allPresent(c component) bool {
 	return true
 }
 
-// run executes a command, keeping its output out of the progress stream
-// unless it fails, in which case the tail of it is part of the error.
-func (b *Builder) run(ctx context.Context, dir string, env []string, name string, args ...string) error {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Env = env
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	if err := cmd.Run(); err != nil {
-		return &CommandError{Cmd: name + " " + strings.Join(args, " "), Dir: dir, Output: tail(out.String(), 40), Err: err}
-	}
-	return nil
-}
-
-// CommandError says exactly which command failed, where, and what it printed.
-type CommandError struct {
-	Cmd, Dir, Output string
-	Err              error
-}
-
-func (e *CommandError) Error() string {
-	return fmt.Sprintf("%s (in %s) failed: %v\n--- last output ---\n%s", e.Cmd, e.Dir, e.Err, e.Output)
-}
-
-func (e *CommandError) Unwrap() error { return e.Err }
-
-func tail(s string, lines int) string {
-	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(l) > lines {
-		l = l[len(l)-lines:]
-	}
-	return strings.Join(l, "\n")
-}
-
-// Missing lists the binaries a cluster needs that are not in dir, so that
-// callers can say "run make testenv" instead of failing on a missing file.
+// Missing lists what a cluster needs that is not in dir, so that callers
+// can say "run make testenv" instead of failing on a missing file. The
+// tests' own servers are not listed: the tests that start them skip with
+// their own message.
 func Missing(dir string) []string {
 	var missing []string
 	for _, c := range components() {
+		if c.testOnly {
+			continue
+		}
 		for _, bin := range c.binary {
 			if !fileExists(filepath.Join(BinDir(dir), bin.out)) {
 				missing = append(missing, bin.out)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# gobuild.sh OUT VERSION PACKAGES...: build this repository's commands the way
+# the quickstart and `make` do, saying how far along it is every 10 seconds
+# (packages compiled out of those the build depends on, then linking). A
+# plain go build is silent for minutes on a cold cache, and nobody can tell a
+# slow build from a hung one.
+#
+# OUT is a file for one package or a folder (ending in /) for several.
+# VERSION goes into main.version. -trimpath as in the images' builds
+# (internal/imagebuild), so that both share compiled packages.
+set -euo pipefail
+GO=${GO:-go}
+out=$1 version=$2
+shift 2
+
+# done_within PID SECONDS: true once PID has ended, false after SECONDS.
+done_within() {
+	local i
+	for ((i = 0; i < $2 * 5; i++)); do
+		kill -0 "$1" 2>/dev/null || return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# unsafe is in every graph and never compiled.
+total=$($GO list -deps "$@" | grep -cvx unsafe)
+mains=$($GO list "$@")
+nmains=$(wc -l <<<"$mains")
+start=$(date +%s)
+# -v prints each package as it is compiled; a warm cache compiles fewer, so
+# the total is an upper bound.
+$GO build -v -trimpath -ldflags "-s -w -X main.version=$version" -o "$out" "$@" 2>"$log" &
+pid=$!
+while ! done_within "$pid" 10; do
+	n=$(grep -cv '[[:space:]]' "$log" || true)
+	if [ "$(grep -cxF -f <(echo "$mains") "$log" || true)" = "$nmains" ]; then
+		echo "go build: $n/$total packages compiled, linking ($(( $(date +%s) - start ))s)"
+	else
+		echo "go build: compiling, $n/$total packages ($(( $(date +%s) - start ))s)"
+	fi
+done
+if ! wait "$pid"; then
+	tail -40 "$log" >&2
+	exit 1
+fi
