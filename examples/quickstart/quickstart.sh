@@ -169,7 +169,7 @@ up)
 	trap report EXIT
 	step "build the provider, the CLI and the tools" build_all
 	step "build the images" build_images
-	step "build the cluster (cached after the first run)" build_cluster
+	step "build what the cluster runs" build_cluster
 	step "start the local cluster, import the images" start_cluster
 	step "terraform init" tf_init
 	step "terraform apply" tf_apply
