@@ -26,12 +26,13 @@ done_within() {
 	return 1
 }
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-# unsafe is in every graph and never compiled.
-total=$($GO list -deps "$@" | grep -cvx unsafe)
+log=$(mktemp) list=$(mktemp)
+trap 'rm -f "$log" "$list" "$list.n"' EXIT
 mains=$($GO list "$@")
 nmains=$(wc -l <<<"$mains")
+# The total comes from go list -deps, run beside the build since listing a
+# large graph takes seconds; unsafe is in every graph and never compiled.
+( $GO list -deps "$@" 2>/dev/null | grep -cvx unsafe > "$list.n" && mv "$list.n" "$list" ) &
 start=$(date +%s)
 # -v prints each package as it is compiled; a warm cache compiles fewer, so
 # the total is an upper bound.
@@ -39,10 +40,11 @@ $GO build -v -trimpath -ldflags "-s -w -X main.version=$version" -o "$out" "$@" 
 pid=$!
 while ! done_within "$pid" 10; do
 	n=$(grep -cv '[[:space:]]' "$log" || true)
+	total=$(cat "$list" 2>/dev/null || true)
 	if [ "$(grep -cxF -f <(echo "$mains") "$log" || true)" = "$nmains" ]; then
-		echo "go build: $n/$total packages compiled, linking ($(( $(date +%s) - start ))s)"
+		echo "go build: $n packages compiled, linking ($(( $(date +%s) - start ))s)"
 	else
-		echo "go build: compiling, $n/$total packages ($(( $(date +%s) - start ))s)"
+		echo "go build: compiling, $n${total:+/$total} packages ($(( $(date +%s) - start ))s)"
 	fi
 done
 if ! wait "$pid"; then

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -196,15 +197,19 @@ type GoBuild struct {
 
 // GoBuild compiles with -v, which prints each package as it is compiled,
 // and reports packages compiled out of those the build depends on (from
-// go list -deps; a warm build cache compiles fewer, so the count is an
-// upper bound), then "linking" once every main package is compiled.
+// go list -deps, run beside the build, since listing a large graph takes
+// seconds; a warm build cache compiles fewer, so the count is an upper
+// bound), then "linking" once every main package is compiled.
 func (c Cmd) GoBuild(ctx context.Context, b GoBuild) error {
 	goCmd := goOr(b.Go)
-	total, err := c.countDeps(ctx, goCmd, b.Flags, b.Packages)
-	if err != nil {
-		return err
-	}
-	count := newBuildCount(total, b.Packages)
+	count := newBuildCount(b.Packages)
+	go func() {
+		// Without a total the reports still count packages compiled; the
+		// build itself reports whatever made listing fail.
+		if n, err := c.countDeps(ctx, goCmd, b.Flags, b.Packages); err == nil {
+			count.total.Store(int64(n))
+		}
+	}()
 	args := append([]string{"build", "-v"}, b.Flags...)
 	args = append(args, "-o", b.Out)
 	args = append(args, b.Packages...)
@@ -217,13 +222,14 @@ func (c Cmd) GoBuild(ctx context.Context, b GoBuild) error {
 
 // buildCount follows go build -v's output.
 type buildCount struct {
-	total, compiled, mainsCompiled int
-	mains                          map[string]bool
-	names                          []string
+	total                   atomic.Int64 // 0 until go list answers
+	compiled, mainsCompiled int
+	mains                   map[string]bool
+	names                   []string
 }
 
-func newBuildCount(total int, pkgs []string) *buildCount {
-	c := &buildCount{total: total, mains: map[string]bool{}}
+func newBuildCount(pkgs []string) *buildCount {
+	c := &buildCount{mains: map[string]bool{}}
 	for _, p := range pkgs {
 		c.mains[p] = true
 		c.names = append(c.names, DefaultBinaryName(p))
@@ -251,7 +257,10 @@ func (c *buildCount) status(last string) string {
 	if c.mainsCompiled == len(c.mains) {
 		return fmt.Sprintf("linking %s (%d packages compiled)", strings.Join(c.names, " "), c.compiled)
 	}
-	s := fmt.Sprintf("compiling, %d/%d packages", c.compiled, c.total)
+	s := fmt.Sprintf("compiling, %d packages", c.compiled)
+	if total := c.total.Load(); total > 0 {
+		s = fmt.Sprintf("compiling, %d/%d packages", c.compiled, total)
+	}
 	if last != "" {
 		s += " (last " + last + ")"
 	}
@@ -281,9 +290,7 @@ func (c Cmd) countDeps(ctx context.Context, goCmd string, flags, pkgs []string) 
 	cmd.Env = c.Env
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	step := Start(c.Logf, c.Label, "listing packages", c.Interval)
 	out, err := cmd.Output()
-	step.Stop()
 	if err != nil {
 		return 0, &Error{Cmd: goCmd + " " + strings.Join(args, " "), Dir: c.Dir, Output: Tail(stderr.String(), 40), Err: err}
 	}
