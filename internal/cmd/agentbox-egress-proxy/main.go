@@ -182,29 +182,16 @@ func splitList(s string) []string {
 	return out
 }
 
+// run serves the proxy until ctx ends or a listener fails, then shuts
+// down within the grace period.
 func run(ctx context.Context, o *options, log *slog.Logger) error {
-	proxy, err := egressproxy.New(egressproxy.Config{
-		Allow:       o.allow,
-		Deny:        o.deny,
-		DeniedCIDRs: o.deniedCIDRs,
-		Logger:      log,
-		Agent:       o.agent,
-		Upstream:    o.upstream,
-	})
+	proxy, err := newProxy(o, log)
 	if err != nil {
 		return err
 	}
 	defer proxy.Close()
-	reloader := &egressproxy.Reloader{
-		Proxy:                 proxy,
-		Base:                  egressproxy.Policy{Allow: o.allow, Deny: o.deny, DeniedCIDRs: o.deniedCIDRs},
-		ConfigFile:            o.configFile,
-		CredentialsFile:       o.credentialsFile,
-		ClientCredentialsFile: o.clientCredsFile,
-		Log:                   log,
-	}
-	watched := o.configFile != "" || o.credentialsFile != "" || o.clientCredsFile != ""
-	if watched {
+	reloader := newReloader(o, proxy, log)
+	if o.watchesFiles() {
 		// At startup a broken file is fatal: there is no earlier policy
 		// to fall back on, and the pod should not become ready.
 		if err := reloader.Reload(); err != nil {
@@ -215,7 +202,59 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{
+	srv := newProxyServer(proxy, log)
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- srv.Serve(ln) }()
+	metricsSrv, metricsAddr, err := startMetrics(o.metricsListen, proxy, log, serveErr)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+
+	reloadNow, stopHUP := reloadOnSIGHUP(ctx)
+	defer stopHUP()
+	if o.watchesFiles() {
+		go reloader.Run(ctx, o.configPoll, reloadNow)
+	}
+	logListening(log, o, proxy, ln.Addr().String(), metricsAddr)
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	return shutdown(log, o.shutdownGrace, srv, metricsSrv)
+}
+
+func newProxy(o *options, log *slog.Logger) (*egressproxy.Proxy, error) {
+	return egressproxy.New(egressproxy.Config{
+		Allow:       o.allow,
+		Deny:        o.deny,
+		DeniedCIDRs: o.deniedCIDRs,
+		Logger:      log,
+		Agent:       o.agent,
+		Upstream:    o.upstream,
+	})
+}
+
+func newReloader(o *options, proxy *egressproxy.Proxy, log *slog.Logger) *egressproxy.Reloader {
+	return &egressproxy.Reloader{
+		Proxy:                 proxy,
+		Base:                  egressproxy.Policy{Allow: o.allow, Deny: o.deny, DeniedCIDRs: o.deniedCIDRs},
+		ConfigFile:            o.configFile,
+		CredentialsFile:       o.credentialsFile,
+		ClientCredentialsFile: o.clientCredsFile,
+		Log:                   log,
+	}
+}
+
+// watchesFiles says whether any file the reloader keeps in force was given.
+func (o *options) watchesFiles() bool {
+	return o.configFile != "" || o.credentialsFile != "" || o.clientCredsFile != ""
+}
+
+func newProxyServer(proxy *egressproxy.Proxy, log *slog.Logger) *http.Server {
+	return &http.Server{
 		Handler:           proxy,
 		ReadHeaderTimeout: 10 * time.Second,
 		// No read or write timeout: tunnels and streamed downloads last
@@ -223,31 +262,35 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		IdleTimeout: 2 * time.Minute,
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
+}
 
-	// Metrics get their own listener so that the port sandboxes can reach
-	// serves proxying only, and NetworkPolicy can open the two separately.
-	var metricsSrv *http.Server
-	metricsAddr := ""
-	if o.metricsListen != "" {
-		mln, err := net.Listen("tcp", o.metricsListen)
-		if err != nil {
-			srv.Close()
-			return fmt.Errorf("metrics listen: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", proxy.MetricsHandler())
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		metricsAddr = mln.Addr().String()
-		go func() { serveErr <- fmt.Errorf("metrics: %w", metricsSrv.Serve(mln)) }()
+// startMetrics serves /metrics on addr, if one is given, reporting the
+// server's end on serveErr. Metrics get their own listener so that the port
+// sandboxes can reach serves proxying only, and NetworkPolicy can open the
+// two separately.
+func startMetrics(addr string, proxy *egressproxy.Proxy, log *slog.Logger, serveErr chan<- error) (*http.Server, string, error) {
+	if addr == "" {
+		return nil, "", nil
 	}
+	mln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("metrics listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", proxy.MetricsHandler())
+	metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go func() { serveErr <- fmt.Errorf("metrics: %w", metricsSrv.Serve(mln)) }()
+	return metricsSrv, mln.Addr().String(), nil
+}
 
+// reloadOnSIGHUP turns each SIGHUP into a request on the returned channel,
+// coalescing those that arrive while one is pending; stop ends the
+// signal's delivery.
+func reloadOnSIGHUP(ctx context.Context) (reloadNow <-chan struct{}, stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	reloadNow := make(chan struct{}, 1)
+	now := make(chan struct{}, 1)
 	go func() {
 		for {
 			select {
@@ -255,40 +298,37 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 				return
 			case <-hup:
 				select {
-				case reloadNow <- struct{}{}:
+				case now <- struct{}{}:
 				default: // one is already pending
 				}
 			}
 		}
 	}()
-	if watched {
-		go reloader.Run(ctx, o.configPoll, reloadNow)
-	}
+	return now, func() { signal.Stop(hup) }
+}
 
+func logListening(log *slog.Logger, o *options, proxy *egressproxy.Proxy, addr, metricsAddr string) {
 	pol := proxy.CurrentPolicy()
 	// The upstream URL carries no credentials (they are refused there),
 	// so it can be logged.
-	log.Info("listening", "addr", ln.Addr().String(), "version", version, "agent", o.agent,
+	log.Info("listening", "addr", addr, "version", version, "agent", o.agent,
 		"allow", pol.Allow, "deny", pol.Deny, "denied_cidrs", len(pol.DeniedCIDRs),
 		"upstream", o.upstream, "config", o.configFile, "client_auth", o.clientCredsFile != "",
 		"metrics_addr", metricsAddr)
 	if len(pol.Allow) == 0 {
 		log.Warn("the allowlist is empty: every request will be denied")
 	}
+}
 
-	select {
-	case err := <-serveErr:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("shutting down", "grace", o.shutdownGrace.String())
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+// shutdown lets open requests finish within grace. Shutdown does not wait
+// for hijacked CONNECT tunnels; they end with the process.
+func shutdown(log *slog.Logger, grace time.Duration, srv, metricsSrv *http.Server) error {
+	log.Info("shutting down", "grace", grace.String())
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if metricsSrv != nil {
 		metricsSrv.Close()
 	}
-	// Shutdown does not wait for hijacked CONNECT tunnels; they end with
-	// the process.
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
