@@ -148,6 +148,8 @@ func (c *Cluster) startContainerd(ctx context.Context, path string) error {
 	})
 }
 
+// cniConfig is the pods' network: no ipMasq, so pods can reach this host
+// and each other, never the outside.
 func (c *Cluster) cniConfig() string {
 	st := c.st
 	conflist := fmt.Sprintf(`{
@@ -164,6 +166,7 @@ func (c *Cluster) cniConfig() string {
 	return conflist
 }
 
+// runscConfig is the options file of containerd's runsc runtime.
 func (c *Cluster) runscConfig() string {
 	st := c.st
 	runscToml := fmt.Sprintf(`binary_name = %q
@@ -174,6 +177,8 @@ root = %q
 	return runscToml
 }
 
+// containerdConfig is containerd's configuration, with runc as the
+// default runtime and runsc for the RuntimeClass.
 func (c *Cluster) containerdConfig(cdDir, cniConf string) string {
 	cdConfig := fmt.Sprintf(`version = 3
 root = %[1]q
