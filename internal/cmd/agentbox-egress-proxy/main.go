@@ -109,67 +109,89 @@ func (l *listFlag) Set(s string) error {
 // parseOptions takes os.LookupEnv rather than os.Getenv so that an empty
 // AGENTBOX_EGRESS_DENY_CIDRS can mean "no denied ranges" rather than "unset".
 func parseOptions(args []string, lookupEnv func(string) (string, bool), out io.Writer) (*options, error) {
-	env := func(key, def string) string {
-		if v, ok := lookupEnv(key); ok {
-			return v
-		}
-		return def
-	}
 	fs := flag.NewFlagSet("agentbox-egress-proxy", flag.ContinueOnError)
 	fs.SetOutput(out)
-	o := &options{
-		allow: splitList(env("AGENTBOX_EGRESS_ALLOW", "")),
-		deny:  splitList(env("AGENTBOX_EGRESS_DENY", "")),
-	}
-	var cidrs []string
-	cidrsSet := false
-	if v, ok := lookupEnv("AGENTBOX_EGRESS_DENY_CIDRS"); ok {
-		cidrs, cidrsSet = splitList(v), true
-	}
-	var logLevel string
-	fs.StringVar(&o.listen, "listen", env("AGENTBOX_EGRESS_LISTEN", ":3128"), "listen address")
-	fs.Var(&listFlag{vals: &o.allow}, "allow", `hosts that may be reached, repeatable or comma-separated: "example.com", "*.example.com" (subdomains), an IP, or "*"; empty allows nothing`)
-	fs.Var(&listFlag{vals: &o.deny}, "deny", "hosts refused even when allowed, same syntax")
-	fs.Func("deny-cidrs", "comma-separated CIDRs no request may reach after DNS resolution; replaces the defaults ("+
-		"private, loopback, link-local, CGNAT, 198.18.0.0/15, metadata); '' denies no address", func(s string) error {
-		cidrs, cidrsSet = splitList(s), true
-		return nil
-	})
-	fs.StringVar(&o.configFile, "config", env("AGENTBOX_EGRESS_CONFIG", ""), "policy file (YAML or JSON with allowedDomains, deniedDomains, deniedCIDRs), added to the flags' lists; reloaded on SIGHUP and on change")
-	poll := env("AGENTBOX_EGRESS_CONFIG_POLL", "5s")
-	fs.StringVar(&poll, "config-poll", poll, "how often the config and credentials files are checked for changes")
-	fs.StringVar(&o.upstream, "upstream", env("AGENTBOX_EGRESS_UPSTREAM", ""), "http://host:port of an upstream proxy that allowed requests go through")
-	fs.StringVar(&o.credentialsFile, "upstream-credentials-file", env("AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE", ""), "file holding user:password for the upstream proxy (a mounted Secret); reloaded like -config")
-	fs.StringVar(&o.clientCredsFile, "client-credentials-file", env("AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE", ""), "file of user:password lines clients must authenticate with (Shared mode); the user is logged as the agent; reloaded like -config")
-	fs.StringVar(&o.agent, "agent", env("AGENTBOX_EGRESS_AGENT", ""), "the agent this proxy serves, for the access log")
-	fs.StringVar(&o.metricsListen, "metrics-listen", env("AGENTBOX_EGRESS_METRICS_LISTEN", ""), "address serving Prometheus /metrics (e.g. :9090); empty serves none")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long open requests and tunnels may continue after SIGTERM")
-	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
-	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	o, raw := defineFlags(fs, lookupEnv)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
+	if err := o.complete(raw); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// rawFlags are the flags that complete checks and converts after parsing.
+type rawFlags struct {
+	cidrs    []string
+	cidrsSet bool
+	poll     string
+	logLevel string
+}
+
+// defineFlags defines every flag on fs, each defaulting to its
+// environment variable.
+func defineFlags(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) (*options, *rawFlags) {
+	env := func(key, def string) string {
+		if v, ok := lookupEnv(key); ok {
+			return v
+		}
+		return def
+	}
+	o := &options{
+		allow: splitList(env("AGENTBOX_EGRESS_ALLOW", "")),
+		deny:  splitList(env("AGENTBOX_EGRESS_DENY", "")),
+	}
+	raw := &rawFlags{}
+	if v, ok := lookupEnv("AGENTBOX_EGRESS_DENY_CIDRS"); ok {
+		raw.cidrs, raw.cidrsSet = splitList(v), true
+	}
+	fs.StringVar(&o.listen, "listen", env("AGENTBOX_EGRESS_LISTEN", ":3128"), "listen address")
+	fs.Var(&listFlag{vals: &o.allow}, "allow", `hosts that may be reached, repeatable or comma-separated: "example.com", "*.example.com" (subdomains), an IP, or "*"; empty allows nothing`)
+	fs.Var(&listFlag{vals: &o.deny}, "deny", "hosts refused even when allowed, same syntax")
+	fs.Func("deny-cidrs", "comma-separated CIDRs no request may reach after DNS resolution; replaces the defaults ("+
+		"private, loopback, link-local, CGNAT, 198.18.0.0/15, metadata); '' denies no address", func(s string) error {
+		raw.cidrs, raw.cidrsSet = splitList(s), true
+		return nil
+	})
+	fs.StringVar(&o.configFile, "config", env("AGENTBOX_EGRESS_CONFIG", ""), "policy file (YAML or JSON with allowedDomains, deniedDomains, deniedCIDRs), added to the flags' lists; reloaded on SIGHUP and on change")
+	raw.poll = env("AGENTBOX_EGRESS_CONFIG_POLL", "5s")
+	fs.StringVar(&raw.poll, "config-poll", raw.poll, "how often the config and credentials files are checked for changes")
+	fs.StringVar(&o.upstream, "upstream", env("AGENTBOX_EGRESS_UPSTREAM", ""), "http://host:port of an upstream proxy that allowed requests go through")
+	fs.StringVar(&o.credentialsFile, "upstream-credentials-file", env("AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE", ""), "file holding user:password for the upstream proxy (a mounted Secret); reloaded like -config")
+	fs.StringVar(&o.clientCredsFile, "client-credentials-file", env("AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE", ""), "file of user:password lines clients must authenticate with (Shared mode); the user is logged as the agent; reloaded like -config")
+	fs.StringVar(&o.agent, "agent", env("AGENTBOX_EGRESS_AGENT", ""), "the agent this proxy serves, for the access log")
+	fs.StringVar(&o.metricsListen, "metrics-listen", env("AGENTBOX_EGRESS_METRICS_LISTEN", ""), "address serving Prometheus /metrics (e.g. :9090); empty serves none")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long open requests and tunnels may continue after SIGTERM")
+	fs.StringVar(&raw.logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	return o, raw
+}
+
+// complete checks the parsed flags and fills in the options they give as
+// text.
+func (o *options) complete(raw *rawFlags) error {
+	if err := o.logLevel.UnmarshalText([]byte(raw.logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
 	}
 	var err error
-	if o.configPoll, err = time.ParseDuration(poll); err != nil || o.configPoll <= 0 {
-		return nil, fmt.Errorf("-config-poll %q: want a positive duration", poll)
+	if o.configPoll, err = time.ParseDuration(raw.poll); err != nil || o.configPoll <= 0 {
+		return fmt.Errorf("-config-poll %q: want a positive duration", raw.poll)
 	}
 	if o.credentialsFile != "" && o.upstream == "" {
-		return nil, fmt.Errorf("-upstream-credentials-file needs -upstream")
+		return fmt.Errorf("-upstream-credentials-file needs -upstream")
 	}
-	if cidrsSet {
-		p, err := egressproxy.ParseCIDRs(cidrs)
+	if raw.cidrsSet {
+		p, err := egressproxy.ParseCIDRs(raw.cidrs)
 		if err != nil {
-			return nil, fmt.Errorf("-deny-cidrs: %w", err)
+			return fmt.Errorf("-deny-cidrs: %w", err)
 		}
 		o.deniedCIDRs = p // non-nil even when empty: "deny no address"
 	}
-	return o, nil
+	return nil
 }
 
 func splitList(s string) []string {
