@@ -190,20 +190,8 @@ func (c *Client) Install(ctx context.Context, o Options) (*Release, error) {
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	ch, vals, err := prepare(o)
+	ch, vals, ac, err := c.prepareRelease(ctx, o)
 	if err != nil {
-		return nil, err
-	}
-	ac, getter, err := c.actionConfig(o.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.applyCRDs(ctx, ch); err != nil {
-		return nil, err
-	}
-	getter.resetMapper()
-	// Instead of Helm's CreateNamespace: see ensureNamespace.
-	if err := c.ensureNamespace(ctx, o.Namespace); err != nil {
 		return nil, err
 	}
 
@@ -234,6 +222,29 @@ func (c *Client) Install(ctx context.Context, o Options) (*Release, error) {
 	return c.Status(ctx, o.Namespace, o.ReleaseName)
 }
 
+// prepareRelease readies what an install or an upgrade needs before Helm
+// runs: the chart and values, Helm's configuration, the CRDs (applied
+// here, and unlike Helm also upgraded) and the namespace (instead of
+// Helm's CreateNamespace: see ensureNamespace).
+func (c *Client) prepareRelease(ctx context.Context, o Options) (*chart.Chart, map[string]any, *action.Configuration, error) {
+	ch, vals, err := prepare(o)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ac, getter, err := c.actionConfig(o.Namespace)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := c.applyCRDs(ctx, ch); err != nil {
+		return nil, nil, nil, err
+	}
+	getter.resetMapper()
+	if err := c.ensureNamespace(ctx, o.Namespace); err != nil {
+		return nil, nil, nil, err
+	}
+	return ch, vals, ac, nil
+}
+
 func (c *Client) uninstallAfterFailure(o Options) error {
 	c.log("install of %s/%s failed: uninstalling it", o.Namespace, o.ReleaseName)
 	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
@@ -257,19 +268,8 @@ func (c *Client) Upgrade(ctx context.Context, o Options) (*Release, error) {
 			"if none is running, roll it back with `helm rollback -n %s %s`",
 			o.Namespace, o.ReleaseName, current.Status, o.Namespace, o.ReleaseName)
 	}
-	ch, vals, err := prepare(o)
+	ch, vals, ac, err := c.prepareRelease(ctx, o)
 	if err != nil {
-		return nil, err
-	}
-	ac, getter, err := c.actionConfig(o.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.applyCRDs(ctx, ch); err != nil {
-		return nil, err
-	}
-	getter.resetMapper()
-	if err := c.ensureNamespace(ctx, o.Namespace); err != nil {
 		return nil, err
 	}
 

@@ -100,12 +100,33 @@ func LiveDrift(ctx context.Context, cfg *rest.Config, rel *Release) ([]DriftItem
 	if err != nil {
 		return nil, err
 	}
-	// The CRDs are compared for presence only. They are cluster-wide and
-	// shared by every platform in the cluster, whose providers may embed
-	// other chart versions and each apply their own; comparing fields would
-	// have two such platforms upgrade each other on every run.
+	objs, presenceOnly := withCRDs(objs, rel.CRDs)
+	d, err := newDriftChecker(cfg, rel.Namespace, presenceOnly)
+	if err != nil {
+		return nil, err
+	}
+	var drift []DriftItem
+	for _, obj := range objs {
+		item, err := d.check(ctx, obj)
+		if err != nil {
+			return nil, err
+		}
+		if item != nil {
+			drift = append(drift, *item)
+		}
+	}
+	sort.Slice(drift, func(i, j int) bool { return drift[i].String() < drift[j].String() })
+	return drift, nil
+}
+
+// withCRDs adds the release's CRDs to objs, marked as compared for
+// presence only. They are cluster-wide and shared by every platform in the
+// cluster, whose providers may embed other chart versions and each apply
+// their own; comparing fields would have two such platforms upgrade each
+// other on every run.
+func withCRDs(objs []*unstructured.Unstructured, crds []string) ([]*unstructured.Unstructured, map[*unstructured.Unstructured]bool) {
 	presenceOnly := map[*unstructured.Unstructured]bool{}
-	for _, name := range rel.CRDs {
+	for _, name := range crds {
 		crd := &unstructured.Unstructured{}
 		crd.SetAPIVersion("apiextensions.k8s.io/v1")
 		crd.SetKind("CustomResourceDefinition")
@@ -113,8 +134,21 @@ func LiveDrift(ctx context.Context, cfg *rest.Config, rel *Release) ([]DriftItem
 		objs = append(objs, crd)
 		presenceOnly[crd] = true
 	}
+	return objs, presenceOnly
+}
 
-	getter := newRESTClientGetter(cfg, rel.Namespace)
+// driftChecker compares the release's objects with the cluster's, one at
+// a time.
+type driftChecker struct {
+	mapper       meta.RESTMapper
+	dyn          dynamic.Interface
+	cl           *cluster
+	namespace    string
+	presenceOnly map[*unstructured.Unstructured]bool
+}
+
+func newDriftChecker(cfg *rest.Config, namespace string, presenceOnly map[*unstructured.Unstructured]bool) (*driftChecker, error) {
+	getter := newRESTClientGetter(cfg, namespace)
 	mapper, err := getter.ToRESTMapper()
 	if err != nil {
 		return nil, fmt.Errorf("discovering the cluster's kinds: %w", err)
@@ -123,64 +157,68 @@ func LiveDrift(ctx context.Context, cfg *rest.Config, rel *Release) ([]DriftItem
 	if err != nil {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
-	cl := &cluster{dyn: dyn}
+	return &driftChecker{mapper: mapper, dyn: dyn, cl: &cluster{dyn: dyn}, namespace: namespace, presenceOnly: presenceOnly}, nil
+}
 
-	var drift []DriftItem
-	for _, obj := range objs {
-		gvk := obj.GroupVersionKind()
-		item := DriftItem{APIVersion: obj.GetAPIVersion(), Kind: gvk.Kind, Name: obj.GetName()}
-		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if meta.IsNoMatchError(err) {
-			// The kind itself is gone (its CRD or API group was removed).
-			item.Namespace = obj.GetNamespace()
-			item.Reason = ReasonMissing
-			drift = append(drift, item)
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("mapping %s: %w", gvk, err)
-		}
-		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-			item.Namespace = obj.GetNamespace()
-			if item.Namespace == "" {
-				item.Namespace = rel.Namespace
-			}
-			ri = dyn.Resource(mapping.Resource).Namespace(item.Namespace)
-		}
-		live, err := ri.Get(ctx, obj.GetName(), metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			item.Reason = ReasonMissing
-		case err != nil:
-			return nil, fmt.Errorf("reading %s: %w", item.object(), err)
-		case live.GetDeletionTimestamp() != nil:
-			item.Reason = ReasonDeleting
-		case presenceOnly[obj]:
-			continue
-		default:
-			want := obj.DeepCopy()
-			want.SetNamespace(item.Namespace)
-			fields, err := changedFields(ctx, ri, cl, want, live)
-			var status apierrors.APIStatus
-			switch {
-			case apierrors.IsInvalid(err) && errors.As(err, &status):
-				item.Reason = ReasonRejected + ": " + shorten(status.Status().Message, 200)
-			case dryRunRefused(err):
-				continue
-			case err != nil:
-				return nil, fmt.Errorf("comparing %s with the release: %w", item.object(), err)
-			case len(fields) == 0:
-				continue
-			default:
-				item.Fields = fields
-				item.Reason = ReasonChanged + ": " + fieldList(fields)
-			}
-		}
-		drift = append(drift, item)
+// check returns how obj drifted, or nil if it did not.
+func (d *driftChecker) check(ctx context.Context, obj *unstructured.Unstructured) (*DriftItem, error) {
+	gvk := obj.GroupVersionKind()
+	item := &DriftItem{APIVersion: obj.GetAPIVersion(), Kind: gvk.Kind, Name: obj.GetName()}
+	mapping, err := d.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if meta.IsNoMatchError(err) {
+		// The kind itself is gone (its CRD or API group was removed).
+		item.Namespace = obj.GetNamespace()
+		item.Reason = ReasonMissing
+		return item, nil
 	}
-	sort.Slice(drift, func(i, j int) bool { return drift[i].String() < drift[j].String() })
-	return drift, nil
+	if err != nil {
+		return nil, fmt.Errorf("mapping %s: %w", gvk, err)
+	}
+	var ri dynamic.ResourceInterface = d.dyn.Resource(mapping.Resource)
+	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+		item.Namespace = obj.GetNamespace()
+		if item.Namespace == "" {
+			item.Namespace = d.namespace
+		}
+		ri = d.dyn.Resource(mapping.Resource).Namespace(item.Namespace)
+	}
+	live, err := ri.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		item.Reason = ReasonMissing
+	case err != nil:
+		return nil, fmt.Errorf("reading %s: %w", item.object(), err)
+	case live.GetDeletionTimestamp() != nil:
+		item.Reason = ReasonDeleting
+	case d.presenceOnly[obj]:
+		return nil, nil
+	default:
+		return d.compare(ctx, ri, obj, live, item)
+	}
+	return item, nil
+}
+
+// compare dry-runs obj over live and fills item in with the fields that
+// would change; nil when none would, or the dry run could not say.
+func (d *driftChecker) compare(ctx context.Context, ri dynamic.ResourceInterface, obj, live *unstructured.Unstructured, item *DriftItem) (*DriftItem, error) {
+	want := obj.DeepCopy()
+	want.SetNamespace(item.Namespace)
+	fields, err := changedFields(ctx, ri, d.cl, want, live)
+	var status apierrors.APIStatus
+	switch {
+	case apierrors.IsInvalid(err) && errors.As(err, &status):
+		item.Reason = ReasonRejected + ": " + shorten(status.Status().Message, 200)
+	case dryRunRefused(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("comparing %s with the release: %w", item.object(), err)
+	case len(fields) == 0:
+		return nil, nil
+	default:
+		item.Fields = fields
+		item.Reason = ReasonChanged + ": " + fieldList(fields)
+	}
+	return item, nil
 }
 
 // changedFields returns the paths of the fields of live that applying want

@@ -131,6 +131,14 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		p.SetUpstreamCredentials(cfg.UpstreamUser, cfg.UpstreamPassword)
 	}
+	p.fillDefaults()
+	p.transport = p.newDirectTransport()
+	p.forward = p.newForwarder()
+	return p, nil
+}
+
+// fillDefaults sets what Config left zero.
+func (p *Proxy) fillDefaults() {
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
 	}
@@ -143,7 +151,12 @@ func New(cfg Config) (*Proxy, error) {
 	if p.log == nil {
 		p.log = slog.Default()
 	}
-	p.transport = &http.Transport{
+}
+
+// newDirectTransport is the transport to origins, dialling through the
+// denied-CIDR check.
+func (p *Proxy) newDirectTransport() *http.Transport {
+	return &http.Transport{
 		// Proxy stays nil: honouring HTTP_PROXY from this process's
 		// environment would send traffic around the policy. Chaining is
 		// configured explicitly (Config.Upstream) and uses
@@ -160,11 +173,16 @@ func New(cfg Config) (*Proxy, error) {
 		MaxIdleConnsPerHost: 100,
 		IdleConnTimeout:     90 * time.Second,
 	}
+}
+
+// newForwarder is the reverse proxy plain HTTP requests go through, to the
+// origin or to the upstream proxy when one is configured.
+func (p *Proxy) newForwarder() *httputil.ReverseProxy {
 	transport := http.RoundTripper(p.transport)
 	if p.upstream != nil {
 		transport = p.newUpstreamTransport()
 	}
-	p.forward = &httputil.ReverseProxy{
+	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// Out.URL is already the absolute URL the policy checked. The
 			// Host header is taken from it, so that a different Host
@@ -196,7 +214,6 @@ func New(cfg Config) (*Proxy, error) {
 		ErrorHandler:  p.forwardError,
 		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
 	}
-	return p, nil
 }
 
 // Close drops idle upstream connections.

@@ -165,11 +165,8 @@ func lockAgent(agentID string) func() {
 
 // Sync runs one sync between ws and agentID's filespace in st.
 func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Summary, error) {
-	if opts.AgentID == "" {
-		return nil, errors.New("filespace: agent ID is empty")
-	}
-	if opts.Direction != Push && opts.Direction != Pull {
-		return nil, fmt.Errorf("filespace: direction must be %q or %q, not %q", Push, Pull, opts.Direction)
+	if err := opts.check(); err != nil {
+		return nil, err
 	}
 	now := opts.Now
 	if now == nil {
@@ -193,23 +190,12 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 	if err != nil {
 		return nil, fmt.Errorf("list the workspace: %w", err)
 	}
-	capBytes := opts.CapBytes
-	if capBytes <= 0 {
-		capBytes = m.CapBytes
-	}
-	if capBytes <= 0 {
-		capBytes = supervisorapi.DefaultWorkspaceCapBytes
-	}
+	capBytes := workspaceCap(opts, m)
 	sum := &Summary{Direction: opts.Direction, SyncedAt: now().UTC().Truncate(time.Microsecond), WorkspaceBytes: m.TotalBytes}
 	if m.TotalBytes > capBytes {
 		return nil, fmt.Errorf("%w: %d bytes in use, cap %d", ErrWorkspaceOverCap, m.TotalBytes, capBytes)
 	}
-	work := map[string]supervisorapi.ManifestEntry{}
-	for _, e := range m.Files {
-		if e.Path != StatePath {
-			work[e.Path] = e
-		}
-	}
+	work := workspaceFiles(m)
 	base, err := readBaseline(ctx, ws)
 	if err != nil {
 		return nil, err
@@ -222,25 +208,90 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 		}
 	}
 	if opts.Direction == Pull {
-		// Refuse a pull the cap could not take before writing anything:
-		// the supervisor would stop it half-way otherwise.
-		after := m.TotalBytes
-		for _, a := range plan {
-			if a.winner != fromFilespace {
-				continue
-			}
-			if w, ok := work[a.path]; ok {
-				after -= w.Size
-			}
-			if n, ok := nodes[a.path]; ok && !n.Deleted {
-				after += n.SizeBytes
-			}
-		}
-		if after > capBytes {
-			return nil, fmt.Errorf("%w: the pull would leave %d bytes in the workspace, cap %d", ErrWorkspaceOverCap, after, capBytes)
+		if err := checkPullFits(plan, work, nodes, m.TotalBytes, capBytes); err != nil {
+			return nil, err
 		}
 	}
 
+	changed, err := applyPlan(ctx, ws, st, opts, plan, work, nodes, base, sum)
+	if err != nil {
+		// The baseline keeps what was done so far.
+		if changed {
+			err = errors.Join(err, writeBaseline(ctx, ws, base))
+		}
+		return sum, err
+	}
+	if settleBaseline(work, nodes, base) {
+		changed = true
+	}
+	if changed {
+		if err := writeBaseline(ctx, ws, base); err != nil {
+			return sum, err
+		}
+	}
+	return sum, nil
+}
+
+func (opts Options) check() error {
+	if opts.AgentID == "" {
+		return errors.New("filespace: agent ID is empty")
+	}
+	if opts.Direction != Push && opts.Direction != Pull {
+		return fmt.Errorf("filespace: direction must be %q or %q, not %q", Push, Pull, opts.Direction)
+	}
+	return nil
+}
+
+// workspaceCap is the cap a sync must keep the workspace under: the
+// caller's, else the supervisor's, else the default.
+func workspaceCap(opts Options, m *supervisorapi.Manifest) int64 {
+	capBytes := opts.CapBytes
+	if capBytes <= 0 {
+		capBytes = m.CapBytes
+	}
+	if capBytes <= 0 {
+		capBytes = supervisorapi.DefaultWorkspaceCapBytes
+	}
+	return capBytes
+}
+
+// workspaceFiles indexes the manifest by path, without the sync's own
+// state file.
+func workspaceFiles(m *supervisorapi.Manifest) map[string]supervisorapi.ManifestEntry {
+	work := map[string]supervisorapi.ManifestEntry{}
+	for _, e := range m.Files {
+		if e.Path != StatePath {
+			work[e.Path] = e
+		}
+	}
+	return work
+}
+
+// checkPullFits refuses a pull the cap could not take before writing
+// anything: the supervisor would stop it half-way otherwise.
+func checkPullFits(plan []action, work map[string]supervisorapi.ManifestEntry, nodes map[string]store.FileNode, total, capBytes int64) error {
+	after := total
+	for _, a := range plan {
+		if a.winner != fromFilespace {
+			continue
+		}
+		if w, ok := work[a.path]; ok {
+			after -= w.Size
+		}
+		if n, ok := nodes[a.path]; ok && !n.Deleted {
+			after += n.SizeBytes
+		}
+	}
+	if after > capBytes {
+		return fmt.Errorf("%w: the pull would leave %d bytes in the workspace, cap %d", ErrWorkspaceOverCap, after, capBytes)
+	}
+	return nil
+}
+
+// applyPlan carries out the actions won by the sync's direction, and says
+// whether the baseline changed, also when it fails part-way.
+func applyPlan(ctx context.Context, ws Workspace, st *store.Store, opts Options, plan []action,
+	work map[string]supervisorapi.ManifestEntry, nodes map[string]store.FileNode, base *baseline, sum *Summary) (bool, error) {
 	changed := false
 	for _, a := range plan {
 		var did bool
@@ -254,16 +305,18 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 			sum.Skipped++
 			continue
 		}
-		if err != nil {
-			// The baseline keeps what was done so far.
-			if changed || did {
-				err = errors.Join(err, writeBaseline(ctx, ws, base))
-			}
-			return sum, err
-		}
 		changed = changed || did
+		if err != nil {
+			return changed, err
+		}
 	}
-	// Agreements found without any transfer update the baseline too.
+	return changed, nil
+}
+
+// settleBaseline records agreements found without any transfer and drops
+// paths gone from both sides; it says whether the baseline changed.
+func settleBaseline(work map[string]supervisorapi.ManifestEntry, nodes map[string]store.FileNode, base *baseline) bool {
+	changed := false
 	for p, w := range work {
 		if n, ok := nodes[p]; ok && !n.Deleted && n.SHA256 == w.SHA256 {
 			if b, ok := base.Files[p]; !ok || b.SHA256 != n.SHA256 || !b.UpdatedAt.Equal(n.UpdatedAt) {
@@ -280,12 +333,7 @@ func Sync(ctx context.Context, ws Workspace, st *store.Store, opts Options) (*Su
 			changed = true
 		}
 	}
-	if changed {
-		if err := writeBaseline(ctx, ws, base); err != nil {
-			return sum, err
-		}
-	}
-	return sum, nil
+	return changed
 }
 
 // checkRoom refuses, before anything is written, a push whose new

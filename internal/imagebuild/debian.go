@@ -329,6 +329,8 @@ func skipPath(name string) bool {
 	return false
 }
 
+// extractTar unpacks a package's data archive into root, with /bin, /lib
+// and the like merged into /usr, and skips what the sandbox never reads.
 func extractTar(root *os.Root, tr *tar.Reader) error {
 	asRoot := os.Geteuid() == 0
 	buf := make([]byte, 256<<10)
@@ -340,74 +342,17 @@ func extractTar(root *os.Root, tr *tar.Reader) error {
 		if err != nil {
 			return err
 		}
-		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
-		if name == "." || name == "/" {
+		name, ok := entryPath(hdr.Name)
+		if !ok {
 			continue
-		}
-		name = usrPath(strings.TrimPrefix(name, "/"))
-		if skipPath(name) {
-			continue
-		}
-		mode := fs.FileMode(hdr.Mode).Perm()
-		if hdr.Mode&0o4000 != 0 {
-			mode |= fs.ModeSetuid
-		}
-		if hdr.Mode&0o2000 != 0 {
-			mode |= fs.ModeSetgid
-		}
-		if hdr.Mode&0o1000 != 0 {
-			mode |= fs.ModeSticky
 		}
 		if parent := path.Dir(name); parent != "." {
 			if err := root.MkdirAll(parent, 0o755); err != nil {
 				return err
 			}
 		}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
-				return err
-			}
-			if err := root.Chmod(name, mode); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := removeNonDir(root, name); err != nil {
-				return err
-			}
-			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-			if err != nil {
-				return err
-			}
-			_, err = io.CopyBuffer(f, tr, buf)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			// After writing, and not through OpenFile, so that neither
-			// the umask nor the write clears setuid and setgid bits.
-			if err := root.Chmod(name, mode); err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if err := removeNonDir(root, name); err != nil {
-				return err
-			}
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return err
-			}
-		case tar.TypeLink:
-			if err := removeNonDir(root, name); err != nil {
-				return err
-			}
-			target := usrPath(path.Clean(strings.TrimPrefix(strings.TrimPrefix(hdr.Linkname, "./"), "/")))
-			if err := root.Link(target, name); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("%s: unsupported entry type %q in a package", name, hdr.Typeflag)
+		if err := extractEntry(root, tr, hdr, name, buf); err != nil {
+			return err
 		}
 		// Only root can give files away; a build by another user leaves
 		// them its own, which ociimage then records as root's.
@@ -417,6 +362,84 @@ func extractTar(root *os.Root, tr *tar.Reader) error {
 			}
 		}
 	}
+}
+
+// entryPath is where an archive entry goes in the root filesystem; !ok
+// for the root itself and for what skipPath leaves out.
+func entryPath(hdrName string) (string, bool) {
+	name := path.Clean(strings.TrimPrefix(hdrName, "./"))
+	if name == "." || name == "/" {
+		return "", false
+	}
+	name = usrPath(strings.TrimPrefix(name, "/"))
+	if skipPath(name) {
+		return "", false
+	}
+	return name, true
+}
+
+// entryMode converts tar's Unix mode bits to Go's, which keep setuid,
+// setgid and sticky in different places.
+func entryMode(hdrMode int64) fs.FileMode {
+	mode := fs.FileMode(hdrMode).Perm()
+	if hdrMode&0o4000 != 0 {
+		mode |= fs.ModeSetuid
+	}
+	if hdrMode&0o2000 != 0 {
+		mode |= fs.ModeSetgid
+	}
+	if hdrMode&0o1000 != 0 {
+		mode |= fs.ModeSticky
+	}
+	return mode
+}
+
+// extractEntry creates one entry at name, replacing any file an earlier
+// package left there.
+func extractEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, buf []byte) error {
+	mode := entryMode(hdr.Mode)
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if err := root.MkdirAll(name, 0o755); err != nil {
+			return err
+		}
+		return root.Chmod(name, mode)
+	case tar.TypeReg:
+		if err := removeNonDir(root, name); err != nil {
+			return err
+		}
+		return extractFile(root, tr, name, mode, buf)
+	case tar.TypeSymlink:
+		if err := removeNonDir(root, name); err != nil {
+			return err
+		}
+		return root.Symlink(hdr.Linkname, name)
+	case tar.TypeLink:
+		if err := removeNonDir(root, name); err != nil {
+			return err
+		}
+		target := usrPath(path.Clean(strings.TrimPrefix(strings.TrimPrefix(hdr.Linkname, "./"), "/")))
+		return root.Link(target, name)
+	default:
+		return fmt.Errorf("%s: unsupported entry type %q in a package", name, hdr.Typeflag)
+	}
+}
+
+func extractFile(root *os.Root, tr *tar.Reader, name string, mode fs.FileMode, buf []byte) error {
+	f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.CopyBuffer(f, tr, buf)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	// After writing, and not through OpenFile, so that neither the umask
+	// nor the write clears setuid and setgid bits.
+	return root.Chmod(name, mode)
 }
 
 // removeNonDir clears the way for a file where an earlier package put one:

@@ -216,6 +216,8 @@ func (o *Options) logf(format string, args ...any) {
 
 func since(t time.Time) string { return time.Since(t).Round(10 * time.Millisecond).String() }
 
+// buildOne builds one image, or finds it up to date: the archive is
+// rewritten only when an input changed.
 func buildOne(ctx context.Context, o Options, s spec, builder string) (Result, error) {
 	start := time.Now()
 	name := ArchiveName(s.image)
@@ -232,80 +234,123 @@ func buildOne(ctx context.Context, o Options, s spec, builder string) (Result, e
 	}
 	o.logf("%s: go build %s: %s", name, s.binary, since(t))
 
-	// The inputs: what the image is made of, and the builder itself, whose
-	// code decides the layout (hashing it spares a version number someone
-	// has to remember to bump).
-	inputs := []string{"builder " + builder, "ref " + ref}
-	hashed := []string{bin, o.CABundle}
-	var extra []ExtraFile
-	if s.image == RunscInstaller {
-		if o.RunscDir == "" {
-			return res, errors.New("no folder with runsc and containerd-shim-runsc-v1 given (agentbox-images -runsc-dir)")
-		}
-		for _, b := range RunscBinaries {
-			p := filepath.Join(o.RunscDir, b)
-			if _, err := os.Stat(p); err != nil {
-				return res, fmt.Errorf("%s is needed for the runsc installer image; build it with `make testenv`: %w", p, err)
-			}
-			hashed = append(hashed, p)
-			extra = append(extra, ExtraFile{Path: path.Join(RunscImageDir, b), From: p})
-		}
+	in, err := collectInputs(ctx, o, s, builder, ref, bin)
+	if err != nil {
+		return res, err
 	}
-	for _, f := range hashed {
-		h, err := fileHash(f)
-		if err != nil {
-			return res, err
-		}
-		inputs = append(inputs, "file "+filepath.Base(f)+" "+h)
-	}
-	var pkgs []Package
-	if s.image == Sandbox {
-		t = time.Now()
-		d := o.Sandbox
-		d.Logf = func(f string, a ...any) { o.logf(name+": "+f, a...) }
-		if pkgs, err = d.Resolve(ctx); err != nil {
-			return res, err
-		}
-		res.Packages = PackageSummary(pkgs)
-		inputs = append(inputs, "packages "+strings.Join(res.Packages, " "))
-		o.logf("%s: %d Debian packages resolved with apt-cache: %s", name, len(pkgs), since(t))
-	}
-	sum := sha256.Sum256([]byte(strings.Join(inputs, "\n")))
-	inputsHash := hex.EncodeToString(sum[:])
+	res.Packages = in.packages
 
-	if st, ok := readStamp(o.OutDir, s.image); ok && st.Inputs == inputsHash && archiveMatches(res.Archive, st.Size) {
+	if st, ok := readStamp(o.OutDir, s.image); ok && st.Inputs == in.hash && archiveMatches(res.Archive, st.Size) {
 		res.Cached, res.Digest, res.Size, res.Python = true, st.Digest, st.Size, st.Python
 		o.logf("%s: up to date: %s %s (%s)%s", name, ref, mb(st.Size), shortDigest(st.Digest), pythonNote(st.Python))
 		return res, nil
 	}
 
 	t = time.Now()
+	if err := writeImage(ctx, o, s, bin, in, &res); err != nil {
+		return res, err
+	}
+	o.logf("%s: wrote %s %s (%s)%s: %s (total %s)", name, ref, mb(res.Size), shortDigest(res.Digest), pythonNote(res.Python), since(t), since(start))
+	return res, nil
+}
+
+// imageInputs is what an image is made of, and the hash of it that
+// decides whether the archive must be written again.
+type imageInputs struct {
+	hash string
+	// extra are the files beside the binary (the runsc installer's).
+	extra []ExtraFile
+	// pkgs are the sandbox's Debian packages, and packages their summary.
+	pkgs     []Package
+	packages []string
+}
+
+// collectInputs gathers the inputs: what the image is made of, and the
+// builder itself, whose code decides the layout (hashing it spares a
+// version number someone has to remember to bump).
+func collectInputs(ctx context.Context, o Options, s spec, builder, ref, bin string) (*imageInputs, error) {
+	name := ArchiveName(s.image)
+	in := &imageInputs{}
+	inputs := []string{"builder " + builder, "ref " + ref}
+	hashed := []string{bin, o.CABundle}
+	if s.image == RunscInstaller {
+		files, extra, err := runscFiles(o.RunscDir)
+		if err != nil {
+			return nil, err
+		}
+		hashed = append(hashed, files...)
+		in.extra = extra
+	}
+	for _, f := range hashed {
+		h, err := fileHash(f)
+		if err != nil {
+			return nil, err
+		}
+		inputs = append(inputs, "file "+filepath.Base(f)+" "+h)
+	}
+	if s.image == Sandbox {
+		t := time.Now()
+		d := o.Sandbox
+		d.Logf = func(f string, a ...any) { o.logf(name+": "+f, a...) }
+		pkgs, err := d.Resolve(ctx)
+		if err != nil {
+			return nil, err
+		}
+		in.pkgs, in.packages = pkgs, PackageSummary(pkgs)
+		inputs = append(inputs, "packages "+strings.Join(in.packages, " "))
+		o.logf("%s: %d Debian packages resolved with apt-cache: %s", name, len(pkgs), since(t))
+	}
+	sum := sha256.Sum256([]byte(strings.Join(inputs, "\n")))
+	in.hash = hex.EncodeToString(sum[:])
+	return in, nil
+}
+
+// runscFiles are the gVisor binaries the runsc installer image carries:
+// their paths on this machine and where they go in the image.
+func runscFiles(runscDir string) ([]string, []ExtraFile, error) {
+	if runscDir == "" {
+		return nil, nil, errors.New("no folder with runsc and containerd-shim-runsc-v1 given (agentbox-images -runsc-dir)")
+	}
+	var files []string
+	var extra []ExtraFile
+	for _, b := range RunscBinaries {
+		p := filepath.Join(runscDir, b)
+		if _, err := os.Stat(p); err != nil {
+			return nil, nil, fmt.Errorf("%s is needed for the runsc installer image; build it with `make testenv`: %w", p, err)
+		}
+		files = append(files, p)
+		extra = append(extra, ExtraFile{Path: path.Join(RunscImageDir, b), From: p})
+	}
+	return files, extra, nil
+}
+
+// writeImage writes the archive and the stamp that records its inputs,
+// filling in res's digest, size and Python version.
+func writeImage(ctx context.Context, o Options, s spec, bin string, in *imageInputs, res *Result) error {
+	name := ArchiveName(s.image)
 	labels := map[string]string{
 		"org.opencontainers.image.title":   "agentbox-" + s.image,
 		"org.opencontainers.image.version": o.Tag,
 	}
 	var digest v1.Hash
+	var err error
 	if s.image == Sandbox {
 		logf := func(f string, a ...any) { o.logf(name+": "+f, a...) }
 		d := o.Sandbox
 		d.Logf = logf
-		digest, res.Python, err = writeSandbox(ctx, &d, pkgs, ref, bin, o.CABundle, res.Archive, labels, logf)
+		digest, res.Python, err = writeSandbox(ctx, &d, in.pkgs, res.Ref, bin, o.CABundle, res.Archive, labels, logf)
 	} else {
-		digest, err = StaticImage{Ref: ref, Name: s.binary, Binary: bin, CABundle: o.CABundle, Labels: labels, Extra: extra}.Write(res.Archive)
+		digest, err = StaticImage{Ref: res.Ref, Name: s.binary, Binary: bin, CABundle: o.CABundle, Labels: labels, Extra: in.extra}.Write(res.Archive)
 	}
 	if err != nil {
-		return res, err
+		return err
 	}
 	fi, err := os.Stat(res.Archive)
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.Digest, res.Size = digest.String(), fi.Size()
-	if err := writeStamp(o.OutDir, s.image, stamp{Inputs: inputsHash, Ref: ref, Digest: res.Digest, Size: res.Size, Python: res.Python, Packages: res.Packages}); err != nil {
-		return res, err
-	}
-	o.logf("%s: wrote %s %s (%s)%s: %s (total %s)", name, ref, mb(res.Size), shortDigest(res.Digest), pythonNote(res.Python), since(t), since(start))
-	return res, nil
+	return writeStamp(o.OutDir, s.image, stamp{Inputs: in.hash, Ref: res.Ref, Digest: res.Digest, Size: res.Size, Python: res.Python, Packages: res.Packages})
 }
 
 func writeSandbox(ctx context.Context, d *Debian, pkgs []Package, ref, supervisor, ca, out string, labels map[string]string, logf func(string, ...any)) (digest v1.Hash, python string, err error) {

@@ -280,109 +280,144 @@ type inode struct{ dev, ino uint64 }
 // visits entries in lexical order, which is what makes the layer
 // reproducible.
 func writeTree(tw *tar.Writer, root string, epoch time.Time) error {
-	// A builder without root rights cannot create root-owned files, so its
-	// own ids stand for root; every other owner is kept as is. Run as root,
-	// this maps nothing.
-	euid, egid := uint32(os.Geteuid()), uint32(os.Getegid())
-	links := map[inode]string{}
-	copyBuf := make([]byte, 256<<10)
+	w := &treeWriter{
+		tw: tw, root: root, epoch: epoch,
+		// A builder without root rights cannot create root-owned files, so
+		// its own ids stand for root; every other owner is kept as is. Run
+		// as root, this maps nothing.
+		euid: uint32(os.Geteuid()), egid: uint32(os.Getegid()),
+		links:   map[inode]string{},
+		copyBuf: make([]byte, 256<<10),
+	}
+	return filepath.WalkDir(root, w.visit)
+}
 
-	return filepath.WalkDir(root, func(p string, d fs.DirEntry, walkErr error) error {
-		if walkErr != nil {
-			return fmt.Errorf("ociimage: reading rootfs: %w", walkErr)
-		}
-		if p == root {
-			return nil
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		fi, err := d.Info()
-		if err != nil {
-			return fmt.Errorf("ociimage: reading rootfs: %w", err)
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("ociimage: %s: no owner information on this platform", p)
-		}
-		uid, gid := st.Uid, st.Gid
-		if uid == euid {
-			uid = 0
-		}
-		if gid == egid {
-			gid = 0
-		}
-		hdr := &tar.Header{
-			Name:    rel,
-			Mode:    tarMode(fi.Mode()),
-			Uid:     int(uid),
-			Gid:     int(gid),
-			ModTime: epoch,
-		}
+// treeWriter carries what writeTree's walk keeps from entry to entry.
+type treeWriter struct {
+	tw         *tar.Writer
+	root       string
+	epoch      time.Time
+	euid, egid uint32
+	// links maps each hard-linked inode to the first name it was
+	// written under.
+	links   map[inode]string
+	copyBuf []byte
+}
 
-		mode := fi.Mode()
-		switch {
-		case mode.IsRegular():
-			// Hard links stay links, else every busybox-style applet would
-			// be stored in full. The first name in walk order holds the data.
-			if st.Nlink > 1 {
-				key := inode{uint64(st.Dev), uint64(st.Ino)}
-				if first, ok := links[key]; ok {
-					hdr.Typeflag = tar.TypeLink
-					hdr.Linkname = first
-					break
-				}
-				links[key] = rel
-			}
-			hdr.Typeflag = tar.TypeReg
-			hdr.Size = fi.Size()
-		case mode.IsDir():
-			hdr.Typeflag = tar.TypeDir
-			hdr.Name += "/"
-		case mode&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return fmt.Errorf("ociimage: reading rootfs: %w", err)
-			}
-			hdr.Typeflag = tar.TypeSymlink
-			hdr.Linkname = target
-		case mode&fs.ModeNamedPipe != 0:
-			hdr.Typeflag = tar.TypeFifo
-		case mode&fs.ModeDevice != 0:
-			hdr.Typeflag = tar.TypeBlock
-			if mode&fs.ModeCharDevice != 0 {
-				hdr.Typeflag = tar.TypeChar
-			}
-			hdr.Devmajor = int64(unix.Major(uint64(st.Rdev)))
-			hdr.Devminor = int64(unix.Minor(uint64(st.Rdev)))
-		default:
-			// Sockets only exist while something listens on them; a tar
-			// cannot carry one.
-			return fmt.Errorf("ociimage: %s: cannot archive file of type %s", p, mode.Type())
-		}
-
-		if err := tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("ociimage: %s: %w", p, err)
-		}
-		if hdr.Typeflag != tar.TypeReg || hdr.Size == 0 {
-			return nil
-		}
-		src, err := os.Open(p)
-		if err != nil {
-			return fmt.Errorf("ociimage: reading rootfs: %w", err)
-		}
-		defer src.Close()
-		n, err := io.CopyBuffer(tw, io.LimitReader(src, hdr.Size), copyBuf)
-		if err != nil {
-			return fmt.Errorf("ociimage: %s: %w", p, err)
-		}
-		if n != hdr.Size {
-			return fmt.Errorf("ociimage: %s shrank from %d to %d bytes while being archived", p, hdr.Size, n)
-		}
+// visit writes one entry: its header, then a regular file's contents.
+func (w *treeWriter) visit(p string, d fs.DirEntry, walkErr error) error {
+	if walkErr != nil {
+		return fmt.Errorf("ociimage: reading rootfs: %w", walkErr)
+	}
+	if p == w.root {
 		return nil
-	})
+	}
+	rel, err := filepath.Rel(w.root, p)
+	if err != nil {
+		return err
+	}
+	rel = filepath.ToSlash(rel)
+	fi, err := d.Info()
+	if err != nil {
+		return fmt.Errorf("ociimage: reading rootfs: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("ociimage: %s: no owner information on this platform", p)
+	}
+	hdr := w.header(rel, fi, st)
+	if err := w.setType(hdr, p, rel, fi, st); err != nil {
+		return err
+	}
+	if err := w.tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("ociimage: %s: %w", p, err)
+	}
+	if hdr.Typeflag != tar.TypeReg || hdr.Size == 0 {
+		return nil
+	}
+	return w.copyContents(p, hdr.Size)
+}
+
+// header is the entry's name, mode, owner and time, before its type.
+func (w *treeWriter) header(rel string, fi fs.FileInfo, st *syscall.Stat_t) *tar.Header {
+	uid, gid := st.Uid, st.Gid
+	if uid == w.euid {
+		uid = 0
+	}
+	if gid == w.egid {
+		gid = 0
+	}
+	return &tar.Header{
+		Name:    rel,
+		Mode:    tarMode(fi.Mode()),
+		Uid:     int(uid),
+		Gid:     int(gid),
+		ModTime: w.epoch,
+	}
+}
+
+// setType fills in the entry's type and what goes with it: a size, a link
+// target or device numbers.
+func (w *treeWriter) setType(hdr *tar.Header, p, rel string, fi fs.FileInfo, st *syscall.Stat_t) error {
+	mode := fi.Mode()
+	switch {
+	case mode.IsRegular():
+		// Hard links stay links, else every busybox-style applet would
+		// be stored in full. The first name in walk order holds the data.
+		if st.Nlink > 1 {
+			key := inode{uint64(st.Dev), uint64(st.Ino)}
+			if first, ok := w.links[key]; ok {
+				hdr.Typeflag = tar.TypeLink
+				hdr.Linkname = first
+				return nil
+			}
+			w.links[key] = rel
+		}
+		hdr.Typeflag = tar.TypeReg
+		hdr.Size = fi.Size()
+	case mode.IsDir():
+		hdr.Typeflag = tar.TypeDir
+		hdr.Name += "/"
+	case mode&fs.ModeSymlink != 0:
+		target, err := os.Readlink(p)
+		if err != nil {
+			return fmt.Errorf("ociimage: reading rootfs: %w", err)
+		}
+		hdr.Typeflag = tar.TypeSymlink
+		hdr.Linkname = target
+	case mode&fs.ModeNamedPipe != 0:
+		hdr.Typeflag = tar.TypeFifo
+	case mode&fs.ModeDevice != 0:
+		hdr.Typeflag = tar.TypeBlock
+		if mode&fs.ModeCharDevice != 0 {
+			hdr.Typeflag = tar.TypeChar
+		}
+		hdr.Devmajor = int64(unix.Major(uint64(st.Rdev)))
+		hdr.Devminor = int64(unix.Minor(uint64(st.Rdev)))
+	default:
+		// Sockets only exist while something listens on them; a tar
+		// cannot carry one.
+		return fmt.Errorf("ociimage: %s: cannot archive file of type %s", p, mode.Type())
+	}
+	return nil
+}
+
+// copyContents writes the size bytes the header announced, and fails if
+// the file shrank meanwhile.
+func (w *treeWriter) copyContents(p string, size int64) error {
+	src, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("ociimage: reading rootfs: %w", err)
+	}
+	defer src.Close()
+	n, err := io.CopyBuffer(w.tw, io.LimitReader(src, size), w.copyBuf)
+	if err != nil {
+		return fmt.Errorf("ociimage: %s: %w", p, err)
+	}
+	if n != size {
+		return fmt.Errorf("ociimage: %s shrank from %d to %d bytes while being archived", p, size, n)
+	}
+	return nil
 }
 
 // tarMode converts Go's file mode to the Unix bits tar stores, which keep
@@ -405,36 +440,7 @@ func tarMode(m fs.FileMode) int64 {
 // layout.Write, which would need a second on-disk copy of the layer in a
 // directory before it could be tarred.
 func writeLayout(img v1.Image, layer *fileLayer, ref string, tag name.Tag, out string, epoch time.Time) (_ v1.Hash, err error) {
-	manifest, err := img.RawManifest()
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	config, err := img.RawConfigFile()
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	manifestDigest, err := img.Digest()
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	configDigest, err := img.ConfigName()
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	index, err := json.Marshal(v1.IndexManifest{
-		SchemaVersion: 2,
-		MediaType:     types.OCIImageIndex,
-		Manifests: []v1.Descriptor{{
-			MediaType: types.OCIManifestSchema1,
-			Size:      int64(len(manifest)),
-			Digest:    manifestDigest,
-			Annotations: map[string]string{
-				AnnotationImageName: ref,
-				AnnotationRefName:   tag.TagStr(),
-			},
-			Platform: &v1.Platform{Architecture: runtime.GOARCH, OS: runtime.GOOS},
-		}},
-	})
+	parts, err := layoutPartsOf(img, ref, tag)
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -451,7 +457,65 @@ func writeLayout(img v1.Image, layer *fileLayer, ref string, tag name.Tag, out s
 	}()
 	buf := bufio.NewWriterSize(f, 1<<20)
 	tw := tar.NewWriter(buf)
+	if err := writeLayoutEntries(tw, parts, layer, epoch); err != nil {
+		return v1.Hash{}, err
+	}
+	if err := tw.Close(); err != nil {
+		return v1.Hash{}, err
+	}
+	if err := buf.Flush(); err != nil {
+		return v1.Hash{}, err
+	}
+	if err := installArchive(f, out); err != nil {
+		return v1.Hash{}, err
+	}
+	return parts.manifestDigest, nil
+}
 
+// layoutParts are the small files of an OCI layout, beside the layer.
+type layoutParts struct {
+	manifest, config, index      []byte
+	manifestDigest, configDigest v1.Hash
+}
+
+func layoutPartsOf(img v1.Image, ref string, tag name.Tag) (*layoutParts, error) {
+	var p layoutParts
+	var err error
+	if p.manifest, err = img.RawManifest(); err != nil {
+		return nil, err
+	}
+	if p.config, err = img.RawConfigFile(); err != nil {
+		return nil, err
+	}
+	if p.manifestDigest, err = img.Digest(); err != nil {
+		return nil, err
+	}
+	if p.configDigest, err = img.ConfigName(); err != nil {
+		return nil, err
+	}
+	p.index, err = json.Marshal(v1.IndexManifest{
+		SchemaVersion: 2,
+		MediaType:     types.OCIImageIndex,
+		Manifests: []v1.Descriptor{{
+			MediaType: types.OCIManifestSchema1,
+			Size:      int64(len(p.manifest)),
+			Digest:    p.manifestDigest,
+			Annotations: map[string]string{
+				AnnotationImageName: ref,
+				AnnotationRefName:   tag.TagStr(),
+			},
+			Platform: &v1.Platform{Architecture: runtime.GOARCH, OS: runtime.GOOS},
+		}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// writeLayoutEntries writes the layout's entries in a fixed order, so that
+// the archive is reproducible.
+func writeLayoutEntries(tw *tar.Writer, parts *layoutParts, layer *fileLayer, epoch time.Time) error {
 	dir := func(n string) error {
 		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: n, Mode: 0o755, ModTime: epoch})
 	}
@@ -465,52 +529,39 @@ func writeLayout(img v1.Image, layer *fileLayer, ref string, tag name.Tag, out s
 	blob := func(h v1.Hash) string { return "blobs/" + h.Algorithm + "/" + h.Hex }
 	bytesFile := func(n string, b []byte) error { return file(n, int64(len(b)), bytes.NewReader(b)) }
 
-	if err := bytesFile("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return v1.Hash{}, err
+	steps := []func() error{
+		func() error { return bytesFile("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)) },
+		func() error { return bytesFile("index.json", parts.index) },
+		func() error { return dir("blobs/") },
+		func() error { return dir("blobs/sha256/") },
+		func() error { return bytesFile(blob(parts.manifestDigest), parts.manifest) },
+		func() error { return bytesFile(blob(parts.configDigest), parts.config) },
 	}
-	if err := bytesFile("index.json", index); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := dir("blobs/"); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := dir("blobs/sha256/"); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := bytesFile(blob(manifestDigest), manifest); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := bytesFile(blob(configDigest), config); err != nil {
-		return v1.Hash{}, err
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
 	}
 	lf, err := os.Open(layer.path)
 	if err != nil {
-		return v1.Hash{}, err
+		return err
 	}
-	err = file(blob(layer.digest), layer.size, lf)
-	lf.Close()
-	if err != nil {
-		return v1.Hash{}, err
-	}
+	defer lf.Close()
+	return file(blob(layer.digest), layer.size, lf)
+}
 
-	if err := tw.Close(); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := buf.Flush(); err != nil {
-		return v1.Hash{}, err
-	}
+// installArchive makes the written temporary file durable and moves it to
+// out, so that out is never a half-written archive.
+func installArchive(f *os.File, out string) error {
 	// CreateTemp makes the file 0600; an archive is not a secret.
 	if err := f.Chmod(0o644); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
 	if err := f.Sync(); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
 	if err := f.Close(); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
-	if err := os.Rename(f.Name(), out); err != nil {
-		return v1.Hash{}, err
-	}
-	return manifestDigest, nil
+	return os.Rename(f.Name(), out)
 }

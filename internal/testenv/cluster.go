@@ -147,6 +147,8 @@ func (c *Cluster) logf(format string, args ...any) {
 
 func (c *Cluster) bin(name string) string { return filepath.Join(c.st.BinDir, name) }
 
+// startControlPlane starts etcd, kube-apiserver, the controller manager,
+// the scheduler and the volume provisioner, each once what it needs is up.
 func (c *Cluster) startControlPlane(ctx context.Context) error {
 	st := c.st
 	t0 := time.Now()
@@ -157,9 +159,40 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		}
 		apiIP = NodeIP
 	}
-	p, err := newPKI(filepath.Join(st.Dir, "pki"))
+	p, err := issueClusterPKI(filepath.Join(st.Dir, "pki"))
 	if err != nil {
-		return fmt.Errorf("pki: %w", err)
+		return err
+	}
+
+	etcdURL, err := c.startEtcd(ctx)
+	if err != nil {
+		return err
+	}
+	c.logf("etcd ready (%s)", time.Since(t0).Round(time.Millisecond))
+
+	t1 := time.Now()
+	server, err := c.startAPIServer(ctx, p, apiIP, etcdURL)
+	if err != nil {
+		return err
+	}
+	c.logf("kube-apiserver ready at %s (%s)", server, time.Since(t1).Round(time.Millisecond))
+
+	if err := c.startControllers(ctx, p); err != nil {
+		return err
+	}
+	if err := c.startStorageDefaults(ctx); err != nil {
+		return err
+	}
+	c.logf("control plane ready (%s)", time.Since(t0).Round(time.Millisecond))
+	return st.save()
+}
+
+// issueClusterPKI makes the cluster's CA and the certificates and keys of
+// the API server, the admin, the kubelet and service accounts.
+func issueClusterPKI(dir string) (*pki, error) {
+	p, err := newPKI(dir)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
 	}
 	serviceIP := firstServiceIP()
 	clientAuth := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
@@ -173,17 +206,22 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		p.serviceAccountKeys(),
 	} {
 		if e != nil {
-			return fmt.Errorf("pki: %w", e)
+			return nil, fmt.Errorf("pki: %w", e)
 		}
 	}
+	return p, nil
+}
 
+// startEtcd starts etcd and returns its client URL once it is healthy.
+func (c *Cluster) startEtcd(ctx context.Context) (string, error) {
+	st := c.st
 	etcdPort, err := freePort("127.0.0.1")
 	if err != nil {
-		return err
+		return "", err
 	}
 	peerPort, err := freePort("127.0.0.1")
 	if err != nil {
-		return err
+		return "", err
 	}
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
@@ -194,17 +232,21 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--initial-cluster", "default=" + peerURL,
 		"--unsafe-no-fsync", "--log-level=warn",
 	}, nil); err != nil {
-		return err
+		return "", err
 	}
 	if err := waitFor(ctx, st, "etcd", 30*time.Second, httpOK(http.DefaultClient, etcdURL+"/health")); err != nil {
-		return err
+		return "", err
 	}
-	c.logf("etcd ready (%s)", time.Since(t0).Round(time.Millisecond))
+	return etcdURL, nil
+}
 
-	t1 := time.Now()
+// startAPIServer starts kube-apiserver, writes the admin kubeconfig and
+// sets c.Config from it, and returns the server's URL once it is ready.
+func (c *Cluster) startAPIServer(ctx context.Context, p *pki, apiIP, etcdURL string) (string, error) {
+	st := c.st
 	apiPort, err := freePort(apiIP)
 	if err != nil {
-		return err
+		return "", err
 	}
 	apiArgs := []string{
 		"--etcd-servers=" + etcdURL,
@@ -226,26 +268,31 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		apiArgs = append(apiArgs, "--endpoint-reconciler-type=none")
 	}
 	if err := startProcess(st, "kube-apiserver", c.bin("kube-apiserver"), apiArgs, nil); err != nil {
-		return err
+		return "", err
 	}
 	server := "https://" + net.JoinHostPort(apiIP, strconv.Itoa(apiPort))
 	if err := writeKubeconfig(st.Kubeconfig, server, p); err != nil {
-		return err
+		return "", err
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", st.Kubeconfig)
 	if err != nil {
-		return err
+		return "", err
 	}
 	c.Config = cfg
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := waitFor(ctx, st, "kube-apiserver", 90*time.Second, httpOK(hc, server+"/readyz")); err != nil {
-		return err
+		return "", err
 	}
-	c.logf("kube-apiserver ready at %s (%s)", server, time.Since(t1).Round(time.Millisecond))
+	return server, nil
+}
 
+// startControllers starts kube-controller-manager and kube-scheduler and
+// returns once both are healthy.
+func (c *Cluster) startControllers(ctx context.Context, p *pki) error {
+	st := c.st
 	kc := st.Kubeconfig
 	common := []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc, "--bind-address=127.0.0.1", "--leader-elect=false"}
 	kcmPort, err := freePort("127.0.0.1")
@@ -283,16 +330,20 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err := waitFor(ctx, st, "kube-controller-manager", 60*time.Second, httpOK(insecure, fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort))); err != nil {
 		return err
 	}
-	if err := waitFor(ctx, st, "kube-scheduler", 60*time.Second, httpOK(insecure, fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort))); err != nil {
-		return err
-	}
+	return waitFor(ctx, st, "kube-scheduler", 60*time.Second, httpOK(insecure, fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort)))
+}
+
+// startStorageDefaults starts the volume provisioner, makes its
+// StorageClass the default, and waits for the default ServiceAccount.
+func (c *Cluster) startStorageDefaults(ctx context.Context) error {
+	st := c.st
 	if err := startProcess(st, toolchain.LocalPathProvisioner, c.bin(toolchain.LocalPathProvisioner), []string{
 		"-kubeconfig=" + st.Kubeconfig, "-dir=" + filepath.Join(st.Dir, "volumes"),
 		"-provisioner=" + StorageProvisioner, "-node=" + NodeName,
 	}, nil); err != nil {
 		return err
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(c.Config)
 	if err != nil {
 		return err
 	}
@@ -301,14 +352,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	}
 	// Pods are refused until the service-account controller has made the
 	// default ServiceAccount, so "ready" means that has happened.
-	if err := waitFor(ctx, st, "kube-controller-manager", 60*time.Second, func(ctx context.Context) error {
+	return waitFor(ctx, st, "kube-controller-manager", 60*time.Second, func(ctx context.Context) error {
 		_, err := cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1GetOptions)
 		return err
-	}); err != nil {
-		return err
-	}
-	c.logf("control plane ready (%s)", time.Since(t0).Round(time.Millisecond))
-	return st.save()
+	})
 }
 
 func firstServiceIP() net.IP {

@@ -78,9 +78,48 @@ const fenceChain = "AGENTBOX-FENCE"
 
 func (c *Cluster) sock() string { return filepath.Join(c.st.Dir, "containerd", "containerd.sock") }
 
+// startNode starts the node's processes in the order they need each
+// other: containerd, the base images, kubelet, then kube-proxy.
 func (c *Cluster) startNode(ctx context.Context, images []string) error {
-	st := c.st
 	t0 := time.Now()
+	// containerd finds its shims, and the runc shim finds runc, on PATH.
+	path := "PATH=" + c.st.BinDir + ":" + os.Getenv("PATH")
+	if err := c.startContainerd(ctx, path); err != nil {
+		return err
+	}
+	c.logf("containerd ready (%s)", time.Since(t0).Round(time.Millisecond))
+
+	imgDir := toolchain.ImageDir(filepath.Dir(c.st.BinDir))
+	base := []string{filepath.Join(imgDir, "pause.tar"), filepath.Join(imgDir, "busybox.tar")}
+	if err := c.ImportImages(ctx, append(base, images...)...); err != nil {
+		return err
+	}
+
+	t1 := time.Now()
+	cs, err := c.startKubelet(ctx, path)
+	if err != nil {
+		return err
+	}
+	c.logf("kubelet ready, node %s (%s)", NodeName, time.Since(t1).Round(time.Millisecond))
+
+	t2 := time.Now()
+	if err := c.startKubeProxy(ctx, path); err != nil {
+		return err
+	}
+	c.logf("kube-proxy ready (%s)", time.Since(t2).Round(time.Millisecond))
+
+	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: RuntimeClass}, Handler: "runsc"}
+	if _, err := cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create RuntimeClass %s: %w", RuntimeClass, err)
+	}
+	c.logf("node ready (%s)", time.Since(t0).Round(time.Millisecond))
+	return c.st.save()
+}
+
+// startContainerd writes the CNI and containerd configuration and starts
+// containerd, returning once it answers.
+func (c *Cluster) startContainerd(ctx context.Context, path string) error {
+	st := c.st
 	cdDir := filepath.Join(st.Dir, "containerd")
 	cniConf := filepath.Join(st.Dir, "cni")
 	for _, d := range []string{cdDir, cniConf} {
@@ -91,7 +130,28 @@ func (c *Cluster) startNode(ctx context.Context, images []string) error {
 	if len(c.sock()) > 100 {
 		return fmt.Errorf("containerd socket path %s is too long for a unix socket; use a shorter AGENTBOX_TESTENV_DIR", c.sock())
 	}
-	// No ipMasq: pods can reach this host and each other, never the outside.
+	if err := os.WriteFile(filepath.Join(cniConf, "10-agentbox.conflist"), []byte(c.cniConfig()), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(cdDir, "runsc.toml"), []byte(c.runscConfig()), 0o644); err != nil {
+		return err
+	}
+	cdConfPath := filepath.Join(cdDir, "config.toml")
+	if err := os.WriteFile(cdConfPath, []byte(c.containerdConfig(cdDir, cniConf)), 0o644); err != nil {
+		return err
+	}
+	if err := startProcess(st, "containerd", c.bin("containerd"), []string{"--config", cdConfPath}, []string{path}); err != nil {
+		return err
+	}
+	return waitFor(ctx, st, "containerd", 30*time.Second, func(ctx context.Context) error {
+		return run(ctx, c.bin("ctr"), "-a", c.sock(), "version")
+	})
+}
+
+// cniConfig is the pods' network: no ipMasq, so pods can reach this host
+// and each other, never the outside.
+func (c *Cluster) cniConfig() string {
+	st := c.st
 	conflist := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "agentbox-test",
@@ -103,17 +163,23 @@ func (c *Cluster) startNode(ctx context.Context, images []string) error {
   ]
 }
 `, Bridge, filepath.Join(st.Dir, "cni-ipam"), PodCIDR, ServiceCIDR, NodeIP+"/32")
-	if err := os.WriteFile(filepath.Join(cniConf, "10-agentbox.conflist"), []byte(conflist), 0o644); err != nil {
-		return err
-	}
+	return conflist
+}
+
+// runscConfig is the options file of containerd's runsc runtime.
+func (c *Cluster) runscConfig() string {
+	st := c.st
 	runscToml := fmt.Sprintf(`binary_name = %q
 root = %q
 [runsc_config]
   platform = "systrap"
 `, c.bin("runsc"), filepath.Join(st.Dir, "runsc"))
-	if err := os.WriteFile(filepath.Join(cdDir, "runsc.toml"), []byte(runscToml), 0o644); err != nil {
-		return err
-	}
+	return runscToml
+}
+
+// containerdConfig is containerd's configuration, with runc as the
+// default runtime and runsc for the RuntimeClass.
+func (c *Cluster) containerdConfig(cdDir, cniConf string) string {
 	cdConfig := fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
@@ -146,42 +212,84 @@ state = %[2]q
   stream_server_port = "0"
 `, filepath.Join(cdDir, "root"), filepath.Join(cdDir, "state"), c.sock(), c.sock()+".ttrpc",
 		filepath.Join(cdDir, "runsc.toml"), cniConf, toolchain.PauseImage)
-	cdConfPath := filepath.Join(cdDir, "config.toml")
-	if err := os.WriteFile(cdConfPath, []byte(cdConfig), 0o644); err != nil {
-		return err
-	}
-	// containerd finds its shims, and the runc shim finds runc, on PATH.
-	path := "PATH=" + st.BinDir + ":" + os.Getenv("PATH")
-	if err := startProcess(st, "containerd", c.bin("containerd"), []string{"--config", cdConfPath}, []string{path}); err != nil {
-		return err
-	}
-	if err := waitFor(ctx, st, "containerd", 30*time.Second, func(ctx context.Context) error {
-		return run(ctx, c.bin("ctr"), "-a", c.sock(), "version")
-	}); err != nil {
-		return err
-	}
-	c.logf("containerd ready (%s)", time.Since(t0).Round(time.Millisecond))
+	return cdConfig
+}
 
-	imgDir := toolchain.ImageDir(filepath.Dir(st.BinDir))
-	base := []string{filepath.Join(imgDir, "pause.tar"), filepath.Join(imgDir, "busybox.tar")}
-	if err := c.ImportImages(ctx, append(base, images...)...); err != nil {
-		return err
+// startKubelet writes kubelet's configuration and starts it, returning a
+// client once the node is Ready.
+func (c *Cluster) startKubelet(ctx context.Context, path string) (*kubernetes.Clientset, error) {
+	st := c.st
+	kubeletConfig, err := c.kubeletConfig()
+	if err != nil {
+		return nil, err
 	}
+	kubeletDir := kubeletRoot(st.Dir)
+	if err := os.MkdirAll(kubeletDir, 0o755); err != nil {
+		return nil, err
+	}
+	// Pod cgroups make the pods' limits real: the memory limit and the
+	// node's pids limit bound a gVisor sandbox as a whole.
+	st.Cgroups = true
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	if err := makeCgroupRoot(); err != nil {
+		return nil, err
+	}
+	kubeletConfPath := filepath.Join(st.Dir, "kubelet.yaml")
+	if err := os.WriteFile(kubeletConfPath, []byte(kubeletConfig), 0o644); err != nil {
+		return nil, err
+	}
+	if err := startProcess(st, "kubelet", c.bin("kubelet"), []string{
+		"--config=" + kubeletConfPath, "--kubeconfig=" + st.Kubeconfig,
+		"--root-dir=" + kubeletDir, "--cert-dir=" + filepath.Join(kubeletDir, "pki"),
+		"--hostname-override=" + NodeName, "--node-ip=" + NodeIP,
+	}, []string{path}); err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitFor(ctx, st, "kubelet", 90*time.Second, nodeReady(cs)); err != nil {
+		return nil, err
+	}
+	return cs, nil
+}
 
-	t1 := time.Now()
+// nodeReady checks that the node reports Ready.
+func nodeReady(cs kubernetes.Interface) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("node %s not Ready", NodeName)
+	}
+}
+
+// kubeletConfig picks kubelet's ports, writes the pods' resolver and
+// returns kubelet's configuration.
+func (c *Cluster) kubeletConfig() (string, error) {
+	st := c.st
 	kubeletPort, err := freePort(NodeIP)
 	if err != nil {
-		return err
+		return "", err
 	}
 	healthzPort, err := freePort("127.0.0.1")
 	if err != nil {
-		return err
+		return "", err
 	}
 	// Pods get a resolver that answers nothing, so a stray lookup fails on
 	// the spot instead of reaching the host's real DNS servers.
 	resolv := filepath.Join(st.Dir, "resolv.conf")
 	if err := os.WriteFile(resolv, []byte("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"), 0o644); err != nil {
-		return err
+		return "", err
 	}
 	pkiDir := filepath.Join(st.Dir, "pki")
 	kubeletConfig := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -214,51 +322,13 @@ serializeImagePulls: false
 maxPods: 250
 `, NodeIP, kubeletPort, healthzPort, filepath.Join(pkiDir, "ca.crt"), filepath.Join(pkiDir, "kubelet.crt"), filepath.Join(pkiDir, "kubelet.key"),
 		c.sock(), CgroupRoot, PodPidsLimit, resolv, PodCIDR)
-	kubeletDir := kubeletRoot(st.Dir)
-	if err := os.MkdirAll(kubeletDir, 0o755); err != nil {
-		return err
-	}
-	// Pod cgroups make the pods' limits real: the memory limit and the
-	// node's pids limit bound a gVisor sandbox as a whole.
-	st.Cgroups = true
-	if err := st.save(); err != nil {
-		return err
-	}
-	if err := makeCgroupRoot(); err != nil {
-		return err
-	}
-	kubeletConfPath := filepath.Join(st.Dir, "kubelet.yaml")
-	if err := os.WriteFile(kubeletConfPath, []byte(kubeletConfig), 0o644); err != nil {
-		return err
-	}
-	if err := startProcess(st, "kubelet", c.bin("kubelet"), []string{
-		"--config=" + kubeletConfPath, "--kubeconfig=" + st.Kubeconfig,
-		"--root-dir=" + kubeletDir, "--cert-dir=" + filepath.Join(kubeletDir, "pki"),
-		"--hostname-override=" + NodeName, "--node-ip=" + NodeIP,
-	}, []string{path}); err != nil {
-		return err
-	}
-	cs, err := kubernetes.NewForConfig(c.Config)
-	if err != nil {
-		return err
-	}
-	if err := waitFor(ctx, st, "kubelet", 90*time.Second, func(ctx context.Context) error {
-		n, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return nil
-			}
-		}
-		return fmt.Errorf("node %s not Ready", NodeName)
-	}); err != nil {
-		return err
-	}
-	c.logf("kubelet ready, node %s (%s)", NodeName, time.Since(t1).Round(time.Millisecond))
+	return kubeletConfig, nil
+}
 
-	t2 := time.Now()
+// startKubeProxy writes kube-proxy's configuration and starts it,
+// returning once it is healthy.
+func (c *Cluster) startKubeProxy(ctx context.Context, path string) error {
+	st := c.st
 	proxyHealth, err := freePort("127.0.0.1")
 	if err != nil {
 		return err
@@ -291,17 +361,7 @@ conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeou
 	if err := startProcess(st, "kube-proxy", c.bin("kube-proxy"), []string{"--config=" + proxyConfPath}, []string{path}); err != nil {
 		return err
 	}
-	if err := waitFor(ctx, st, "kube-proxy", 60*time.Second, httpOK(http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/healthz", proxyHealth))); err != nil {
-		return err
-	}
-	c.logf("kube-proxy ready (%s)", time.Since(t2).Round(time.Millisecond))
-
-	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: RuntimeClass}, Handler: "runsc"}
-	if _, err := cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create RuntimeClass %s: %w", RuntimeClass, err)
-	}
-	c.logf("node ready (%s)", time.Since(t0).Round(time.Millisecond))
-	return st.save()
+	return waitFor(ctx, st, "kube-proxy", 60*time.Second, httpOK(http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/healthz", proxyHealth)))
 }
 
 // ImportImages imports OCI archives into the node's containerd, where the

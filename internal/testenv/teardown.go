@@ -35,23 +35,7 @@ func teardown(ctx context.Context, st *state, log io.Writer) error {
 	if st.Node {
 		pvDirs = drainNode(ctx, st, logf)
 	}
-	// Reverse start order: the node before the control plane it reports to.
-	for i := len(st.Procs) - 1; i >= 0; i-- {
-		p := st.Procs[i]
-		if p.Name == "containerd" {
-			killContainers(ctx, st)
-		}
-		if alive(p.PID) {
-			stopPID(p.PID, 10*time.Second)
-			logf("stopped %s (pid %d)", p.Name, p.PID)
-		}
-	}
-	// Shims and gVisor sandboxes are containerd's children, not ours; they
-	// carry our state directory on their command lines.
-	for _, pid := range pidsMentioning(st.Dir) {
-		stopPID(pid, 2*time.Second)
-		logf("stopped leftover pid %d", pid)
-	}
+	stopProcesses(ctx, st, logf)
 	if err := unmountUnder(st.Dir); err != nil {
 		errs = append(errs, err)
 	}
@@ -68,18 +52,52 @@ func teardown(ctx context.Context, st *state, log io.Writer) error {
 		logf("detached %d loop device(s) left attached (%s)", len(devs), time.Since(detachStart).Round(time.Millisecond))
 	}
 	if st.Cgroups {
-		// A killed sandbox's cgroup can hold its exiting tasks for a moment.
-		var err error
-		for range 50 {
-			if err = removeCgroupRoot(); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if err != nil {
+		if err := removeCgroupRootRetrying(); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, undoHostNetwork(ctx, st, pvDirs, logf)...)
+	return errors.Join(append(errs, removeData(st.Dir)...)...)
+}
+
+// stopProcesses stops the cluster's processes in reverse start order (the
+// node before the control plane it reports to), then what containerd left.
+func stopProcesses(ctx context.Context, st *state, logf func(string, ...any)) {
+	for i := len(st.Procs) - 1; i >= 0; i-- {
+		p := st.Procs[i]
+		if p.Name == "containerd" {
+			killContainers(ctx, st)
+		}
+		if alive(p.PID) {
+			stopPID(p.PID, 10*time.Second)
+			logf("stopped %s (pid %d)", p.Name, p.PID)
+		}
+	}
+	// Shims and gVisor sandboxes are containerd's children, not ours; they
+	// carry our state directory on their command lines.
+	for _, pid := range pidsMentioning(st.Dir) {
+		stopPID(pid, 2*time.Second)
+		logf("stopped leftover pid %d", pid)
+	}
+}
+
+// removeCgroupRootRetrying removes the pods' cgroup root: a killed
+// sandbox's cgroup can hold its exiting tasks for a moment.
+func removeCgroupRootRetrying() error {
+	var err error
+	for range 50 {
+		if err = removeCgroupRoot(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// undoHostNetwork removes the fence, the node address and the hostPath
+// volume folders, and restores ip_forward.
+func undoHostNetwork(ctx context.Context, st *state, pvDirs []string, logf func(string, ...any)) []error {
+	var errs []error
 	if st.Node || st.Fence {
 		if err := cleanNetwork(ctx, st, logf); err != nil {
 			errs = append(errs, err)
@@ -100,16 +118,22 @@ func teardown(ctx context.Context, st *state, log io.Writer) error {
 			errs = append(errs, fmt.Errorf("restore ip_forward: %w", err))
 		}
 	}
-	// Keep the logs for a post-mortem; drop the data.
-	entries, _ := os.ReadDir(st.Dir)
+	return errs
+}
+
+// removeData empties the state folder but for the logs, kept for a
+// post-mortem.
+func removeData(dir string) []error {
+	var errs []error
+	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		if !strings.HasSuffix(e.Name(), ".log") {
-			if err := os.RemoveAll(filepath.Join(st.Dir, e.Name())); err != nil {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // drainNode deletes the node's pods while kubelet still runs, so that it

@@ -109,67 +109,89 @@ func (l *listFlag) Set(s string) error {
 // parseOptions takes os.LookupEnv rather than os.Getenv so that an empty
 // AGENTBOX_EGRESS_DENY_CIDRS can mean "no denied ranges" rather than "unset".
 func parseOptions(args []string, lookupEnv func(string) (string, bool), out io.Writer) (*options, error) {
-	env := func(key, def string) string {
-		if v, ok := lookupEnv(key); ok {
-			return v
-		}
-		return def
-	}
 	fs := flag.NewFlagSet("agentbox-egress-proxy", flag.ContinueOnError)
 	fs.SetOutput(out)
-	o := &options{
-		allow: splitList(env("AGENTBOX_EGRESS_ALLOW", "")),
-		deny:  splitList(env("AGENTBOX_EGRESS_DENY", "")),
-	}
-	var cidrs []string
-	cidrsSet := false
-	if v, ok := lookupEnv("AGENTBOX_EGRESS_DENY_CIDRS"); ok {
-		cidrs, cidrsSet = splitList(v), true
-	}
-	var logLevel string
-	fs.StringVar(&o.listen, "listen", env("AGENTBOX_EGRESS_LISTEN", ":3128"), "listen address")
-	fs.Var(&listFlag{vals: &o.allow}, "allow", `hosts that may be reached, repeatable or comma-separated: "example.com", "*.example.com" (subdomains), an IP, or "*"; empty allows nothing`)
-	fs.Var(&listFlag{vals: &o.deny}, "deny", "hosts refused even when allowed, same syntax")
-	fs.Func("deny-cidrs", "comma-separated CIDRs no request may reach after DNS resolution; replaces the defaults ("+
-		"private, loopback, link-local, CGNAT, 198.18.0.0/15, metadata); '' denies no address", func(s string) error {
-		cidrs, cidrsSet = splitList(s), true
-		return nil
-	})
-	fs.StringVar(&o.configFile, "config", env("AGENTBOX_EGRESS_CONFIG", ""), "policy file (YAML or JSON with allowedDomains, deniedDomains, deniedCIDRs), added to the flags' lists; reloaded on SIGHUP and on change")
-	poll := env("AGENTBOX_EGRESS_CONFIG_POLL", "5s")
-	fs.StringVar(&poll, "config-poll", poll, "how often the config and credentials files are checked for changes")
-	fs.StringVar(&o.upstream, "upstream", env("AGENTBOX_EGRESS_UPSTREAM", ""), "http://host:port of an upstream proxy that allowed requests go through")
-	fs.StringVar(&o.credentialsFile, "upstream-credentials-file", env("AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE", ""), "file holding user:password for the upstream proxy (a mounted Secret); reloaded like -config")
-	fs.StringVar(&o.clientCredsFile, "client-credentials-file", env("AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE", ""), "file of user:password lines clients must authenticate with (Shared mode); the user is logged as the agent; reloaded like -config")
-	fs.StringVar(&o.agent, "agent", env("AGENTBOX_EGRESS_AGENT", ""), "the agent this proxy serves, for the access log")
-	fs.StringVar(&o.metricsListen, "metrics-listen", env("AGENTBOX_EGRESS_METRICS_LISTEN", ""), "address serving Prometheus /metrics (e.g. :9090); empty serves none")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long open requests and tunnels may continue after SIGTERM")
-	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
-	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	o, raw := defineFlags(fs, lookupEnv)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
+	if err := o.complete(raw); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// rawFlags are the flags that complete checks and converts after parsing.
+type rawFlags struct {
+	cidrs    []string
+	cidrsSet bool
+	poll     string
+	logLevel string
+}
+
+// defineFlags defines every flag on fs, each defaulting to its
+// environment variable.
+func defineFlags(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) (*options, *rawFlags) {
+	env := func(key, def string) string {
+		if v, ok := lookupEnv(key); ok {
+			return v
+		}
+		return def
+	}
+	o := &options{
+		allow: splitList(env("AGENTBOX_EGRESS_ALLOW", "")),
+		deny:  splitList(env("AGENTBOX_EGRESS_DENY", "")),
+	}
+	raw := &rawFlags{}
+	if v, ok := lookupEnv("AGENTBOX_EGRESS_DENY_CIDRS"); ok {
+		raw.cidrs, raw.cidrsSet = splitList(v), true
+	}
+	fs.StringVar(&o.listen, "listen", env("AGENTBOX_EGRESS_LISTEN", ":3128"), "listen address")
+	fs.Var(&listFlag{vals: &o.allow}, "allow", `hosts that may be reached, repeatable or comma-separated: "example.com", "*.example.com" (subdomains), an IP, or "*"; empty allows nothing`)
+	fs.Var(&listFlag{vals: &o.deny}, "deny", "hosts refused even when allowed, same syntax")
+	fs.Func("deny-cidrs", "comma-separated CIDRs no request may reach after DNS resolution; replaces the defaults ("+
+		"private, loopback, link-local, CGNAT, 198.18.0.0/15, metadata); '' denies no address", func(s string) error {
+		raw.cidrs, raw.cidrsSet = splitList(s), true
+		return nil
+	})
+	fs.StringVar(&o.configFile, "config", env("AGENTBOX_EGRESS_CONFIG", ""), "policy file (YAML or JSON with allowedDomains, deniedDomains, deniedCIDRs), added to the flags' lists; reloaded on SIGHUP and on change")
+	raw.poll = env("AGENTBOX_EGRESS_CONFIG_POLL", "5s")
+	fs.StringVar(&raw.poll, "config-poll", raw.poll, "how often the config and credentials files are checked for changes")
+	fs.StringVar(&o.upstream, "upstream", env("AGENTBOX_EGRESS_UPSTREAM", ""), "http://host:port of an upstream proxy that allowed requests go through")
+	fs.StringVar(&o.credentialsFile, "upstream-credentials-file", env("AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE", ""), "file holding user:password for the upstream proxy (a mounted Secret); reloaded like -config")
+	fs.StringVar(&o.clientCredsFile, "client-credentials-file", env("AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE", ""), "file of user:password lines clients must authenticate with (Shared mode); the user is logged as the agent; reloaded like -config")
+	fs.StringVar(&o.agent, "agent", env("AGENTBOX_EGRESS_AGENT", ""), "the agent this proxy serves, for the access log")
+	fs.StringVar(&o.metricsListen, "metrics-listen", env("AGENTBOX_EGRESS_METRICS_LISTEN", ""), "address serving Prometheus /metrics (e.g. :9090); empty serves none")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long open requests and tunnels may continue after SIGTERM")
+	fs.StringVar(&raw.logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	return o, raw
+}
+
+// complete checks the parsed flags and fills in the options they give as
+// text.
+func (o *options) complete(raw *rawFlags) error {
+	if err := o.logLevel.UnmarshalText([]byte(raw.logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
 	}
 	var err error
-	if o.configPoll, err = time.ParseDuration(poll); err != nil || o.configPoll <= 0 {
-		return nil, fmt.Errorf("-config-poll %q: want a positive duration", poll)
+	if o.configPoll, err = time.ParseDuration(raw.poll); err != nil || o.configPoll <= 0 {
+		return fmt.Errorf("-config-poll %q: want a positive duration", raw.poll)
 	}
 	if o.credentialsFile != "" && o.upstream == "" {
-		return nil, fmt.Errorf("-upstream-credentials-file needs -upstream")
+		return fmt.Errorf("-upstream-credentials-file needs -upstream")
 	}
-	if cidrsSet {
-		p, err := egressproxy.ParseCIDRs(cidrs)
+	if raw.cidrsSet {
+		p, err := egressproxy.ParseCIDRs(raw.cidrs)
 		if err != nil {
-			return nil, fmt.Errorf("-deny-cidrs: %w", err)
+			return fmt.Errorf("-deny-cidrs: %w", err)
 		}
 		o.deniedCIDRs = p // non-nil even when empty: "deny no address"
 	}
-	return o, nil
+	return nil
 }
 
 func splitList(s string) []string {
@@ -182,29 +204,16 @@ func splitList(s string) []string {
 	return out
 }
 
+// run serves the proxy until ctx ends or a listener fails, then shuts
+// down within the grace period.
 func run(ctx context.Context, o *options, log *slog.Logger) error {
-	proxy, err := egressproxy.New(egressproxy.Config{
-		Allow:       o.allow,
-		Deny:        o.deny,
-		DeniedCIDRs: o.deniedCIDRs,
-		Logger:      log,
-		Agent:       o.agent,
-		Upstream:    o.upstream,
-	})
+	proxy, err := newProxy(o, log)
 	if err != nil {
 		return err
 	}
 	defer proxy.Close()
-	reloader := &egressproxy.Reloader{
-		Proxy:                 proxy,
-		Base:                  egressproxy.Policy{Allow: o.allow, Deny: o.deny, DeniedCIDRs: o.deniedCIDRs},
-		ConfigFile:            o.configFile,
-		CredentialsFile:       o.credentialsFile,
-		ClientCredentialsFile: o.clientCredsFile,
-		Log:                   log,
-	}
-	watched := o.configFile != "" || o.credentialsFile != "" || o.clientCredsFile != ""
-	if watched {
+	reloader := newReloader(o, proxy, log)
+	if o.watchesFiles() {
 		// At startup a broken file is fatal: there is no earlier policy
 		// to fall back on, and the pod should not become ready.
 		if err := reloader.Reload(); err != nil {
@@ -215,7 +224,59 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{
+	srv := newProxyServer(proxy, log)
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- srv.Serve(ln) }()
+	metricsSrv, metricsAddr, err := startMetrics(o.metricsListen, proxy, log, serveErr)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+
+	reloadNow, stopHUP := reloadOnSIGHUP(ctx)
+	defer stopHUP()
+	if o.watchesFiles() {
+		go reloader.Run(ctx, o.configPoll, reloadNow)
+	}
+	logListening(log, o, proxy, ln.Addr().String(), metricsAddr)
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	return shutdown(log, o.shutdownGrace, srv, metricsSrv)
+}
+
+func newProxy(o *options, log *slog.Logger) (*egressproxy.Proxy, error) {
+	return egressproxy.New(egressproxy.Config{
+		Allow:       o.allow,
+		Deny:        o.deny,
+		DeniedCIDRs: o.deniedCIDRs,
+		Logger:      log,
+		Agent:       o.agent,
+		Upstream:    o.upstream,
+	})
+}
+
+func newReloader(o *options, proxy *egressproxy.Proxy, log *slog.Logger) *egressproxy.Reloader {
+	return &egressproxy.Reloader{
+		Proxy:                 proxy,
+		Base:                  egressproxy.Policy{Allow: o.allow, Deny: o.deny, DeniedCIDRs: o.deniedCIDRs},
+		ConfigFile:            o.configFile,
+		CredentialsFile:       o.credentialsFile,
+		ClientCredentialsFile: o.clientCredsFile,
+		Log:                   log,
+	}
+}
+
+// watchesFiles says whether any file the reloader keeps in force was given.
+func (o *options) watchesFiles() bool {
+	return o.configFile != "" || o.credentialsFile != "" || o.clientCredsFile != ""
+}
+
+func newProxyServer(proxy *egressproxy.Proxy, log *slog.Logger) *http.Server {
+	return &http.Server{
 		Handler:           proxy,
 		ReadHeaderTimeout: 10 * time.Second,
 		// No read or write timeout: tunnels and streamed downloads last
@@ -223,31 +284,35 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		IdleTimeout: 2 * time.Minute,
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
+}
 
-	// Metrics get their own listener so that the port sandboxes can reach
-	// serves proxying only, and NetworkPolicy can open the two separately.
-	var metricsSrv *http.Server
-	metricsAddr := ""
-	if o.metricsListen != "" {
-		mln, err := net.Listen("tcp", o.metricsListen)
-		if err != nil {
-			srv.Close()
-			return fmt.Errorf("metrics listen: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", proxy.MetricsHandler())
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		metricsAddr = mln.Addr().String()
-		go func() { serveErr <- fmt.Errorf("metrics: %w", metricsSrv.Serve(mln)) }()
+// startMetrics serves /metrics on addr, if one is given, reporting the
+// server's end on serveErr. Metrics get their own listener so that the port
+// sandboxes can reach serves proxying only, and NetworkPolicy can open the
+// two separately.
+func startMetrics(addr string, proxy *egressproxy.Proxy, log *slog.Logger, serveErr chan<- error) (*http.Server, string, error) {
+	if addr == "" {
+		return nil, "", nil
 	}
+	mln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("metrics listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", proxy.MetricsHandler())
+	metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go func() { serveErr <- fmt.Errorf("metrics: %w", metricsSrv.Serve(mln)) }()
+	return metricsSrv, mln.Addr().String(), nil
+}
 
+// reloadOnSIGHUP turns each SIGHUP into a request on the returned channel,
+// coalescing those that arrive while one is pending; stop ends the
+// signal's delivery.
+func reloadOnSIGHUP(ctx context.Context) (reloadNow <-chan struct{}, stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	reloadNow := make(chan struct{}, 1)
+	now := make(chan struct{}, 1)
 	go func() {
 		for {
 			select {
@@ -255,40 +320,37 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 				return
 			case <-hup:
 				select {
-				case reloadNow <- struct{}{}:
+				case now <- struct{}{}:
 				default: // one is already pending
 				}
 			}
 		}
 	}()
-	if watched {
-		go reloader.Run(ctx, o.configPoll, reloadNow)
-	}
+	return now, func() { signal.Stop(hup) }
+}
 
+func logListening(log *slog.Logger, o *options, proxy *egressproxy.Proxy, addr, metricsAddr string) {
 	pol := proxy.CurrentPolicy()
 	// The upstream URL carries no credentials (they are refused there),
 	// so it can be logged.
-	log.Info("listening", "addr", ln.Addr().String(), "version", version, "agent", o.agent,
+	log.Info("listening", "addr", addr, "version", version, "agent", o.agent,
 		"allow", pol.Allow, "deny", pol.Deny, "denied_cidrs", len(pol.DeniedCIDRs),
 		"upstream", o.upstream, "config", o.configFile, "client_auth", o.clientCredsFile != "",
 		"metrics_addr", metricsAddr)
 	if len(pol.Allow) == 0 {
 		log.Warn("the allowlist is empty: every request will be denied")
 	}
+}
 
-	select {
-	case err := <-serveErr:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("shutting down", "grace", o.shutdownGrace.String())
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+// shutdown lets open requests finish within grace. Shutdown does not wait
+// for hijacked CONNECT tunnels; they end with the process.
+func shutdown(log *slog.Logger, grace time.Duration, srv, metricsSrv *http.Server) error {
+	log.Info("shutting down", "grace", grace.String())
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if metricsSrv != nil {
 		metricsSrv.Close()
 	}
-	// Shutdown does not wait for hijacked CONNECT tunnels; they end with
-	// the process.
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

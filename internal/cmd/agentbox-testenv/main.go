@@ -53,49 +53,11 @@ func run(ctx context.Context, args []string) error {
 	}
 	switch args[0] {
 	case "build":
-		fs := flag.NewFlagSet("build", flag.ExitOnError)
-		skipPkgs := fs.Bool("skip-packages", false, "do not install missing Debian packages")
-		clusterOnly := fs.Bool("cluster-only", false, "build what a cluster runs (the quickstart's needs), not the servers only tests start")
-		_ = fs.Parse(args[1:])
-		b := &toolchain.Builder{Dir: dir, Out: os.Stdout, SkipPackages: *skipPkgs, ClusterOnly: *clusterOnly}
-		return b.Build(ctx)
+		return buildCommand(ctx, dir, args[1:])
 	case "up":
-		fs := flag.NewFlagSet("up", flag.ExitOnError)
-		node := fs.Bool("node", false, "start a real node (containerd, kubelet, kube-proxy, gVisor)")
-		reuse := fs.Bool("reuse", false, "if a cluster is already running, import the images into it instead of failing")
-		var images files
-		fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
-		_ = fs.Parse(args[1:])
-		if *reuse {
-			if c, err := testenv.Attach(dir, os.Stderr); err == nil && c.HasNode() == *node {
-				fmt.Fprintf(os.Stderr, "testenv: reusing the running cluster; logs in %s\n", c.LogDir())
-				if len(images) > 0 {
-					if err := c.ImportImages(ctx, images...); err != nil {
-						return err
-					}
-				}
-				fmt.Println(c.Kubeconfig)
-				return nil
-			}
-		}
-		t := time.Now()
-		c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: *node, Images: images, Log: os.Stderr})
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "testenv: cluster up in %s; logs in %s\n", time.Since(t).Round(time.Millisecond), c.LogDir())
-		fmt.Println(c.Kubeconfig)
-		return nil
+		return upCommand(ctx, dir, args[1:])
 	case "exec":
-		fs := flag.NewFlagSet("exec", flag.ExitOnError)
-		node := fs.Bool("node", false, "start a real node")
-		var images files
-		fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
-		_ = fs.Parse(args[1:])
-		if fs.NArg() == 0 {
-			return fmt.Errorf(usage)
-		}
-		return execWithCluster(ctx, dir, *node, images, fs.Args())
+		return execCommand(ctx, dir, args[1:])
 	case "import":
 		c, err := testenv.Attach(dir, os.Stderr)
 		if err != nil {
@@ -110,6 +72,60 @@ func run(ctx context.Context, args []string) error {
 	default:
 		return fmt.Errorf("unknown command %q; %s", args[0], usage)
 	}
+}
+
+// buildCommand: agentbox-testenv build.
+func buildCommand(ctx context.Context, dir string, args []string) error {
+	fs := flag.NewFlagSet("build", flag.ExitOnError)
+	skipPkgs := fs.Bool("skip-packages", false, "do not install missing Debian packages")
+	clusterOnly := fs.Bool("cluster-only", false, "build what a cluster runs (the quickstart's needs), not the servers only tests start")
+	_ = fs.Parse(args)
+	b := &toolchain.Builder{Dir: dir, Out: os.Stdout, SkipPackages: *skipPkgs, ClusterOnly: *clusterOnly}
+	return b.Build(ctx)
+}
+
+// upCommand: agentbox-testenv up, which prints the kubeconfig's path.
+func upCommand(ctx context.Context, dir string, args []string) error {
+	fs := flag.NewFlagSet("up", flag.ExitOnError)
+	node := fs.Bool("node", false, "start a real node (containerd, kubelet, kube-proxy, gVisor)")
+	reuse := fs.Bool("reuse", false, "if a cluster is already running, import the images into it instead of failing")
+	var images files
+	fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
+	_ = fs.Parse(args)
+	if *reuse {
+		if c, err := testenv.Attach(dir, os.Stderr); err == nil && c.HasNode() == *node {
+			fmt.Fprintf(os.Stderr, "testenv: reusing the running cluster; logs in %s\n", c.LogDir())
+			if len(images) > 0 {
+				if err := c.ImportImages(ctx, images...); err != nil {
+					return err
+				}
+			}
+			fmt.Println(c.Kubeconfig)
+			return nil
+		}
+	}
+	t := time.Now()
+	c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: *node, Images: images, Log: os.Stderr})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "testenv: cluster up in %s; logs in %s\n", time.Since(t).Round(time.Millisecond), c.LogDir())
+	fmt.Println(c.Kubeconfig)
+	return nil
+}
+
+// execCommand: agentbox-testenv exec, a command against a cluster of its
+// own.
+func execCommand(ctx context.Context, dir string, args []string) error {
+	fs := flag.NewFlagSet("exec", flag.ExitOnError)
+	node := fs.Bool("node", false, "start a real node")
+	var images files
+	fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
+	_ = fs.Parse(args)
+	if fs.NArg() == 0 {
+		return fmt.Errorf(usage)
+	}
+	return execWithCluster(ctx, dir, *node, images, fs.Args())
 }
 
 // execWithCluster runs a command against a fresh cluster and always tears

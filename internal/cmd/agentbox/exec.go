@@ -57,9 +57,67 @@ func (f secondsFlag) Set(s string) error {
 	return nil
 }
 
+// execFlags are exec's flags, beside the connection's.
+type execFlags struct {
+	conn      connection
+	leaseID   *string
+	cwd       *string
+	env       envFlag
+	timeout   int
+	withStdin *bool
+	stdinFile *string
+	maxOutput *int64
+}
+
 // execCommand runs a command in an agent's sandbox; "run-command" is its
 // older name and works the same.
 func execCommand(ctx context.Context, name string, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs, f := execFlagSet(name, getenv, stderr)
+	failUsage := func(format string, args ...any) int {
+		fmt.Fprintf(stderr, "agentbox %s: %s\n", name, fmt.Sprintf(format, args...))
+		return exitUsage
+	}
+	agentID, command, code, ok := parseExecArgs(fs, name, args, stderr)
+	if !ok {
+		return code
+	}
+	if err := f.check(agentID, command); err != nil {
+		return failUsage("%v", err)
+	}
+	c, err := f.conn.client()
+	if err != nil {
+		return failUsage("%v", err)
+	}
+	defer c.CloseIdleConnections()
+	if *f.leaseID != "" {
+		c.UseLease(agentID, *f.leaseID)
+	}
+
+	req := client.RunCommandRequest{Command: command, Cwd: *f.cwd, TimeoutSeconds: f.timeout, MaxOutputBytes: *f.maxOutput}
+	if len(f.env) > 0 {
+		req.Env = f.env
+	}
+	input, closeInput, err := f.openInput(stdin)
+	if err != nil {
+		return failUsage("--stdin-file: %v", err)
+	}
+	defer closeInput()
+	if input != nil {
+		data, err := io.ReadAll(io.LimitReader(input, maxInlineStdin+1))
+		if err != nil {
+			fmt.Fprintf(stderr, "agentbox %s: read the command's input: %v\n", name, err)
+			return exitAPIError
+		}
+		if len(data) > maxInlineStdin {
+			return failUsage("the command's input is larger than %d MiB; upload it with \"agentbox cp\" and redirect from the file", maxInlineStdin>>20)
+		}
+		req.Stdin = string(data)
+	}
+	return runStreamed(ctx, c, name, agentID, req, input != nil, stdout, stderr)
+}
+
+// execFlagSet defines exec's usage and flags.
+func execFlagSet(name string, getenv func(string) string, stderr io.Writer) (*flag.FlagSet, *execFlags) {
 	fs := flag.NewFlagSet("agentbox "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -77,90 +135,81 @@ flags:
 `, name)
 		fs.PrintDefaults()
 	}
-	conn := connectionFlags(fs, getenv)
-	leaseID := leaseFlag(fs, getenv)
-	cwd := fs.String("cwd", "", "working directory in the sandbox; relative to /workspace (default /workspace)")
-	env := envFlag{}
-	fs.Var(env, "env", "NAME=VALUE to set in the command's environment; repeatable")
-	var timeout int
-	fs.Var(secondsFlag{&timeout}, "timeout", "time after which the command is killed, in seconds or as a duration (default: the sandbox's, 60s)")
-	withStdin := fs.Bool("stdin", false, "send this program's standard input to the command")
-	stdinFile := fs.String("stdin-file", "", "send this file to the command's standard input (- for this program's)")
-	maxOutput := fs.Int64("max-output-bytes", 0, "cap on stdout and stderr combined (default: the sandbox's, 1 MiB)")
+	f := &execFlags{env: envFlag{}}
+	f.conn = connectionFlags(fs, getenv)
+	f.leaseID = leaseFlag(fs, getenv)
+	f.cwd = fs.String("cwd", "", "working directory in the sandbox; relative to /workspace (default /workspace)")
+	fs.Var(f.env, "env", "NAME=VALUE to set in the command's environment; repeatable")
+	fs.Var(secondsFlag{&f.timeout}, "timeout", "time after which the command is killed, in seconds or as a duration (default: the sandbox's, 60s)")
+	f.withStdin = fs.Bool("stdin", false, "send this program's standard input to the command")
+	f.stdinFile = fs.String("stdin-file", "", "send this file to the command's standard input (- for this program's)")
+	f.maxOutput = fs.Int64("max-output-bytes", 0, "cap on stdout and stderr combined (default: the sandbox's, 1 MiB)")
+	return fs, f
+}
 
-	failUsage := func(format string, args ...any) int {
-		fmt.Fprintf(stderr, "agentbox %s: %s\n", name, fmt.Sprintf(format, args...))
-		return exitUsage
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+// parseExecArgs parses flags before and after AGENT_ID and returns the
+// agent and the command after "--"; when !ok, the caller exits with code.
+func parseExecArgs(fs *flag.FlagSet, name string, args []string, stderr io.Writer) (agentID string, command []string, code int, ok bool) {
+	parse := func(args []string) (int, bool) {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0, false
+			}
+			return exitUsage, false
 		}
-		return exitUsage
+		return 0, true
+	}
+	if code, ok := parse(args); !ok {
+		return "", nil, code, false
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintf(stderr, "agentbox %s: missing AGENT_ID\n", name)
 		fs.Usage()
-		return exitUsage
+		return "", nil, exitUsage, false
 	}
-	agentID := fs.Arg(0)
+	agentID = fs.Arg(0)
 	// Parse again after the agent ID, so flags may follow it; this also
 	// consumes the "--" before the command.
-	if err := fs.Parse(fs.Args()[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+	if code, ok := parse(fs.Args()[1:]); !ok {
+		return "", nil, code, false
 	}
-	command := fs.Args()
+	return agentID, fs.Args(), 0, true
+}
+
+// check refuses what cannot be sent; its errors are usage errors.
+func (f *execFlags) check(agentID string, command []string) error {
 	switch {
 	case agentID == "":
-		return failUsage("missing AGENT_ID")
+		return errors.New("missing AGENT_ID")
 	case len(command) == 0:
-		return failUsage("missing the command to run after AGENT_ID --")
-	case *withStdin && *stdinFile != "":
-		return failUsage("--stdin and --stdin-file %q both name the command's input; pass one", *stdinFile)
-	case *maxOutput < 0:
-		return failUsage("--max-output-bytes %d is negative", *maxOutput)
+		return errors.New("missing the command to run after AGENT_ID --")
+	case *f.withStdin && *f.stdinFile != "":
+		return fmt.Errorf("--stdin and --stdin-file %q both name the command's input; pass one", *f.stdinFile)
+	case *f.maxOutput < 0:
+		return fmt.Errorf("--max-output-bytes %d is negative", *f.maxOutput)
 	}
-	c, err := conn.client()
-	if err != nil {
-		return failUsage("%v", err)
-	}
-	defer c.CloseIdleConnections()
-	if *leaseID != "" {
-		c.UseLease(agentID, *leaseID)
-	}
+	return nil
+}
 
-	req := client.RunCommandRequest{Command: command, Cwd: *cwd, TimeoutSeconds: timeout, MaxOutputBytes: *maxOutput}
-	if len(env) > 0 {
-		req.Env = env
-	}
-	var input io.Reader
+// openInput returns the command's standard input, nil for none, and what
+// closes it.
+func (f *execFlags) openInput(stdin io.Reader) (io.Reader, func(), error) {
 	switch {
-	case *withStdin || *stdinFile == "-":
-		input = stdin
-	case *stdinFile != "":
-		f, err := os.Open(*stdinFile)
+	case *f.withStdin || *f.stdinFile == "-":
+		return stdin, func() {}, nil
+	case *f.stdinFile != "":
+		file, err := os.Open(*f.stdinFile)
 		if err != nil {
-			return failUsage("--stdin-file: %v", err)
+			return nil, func() {}, err
 		}
-		defer f.Close()
-		input = f
+		return file, func() { file.Close() }, nil
 	}
-	if input != nil {
-		data, err := io.ReadAll(io.LimitReader(input, maxInlineStdin+1))
-		if err != nil {
-			fmt.Fprintf(stderr, "agentbox %s: read the command's input: %v\n", name, err)
-			return exitAPIError
-		}
-		if len(data) > maxInlineStdin {
-			return failUsage("the command's input is larger than %d MiB; upload it with \"agentbox cp\" and redirect from the file", maxInlineStdin>>20)
-		}
-		req.Stdin = string(data)
-	}
+	return nil, func() {}, nil
+}
 
-	// Streamed, so that a long command's output shows as it comes.
+// runStreamed runs req, streamed so that a long command's output shows as
+// it comes, and returns the exit code agentbox ends with.
+func runStreamed(ctx context.Context, c *client.Client, name, agentID string, req client.RunCommandRequest, hasInput bool, stdout, stderr io.Writer) int {
 	res, err := c.RunCommandStream(ctx, agentID, req, func(ev client.CommandEvent) error {
 		switch ev.Stream {
 		case client.StreamStdout:
@@ -172,7 +221,7 @@ flags:
 	})
 	if err != nil {
 		msg := describe(err)
-		if client.CodeOf(err) == client.CodePayloadTooLarge && input != nil {
+		if client.CodeOf(err) == client.CodePayloadTooLarge && hasInput {
 			msg += `; upload large input with "agentbox cp" and redirect from the file`
 		}
 		fmt.Fprintf(stderr, "agentbox %s: %s\n", name, msg)

@@ -65,20 +65,16 @@
 package archive
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/url"
 	"path"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/klauspost/compress/gzip"
-	"github.com/minio/minio-go/v7/pkg/s3utils"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -120,15 +116,6 @@ func (c Compression) contentType() string {
 	return supervisorapi.ContentTypeTar
 }
 
-// Defaults for Config.
-const (
-	DefaultPartSize      = 16 << 20
-	MinPartSize          = 5 << 20 // S3's smallest part but the last
-	DefaultTakeWait      = 5 * time.Second
-	DefaultUploadTimeout = time.Hour
-	DefaultRegion        = "us-east-1"
-)
-
 // workspaceRoot is the workspace itself in the supervisor's file API
 // (relative paths; an absolute "/" would be outside the workspace).
 const workspaceRoot = ""
@@ -140,53 +127,6 @@ const (
 	metaSnapshot   = "Agentbox-Snapshot"
 	metaFormat     = "Agentbox-Format"
 )
-
-// Config says where the archives go: an S3-compatible bucket (Endpoint,
-// Bucket and the keys) or a directory (Dir), not both.
-type Config struct {
-	// Dir is an existing directory, normally a volume of the control
-	// plane's own, that holds the archives as files: the embedded store.
-	// It excludes every S3 setting.
-	Dir string
-	// Endpoint is the store's URL: https://host[:port], or http:// for a
-	// loopback address or with AllowHTTP. No path, query or user info.
-	Endpoint string
-	// Bucket holds the archives; it must exist.
-	Bucket string
-	// Prefix is put in front of every key; "" means none. Leading and
-	// trailing slashes are ignored.
-	Prefix string
-	// Region of the bucket; DefaultRegion when empty.
-	Region string
-	// AccessKeyID and SecretAccessKey sign the requests (AWS signature v4).
-	AccessKeyID     string
-	SecretAccessKey string
-	// CAPEM holds extra certificate authorities (PEM) trusted for an https
-	// endpoint, on top of the system's; for a store with a private CA.
-	CAPEM []byte
-	// AllowHTTP accepts a plain-http endpoint that is not a loopback
-	// address. Requests are signed, so the secret key never crosses the
-	// wire, but the workspaces do, in clear: use it only on a network you
-	// trust (an in-cluster store behind a NetworkPolicy).
-	AllowHTTP bool
-	// Compression is CompressionGzip (the default) or CompressionNone.
-	Compression Compression
-	// PartSize is the multipart part size in bytes, DefaultPartSize when
-	// 0, at least MinPartSize. Each upload in flight holds one part in
-	// memory, and an archive can have at most 10,000 parts (160 GB with
-	// the default). S3 only.
-	PartSize int64
-	// MaxRetries of one S3 request; 0 means the client library's default
-	// (10). The controller retries Take and Restore as a whole anyway.
-	MaxRetries int
-	// TakeWait is how long Take waits for an upload it started or found
-	// running before it reports "not ready yet"; DefaultTakeWait when 0.
-	// Small workspaces are then ready on the first call, and large ones do
-	// not hold a reconcile for minutes.
-	TakeWait time.Duration
-	// UploadTimeout bounds one upload; DefaultUploadTimeout when 0.
-	UploadTimeout time.Duration
-}
 
 // Driver stores workspace snapshots as archives in an object store.
 // It is safe for concurrent use.
@@ -217,114 +157,6 @@ type upload struct {
 	// Set before done is closed.
 	state snapshot.State
 	err   error
-}
-
-// New checks cfg and returns a driver. It does not contact the store or
-// touch the directory; Check does.
-func New(cfg Config) (*Driver, error) {
-	var store objectStore
-	if cfg.Dir != "" {
-		if cfg.Endpoint != "" || cfg.Bucket != "" || cfg.AccessKeyID != "" || cfg.SecretAccessKey != "" || len(cfg.CAPEM) > 0 {
-			return nil, errors.New("archive: a store directory and an S3 endpoint, bucket, keys or CA are configured together; configure one store")
-		}
-		ds, err := newDirStore(cfg.Dir)
-		if err != nil {
-			return nil, err
-		}
-		store = ds
-	} else {
-		s3, err := checkS3Config(&cfg)
-		if err != nil {
-			return nil, err
-		}
-		store = s3
-	}
-	switch cfg.Compression {
-	case "":
-		cfg.Compression = CompressionGzip
-	case CompressionGzip, CompressionNone:
-	default:
-		return nil, fmt.Errorf("archive: compression %q is not %q or %q", cfg.Compression, CompressionGzip, CompressionNone)
-	}
-	if cfg.TakeWait <= 0 {
-		cfg.TakeWait = DefaultTakeWait
-	}
-	if cfg.UploadTimeout <= 0 {
-		cfg.UploadTimeout = DefaultUploadTimeout
-	}
-	prefix := strings.Trim(cfg.Prefix, "/")
-	if strings.Contains(prefix, "//") || strings.ContainsRune(prefix, 0) {
-		return nil, fmt.Errorf("archive: prefix %q has an empty segment or a NUL byte", cfg.Prefix)
-	}
-	if prefix != "" && cfg.Dir != "" {
-		if err := checkKey(prefix); err != nil {
-			return nil, fmt.Errorf("archive: prefix %q is not a plain relative path: %w", cfg.Prefix, err)
-		}
-	}
-	base, cancel := context.WithCancel(context.Background())
-	return &Driver{cfg: cfg, store: store, prefix: prefix, base: base, cancel: cancel, uploads: map[string]*upload{}}, nil
-}
-
-// checkS3Config checks and completes the S3 settings of cfg and returns
-// the store they describe.
-func checkS3Config(cfg *Config) (*s3Store, error) {
-	if cfg.Endpoint == "" {
-		return nil, errors.New("archive: the endpoint URL is required (or a store directory)")
-	}
-	u, err := url.Parse(cfg.Endpoint)
-	if err != nil {
-		return nil, fmt.Errorf("archive: endpoint %q: %w", cfg.Endpoint, err)
-	}
-	switch {
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("archive: endpoint %q must be an http:// or https:// URL", cfg.Endpoint)
-	case u.Host == "":
-		return nil, fmt.Errorf("archive: endpoint %q has no host", cfg.Endpoint)
-	case u.User != nil:
-		return nil, fmt.Errorf("archive: endpoint %q must not carry credentials; set the access key and secret key instead", redact(u))
-	case (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
-		return nil, fmt.Errorf("archive: endpoint %q must be a bare scheme://host[:port], without a path or query (the bucket is configured separately)", cfg.Endpoint)
-	}
-	secure := u.Scheme == "https"
-	if !secure && !cfg.AllowHTTP && !isLoopback(u.Hostname()) {
-		return nil, fmt.Errorf("archive: endpoint %q is plain http to a host that is not loopback: the workspaces would cross the network in clear; use https, or allow http explicitly", cfg.Endpoint)
-	}
-	if !secure && len(cfg.CAPEM) > 0 {
-		return nil, fmt.Errorf("archive: a CA is configured but endpoint %q is not https", cfg.Endpoint)
-	}
-	if cfg.Bucket == "" {
-		return nil, errors.New("archive: the bucket is required")
-	}
-	if err := s3utils.CheckValidBucketNameStrict(cfg.Bucket); err != nil {
-		return nil, fmt.Errorf("archive: bucket %q: %w", cfg.Bucket, err)
-	}
-	if cfg.AccessKeyID == "" || cfg.SecretAccessKey == "" {
-		return nil, errors.New("archive: the access key ID and the secret access key are both required")
-	}
-	switch {
-	case cfg.PartSize == 0:
-		cfg.PartSize = DefaultPartSize
-	case cfg.PartSize < MinPartSize:
-		return nil, fmt.Errorf("archive: part size %d is below S3's minimum of %d bytes", cfg.PartSize, MinPartSize)
-	}
-	if cfg.Region == "" {
-		cfg.Region = DefaultRegion
-	}
-	return newS3Store(*cfg, u)
-}
-
-func redact(u *url.URL) string {
-	c := *u
-	c.User = nil
-	return c.String()
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Name implements snapshot.Driver.
@@ -701,66 +533,4 @@ func (d *Driver) Delete(ctx context.Context, sandbox *v1alpha1.Sandbox, name str
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// tarStats describes a tar that went through copyTar.
-type tarStats struct {
-	Entries int
-	Bytes   int64
-}
-
-// copyTar copies one tar stream from src to dst, byte for byte, and fails
-// unless it is whole: every entry read to its end and the end-of-archive
-// marker (two zero blocks) present. It stops right after the marker.
-func copyTar(dst io.Writer, src io.Reader) (tarStats, error) {
-	tw := &tailWriter{w: dst}
-	tr := tar.NewReader(io.TeeReader(src, tw))
-	// Larger reads than io.Copy's 32 KiB make fewer, larger writes to the
-	// compressor and the pipe; the struct hides io.Discard's ReadFrom,
-	// which would use its own small buffer.
-	buf := make([]byte, 256<<10)
-	var st tarStats
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return st, fmt.Errorf("tar stream after %d entries: %w", st.Entries, err)
-		}
-		st.Entries++
-		if _, err := io.CopyBuffer(struct{ io.Writer }{io.Discard}, tr, buf); err != nil {
-			return st, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-		}
-	}
-	st.Bytes = tw.n
-	// tar.Reader also reports EOF for a stream that stops cleanly between
-	// two entries; only the marker tells a whole tar from a cut one.
-	if tw.zeros < 2*512 {
-		return st, fmt.Errorf("tar stream ended after %d entries without its end-of-archive marker", st.Entries)
-	}
-	return st, nil
-}
-
-// tailWriter counts what it passes on and how many zero bytes end it.
-type tailWriter struct {
-	w     io.Writer
-	n     int64
-	zeros int64
-}
-
-func (t *tailWriter) Write(p []byte) (int, error) {
-	n, err := t.w.Write(p)
-	t.n += int64(n)
-	q := p[:n]
-	i := len(q)
-	for i > 0 && q[i-1] == 0 {
-		i--
-	}
-	if i == 0 {
-		t.zeros += int64(n)
-	} else {
-		t.zeros = int64(n - i)
-	}
-	return n, err
 }

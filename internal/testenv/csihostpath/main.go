@@ -232,6 +232,8 @@ func (d *driver) mountVolume(ctx context.Context, id string) error {
 	return nil
 }
 
+// CreateVolume formats the volume's image, fills it from a snapshot when
+// one is its content source, and mounts it.
 func (d *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	if err := safeID(req.GetName()); err != nil {
 		return nil, err
@@ -257,49 +259,13 @@ func (d *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		}
 		return &csi.CreateVolumeResponse{Volume: vol}, nil
 	}
-	var archive string
-	if src := req.GetVolumeContentSource(); src != nil {
-		snap := src.GetSnapshot()
-		if snap == nil {
-			return nil, status.Error(codes.InvalidArgument, "only snapshots can be a volume's content source")
-		}
-		if err := safeID(snap.GetSnapshotId()); err != nil {
-			return nil, err
-		}
-		archive = filepath.Join(d.snaps, snap.GetSnapshotId(), "data.tar")
-		if _, err := os.Stat(archive); err != nil {
-			return nil, status.Errorf(codes.NotFound, "snapshot %s: %v", snap.GetSnapshotId(), err)
-		}
+	archive, err := d.sourceArchive(req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
 	}
-	// The image appears under its name only when it is whole, so a crash
-	// halfway leaves nothing a retry could mistake for a volume. Volumes
-	// are root-owned 0755, like a fresh filesystem.
-	tmpImage, tmpMount := filepath.Join(d.tmpDir(), id+".img"), filepath.Join(d.tmpDir(), id)
-	if err := loopvol.Unmount(ctx, tmpMount); err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	if err := os.RemoveAll(tmpMount); err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	if err := loopvol.Format(ctx, tmpImage, size, 0o755); err != nil {
-		return nil, status.Errorf(codes.Internal, "format volume %s: %v", id, err)
-	}
-	if archive != "" {
-		if err := loopvol.Mount(ctx, tmpImage, tmpMount); err != nil {
-			return nil, status.Errorf(codes.Internal, "mount volume %s: %v", id, err)
-		}
-		// tar as root keeps owners and modes, so a restored workspace
-		// belongs to the sandbox user as the original did.
-		out, err := exec.Command("tar", "--numeric-owner", "-xpf", archive, "-C", tmpMount).CombinedOutput()
-		if uerr := loopvol.Unmount(ctx, tmpMount); err == nil && uerr != nil {
-			return nil, status.Errorf(codes.Internal, "unmount volume %s: %v", id, uerr)
-		}
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "restore snapshot into %s: %v: %s", id, err, out)
-		}
-		if err := os.Remove(tmpMount); err != nil {
-			return nil, status.Error(codes.Internal, err.Error())
-		}
+	tmpImage, err := d.buildImage(ctx, id, size, archive)
+	if err != nil {
+		return nil, err
 	}
 	b, _ := json.Marshal(volMeta{Capacity: size})
 	if err := os.WriteFile(d.metaPath(id), b, 0o644); err != nil {
@@ -312,6 +278,63 @@ func (d *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	return &csi.CreateVolumeResponse{Volume: vol}, nil
+}
+
+// sourceArchive is the tar archive of the snapshot a volume is made from,
+// "" for a volume made empty.
+func (d *driver) sourceArchive(src *csi.VolumeContentSource) (string, error) {
+	if src == nil {
+		return "", nil
+	}
+	snap := src.GetSnapshot()
+	if snap == nil {
+		return "", status.Error(codes.InvalidArgument, "only snapshots can be a volume's content source")
+	}
+	if err := safeID(snap.GetSnapshotId()); err != nil {
+		return "", err
+	}
+	archive := filepath.Join(d.snaps, snap.GetSnapshotId(), "data.tar")
+	if _, err := os.Stat(archive); err != nil {
+		return "", status.Errorf(codes.NotFound, "snapshot %s: %v", snap.GetSnapshotId(), err)
+	}
+	return archive, nil
+}
+
+// buildImage formats the volume's image in the temporary folder, restores
+// archive into it if given, and returns the image's path. The image
+// appears under its name only when it is whole, so a crash halfway leaves
+// nothing a retry could mistake for a volume. Volumes are root-owned
+// 0755, like a fresh filesystem.
+func (d *driver) buildImage(ctx context.Context, id string, size int64, archive string) (string, error) {
+	tmpImage, tmpMount := filepath.Join(d.tmpDir(), id+".img"), filepath.Join(d.tmpDir(), id)
+	if err := loopvol.Unmount(ctx, tmpMount); err != nil {
+		return "", status.Error(codes.Internal, err.Error())
+	}
+	if err := os.RemoveAll(tmpMount); err != nil {
+		return "", status.Error(codes.Internal, err.Error())
+	}
+	if err := loopvol.Format(ctx, tmpImage, size, 0o755); err != nil {
+		return "", status.Errorf(codes.Internal, "format volume %s: %v", id, err)
+	}
+	if archive == "" {
+		return tmpImage, nil
+	}
+	if err := loopvol.Mount(ctx, tmpImage, tmpMount); err != nil {
+		return "", status.Errorf(codes.Internal, "mount volume %s: %v", id, err)
+	}
+	// tar as root keeps owners and modes, so a restored workspace belongs
+	// to the sandbox user as the original did.
+	out, err := exec.Command("tar", "--numeric-owner", "-xpf", archive, "-C", tmpMount).CombinedOutput()
+	if uerr := loopvol.Unmount(ctx, tmpMount); err == nil && uerr != nil {
+		return "", status.Errorf(codes.Internal, "unmount volume %s: %v", id, uerr)
+	}
+	if err != nil {
+		return "", status.Errorf(codes.Internal, "restore snapshot into %s: %v: %s", id, err, out)
+	}
+	if err := os.Remove(tmpMount); err != nil {
+		return "", status.Error(codes.Internal, err.Error())
+	}
+	return tmpImage, nil
 }
 
 // DeleteVolume unmounts the volume, detaches its loop device and removes

@@ -91,6 +91,36 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 	if os.Geteuid() != 0 {
 		tb.Skip("a CSI driver on the test node needs root (it mounts volumes)")
 	}
+	bins := stackBinaries(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
+	defer cancel()
+	cs, snaps, registry := nodeClients(ctx, tb, cfg, kubeconfig)
+
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "hostpath-" + hex.EncodeToString(b) + ".csi.agentbox.test"
+	s := &Stack{Driver: name, StorageClass: name, SnapshotClass: name, cs: cs, snaps: snaps,
+		dir: filepath.Join(testenv.StateDir(kubeconfig), "csi", name)}
+	sock := filepath.Join(s.dir, "csi.sock")
+	// sun_path holds 108 bytes with its terminating NUL.
+	for _, p := range []string{sock, filepath.Join(registry, name+"-reg.sock")} {
+		if len(p) > 107 {
+			tb.Fatalf("socket path %s is too long for a unix socket; use a shorter AGENTBOX_TESTENV_DIR", p)
+		}
+	}
+	// Registered first, so that a Start that fails halfway is undone too.
+	tb.Cleanup(func() { s.cleanup(tb) })
+
+	s.startDriver(ctx, tb, bins[toolchain.CSIHostPath], sock, registry)
+	s.startSidecars(tb, bins, sock, kubeconfig)
+	s.createClasses(ctx, tb)
+	return s
+}
+
+// stackBinaries finds the stack's programs, and skips the test when
+// `make testenv` has not built them.
+func stackBinaries(tb testing.TB) map[string]string {
+	tb.Helper()
 	dir, err := toolchain.DefaultDir()
 	if err != nil {
 		tb.Skipf("no CSI stack: %v", err)
@@ -102,8 +132,13 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 			tb.Skipf("no CSI stack: %s is not built; run `make testenv`", bins[name])
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
-	defer cancel()
+	return bins
+}
+
+// nodeClients returns the clients the stack uses and kubelet's plugin
+// registry, and skips the test when the cluster has no node.
+func nodeClients(ctx context.Context, tb testing.TB, cfg *rest.Config, kubeconfig string) (kubernetes.Interface, snapclient.Interface, string) {
+	tb.Helper()
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -121,22 +156,14 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return cs, snaps, registry
+}
 
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "hostpath-" + hex.EncodeToString(b) + ".csi.agentbox.test"
-	s := &Stack{Driver: name, StorageClass: name, SnapshotClass: name, cs: cs, snaps: snaps,
-		dir: filepath.Join(testenv.StateDir(kubeconfig), "csi", name)}
-	sock := filepath.Join(s.dir, "csi.sock")
-	// sun_path holds 108 bytes with its terminating NUL.
-	for _, p := range []string{sock, filepath.Join(registry, name+"-reg.sock")} {
-		if len(p) > 107 {
-			tb.Fatalf("socket path %s is too long for a unix socket; use a shorter AGENTBOX_TESTENV_DIR", p)
-		}
-	}
-	// Registered first, so that a Start that fails halfway is undone too.
-	tb.Cleanup(func() { s.cleanup(tb) })
-
+// startDriver creates the CSIDriver, starts csihostpath and waits for
+// kubelet to register it.
+func (s *Stack) startDriver(ctx context.Context, tb testing.TB, bin, sock, registry string) {
+	tb.Helper()
+	name := s.Driver
 	// attachRequired false: no external-attacher runs, so nothing would
 	// ever answer the VolumeAttachments kube-controller-manager would
 	// otherwise wait for. fsGroupPolicy File: kubelet gives the pod's
@@ -150,14 +177,14 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
 		},
 	}
-	if _, err := cs.StorageV1().CSIDrivers().Create(ctx, driver, metav1.CreateOptions{}); err != nil {
+	if _, err := s.cs.StorageV1().CSIDrivers().Create(ctx, driver, metav1.CreateOptions{}); err != nil {
 		tb.Fatalf("create CSIDriver %s: %v", name, err)
 	}
-	s.start(tb, "csihostpath", bins[toolchain.CSIHostPath],
+	s.start(tb, "csihostpath", bin,
 		"-endpoint="+sock, "-registration-dir="+registry, "-dir="+s.dir, "-name="+name, "-node="+testenv.NodeName)
 	registered := time.Now()
 	s.wait(ctx, tb, "kubelet to register the CSI driver", func() error {
-		n, err := cs.StorageV1().CSINodes().Get(ctx, testenv.NodeName, metav1.GetOptions{})
+		n, err := s.cs.StorageV1().CSINodes().Get(ctx, testenv.NodeName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -167,7 +194,11 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 		return nil
 	})
 	tb.Logf("csistack: driver %s registered with kubelet in %s", name, time.Since(registered).Round(time.Millisecond))
+}
 
+// startSidecars starts csi-provisioner and csi-snapshotter.
+func (s *Stack) startSidecars(tb testing.TB, bins map[string]string, sock, kubeconfig string) {
+	tb.Helper()
 	// The retry and client limits are sized for cloud disks that take
 	// minutes; here a call takes milliseconds, and the defaults would be
 	// most of what a test measures.
@@ -178,25 +209,28 @@ func Start(tb testing.TB, cfg *rest.Config, kubeconfig string) *Stack {
 	// them) the sidecar would wait for them.
 	s.start(tb, toolchain.CSISnapshotter, bins[toolchain.CSISnapshotter], append(common, "--worker-threads=4",
 		"--feature-gates=CSIVolumeGroupSnapshot=false")...)
+}
 
+// createClasses creates the stack's StorageClass and VolumeSnapshotClass.
+func (s *Stack) createClasses(ctx context.Context, tb testing.TB) {
+	tb.Helper()
 	sc := &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: s.StorageClass},
-		Provisioner:       name,
+		Provisioner:       s.Driver,
 		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimDelete),
 		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
 	}
-	if _, err := cs.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
+	if _, err := s.cs.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
 		tb.Fatalf("create StorageClass %s: %v", sc.Name, err)
 	}
 	vsc := &snapshotv1.VolumeSnapshotClass{
 		ObjectMeta:     metav1.ObjectMeta{Name: s.SnapshotClass},
-		Driver:         name,
+		Driver:         s.Driver,
 		DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete,
 	}
-	if _, err := snaps.SnapshotV1().VolumeSnapshotClasses().Create(ctx, vsc, metav1.CreateOptions{}); err != nil {
+	if _, err := s.snaps.SnapshotV1().VolumeSnapshotClasses().Create(ctx, vsc, metav1.CreateOptions{}); err != nil {
 		tb.Fatalf("create VolumeSnapshotClass %s (are the snapshot CRDs installed? snapshotctl.Start installs them): %v", vsc.Name, err)
 	}
-	return s
 }
 
 // VolumePath is the folder that holds the volume whose CSI volume handle
