@@ -94,8 +94,8 @@ func Elapsed(t time.Time) string {
 }
 
 // Cmd runs a command and reports on it while it runs. Its output is kept
-// out of the log unless it fails; each line of it is shown to Line, which
-// may update the step's status.
+// out of the log unless it fails; each line of it goes to the callback
+// given to Run, which may update the step's status.
 type Cmd struct {
 	Dir string
 	// Env is the command's environment; nil means this process's.
