@@ -2,7 +2,6 @@ package redact
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 )
 
@@ -53,19 +52,10 @@ func redactAttr(a slog.Attr) slog.Attr {
 		}
 		a.Value = slog.GroupValue(red...)
 	case slog.KindAny:
-		var s string
-		switch v := a.Value.Any().(type) {
-		case error:
-			s = v.Error()
-		case fmt.Stringer:
-			s = v.String()
-		default:
-			s = fmt.Sprint(v)
-		}
 		// Values with nothing to hide keep their type, so a handler can
 		// still render a slice or map as structure.
-		if red := String(s); red != s {
-			a.Value = slog.StringValue(red)
+		if red, changed := value(a.Value.Any()); changed {
+			a.Value = slog.StringValue(red.(string))
 		}
 	}
 	return a
