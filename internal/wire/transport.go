@@ -28,7 +28,7 @@ const maxErrorBody = 1 << 20
 // Transport makes one client's calls to one peer. The clients build one
 // for each call from their own settings; it holds nothing between calls.
 type Transport[P Peer] struct {
-	// BaseURL is prefixed to every path; a trailing slash is dropped.
+	// BaseURL is prefixed to every path as it is.
 	BaseURL string
 	// HTTPClient makes the calls; nil means http.DefaultClient.
 	HTTPClient *http.Client
@@ -49,7 +49,7 @@ func (t *Transport[P]) client() *http.Client {
 
 // newRequest builds a request for path and query, authorized.
 func (t *Transport[P]) newRequest(ctx context.Context, method, path string, query url.Values, body io.Reader) (*http.Request, error) {
-	u := strings.TrimSuffix(t.BaseURL, "/") + path
+	u := t.BaseURL + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
@@ -308,7 +308,7 @@ func (p *peer) readTail(body io.ReadCloser) {
 // is the peer's *Error, as for every other call.
 func DialWebSocket[P Peer](ctx context.Context, t *Transport[P], path string, query url.Values, subprotocol string) (*websocket.Conn, error) {
 	p := peerOf[P]()
-	u := strings.TrimSuffix(t.BaseURL, "/") + path
+	u := t.BaseURL + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}

@@ -1,8 +1,12 @@
 // Package client is the wire contract of the agentbox Compute API and a Go
-// client for it. It depends on the standard library only, so that tools
-// (the agentbox CLI, the Terraform provider, agents written in Go) can call
-// the API without linking the control plane; the server imports these types
-// so that both sides share one definition.
+// client for it. It depends on the standard library, a WebSocket library
+// and the contract packages (wire, and supervisorapi for the terminal
+// protocol the API relays) only, so that tools (the agentbox CLI, the
+// Terraform provider, agents written in Go) can call the API without
+// linking the control plane; the server imports these types so that both
+// sides share one definition. What the API shares with the supervisor's
+// contract (error codes and *Error, the command request and events, the
+// client transport) is defined once in package wire and named here.
 //
 // The API is served over HTTPS by the control plane:
 //

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
@@ -104,7 +105,11 @@ func (c *Client) Health(ctx context.Context) (*Health, error) {
 
 // transport is the client's wire transport for one call.
 func (c *Client) transport() *wire.Transport[wire.Supervisor] {
-	return &wire.Transport[wire.Supervisor]{BaseURL: c.BaseURL, HTTPClient: c.HTTPClient, MaxResponseBytes: c.MaxResponseBytes}
+	return &wire.Transport[wire.Supervisor]{
+		BaseURL:          strings.TrimSuffix(c.BaseURL, "/"),
+		HTTPClient:       c.HTTPClient,
+		MaxResponseBytes: c.MaxResponseBytes,
+	}
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {

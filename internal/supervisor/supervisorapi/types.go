@@ -1,8 +1,11 @@
 // Package supervisorapi is the wire contract of the in-sandbox supervisor
-// and a Go client for it. It depends on the standard library and a
-// WebSocket library (for PTY sessions) only, so the control plane can call
-// the supervisor without importing the server and the supervisor never
-// links control-plane code.
+// and a Go client for it. It depends on the standard library, a WebSocket
+// library (for PTY sessions) and package wire only, so the control plane
+// can call the supervisor without importing the server and the supervisor
+// never links control-plane code. What the supervisor shares with the
+// Compute API's contract (error codes and *Error, the command request,
+// result and events, the client transport) is defined once in package
+// wire and named here.
 //
 // The supervisor serves HTTPS with mutual TLS on port 8443:
 //
