@@ -238,10 +238,6 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	return c.transport().Do(ctx, method, path, body, out)
 }
 
-// CodeOf returns the code of the API's *Error in err's chain, or "" if
-// there is none (a transport failure, for example).
-func CodeOf(err error) Code { return wire.CodeOf[wire.API](err) }
-
 // CreateToken mints an API token (admin only). The returned Token is the
 // only copy: the control plane keeps its hash.
 func (c *Client) CreateToken(ctx context.Context, req CreateTokenRequest) (*CreatedToken, error) {

@@ -52,7 +52,6 @@ package client
 
 import (
 	"encoding/json"
-	"errors"
 	"net/url"
 	"strings"
 	"time"
@@ -455,67 +454,3 @@ type CommandResult struct {
 	Truncated   bool  `json:"truncated"`
 	DurationMS  int64 `json:"duration_ms"`
 }
-
-// Code classifies an error; the codes and what each means are wire's.
-// Callers branch on it, never on the message.
-type Code = wire.Code
-
-// The codes the API sends.
-const (
-	CodeInvalidArgument       = wire.CodeInvalidArgument
-	CodeUnauthenticated       = wire.CodeUnauthenticated
-	CodePermissionDenied      = wire.CodePermissionDenied
-	CodeNotFound              = wire.CodeNotFound
-	CodeSandboxNotFound       = wire.CodeSandboxNotFound
-	CodeMethodNotAllowed      = wire.CodeMethodNotAllowed
-	CodeSandboxNotReady       = wire.CodeSandboxNotReady
-	CodePayloadTooLarge       = wire.CodePayloadTooLarge
-	CodeResourceExhausted     = wire.CodeResourceExhausted
-	CodeInternal              = wire.CodeInternal
-	CodeSupervisorUnavailable = wire.CodeSupervisorUnavailable
-	CodeTimeout               = wire.CodeTimeout
-	CodeLeaseHeld             = wire.CodeLeaseHeld
-	CodeLeaseNotHeld          = wire.CodeLeaseNotHeld
-	CodeLeaseExpired          = wire.CodeLeaseExpired
-	CodePoolNotFound          = wire.CodePoolNotFound
-	CodePoolExhausted         = wire.CodePoolExhausted
-	CodeFileNotFound          = wire.CodeFileNotFound
-	CodeWorkspaceFull         = wire.CodeWorkspaceFull
-	CodeConsoleExpired        = wire.CodeConsoleExpired
-	CodeUnavailable           = wire.CodeUnavailable
-	// CodeUnknown is what the client reports when a response carries no
-	// recognisable error body, e.g. from a proxy in between.
-	CodeUnknown = wire.CodeUnknown
-)
-
-// Error is an error the API reported. Use errors.As to get it from a Client
-// method's error; transport failures (refused connections, TLS failures,
-// cancelled contexts) are returned wrapped as they are, not as *Error. Its
-// Status and RequestID are the response's, not sent in the body.
-type Error = wire.Error[wire.API]
-
-// Errorf returns an *Error with code and the status that goes with it.
-func Errorf(code Code, format string, args ...any) *Error {
-	return wire.Errorf[wire.API](code, format, args...)
-}
-
-// Typed lease errors, for errors.Is. They match on the code alone.
-var (
-	ErrLeaseHeld    error = &Error{Code: CodeLeaseHeld}
-	ErrLeaseNotHeld error = &Error{Code: CodeLeaseNotHeld}
-	ErrLeaseExpired error = &Error{Code: CodeLeaseExpired}
-)
-
-// LeaseHeldBy returns who holds the lease and until when, if err is a
-// CodeLeaseHeld error.
-func LeaseHeldBy(err error) (holder string, expiresAt time.Time, ok bool) {
-	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeLeaseHeld {
-		return "", time.Time{}, false
-	}
-	expiresAt, _ = time.Parse(time.RFC3339Nano, e.Details["expires_at"])
-	return e.Details["holder"], expiresAt, true
-}
-
-// ErrorBody is the JSON body of every error response.
-type ErrorBody = wire.ErrorBody[wire.API]
