@@ -53,12 +53,15 @@ const (
 // Status and RequestID are the response's, not sent in the body.
 type Error = wire.Error[wire.API]
 
-// Errorf returns an *Error with code and the status that goes with it.
-var Errorf = wire.Errorf[wire.API]
+// Errorf returns an *Error with code and the status that goes with it. It
+// is a function rather than a variable so that vet checks its format.
+func Errorf(code Code, format string, args ...any) *Error {
+	return wire.Errorf[wire.API](code, format, args...)
+}
 
 // CodeOf returns the code of the API's *Error in err's chain, or "" if
 // there is none (a transport failure, for example).
-var CodeOf = wire.CodeOf[wire.API]
+func CodeOf(err error) Code { return wire.CodeOf[wire.API](err) }
 
 // Typed lease errors, for errors.Is. They match on the code alone.
 var (

@@ -41,9 +41,12 @@ type Error = wire.Error[wire.Supervisor]
 // ErrorBody is the JSON body of every error response.
 type ErrorBody = wire.ErrorBody[wire.Supervisor]
 
-// Errorf returns an *Error with code and the status that goes with it.
-var Errorf = wire.Errorf[wire.Supervisor]
+// Errorf returns an *Error with code and the status that goes with it. It
+// is a function rather than a variable so that vet checks its format.
+func Errorf(code Code, format string, args ...any) *Error {
+	return wire.Errorf[wire.Supervisor](code, format, args...)
+}
 
 // CodeOf returns the code of the supervisor's *Error in err's chain, or "" if
 // there is none (a transport failure, for example).
-var CodeOf = wire.CodeOf[wire.Supervisor]
+func CodeOf(err error) Code { return wire.CodeOf[wire.Supervisor](err) }
