@@ -411,27 +411,16 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, op string)
 		timeout = supervisorapi.DefaultTimeoutSeconds
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout)*time.Second+supervisorGrace)
-	return &commandCall{sup: sup, log: log, ctx: ctx, cancel: cancel, req: supervisorapi.CommandRequest{
-		Command:        req.Command,
-		Cwd:            req.Cwd,
-		Env:            req.Env,
-		Stdin:          req.Stdin,
-		TimeoutSeconds: req.TimeoutSeconds,
-		MaxOutputBytes: req.MaxOutputBytes,
-	}}
+	// The API's run_command request is the supervisor's command request.
+	return &commandCall{sup: sup, log: log, ctx: ctx, cancel: cancel, req: req}
 }
 
+// commandResult is the supervisor's result as the API sends it. The
+// conversion compiles only while the two types have the same fields, so a
+// field the supervisor gains cannot be left behind here.
 func commandResult(res *supervisorapi.CommandResult) *api.CommandResult {
-	return &api.CommandResult{
-		Stdout:      res.Stdout,
-		Stderr:      res.Stderr,
-		ExitCode:    res.ExitCode,
-		Signal:      res.Signal,
-		TimedOut:    res.TimedOut,
-		OutOfMemory: res.OutOfMemory,
-		Truncated:   res.Truncated,
-		DurationMS:  res.DurationMS,
-	}
+	out := api.CommandResult(*res)
+	return &out
 }
 
 func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {

@@ -597,7 +597,7 @@ func TestSupervisorErrorsAreMapped(t *testing.T) {
 		f.sup.reply = func(w http.ResponseWriter, _ supervisorapi.CommandRequest) {
 			e := supervisorapi.Errorf(tc.code, "supervisor says %s", tc.code)
 			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(e.HTTPStatus)
+			w.WriteHeader(e.Status)
 			_ = json.NewEncoder(w).Encode(supervisorapi.ErrorBody{Error: e})
 		}
 		f.sup.mu.Unlock()

@@ -72,8 +72,8 @@ func wantCode(t testing.TB, what string, err error, code api.Code) {
 	if !errors.As(err, &e) {
 		t.Fatalf("%s: %v, want a typed %s error", what, err, code)
 	}
-	if e.Code != code || e.HTTPStatus != code.HTTPStatus() {
-		t.Fatalf("%s: %s (%d) %q, want %s (%d)", what, e.Code, e.HTTPStatus, e.Message, code, code.HTTPStatus())
+	if e.Code != code || e.Status != code.HTTPStatus() {
+		t.Fatalf("%s: %s (%d) %q, want %s (%d)", what, e.Code, e.Status, e.Message, code, code.HTTPStatus())
 	}
 }
 

@@ -122,7 +122,7 @@ func jsonRequest(target, body string) *http.Request {
 
 func checkTypedError(t *testing.T, e *api.Error) {
 	t.Helper()
-	if e.Code == "" || e.Code == api.CodeInternal || e.HTTPStatus < 400 || e.HTTPStatus > 599 {
+	if e.Code == "" || e.Code == api.CodeInternal || e.Status < 400 || e.Status > 599 {
 		t.Fatalf("untyped or internal error for client input: %+v", e)
 	}
 }

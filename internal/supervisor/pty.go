@@ -126,7 +126,7 @@ func (s *Server) servePTY(w *recorder, r *http.Request, info *requestInfo) bool 
 	}
 	if !headerHasToken(r.Header, "Upgrade", "websocket") || !headerHasToken(r.Header, "Connection", "upgrade") {
 		e := api.Errorf(api.CodeInvalidArgument, "%s is a WebSocket endpoint; send an upgrade request with subprotocol %s", api.PathPTY, api.PTYSubprotocol)
-		e.HTTPStatus = http.StatusUpgradeRequired
+		e.Status = http.StatusUpgradeRequired
 		w.Header().Set("Upgrade", "websocket")
 		info.fail(w, e)
 		return true

@@ -1112,7 +1112,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, e *api.Error) {
-	status := e.HTTPStatus
+	status := e.Status
 	if status == 0 {
 		status = e.Code.HTTPStatus()
 	}

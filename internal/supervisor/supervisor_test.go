@@ -65,7 +65,7 @@ func decode(t testing.TB, status int, data []byte) (int, *api.CommandResult, *ap
 		if err := json.Unmarshal(data, &eb); err != nil || eb.Error == nil {
 			t.Fatalf("status %d with a body that is not an error: %q", status, data)
 		}
-		eb.Error.HTTPStatus = status
+		eb.Error.Status = status
 		return status, nil, eb.Error
 	}
 	var res api.CommandResult
@@ -184,7 +184,7 @@ func TestLookupUsesRequestPath(t *testing.T) {
 		t.Fatalf("stdout = %q", res.Stdout)
 	}
 	_, _, e := post(t, s, api.CommandRequest{Command: []string{"agentbox-hello"}})
-	if e == nil || e.Code != api.CodeNotFound || e.HTTPStatus != http.StatusNotFound {
+	if e == nil || e.Code != api.CodeNotFound || e.Status != http.StatusNotFound {
 		t.Fatalf("without the PATH entry: %v, want not_found", e)
 	}
 	// A relative path is relative to the cwd.
@@ -482,7 +482,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	s := newServer(t, Config{MaxConcurrentCommands: 1, MaxQueuedCommands: -1})
 	wait := occupySlot(t, s)
 	_, _, e := post(t, s, api.CommandRequest{Command: []string{"true"}})
-	if e == nil || e.Code != api.CodeResourceExhausted || e.HTTPStatus != http.StatusTooManyRequests {
+	if e == nil || e.Code != api.CodeResourceExhausted || e.Status != http.StatusTooManyRequests {
 		t.Fatalf("second command: %v, want resource_exhausted", e)
 	}
 	wait()

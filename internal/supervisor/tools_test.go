@@ -170,7 +170,7 @@ func TestToolsConfinement(t *testing.T) {
 			api.ToolDeleteFile: api.DeleteFileInput{Path: p, Recursive: true},
 		} {
 			e := call(t, f.client, name, in, nil)
-			if e == nil || e.Code != api.CodePathEscapesWorkspace || e.HTTPStatus != http.StatusForbidden {
+			if e == nil || e.Code != api.CodePathEscapesWorkspace || e.Status != http.StatusForbidden {
 				t.Errorf("%s(%q) = %v, want path_escapes_workspace", name, p, e)
 			}
 		}
@@ -243,7 +243,7 @@ func TestToolsBadInput(t *testing.T) {
 	} {
 		raw, err := f.client.CallTool(context.Background(), tc.tool, json.RawMessage(tc.input))
 		e, ok := err.(*api.Error)
-		if !ok || e.Code != api.CodeInvalidArgument || e.HTTPStatus != http.StatusBadRequest {
+		if !ok || e.Code != api.CodeInvalidArgument || e.Status != http.StatusBadRequest {
 			t.Errorf("%s %s = %s, %v; want invalid_argument", tc.tool, tc.input, raw, err)
 			continue
 		}

@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -14,12 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
-// DefaultMaxResponseBytes bounds how much of a response the client reads.
-// JSON escaping can make a capped 1 MiB of output several times larger, so
-// the bound is generous; it exists so a broken peer cannot exhaust memory.
-const DefaultMaxResponseBytes = 64 << 20
+// DefaultMaxResponseBytes bounds how much of a response the client reads;
+// see wire.DefaultMaxResponseBytes.
+const DefaultMaxResponseBytes = wire.DefaultMaxResponseBytes
 
 // Client calls one Compute API endpoint with one token.
 type Client struct {
@@ -228,76 +228,14 @@ func (c *Client) leaseCall(ctx context.Context, method, agentID, path string, re
 // CloseIdleConnections closes connections kept for reuse.
 func (c *Client) CloseIdleConnections() { c.httpClient.CloseIdleConnections() }
 
+// transport is the client's wire transport for one call: every request
+// carries the token, and the hold the client presents on the agent.
+func (c *Client) transport() *wire.Transport[wire.API] {
+	return &wire.Transport[wire.API]{BaseURL: c.endpoint, HTTPClient: c.httpClient, MaxResponseBytes: c.MaxResponseBytes, Authorize: c.authorize}
+}
+
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.endpoint+path, rd)
-	if err != nil {
-		return fmt.Errorf("build request: %w", err)
-	}
-	c.authorize(req.Header, path)
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.httpClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	limit := c.MaxResponseBytes
-	if limit <= 0 {
-		limit = DefaultMaxResponseBytes
-	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return fmt.Errorf("%s %s: read response: %w", method, path, err)
-	}
-	if int64(len(data)) > limit {
-		return fmt.Errorf("%s %s: response larger than %d bytes", method, path, limit)
-	}
-	if resp.StatusCode/100 != 2 {
-		return decodeError(resp, data)
-	}
-	if out == nil {
-		// Calls without a result (a release answers 204) read the body only
-		// to reuse the connection.
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
-	}
-	return nil
-}
-
-func decodeError(resp *http.Response, data []byte) *Error {
-	status := resp.StatusCode
-	var body ErrorBody
-	if err := json.Unmarshal(data, &body); err == nil && body.Error != nil && body.Error.Code != "" {
-		body.Error.Status = status
-		body.Error.RequestID = resp.Header.Get("X-Request-Id")
-		return body.Error
-	}
-	msg := strings.TrimSpace(string(data))
-	if len(msg) > 512 {
-		msg = strings.ToValidUTF8(msg[:512], "") + "..."
-	}
-	if msg == "" {
-		msg = http.StatusText(status)
-	}
-	return &Error{Code: CodeUnknown, Message: msg, Status: status, RequestID: resp.Header.Get("X-Request-Id")}
-}
-
-// CodeOf returns the code of the *Error in err's chain, or "" if there is
-// none (a transport failure, for example).
-func CodeOf(err error) Code {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return ""
+	return c.transport().Do(ctx, method, path, body, out)
 }
 
 // CreateToken mints an API token (admin only). The returned Token is the
@@ -441,24 +379,11 @@ func (c *Client) rawCall(ctx context.Context, path string, input any) (json.RawM
 // stream sends a raw body and returns a 2xx response unread; errors are
 // decoded as for every other call.
 func (c *Client) stream(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, c.endpoint+path, body)
-	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
-	}
-	c.authorize(req.Header, path)
+	r := wire.Request{Method: method, Path: path, Body: body}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/octet-stream")
+		r.ContentType = "application/octet-stream"
 	}
-	resp, err := c.httpClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return nil, decodeError(resp, data)
-	}
-	return resp, nil
+	return c.transport().Send(ctx, r)
 }
 
 // CreateConsoleSession mints a staff console session (staff token).

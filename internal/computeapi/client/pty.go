@@ -2,14 +2,10 @@ package client
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 
-	"github.com/coder/websocket"
-
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
 // Terminals. The API relays the supervisor's PTY protocol (subprotocol
@@ -38,30 +34,9 @@ func (c *Client) OpenConsole(ctx context.Context, sessionID string, cols, rows u
 }
 
 func (c *Client) dialPTY(ctx context.Context, path string, q url.Values) (*supervisorapi.PTY, error) {
-	u := c.endpoint + path
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	header := http.Header{}
-	c.authorize(header, path)
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
-		HTTPClient:   c.httpClient,
-		HTTPHeader:   header,
-		Subprotocols: []string{supervisorapi.PTYSubprotocol},
-	})
+	conn, err := wire.DialWebSocket(ctx, c.transport(), path, q, supervisorapi.PTYSubprotocol)
 	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			// Dial has read up to 1 KiB of the body; API errors are
-			// smaller than that.
-			data, _ := io.ReadAll(resp.Body)
-			return nil, decodeError(resp, data)
-		}
-		return nil, fmt.Errorf("GET %s: %w", path, err)
+		return nil, err
 	}
-	if conn.Subprotocol() != supervisorapi.PTYSubprotocol {
-		conn.Close(websocket.StatusProtocolError, "subprotocol not negotiated")
-		return nil, fmt.Errorf("GET %s: the API did not accept subprotocol %s", path, supervisorapi.PTYSubprotocol)
-	}
-	conn.SetReadLimit(1 << 20)
 	return supervisorapi.NewPTY(conn), nil
 }

@@ -1,8 +1,12 @@
 // Package client is the wire contract of the agentbox Compute API and a Go
-// client for it. It depends on the standard library only, so that tools
-// (the agentbox CLI, the Terraform provider, agents written in Go) can call
-// the API without linking the control plane; the server imports these types
-// so that both sides share one definition.
+// client for it. It depends on the standard library, a WebSocket library
+// and the contract packages (wire, and supervisorapi for the terminal
+// protocol the API relays) only, so that tools (the agentbox CLI, the
+// Terraform provider, agents written in Go) can call the API without
+// linking the control plane; the server imports these types so that both
+// sides share one definition. What the API shares with the supervisor's
+// contract (error codes and *Error, the command request and events, the
+// client transport) is defined once in package wire and named here.
 //
 // The API is served over HTTPS by the control plane:
 //
@@ -48,12 +52,11 @@ package client
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
 // PathRunCommand returns the path of run_command for an agent. The agent ID
@@ -423,28 +426,18 @@ type AuditBreak struct {
 }
 
 // RunCommandRequest runs Command[0] with arguments Command[1:] in the
-// agent's sandbox. No shell is involved unless the caller runs one, e.g.
-// ["sh", "-c", "..."].
-type RunCommandRequest struct {
-	Command []string `json:"command"`
-	// Cwd must be an existing directory; empty means /workspace, and a
-	// relative path is taken relative to it.
-	Cwd string `json:"cwd,omitempty"`
-	// Env is merged over the sandbox's minimal base environment.
-	Env map[string]string `json:"env,omitempty"`
-	// Stdin is written to the command's standard input, which is then
-	// closed.
-	Stdin string `json:"stdin,omitempty"`
-	// TimeoutSeconds: 0 means the supervisor's default (60 s). A command
-	// that runs out of time is killed with its whole process group and
-	// returns a result with TimedOut set; that is not an error.
-	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
-	// MaxOutputBytes caps stdout and stderr combined; 0 means 1 MiB.
-	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
-}
+// agent's sandbox; see wire.CommandRequest. It is the supervisor's command
+// request, which the API passes on as it came.
+type RunCommandRequest = wire.CommandRequest
 
 // CommandResult is the outcome of a command that was started. A non-zero
 // exit, a signal or a timeout is a result, not an error.
+//
+// Its fields are exactly the supervisor's (wire.CommandResult), and the API
+// converts one to the other, so a field added to either and not the other
+// does not compile. It is a type of its own only because the API always
+// sends out_of_memory, as its OpenAPI document requires, while the
+// supervisor sends it only when set.
 type CommandResult struct {
 	// Stdout and Stderr are UTF-8; invalid bytes are replaced by U+FFFD.
 	Stdout string `json:"stdout"`
@@ -460,165 +453,4 @@ type CommandResult struct {
 	OutOfMemory bool  `json:"out_of_memory"`
 	Truncated   bool  `json:"truncated"`
 	DurationMS  int64 `json:"duration_ms"`
-}
-
-// Code classifies an error. Callers branch on it, never on the message.
-type Code string
-
-const (
-	CodeInvalidArgument  Code = "invalid_argument"
-	CodeUnauthenticated  Code = "unauthenticated"
-	CodePermissionDenied Code = "permission_denied"
-	// CodeNotFound is for paths the API does not serve; a missing sandbox
-	// is CodeSandboxNotFound, so that clients can tell the two apart.
-	CodeNotFound         Code = "not_found"
-	CodeSandboxNotFound  Code = "sandbox_not_found"
-	CodeMethodNotAllowed Code = "method_not_allowed"
-	// CodeSandboxNotReady: the sandbox exists but cannot take calls now;
-	// Details carry its "phase" and Ready "reason".
-	CodeSandboxNotReady Code = "sandbox_not_ready"
-	CodePayloadTooLarge Code = "payload_too_large"
-	// CodeResourceExhausted: the sandbox is already running as many
-	// commands as it allows; retry later.
-	CodeResourceExhausted Code = "resource_exhausted"
-	CodeInternal          Code = "internal"
-	// CodeSupervisorUnavailable: the sandbox's supervisor could not be
-	// reached, failed its identity check or failed the call.
-	CodeSupervisorUnavailable Code = "supervisor_unavailable"
-	// CodeTimeout: the call ran out of time before the supervisor
-	// answered. A command that times out is not one (see
-	// CommandResult.TimedOut).
-	CodeTimeout Code = "timeout"
-	// CodeLeaseHeld: someone else holds the sandbox's lease (or the same
-	// holder under another request ID): an acquire is refused, and so is
-	// any call on the sandbox that does not present the hold's lease ID
-	// (HeaderLeaseID). Details carry "holder" and "expires_at" (RFC
-	// 3339); see LeaseHeldBy. HTTP 409.
-	CodeLeaseHeld Code = "lease_held"
-	// CodeLeaseNotHeld: the heartbeat or release names a lease that is not
-	// the current one: it was released, reclaimed after expiry, or taken
-	// over by another holder.
-	CodeLeaseNotHeld Code = "lease_not_held"
-	// CodeLeaseExpired: the caller's lease ran out before the heartbeat.
-	// It must acquire again.
-	CodeLeaseExpired Code = "lease_expired"
-	// CodePoolNotFound: the warm pool named in the path does not exist.
-	CodePoolNotFound Code = "pool_not_found"
-	// CodePoolExhausted: the warm pool has no ready, unleased sandbox now,
-	// or none came (or the one cold-started for the call was not ready)
-	// within the lease's WaitSeconds; Details carry "retry_after_seconds",
-	// and "sandbox" when a cold start is under way for the request. The
-	// pool replaces leased sandboxes, so a retry shortly after succeeds
-	// unless the pool is too small for the load.
-	CodePoolExhausted Code = "pool_exhausted"
-	// CodeFileNotFound: the workspace path does not exist.
-	CodeFileNotFound Code = "file_not_found"
-	// CodeWorkspaceFull: the write would pass the workspace cap; nothing
-	// already there was changed.
-	CodeWorkspaceFull Code = "workspace_full"
-	// CodeConsoleExpired: the console session is past its time box or was
-	// used already; mint a new one.
-	CodeConsoleExpired Code = "console_session_expired"
-	// CodeUnavailable: the endpoint needs something the control plane was
-	// not configured with (the store, for tokens and audit).
-	CodeUnavailable Code = "unavailable"
-	// CodeUnknown is what the client reports when a response carries no
-	// recognisable error body, e.g. from a proxy in between.
-	CodeUnknown Code = "unknown"
-)
-
-// HTTPStatus is the status the API sends with the code.
-func (c Code) HTTPStatus() int {
-	switch c {
-	case CodeInvalidArgument:
-		return http.StatusBadRequest
-	case CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case CodePermissionDenied:
-		return http.StatusForbidden
-	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound, CodeFileNotFound:
-		return http.StatusNotFound
-	case CodeMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case CodeSandboxNotReady, CodeLeaseHeld, CodeLeaseNotHeld, CodeLeaseExpired:
-		return http.StatusConflict
-	case CodeConsoleExpired:
-		return http.StatusGone
-	case CodePayloadTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case CodeWorkspaceFull:
-		return http.StatusInsufficientStorage
-	case CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case CodeSupervisorUnavailable:
-		return http.StatusBadGateway
-	case CodeTimeout:
-		return http.StatusGatewayTimeout
-	case CodePoolExhausted, CodeUnavailable:
-		return http.StatusServiceUnavailable
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
-// Error is an error the API reported. Use errors.As to get it from a Client
-// method's error; transport failures (refused connections, TLS failures,
-// cancelled contexts) are returned wrapped as they are, not as *Error.
-type Error struct {
-	Code    Code   `json:"code"`
-	Message string `json:"message"`
-	// Details carry machine-readable context for some codes, e.g. "phase"
-	// and "reason" for CodeSandboxNotReady.
-	Details map[string]string `json:"details,omitempty"`
-	// Status is the HTTP status the response carried; it is not sent in
-	// the body.
-	Status int `json:"-"`
-	// RequestID is the call's request ID from the response's X-Request-Id
-	// header: the key to the call's audit record and the API's log lines.
-	RequestID string `json:"-"`
-}
-
-func (e *Error) Error() string {
-	msg := fmt.Sprintf("agentbox: %s: %s", e.Code, e.Message)
-	if e.Status != 0 {
-		msg = fmt.Sprintf("agentbox: %s (%d): %s", e.Code, e.Status, e.Message)
-	}
-	if e.RequestID != "" {
-		msg += " (request " + e.RequestID + ")"
-	}
-	return msg
-}
-
-// Is makes errors.Is(err, &Error{Code: c}) match any error with code c.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code && t.Message == "" && t.Status == 0 && t.Details == nil && t.RequestID == ""
-}
-
-// Errorf returns an *Error with code and the status that goes with it.
-func Errorf(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Status: code.HTTPStatus()}
-}
-
-// Typed lease errors, for errors.Is. They match on the code alone.
-var (
-	ErrLeaseHeld    error = &Error{Code: CodeLeaseHeld}
-	ErrLeaseNotHeld error = &Error{Code: CodeLeaseNotHeld}
-	ErrLeaseExpired error = &Error{Code: CodeLeaseExpired}
-)
-
-// LeaseHeldBy returns who holds the lease and until when, if err is a
-// CodeLeaseHeld error.
-func LeaseHeldBy(err error) (holder string, expiresAt time.Time, ok bool) {
-	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeLeaseHeld {
-		return "", time.Time{}, false
-	}
-	expiresAt, _ = time.Parse(time.RFC3339Nano, e.Details["expires_at"])
-	return e.Details["holder"], expiresAt, true
-}
-
-// ErrorBody is the JSON body of every error response.
-type ErrorBody struct {
-	Error *Error `json:"error"`
 }

@@ -277,7 +277,7 @@ func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 			// The server died (or Stop came) during the call. Its status
 			// may not show it yet, so the message says what happened.
 			e := api.Errorf(api.CodeUnavailable, "MCP server %q went away during %s: %v", s.cfg.Name, req.Method, err)
-			writeJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: s.status()})
+			writeJSON(w, e.Status, UnavailableBody{Error: e, Server: s.status()})
 		case ctx.Err() != nil && r.Context().Err() == nil:
 			writeError(w, api.Errorf(api.CodeTimeout, "%s on MCP server %q did not answer within %s", req.Method, s.cfg.Name, timeout))
 		case r.Context().Err() != nil:
@@ -343,7 +343,7 @@ func writeUnavailable(w http.ResponseWriter, st Status) {
 		wait := time.Until(*st.NextStartAt)
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((wait+time.Second-1)/time.Second)), 10))
 	}
-	writeJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: st})
+	writeJSON(w, e.Status, UnavailableBody{Error: e, Server: st})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -356,5 +356,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, e *api.Error) {
-	writeJSON(w, e.HTTPStatus, api.ErrorBody{Error: e})
+	writeJSON(w, e.Status, api.ErrorBody{Error: e})
 }

@@ -1,24 +1,22 @@
 package supervisorapi
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
-// DefaultMaxResponseBytes bounds how much of a response the client reads.
-// JSON escaping can make a capped 1 MiB of output several times larger, so
-// the bound is generous; it exists so a broken peer cannot exhaust memory.
-const DefaultMaxResponseBytes = 64 << 20
+// DefaultMaxResponseBytes bounds how much of a response the client reads;
+// see wire.DefaultMaxResponseBytes.
+const DefaultMaxResponseBytes = wire.DefaultMaxResponseBytes
 
 // Client calls one supervisor.
 type Client struct {
@@ -105,69 +103,15 @@ func (c *Client) Health(ctx context.Context) (*Health, error) {
 	return &h, nil
 }
 
+// transport is the client's wire transport for one call.
+func (c *Client) transport() *wire.Transport[wire.Supervisor] {
+	return &wire.Transport[wire.Supervisor]{
+		BaseURL:          strings.TrimSuffix(c.BaseURL, "/"),
+		HTTPClient:       c.HTTPClient,
+		MaxResponseBytes: c.MaxResponseBytes,
+	}
+}
+
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.BaseURL, "/")+path, rd)
-	if err != nil {
-		return fmt.Errorf("supervisor request: %w", err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.httpClient().Do(req)
-	if err != nil {
-		return fmt.Errorf("supervisor %s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	limit := c.MaxResponseBytes
-	if limit <= 0 {
-		limit = DefaultMaxResponseBytes
-	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return fmt.Errorf("supervisor %s %s: read response: %w", method, path, err)
-	}
-	if int64(len(data)) > limit {
-		return fmt.Errorf("supervisor %s %s: response larger than %d bytes", method, path, limit)
-	}
-	if resp.StatusCode/100 != 2 {
-		return decodeError(resp.StatusCode, data)
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("supervisor %s %s: decode response: %w", method, path, err)
-	}
-	return nil
-}
-
-func decodeError(status int, data []byte) *Error {
-	var body ErrorBody
-	if err := json.Unmarshal(data, &body); err == nil && body.Error != nil && body.Error.Code != "" {
-		body.Error.HTTPStatus = status
-		return body.Error
-	}
-	msg := strings.TrimSpace(string(data))
-	if len(msg) > 512 {
-		msg = strings.ToValidUTF8(msg[:512], "") + "..."
-	}
-	if msg == "" {
-		msg = http.StatusText(status)
-	}
-	return &Error{Code: CodeUnknown, Message: msg, HTTPStatus: status}
-}
-
-// CodeOf returns the code of the *Error in err's chain, or "" if there is
-// none (a transport failure, for example).
-func CodeOf(err error) Code {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return ""
+	return c.transport().Do(ctx, method, path, body, out)
 }

@@ -61,7 +61,7 @@ func TestClientTypedErrors(t *testing.T) {
 	if !errors.As(err, &e) {
 		t.Fatalf("error %v (%T) is not a *supervisorapi.Error", err, err)
 	}
-	if e.Code != api.CodeNotFound || e.HTTPStatus != http.StatusNotFound || !strings.Contains(e.Message, "agentbox-no-such-program") {
+	if e.Code != api.CodeNotFound || e.Status != http.StatusNotFound || !strings.Contains(e.Message, "agentbox-no-such-program") {
 		t.Fatalf("unexpected error %+v", e)
 	}
 	if !errors.Is(err, &api.Error{Code: api.CodeNotFound}) || errors.Is(err, &api.Error{Code: api.CodeInternal}) {
@@ -93,7 +93,7 @@ func TestClientForeignErrorBody(t *testing.T) {
 	defer srv.Close()
 	_, err := api.NewClient(srv.URL, srv.Client()).Health(context.Background())
 	var e *api.Error
-	if !errors.As(err, &e) || e.Code != api.CodeUnknown || e.HTTPStatus != http.StatusBadGateway || e.Message != "upstream connect error" {
+	if !errors.As(err, &e) || e.Code != api.CodeUnknown || e.Status != http.StatusBadGateway || e.Message != "upstream connect error" {
 		t.Fatalf("got %#v", err)
 	}
 }

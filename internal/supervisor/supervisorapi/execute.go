@@ -34,11 +34,8 @@ const (
 	ExecuteError   = "error"   // non-zero exit or ended by a signal
 	ExecuteTimeout = "timeout" // killed when timeout_seconds ran out
 
-	// CodeEnvBuildFailed is an environment whose installer failed: a
-	// requirement no configured index satisfies, an unreachable index, a
-	// package that does not build. The message ends with the installer's
-	// own error lines. Nothing of the environment is kept.
-	CodeEnvBuildFailed Code = "env_build_failed"
+	// CodeEnvBuildFailed (declared with the other codes) is an
+	// environment whose installer failed.
 
 	// MaxExecuteFiles bounds the inline files of one request.
 	MaxExecuteFiles = 1000

@@ -2,7 +2,6 @@ package supervisorapi
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -10,6 +9,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
 // FilePath returns the URL path of endpoint prefix (PathFiles, PathStat or
@@ -49,14 +50,7 @@ func (c *Client) PutFile(ctx context.Context, path string, body io.Reader, mode 
 // body whose length http cannot see (a request body being forwarded). The
 // supervisor then refuses a write that cannot fit before reading it, and
 // one that delivers a different number of bytes changes nothing.
-func Sized(body io.Reader, n int64) io.Reader { return sizedBody{body, n} }
-
-type sizedBody struct {
-	r io.Reader
-	n int64
-}
-
-func (b sizedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+func Sized(body io.Reader, n int64) io.Reader { return wire.Sized(body, n) }
 
 // GetFile streams the workspace file at path. The caller closes the
 // reader. A directory is CodeIsADirectory; use GetTar for one.
@@ -144,66 +138,11 @@ func (c *Client) getJSON(ctx context.Context, path string, out any) error {
 // response of a 2xx status with its body unread; any other status is
 // returned as *Error.
 func (c *Client) stream(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType, accept string) (*http.Response, error) {
-	u := strings.TrimSuffix(c.BaseURL, "/") + path
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	var length int64 = -1
-	if sb, ok := body.(sizedBody); ok {
-		body, length = sb.r, sb.n
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return nil, fmt.Errorf("supervisor request: %w", err)
-	}
-	if length >= 0 {
-		req.ContentLength = length
-		if length == 0 {
-			req.Body = http.NoBody
-		}
-	}
-	if body != nil && contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	req.Header.Set("Accept", accept)
-	hc := c.HTTPClient
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("supervisor %s %s: %w", method, path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		// Error bodies are small JSON; the bound only guards against a
-		// broken peer.
-		data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if err != nil {
-			return nil, fmt.Errorf("supervisor %s %s: status %d: read response: %w", method, path, resp.StatusCode, err)
-		}
-		return nil, decodeError(resp.StatusCode, data)
-	}
-	return resp, nil
+	return c.transport().Send(ctx, wire.Request{Method: method, Path: path, Query: q, Body: body, ContentType: contentType, Accept: accept})
 }
 
 func (c *Client) decodeJSON(resp *http.Response, out any) error {
-	defer resp.Body.Close()
-	limit := c.MaxResponseBytes
-	if limit <= 0 {
-		limit = DefaultMaxResponseBytes
-	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return fmt.Errorf("supervisor %s %s: read response: %w", resp.Request.Method, resp.Request.URL.Path, err)
-	}
-	if int64(len(data)) > limit {
-		return fmt.Errorf("supervisor %s %s: response larger than %d bytes", resp.Request.Method, resp.Request.URL.Path, limit)
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("supervisor %s %s: decode response: %w", resp.Request.Method, resp.Request.URL.Path, err)
-	}
-	return nil
+	return c.transport().DecodeJSON(resp, out)
 }
 
 // ParseMode parses an octal permission string such as "0644" or "755".

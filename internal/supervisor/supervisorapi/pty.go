@@ -6,14 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
 // Interactive terminals.
@@ -157,31 +157,7 @@ type PTY struct {
 // the caller: the control plane relays them to a staff console as they
 // are. Most callers want OpenPTY. A refusal is an *Error.
 func (c *Client) DialPTY(ctx context.Context, req PTYRequest) (*websocket.Conn, error) {
-	u := strings.TrimSuffix(c.BaseURL, "/") + PathPTY
-	if q := req.Query(); len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
-		HTTPClient:   c.httpClient(),
-		Subprotocols: []string{PTYSubprotocol},
-	})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			// The body was read up to 1 KiB by Dial; error bodies are
-			// smaller than that.
-			data, _ := io.ReadAll(resp.Body)
-			return nil, decodeError(resp.StatusCode, data)
-		}
-		return nil, fmt.Errorf("supervisor GET %s: %w", PathPTY, err)
-	}
-	if conn.Subprotocol() != PTYSubprotocol {
-		conn.Close(websocket.StatusProtocolError, "subprotocol not negotiated")
-		return nil, fmt.Errorf("supervisor GET %s: the server did not accept subprotocol %s", PathPTY, PTYSubprotocol)
-	}
-	// Output frames are at most the supervisor's read size (32 KiB); the
-	// limit only guards against a broken peer.
-	conn.SetReadLimit(1 << 20)
-	return conn, nil
+	return wire.DialWebSocket(ctx, c.transport(), PathPTY, req.Query(), PTYSubprotocol)
 }
 
 // OpenPTY starts a PTY session. ctx bounds the handshake only; the

@@ -1,8 +1,11 @@
 // Package supervisorapi is the wire contract of the in-sandbox supervisor
-// and a Go client for it. It depends on the standard library and a
-// WebSocket library (for PTY sessions) only, so the control plane can call
-// the supervisor without importing the server and the supervisor never
-// links control-plane code.
+// and a Go client for it. It depends on the standard library, a WebSocket
+// library (for PTY sessions) and package wire only, so the control plane
+// can call the supervisor without importing the server and the supervisor
+// never links control-plane code. What the supervisor shares with the
+// Compute API's contract (error codes and *Error, the command request,
+// result and events, the client transport) is defined once in package
+// wire and named here.
 //
 // The supervisor serves HTTPS with mutual TLS on port 8443:
 //
@@ -39,9 +42,9 @@
 package supervisorapi
 
 import (
-	"fmt"
-	"net/http"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
 const (
@@ -64,7 +67,7 @@ const (
 	// PathProcesses + "/" + id.
 	PathProcesses = "/v1/processes"
 	// ContentTypeNDJSON labels streamed responses: one JSON value a line.
-	ContentTypeNDJSON = "application/x-ndjson"
+	ContentTypeNDJSON = wire.ContentTypeNDJSON
 	// PathPython (POST) runs a Python snippet: the python_exec tool.
 	PathPython = "/v1/python"
 	// PathFlush (POST) writes the workspace's dirty data to its volume, so
@@ -97,31 +100,10 @@ const (
 	DefaultMaxOutputBytes = 1 << 20
 )
 
-// CommandRequest runs Command[0] with arguments Command[1:]. No shell is
-// involved unless the caller runs one, e.g. ["sh", "-c", "..."].
-type CommandRequest struct {
-	Command []string `json:"command"`
-	// Cwd must be an existing directory. Empty means the supervisor's
-	// default (/workspace in a sandbox); a relative path is taken relative
-	// to that default.
-	Cwd string `json:"cwd,omitempty"`
-	// Env is merged over a minimal base environment (PATH, HOME, LANG and
-	// the proxy variables); the supervisor's own environment is never
-	// passed on.
-	Env map[string]string `json:"env,omitempty"`
-	// Stdin is written to the command's standard input, which is then
-	// closed. Empty means /dev/null.
-	Stdin string `json:"stdin,omitempty"`
-	// TimeoutSeconds: 0 means DefaultTimeoutSeconds; above the supervisor's
-	// maximum (10 minutes unless configured) is an invalid_argument error.
-	// On timeout the whole process group is killed and the result has
-	// TimedOut set; it is not an error.
-	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
-	// MaxOutputBytes caps stdout and stderr combined. 0 means
-	// DefaultMaxOutputBytes; above the supervisor's limit is an
-	// invalid_argument error.
-	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
-}
+// CommandRequest runs Command[0] with arguments Command[1:]; see
+// wire.CommandRequest. The Compute API's run_command request is the same
+// type.
+type CommandRequest = wire.CommandRequest
 
 // Limits of python_exec. They are tighter than a command's because a
 // snippet is meant to compute something and return, not to run a build.
@@ -159,26 +141,9 @@ type PythonRequest struct {
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
 }
 
-// CommandResult is the outcome of a command that was started.
-type CommandResult struct {
-	// Stdout and Stderr are UTF-8; invalid bytes are replaced by U+FFFD.
-	Stdout string `json:"stdout"`
-	Stderr string `json:"stderr"`
-	// ExitCode is -1 when the process was ended by a signal.
-	ExitCode int `json:"exit_code"`
-	// Signal names the signal that ended the process, e.g. "SIGKILL", or
-	// is empty.
-	Signal string `json:"signal"`
-	// TimedOut means the supervisor killed the process group because the
-	// timeout expired.
-	TimedOut bool `json:"timed_out"`
-	// OutOfMemory means the supervisor killed the process group because
-	// the sandbox neared its memory limit and this command held the most.
-	OutOfMemory bool `json:"out_of_memory,omitempty"`
-	// Truncated means output beyond MaxOutputBytes was discarded.
-	Truncated  bool  `json:"truncated"`
-	DurationMS int64 `json:"duration_ms"`
-}
+// CommandResult is the outcome of a command that was started; see
+// wire.CommandResult.
+type CommandResult = wire.CommandResult
 
 // Health is the body of GET /healthz (and /health). The fields after
 // Workspace are the pod's status as environment routing reads it, for routing runs to a sandbox that
@@ -249,110 +214,4 @@ type TarResult struct {
 	Dirs     int   `json:"dirs"`
 	Symlinks int   `json:"symlinks"`
 	Bytes    int64 `json:"bytes"`
-}
-
-// Code classifies an error. Callers branch on it, never on the message.
-type Code string
-
-const (
-	CodeInvalidArgument   Code = "invalid_argument"
-	CodePermissionDenied  Code = "permission_denied"
-	CodeNotFound          Code = "not_found"
-	CodeMethodNotAllowed  Code = "method_not_allowed"
-	CodePayloadTooLarge   Code = "payload_too_large"
-	CodeResourceExhausted Code = "resource_exhausted"
-	CodeInternal          Code = "internal"
-	CodeUnavailable       Code = "unavailable"
-	// CodeTimeout is for operations that fail outright when they run out
-	// of time. A command that times out is not one: it returns a result
-	// with TimedOut set, because its partial output is still useful.
-	CodeTimeout Code = "timeout"
-	// CodePathEscapesWorkspace refuses a path that would leave the
-	// workspace: a ".." that climbs out of it, an absolute path elsewhere,
-	// or a symbolic link (at any component) that points outside or is
-	// absolute. It is distinct from permission_denied, which is the file
-	// system refusing access to a path that is inside, so that a caller
-	// can tell a bad path from a bad permission.
-	CodePathEscapesWorkspace Code = "path_escapes_workspace"
-	// CodeIsADirectory and CodeNotADirectory report a path of the wrong
-	// kind: a directory where a file is needed, or a file (or missing
-	// parent) where a directory is needed. They are conflicts with the
-	// workspace's current state, hence 409.
-	CodeIsADirectory  Code = "is_a_directory"
-	CodeNotADirectory Code = "not_a_directory"
-	// CodeWorkspaceFull is a write that would take the workspace past its
-	// cap, or a disk that is full. It is 507 Insufficient Storage rather
-	// than resource_exhausted's 429, because waiting does not help: space
-	// has to be freed first.
-	CodeWorkspaceFull Code = "workspace_full"
-	// CodeUnknown is what the client reports when a response carries no
-	// recognisable error body, e.g. from something between it and the
-	// supervisor.
-	CodeUnknown Code = "unknown"
-)
-
-// HTTPStatus is the status the supervisor sends with the code.
-func (c Code) HTTPStatus() int {
-	switch c {
-	case CodeInvalidArgument:
-		return http.StatusBadRequest
-	case CodePermissionDenied:
-		return http.StatusForbidden
-	case CodeNotFound:
-		return http.StatusNotFound
-	case CodePathEscapesWorkspace:
-		return http.StatusForbidden
-	case CodeIsADirectory, CodeNotADirectory:
-		return http.StatusConflict
-	case CodeWorkspaceFull:
-		return http.StatusInsufficientStorage
-	case CodeEnvBuildFailed:
-		return http.StatusUnprocessableEntity
-	case CodeMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case CodePayloadTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case CodeTimeout:
-		return http.StatusGatewayTimeout
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
-// Error is an error the supervisor reported. Use errors.As to get it from
-// a Client method's error; transport failures (refused connections, TLS
-// failures, cancelled contexts) are returned as they are, not as *Error.
-type Error struct {
-	Code    Code   `json:"code"`
-	Message string `json:"message"`
-	// HTTPStatus is the status the response carried; it is not sent in
-	// the body.
-	HTTPStatus int `json:"-"`
-}
-
-func (e *Error) Error() string {
-	if e.HTTPStatus != 0 {
-		return fmt.Sprintf("supervisor: %s (%d): %s", e.Code, e.HTTPStatus, e.Message)
-	}
-	return fmt.Sprintf("supervisor: %s: %s", e.Code, e.Message)
-}
-
-// Is makes errors.Is(err, &Error{Code: c}) match any error with code c.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code && t.Message == "" && t.HTTPStatus == 0
-}
-
-// Errorf returns an *Error with code and the status that goes with it.
-func Errorf(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...), HTTPStatus: code.HTTPStatus()}
-}
-
-// ErrorBody is the JSON body of every error response.
-type ErrorBody struct {
-	Error *Error `json:"error"`
 }
