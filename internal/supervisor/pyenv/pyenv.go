@@ -397,36 +397,36 @@ func (m *Manager) Close() error {
 // Dir is the directory holding the environments.
 func (m *Manager) Dir() string { return m.dir }
 
-// Lease is an environment held for a run; it is not evicted or removed
-// until released.
-type Lease struct {
+// Pin is an environment's in-use mark, held for a run: a pinned
+// environment is not evicted or removed until the pin is released.
+type Pin struct {
 	m    *Manager
 	e    *env
 	once sync.Once
 }
 
 // Dir is the environment's directory, for VIRTUAL_ENV.
-func (l *Lease) Dir() string { return l.e.dir }
+func (p *Pin) Dir() string { return p.e.dir }
 
 // Python is the environment's interpreter.
-func (l *Lease) Python() string { return filepath.Join(l.e.dir, "bin", "python") }
+func (p *Pin) Python() string { return filepath.Join(p.e.dir, "bin", "python") }
 
 // Name is the environment's name.
-func (l *Lease) Name() string { return l.e.name }
+func (p *Pin) Name() string { return p.e.name }
 
 // Info describes the environment.
-func (l *Lease) Info() Info {
-	l.m.mu.Lock()
-	defer l.m.mu.Unlock()
-	return l.e.info()
+func (p *Pin) Info() Info {
+	p.m.mu.Lock()
+	defer p.m.mu.Unlock()
+	return p.e.info()
 }
 
 // Release gives the environment back; it may be evicted from then on.
-func (l *Lease) Release() {
-	l.once.Do(func() {
-		m := l.m
+func (p *Pin) Release() {
+	p.once.Do(func() {
+		m := p.m
 		m.mu.Lock()
-		e := l.e
+		e := p.e
 		e.users--
 		e.lastUsed = time.Now()
 		var remove []string
@@ -443,11 +443,11 @@ func (l *Lease) Release() {
 	})
 }
 
-// Ensure returns a lease on the environment r asks for, building it if
+// Ensure returns a pin on the environment r asks for, building it if
 // needed. created reports whether this call built it. Concurrent calls for
 // the same environment share one build; a caller whose ctx ends stops
 // waiting, but the build goes on for the others and for the cache.
-func (m *Manager) Ensure(ctx context.Context, r Request) (lease *Lease, created bool, err error) {
+func (m *Manager) Ensure(ctx context.Context, r Request) (pin *Pin, created bool, err error) {
 	name, sp, asIs, err := m.resolve(r)
 	if err != nil {
 		return nil, false, err
@@ -462,7 +462,7 @@ func (m *Manager) Ensure(ctx context.Context, r Request) (lease *Lease, created 
 			e.users++
 			e.lastUsed = time.Now()
 			m.mu.Unlock()
-			return &Lease{m: m, e: e}, created, nil
+			return &Pin{m: m, e: e}, created, nil
 		}
 		b := m.builds[name]
 		leader := false

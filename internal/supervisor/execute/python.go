@@ -1,27 +1,18 @@
-package supervisor
+package execute
 
 import (
-	"net/http"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/runner"
+
 	"strings"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// handlePython serves python_exec. A snippet is run as a command, through
-// the same preparation, process group, output cap and result as
-// /v1/commands, so the two cannot drift apart in how they confine what
-// they run.
-func (s *Server) handlePython(w http.ResponseWriter, r *http.Request, info *requestInfo) {
-	var req api.PythonRequest
-	if !s.decodeRequest(w, r, info, &req) {
-		return
-	}
-	info.program = s.cfg.Python
-	spec, apiErr := s.preparePython(&req)
-	s.execute(w, r, info, spec, apiErr)
-}
-
-func (s *Server) preparePython(req *api.PythonRequest) (*commandSpec, *api.Error) {
+// PreparePython checks a python_exec snippet and prepares it as a
+// command, through the same preparation, process group, output cap and
+// result as /v1/commands, so the two cannot drift apart in how they
+// confine what they run.
+func (x *Service) PreparePython(req *api.PythonRequest) (*runner.Spec, *api.Error) {
 	switch {
 	case strings.TrimSpace(req.Code) == "":
 		return nil, api.Errorf(api.CodeInvalidArgument, "code must not be empty")
@@ -36,12 +27,12 @@ func (s *Server) preparePython(req *api.PythonRequest) (*commandSpec, *api.Error
 	// extra descriptor leaks into what the code starts, and tracebacks
 	// name <string> rather than a host path. -u keeps output unbuffered,
 	// so whatever a snippet printed before a timeout killed it is returned.
-	return s.prepare(&api.CommandRequest{
-		Command:        []string{s.cfg.Python, "-u", "-c", req.Code},
+	return x.opts.Runner.Prepare(&api.CommandRequest{
+		Command:        []string{x.opts.Python, "-u", "-c", req.Code},
 		Cwd:            req.Cwd,
 		Env:            req.Env,
 		Stdin:          req.Stdin,
 		TimeoutSeconds: req.TimeoutSeconds,
 		MaxOutputBytes: req.MaxOutputBytes,
-	}, s.cfg.PythonDefaultTimeout, s.cfg.PythonMaxTimeout)
+	}, x.opts.DefaultTimeout, x.opts.MaxTimeout)
 }

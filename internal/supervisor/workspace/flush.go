@@ -1,4 +1,4 @@
-package supervisor
+package workspace
 
 import (
 	"golang.org/x/sys/unix"
@@ -6,15 +6,12 @@ import (
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// flush writes the workspace file system's dirty data to its volume. Under
+// Flush writes the workspace file system's dirty data to its volume. Under
 // gVisor, writes sit in the sentry's page cache until synced, and a CSI
 // snapshot of the volume sees only what reached the host; syncfs on the
 // workspace asks for exactly that file system, not every mount.
-func (s *Server) flush() *api.Error {
-	if s.root == nil {
-		return api.Errorf(api.CodeNotFound, "the supervisor serves no workspace")
-	}
-	dir, err := s.root.Open(".")
+func (ws *Workspace) Flush() *api.Error {
+	dir, err := ws.root.Open(".")
 	if err != nil {
 		return api.Errorf(api.CodeInternal, "open workspace: %v", err)
 	}

@@ -1,8 +1,9 @@
-package supervisor
+package runner
 
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,40 +12,15 @@ import (
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// streamWriteTimeout bounds each event's write. A client that stops
+// StreamWriteTimeout bounds each event's write. A client that stops
 // reading without closing the connection would otherwise block the pipe
 // copier, and with it the command's Wait, past the command's own timeout.
-const streamWriteTimeout = 30 * time.Second
+const StreamWriteTimeout = 30 * time.Second
 
-// executeStream is execute for /v1/commands/stream: the command is
-// prepared, admitted and run exactly as for /v1/commands; only where its
-// output goes differs.
-func (s *Server) executeStream(w http.ResponseWriter, r *http.Request, info *requestInfo, spec *commandSpec, apiErr *api.Error) {
-	release, ok := s.admit(r.Context(), w, info, apiErr)
-	if !ok {
-		return
-	}
-	defer release()
-	st := newStream(w, spec.maxOutput)
-	res, apiErr := s.run(r.Context(), spec, st.stdout, st.stderr)
-	if apiErr != nil {
-		if !st.begun() {
-			info.fail(w, apiErr)
-			return
-		}
-		info.err = apiErr
-		st.send(api.CommandEvent{Error: apiErr})
-		return
-	}
-	res.Truncated = st.finish()
-	info.result = res
-	st.send(api.CommandEvent{Exit: res})
-}
-
-// stream turns a command's output into NDJSON events under one byte
+// Stream turns a command's output into NDJSON events under one byte
 // budget shared by both streams, like output. The budget counts the bytes
 // the command wrote, not their JSON encoding.
-type stream struct {
+type Stream struct {
 	mu        sync.Mutex
 	w         http.ResponseWriter
 	rc        *http.ResponseController
@@ -58,35 +34,44 @@ type stream struct {
 }
 
 type streamPipe struct {
-	st   *stream
+	st   *Stream
 	name string
 	// carry is the start of a character whose remaining bytes have not
 	// been read yet.
 	carry []byte
 }
 
-func newStream(w http.ResponseWriter, limit int64) *stream {
-	st := &stream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w), remaining: limit}
+// Stdout is where the command's standard output goes.
+func (st *Stream) Stdout() io.Writer { return st.stdout }
+
+// Stderr is where the command's standard error goes.
+func (st *Stream) Stderr() io.Writer { return st.stderr }
+
+// NewStream returns a Stream that writes to w and sends at most limit
+// bytes of output.
+func NewStream(w http.ResponseWriter, limit int64) *Stream {
+	st := &Stream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w), remaining: limit}
 	st.stdout = &streamPipe{st: st, name: api.StreamStdout}
 	st.stderr = &streamPipe{st: st, name: api.StreamStderr}
 	return st
 }
 
-// begun reports whether the status line has gone out, after which errors
+// Begun reports whether the status line has gone out, after which errors
 // can only be sent as events.
-func (st *stream) begun() bool {
+func (st *Stream) Begun() bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.started
 }
 
-func (st *stream) send(ev api.CommandEvent) {
+// Send sends one event.
+func (st *Stream) Send(ev api.CommandEvent) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.sendLocked(ev)
 }
 
-func (st *stream) sendLocked(ev api.CommandEvent) {
+func (st *Stream) sendLocked(ev api.CommandEvent) {
 	if st.failed {
 		return
 	}
@@ -99,7 +84,7 @@ func (st *stream) sendLocked(ev api.CommandEvent) {
 		st.w.WriteHeader(http.StatusOK)
 	}
 	// httptest's recorder has no deadlines; a real connection does.
-	if err := st.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+	if err := st.rc.SetWriteDeadline(time.Now().Add(StreamWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		st.failed = true
 		return
 	}
@@ -123,7 +108,7 @@ func (p *streamPipe) Write(b []byte) (int, error) {
 	if len(keep) > 0 || (cut && len(p.carry) > 0) {
 		text := string(p.carry) + string(keep)
 		p.carry = nil
-		whole := trimPartialRune(text)
+		whole := TrimPartialRune(text)
 		if !cut {
 			p.carry = []byte(text[len(whole):])
 		}
@@ -138,9 +123,9 @@ func (p *streamPipe) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// finish sends what the pipes left half a character of, which can only be
+// Finish sends what the pipes left half a character of, which can only be
 // invalid now, and reports whether output was cut.
-func (st *stream) finish() bool {
+func (st *Stream) Finish() bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for _, p := range []*streamPipe{st.stdout, st.stderr} {

@@ -1,4 +1,4 @@
-package supervisor
+package runner
 
 import (
 	"bufio"
@@ -43,8 +43,8 @@ func defaultMemoryReserve(limit int64) int64 { return max(96<<20, limit/8) }
 
 // startConfined starts cmd as children.start does, with the per-command
 // process limit in force before the command runs (see startLimited).
-func (s *Server) startConfined(cmd *exec.Cmd) error {
-	if n := s.cfg.CommandPidsLimit; n > 0 {
+func (rn *Runner) startConfined(cmd *exec.Cmd) error {
+	if n := rn.cfg.PidsLimit; n > 0 {
 		return startLimited(cmd, n)
 	}
 	return children.start(cmd)
@@ -62,11 +62,11 @@ type memoryGuard struct {
 	done  chan struct{}
 }
 
-// startMemoryGuard runs the guard until Close. limit is the pod's memory
+// StartMemoryGuard runs the guard until Close. limit is the pod's memory
 // limit and reserve what is kept back under it: under gVisor the sandbox
 // kernel's own memory is charged to the pod but not reported in the
 // sandbox's /proc/meminfo.
-func (s *Server) startMemoryGuard(limit, reserve int64, interval time.Duration, inUse func() (int64, error)) error {
+func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration, inUse func() (int64, error)) error {
 	if reserve <= 0 {
 		reserve = defaultMemoryReserve(limit)
 	}
@@ -78,12 +78,12 @@ func (s *Server) startMemoryGuard(limit, reserve int64, interval time.Duration, 
 	}
 	g := &memoryGuard{threshold: limit - reserve, interval: interval, inUse: inUse,
 		stop: make(chan struct{}), done: make(chan struct{})}
-	s.memGuard = g
-	go s.guardMemory(g)
+	rn.memGuard = g
+	go rn.guardMemory(g)
 	return nil
 }
 
-func (s *Server) guardMemory(g *memoryGuard) {
+func (rn *Runner) guardMemory(g *memoryGuard) {
 	defer close(g.done)
 	// Past three quarters of the threshold the guard samples five times
 	// as often: a bomb on a busy node gets further between two samples
@@ -97,9 +97,9 @@ func (s *Server) guardMemory(g *memoryGuard) {
 		case <-time.After(wait):
 		}
 		wait = g.interval
-		s.mu.Lock()
-		idle := len(s.groups) == 0
-		s.mu.Unlock()
+		rn.mu.Lock()
+		idle := len(rn.groups) == 0
+		rn.mu.Unlock()
 		if idle {
 			continue
 		}
@@ -113,14 +113,14 @@ func (s *Server) guardMemory(g *memoryGuard) {
 			}
 			continue
 		}
-		pgid, rss := s.largestGroup()
+		pgid, rss := rn.largestGroup()
 		if pgid == 0 {
 			continue
 		}
-		s.mu.Lock()
-		s.oomKilled[pgid] = true
-		s.mu.Unlock()
-		s.log.Warn("sandbox memory near its limit: killed the command using the most",
+		rn.mu.Lock()
+		rn.oomKilled[pgid] = true
+		rn.mu.Unlock()
+		rn.cfg.Log.Warn("sandbox memory near its limit: killed the command using the most",
 			"in_use_bytes", used, "threshold_bytes", g.threshold, "pgid", pgid, "group_rss_bytes", rss)
 		sweepGroup(pgid)
 		// The sandbox returns a dead group's memory a moment later; a
@@ -140,13 +140,13 @@ func (g *memoryGuard) close() {
 
 // largestGroup returns the tracked process group whose processes hold the
 // most resident memory, and that amount.
-func (s *Server) largestGroup() (pgid int, rss int64) {
-	s.mu.Lock()
-	tracked := make(map[int]int64, len(s.groups))
-	for g := range s.groups {
+func (rn *Runner) largestGroup() (pgid int, rss int64) {
+	rn.mu.Lock()
+	tracked := make(map[int]int64, len(rn.groups))
+	for g := range rn.groups {
 		tracked[g] = 0
 	}
-	s.mu.Unlock()
+	rn.mu.Unlock()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, 0
@@ -236,10 +236,10 @@ func MemInfoInUse() (int64, error) {
 }
 
 // takeOOMKilled reports whether the memory guard killed pgid, and forgets it.
-func (s *Server) takeOOMKilled(pgid int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := s.oomKilled[pgid]
-	delete(s.oomKilled, pgid)
+func (rn *Runner) takeOOMKilled(pgid int) bool {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	k := rn.oomKilled[pgid]
+	delete(rn.oomKilled, pgid)
 	return k
 }

@@ -1,14 +1,19 @@
-package supervisor
+package execute
 
 import (
 	"io/fs"
+	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/pyenv"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/runner"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -25,10 +30,18 @@ func FuzzDecodeExecute(f *testing.F) {
 	f.Add(`{"code":"pass","env_name":".installer"}`)
 	f.Add(`{"code":"pass","files":{"a":"not base64!"}}`)
 	f.Add(`{"code":"pass","tool_name":"other"}`)
-	s := newServer(f, Config{MaxRequestBytes: 1 << 16, Python: "sh", Execute: ExecuteConfig{RunDir: f.TempDir()}})
+	rn := runner.New(runner.Config{
+		BaseEnv: map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, DefaultCwd: f.TempDir(),
+		DefaultMaxOutputBytes: api.DefaultMaxOutputBytes, MaxOutputBytesLimit: api.DefaultMaxOutputBytes,
+		WaitDelay: time.Second, Log: slog.New(slog.DiscardHandler),
+	})
+	s := New(Config{RunDir: f.TempDir()}, Options{
+		Runner: rn, Python: "sh", DefaultTimeout: 30 * time.Second, MaxTimeout: 120 * time.Second,
+		MaxRequestBytes: 1 << 16, Log: slog.New(slog.DiscardHandler),
+	})
 	f.Fuzz(func(t *testing.T, body string) {
 		var req api.ExecuteRequest
-		if e := s.decodeJSON(httptest.NewRecorder(), jsonRequest(api.PathExecute, body), &req); e != nil {
+		if e := httpcall.DecodeJSON(httptest.NewRecorder(), jsonRequest(api.PathExecute, body), s.opts.MaxRequestBytes, &req); e != nil {
 			checkTypedError(t, e)
 			return
 		}
@@ -77,4 +90,17 @@ func FuzzDecodeExecute(f *testing.F) {
 			t.Fatalf("%d files written for %d sent", n, len(req.Files))
 		}
 	})
+}
+
+func jsonRequest(target, body string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	return r
+}
+
+func checkTypedError(t *testing.T, e *api.Error) {
+	t.Helper()
+	if e.Code == "" || e.Code == api.CodeInternal || e.HTTPStatus < 400 || e.HTTPStatus > 599 {
+		t.Fatalf("untyped or internal error for client input: %+v", e)
+	}
 }

@@ -1,6 +1,7 @@
-package supervisor
+package workspace
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -13,55 +14,41 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// serveManifest handles GET /v1/manifest/{dir}, the listing a filespace
-// sync compares with the control plane's copy, and reports whether the
-// path was its own.
-func (s *Server) serveManifest(w *recorder, r *http.Request, info *requestInfo) bool {
-	if !strings.HasPrefix(r.URL.Path, api.PathManifest) {
-		return false
-	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, r, "GET, HEAD")
-		return true
-	}
-	if s.root == nil {
-		info.fail(w, api.Errorf(api.CodeUnavailable, "this supervisor serves no workspace (%s does not exist)", DefaultWorkspace))
-		return true
-	}
-	rel, apiErr := s.confine(strings.TrimPrefix(r.URL.Path, api.PathManifest))
+// ServeManifest serves GET /v1/manifest/{dir}, the listing a filespace
+// sync compares with the control plane's copy.
+func (ws *Workspace) ServeManifest(w http.ResponseWriter, r *http.Request, info *httpcall.Info) {
+	rel, apiErr := ws.Confine(strings.TrimPrefix(r.URL.Path, api.PathManifest))
 	if apiErr == nil {
-		rel, apiErr = s.resolveLinks(rel, true)
+		rel, apiErr = ws.resolveLinks(rel, true)
 	}
 	if apiErr != nil {
-		info.fail(w, apiErr)
-		return true
+		info.Fail(w, apiErr)
+		return
 	}
-	info.file = rel
-	m, apiErr := s.manifest(r, rel)
-	if apiErr != nil {
-		info.fail(w, apiErr)
-		return true
-	}
-	writeJSON(w, http.StatusOK, m)
-	return true
+	info.File = rel
+	m, apiErr := ws.Manifest(r.Context(), rel)
+	answer(w, info, m, apiErr)
 }
 
-func (s *Server) manifest(r *http.Request, rel string) (*api.Manifest, *api.Error) {
-	st, err := s.root.Stat(rel)
+// Manifest lists the regular files under the directory rel, already
+// confined, with their digests.
+func (ws *Workspace) Manifest(ctx context.Context, rel string) (*api.Manifest, *api.Error) {
+	st, err := ws.root.Stat(rel)
 	if err != nil {
-		return nil, fsError("manifest", rel, err)
+		return nil, FSError("manifest", rel, err)
 	}
 	if !st.IsDir() {
 		return nil, api.Errorf(api.CodeNotADirectory, "manifest %q: not a directory", rel)
 	}
-	m := &api.Manifest{Path: rel, Files: []api.ManifestEntry{}, CapBytes: s.usage.cap}
+	m := &api.Manifest{Path: rel, Files: []api.ManifestEntry{}, CapBytes: ws.usage.cap}
 	var buf []byte // allocated on the first file the cache does not know
 	seen := map[string]struct{}{}
-	err = walkRoot(s.root, rel, func(p string, fi fs.FileInfo) error {
-		if err := r.Context().Err(); err != nil {
+	err = walkRoot(ws.root, rel, func(p string, fi fs.FileInfo) error {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
 		switch {
@@ -70,11 +57,11 @@ func (s *Server) manifest(r *http.Request, rel string) (*api.Manifest, *api.Erro
 		case !fi.Mode().IsRegular():
 			m.Skipped++
 			return nil
-		case s.inFlight(p):
+		case ws.inFlight(p):
 			return nil
 		}
 		seen[p] = struct{}{}
-		e, err := s.hashFile(p, &buf)
+		e, err := ws.hashFile(p, &buf)
 		if errors.Is(err, fs.ErrNotExist) {
 			// Removed since the directory was read.
 			return nil
@@ -91,21 +78,21 @@ func (s *Server) manifest(r *http.Request, rel string) (*api.Manifest, *api.Erro
 		return nil
 	})
 	if err != nil {
-		return nil, fsError("manifest", rel, err)
+		return nil, FSError("manifest", rel, err)
 	}
-	s.digests.keep(rel, seen)
+	ws.digests.keep(rel, seen)
 	return m, nil
 }
 
 // inFlight reports whether p is the temporary file of a write in progress,
 // which is not (yet) a file of the workspace.
-func (s *Server) inFlight(p string) bool {
-	if !strings.HasPrefix(path.Base(p), tempPrefix) {
+func (ws *Workspace) inFlight(p string) bool {
+	if !strings.HasPrefix(path.Base(p), TempPrefix) {
 		return false
 	}
-	s.usage.mu.Lock()
-	defer s.usage.mu.Unlock()
-	_, ok := s.usage.temps[p]
+	ws.usage.mu.Lock()
+	defer ws.usage.mu.Unlock()
+	_, ok := ws.usage.temps[p]
 	return ok
 }
 
@@ -113,9 +100,9 @@ func (s *Server) inFlight(p string) bool {
 // it is no longer a regular file. Size and digest are of the bytes read,
 // so they agree even if the file changes meanwhile; a digest the cache
 // holds for the file as it is now is not read again.
-func (s *Server) hashFile(p string, buf *[]byte) (*api.ManifestEntry, error) {
+func (ws *Workspace) hashFile(p string, buf *[]byte) (*api.ManifestEntry, error) {
 	// O_NONBLOCK: a FIFO swapped in since the Lstat must not block.
-	f, err := s.root.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	f, err := ws.root.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
 			return nil, nil
@@ -131,7 +118,7 @@ func (s *Server) hashFile(p string, buf *[]byte) (*api.ManifestEntry, error) {
 		return nil, nil
 	}
 	e := &api.ManifestEntry{Path: p, Size: fi.Size(), ModTime: fi.ModTime().UTC(), Mode: formatMode(fi.Mode())}
-	if sum, ok := s.digests.get(p, fi); ok {
+	if sum, ok := ws.digests.get(p, fi); ok {
 		e.SHA256 = sum
 		return e, nil
 	}
@@ -146,7 +133,7 @@ func (s *Server) hashFile(p string, buf *[]byte) (*api.ManifestEntry, error) {
 	}
 	e.Size, e.SHA256 = n, hex.EncodeToString(h.Sum(nil))
 	if n == fi.Size() {
-		s.digests.put(p, fi, e.SHA256, hashedAt)
+		ws.digests.put(p, fi, e.SHA256, hashedAt)
 	}
 	return e, nil
 }

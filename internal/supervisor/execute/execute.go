@@ -1,6 +1,15 @@
-package supervisor
+// Package execute runs Python for the supervisor's callers: /v1/execute's
+// runs, each in a fresh directory with its inline files, optionally in a
+// cached Python environment (pyenv, managed through /v1/envs), and the
+// snippets of python_exec, which /v1/execute checks its code by.
+package execute
 
 import (
+	"log/slog"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/runner"
+
 	"context"
 	"errors"
 	"io"
@@ -36,14 +45,14 @@ import (
 //
 // The workspace stays reachable by its absolute path (and as HOME).
 
-// Defaults for ExecuteConfig's zero values.
+// Defaults for Config's zero values.
 const (
-	// DefaultExecuteMaxFileBytes bounds one produced file returned.
-	DefaultExecuteMaxFileBytes = 10 << 20
-	// DefaultExecuteMaxFilesBytes bounds all produced files returned by one
+	// DefaultMaxFileBytes bounds one produced file returned.
+	DefaultMaxFileBytes = 10 << 20
+	// DefaultMaxFilesBytes bounds all produced files returned by one
 	// run; base64 makes them a third larger in the response, which stays
 	// under the client's DefaultMaxResponseBytes.
-	DefaultExecuteMaxFilesBytes = 32 << 20
+	DefaultMaxFilesBytes = 32 << 20
 	// maxOmittedListed bounds the files_omitted list itself.
 	maxOmittedListed = 100
 	// maxRunWalk bounds the entries looked at when collecting a run's
@@ -53,11 +62,11 @@ const (
 	maxFilePathLen = 1024
 )
 
-// ExecuteConfig configures /v1/execute and /v1/envs.
-type ExecuteConfig struct {
+// Config configures /v1/execute and /v1/envs.
+type Config struct {
 	// Envs, when set, enables the cached Python environments. Its Run,
-	// Python, Env and Logger are filled in by New (Python is Config.Python,
-	// looked up in the commands' PATH). Without it, runs that name
+	// Python, Env and Logger are filled in by New (Python is
+	// Options.Python, looked up in the commands' PATH). Without it, runs that name
 	// requirements or an environment are refused as unavailable.
 	Envs *pyenv.Config
 	// UV is uv's name (looked up in the commands' PATH) or path. When it
@@ -74,78 +83,99 @@ type ExecuteConfig struct {
 	MaxFilesBytes int64
 }
 
-// executeState is the Server's part for /v1/execute and /v1/envs.
-type executeState struct {
+// Options is what the runs need of the supervisor.
+type Options struct {
+	// Runner starts the runs and the environments' build steps.
+	Runner *runner.Runner
+	// Acquire takes one of the supervisor's concurrent-command slots,
+	// waiting its turn.
+	Acquire func(context.Context) (release func(), _ *api.Error)
+	// Python is the interpreter python_exec and environment-less runs use.
+	Python string
+	// DefaultTimeout and MaxTimeout bound a Python run.
+	DefaultTimeout, MaxTimeout time.Duration
+	// MaxRequestBytes bounds a request body.
+	MaxRequestBytes int64
+	Log             *slog.Logger
+}
+
+// Service serves /v1/execute and /v1/envs.
+type Service struct {
+	cfg  Config
+	opts Options
 	envs *pyenv.Manager
 	// envsOff says why envs is nil.
 	envsOff string
 	runDir  string
-	started time.Time
 }
 
-// initExecute sets up the run directory and the environment cache. A
-// cache that cannot start (its directory is held by another supervisor,
-// say) is logged and left off rather than failing the supervisor: every
-// other endpoint still works.
-func (s *Server) initExecute() {
-	c := &s.cfg.Execute
-	s.px.started = time.Now()
+// New sets up the run directory and the environment cache. A cache that
+// cannot start (its directory is held by another supervisor, say) is
+// logged and left off rather than failing the supervisor: every other
+// endpoint still works.
+func New(c Config, opts Options) *Service {
 	if c.MaxFileBytes <= 0 {
-		c.MaxFileBytes = DefaultExecuteMaxFileBytes
+		c.MaxFileBytes = DefaultMaxFileBytes
 	}
 	if c.MaxFilesBytes <= 0 {
-		c.MaxFilesBytes = DefaultExecuteMaxFilesBytes
+		c.MaxFilesBytes = DefaultMaxFilesBytes
 	}
-	s.px.runDir = c.RunDir
-	if s.px.runDir == "" {
-		s.px.runDir = filepath.Join(os.TempDir(), "agentbox-runs")
+	x := &Service{cfg: c, opts: opts, runDir: c.RunDir}
+	if x.runDir == "" {
+		x.runDir = filepath.Join(os.TempDir(), "agentbox-runs")
 	}
 	if c.Envs == nil {
-		s.px.envsOff = "this supervisor keeps no Python environments"
-		return
+		x.envsOff = "this supervisor keeps no Python environments"
+		return x
 	}
+	rn := opts.Runner
 	pc := *c.Envs
-	pc.Run = s.runBuildStep
-	pc.Python = s.cfg.Python
-	pc.Env = procenv.List(s.baseEnv)
+	pc.Run = x.runBuildStep
+	pc.Python = opts.Python
+	pc.Env = procenv.List(rn.BaseEnv())
 	if pc.Logger == nil {
-		pc.Logger = s.log
+		pc.Logger = opts.Log
 	}
 	if c.UV != "" {
-		if p, err := procenv.LookPath(c.UV, s.baseEnv["PATH"], s.defaultCwd); err == nil {
+		if p, err := procenv.LookPath(c.UV, rn.BaseEnv()["PATH"], rn.DefaultCwd()); err == nil {
 			pc.UV = p
 		} else {
-			s.log.Info("uv not found; Python environments are built with venv and pip", "uv", c.UV)
+			opts.Log.Info("uv not found; Python environments are built with venv and pip", "uv", c.UV)
 		}
 	}
 	m, err := pyenv.New(pc)
 	if err != nil {
-		s.log.Warn("Python environments are off", "error", err.Error())
-		s.px.envsOff = "the Python environment cache is off: " + err.Error()
-		return
+		opts.Log.Warn("Python environments are off", "error", err.Error())
+		x.envsOff = "the Python environment cache is off: " + err.Error()
+		return x
 	}
-	s.px.envs = m
+	x.envs = m
+	return x
 }
 
-func (s *Server) closeExecute() error {
-	if s.px.envs == nil {
+// RunDir is where the runs' directories are made.
+func (x *Service) RunDir() string { return x.runDir }
+
+// Close stops the environment cache's builds.
+func (x *Service) Close() error {
+	if x.envs == nil {
 		return nil
 	}
-	return s.px.envs.Close()
+	return x.envs.Close()
 }
 
 // runBuildStep is the pyenv Runner: build steps go through the same spawn
 // path as commands, so they get their own process group, are tracked for
 // Terminate and registered with the reaper, and are killed whole when the
 // build is cancelled or times out.
-func (s *Server) runBuildStep(ctx context.Context, argv, env []string, dir string, stdout, stderr io.Writer) (int, error) {
+func (x *Service) runBuildStep(ctx context.Context, argv, env []string, dir string, stdout, stderr io.Writer) (int, error) {
 	pathEnv := ""
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
 			pathEnv = v
 		}
 	}
-	exe, apiErr := lookPath(argv[0], pathEnv, dir)
+	exe, apiErr := runner.LookPath(argv[0], pathEnv, dir)
 	if apiErr != nil {
 		return -1, apiErr
 	}
@@ -156,61 +186,36 @@ func (s *Server) runBuildStep(ctx context.Context, argv, env []string, dir strin
 	if timeout <= 0 {
 		return -1, context.DeadlineExceeded
 	}
-	res, apiErr := s.run(ctx, &commandSpec{path: exe, argv: argv, dir: dir, env: env, timeout: timeout}, stdout, stderr)
+	res, apiErr := x.opts.Runner.Run(ctx, &runner.Spec{Path: exe, Argv: argv, Dir: dir, Env: env, Timeout: timeout}, stdout, stderr)
 	if apiErr != nil {
 		return -1, apiErr
 	}
 	return res.ExitCode, nil
 }
 
-// handleExecute serves /v1/execute.
-func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, info *requestInfo) {
+// ServeExecute serves POST /v1/execute.
+func (x *Service) ServeExecute(w http.ResponseWriter, r *http.Request, info *httpcall.Info) {
 	var req api.ExecuteRequest
-	if !s.decodeRequest(w, r, info, &req) {
+	if !info.Decode(w, r, x.opts.MaxRequestBytes, &req) {
 		return
 	}
-	info.program = s.cfg.Python
+	info.Program = x.opts.Python
 	// Everything about the request is checked before an environment is
 	// built for it.
-	if e := s.checkExecute(&req); e != nil {
-		info.fail(w, e)
+	if e := x.checkExecute(&req); e != nil {
+		info.Fail(w, e)
 		return
 	}
 	res := &api.ExecuteResult{FilesProduced: map[string][]byte{}}
-	python := s.cfg.Python
-	env := map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}
-	for k, v := range req.Env {
-		env[k] = v
+	python, env, pin, e := x.pythonFor(r.Context(), &req, res)
+	if pin != nil {
+		defer pin.Release()
 	}
-	// python_index only matters to a build: without requirements or a
-	// name there is none, and the sandbox's python3 runs the code.
-	if len(req.Requirements) > 0 || req.EnvName != "" {
-		if s.px.envs == nil {
-			info.fail(w, api.Errorf(api.CodeUnavailable, "%s; run without requirements and env_name", s.px.envsOff))
-			return
-		}
-		start := time.Now()
-		lease, created, err := s.px.envs.Ensure(r.Context(), pyenv.Request{Name: req.EnvName, Requirements: req.Requirements, IndexURL: req.PythonIndex})
-		res.EnvSetupMS = time.Since(start).Milliseconds()
-		if err != nil {
-			info.fail(w, envError(err))
-			return
-		}
-		defer lease.Release()
-		python = lease.Python()
-		ei := lease.Info()
-		res.Env = &api.ExecuteEnv{Name: ei.Name, Created: created, Packages: nonNil(ei.Packages), PythonVersion: ei.PythonVersion}
-		// As activating the environment would: what the code starts
-		// (python, pip-installed scripts) is the environment's too.
-		pathEnv := s.baseEnv["PATH"]
-		if p, ok := req.Env["PATH"]; ok {
-			pathEnv = p
-		}
-		env["VIRTUAL_ENV"] = lease.Dir()
-		env["PATH"] = filepath.Join(lease.Dir(), "bin") + string(filepath.ListSeparator) + pathEnv
+	if e != nil {
+		info.Fail(w, e)
+		return
 	}
-
-	dir, root, e := s.newRun(req.Files)
+	dir, root, e := x.newRun(req.Files)
 	if dir != "" {
 		defer os.RemoveAll(dir)
 	}
@@ -218,44 +223,101 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, info *req
 		defer root.Close()
 	}
 	if e != nil {
-		info.fail(w, e)
+		info.Fail(w, e)
 		return
 	}
-	spec, apiErr := s.prepare(&api.CommandRequest{
+	cres, e := x.runCode(r.Context(), &req, python, dir, env)
+	if e != nil {
+		info.Fail(w, e)
+		return
+	}
+	info.Result = cres
+	fillResult(res, cres)
+	if err := x.collectFiles(root, req.Files, res); err != nil {
+		info.Fail(w, api.Errorf(api.CodeInternal, "collecting the run's files: %v", err))
+		return
+	}
+	httpcall.WriteJSON(w, http.StatusOK, res)
+}
+
+// pythonFor is the interpreter and environment the run's code gets: the
+// sandbox's python3, or that of the environment the request names or
+// describes, which is built if need be and pinned until the run is done.
+func (x *Service) pythonFor(ctx context.Context, req *api.ExecuteRequest, res *api.ExecuteResult) (string, map[string]string, *pyenv.Pin, *api.Error) {
+	env := map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	// python_index only matters to a build: without requirements or a
+	// name there is none, and the sandbox's python3 runs the code.
+	if len(req.Requirements) == 0 && req.EnvName == "" {
+		return x.opts.Python, env, nil, nil
+	}
+	if x.envs == nil {
+		return "", nil, nil, api.Errorf(api.CodeUnavailable, "%s; run without requirements and env_name", x.envsOff)
+	}
+	start := time.Now()
+	pin, created, err := x.envs.Ensure(ctx, pyenv.Request{Name: req.EnvName, Requirements: req.Requirements, IndexURL: req.PythonIndex})
+	res.EnvSetupMS = time.Since(start).Milliseconds()
+	if err != nil {
+		return "", nil, nil, envError(err)
+	}
+	ei := pin.Info()
+	res.Env = &api.ExecuteEnv{Name: ei.Name, Created: created, Packages: nonNil(ei.Packages), PythonVersion: ei.PythonVersion}
+	// As activating the environment would: what the code starts
+	// (python, pip-installed scripts) is the environment's too.
+	pathEnv := x.opts.Runner.BaseEnv()["PATH"]
+	if p, ok := req.Env["PATH"]; ok {
+		pathEnv = p
+	}
+	env["VIRTUAL_ENV"] = pin.Dir()
+	env["PATH"] = filepath.Join(pin.Dir(), "bin") + string(filepath.ListSeparator) + pathEnv
+	return pin.Python(), env, pin, nil
+}
+
+// runCode runs the request's code with python in dir, in one of the
+// concurrent-command slots, and kills whatever it left running.
+func (x *Service) runCode(ctx context.Context, req *api.ExecuteRequest, python, dir string, env map[string]string) (*api.CommandResult, *api.Error) {
+	rn := x.opts.Runner
+	spec, apiErr := rn.Prepare(&api.CommandRequest{
 		Command:        []string{python, "-u", "-c", req.Code},
 		Cwd:            dir,
 		Env:            env,
 		Stdin:          req.Stdin,
 		TimeoutSeconds: req.TimeoutSeconds,
 		MaxOutputBytes: req.MaxOutputBytes,
-	}, s.cfg.PythonDefaultTimeout, s.cfg.PythonMaxTimeout)
-	release, ok := s.admit(r.Context(), w, info, apiErr)
-	if !ok {
-		return
+	}, x.opts.DefaultTimeout, x.opts.MaxTimeout)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	release, apiErr := x.opts.Acquire(ctx)
+	if apiErr != nil {
+		return nil, apiErr
 	}
 	defer release()
 
-	out := newOutput(spec.maxOutput)
-	ctx, cancel := context.WithTimeoutCause(r.Context(), spec.timeout, errCommandTimeout)
+	out := runner.NewOutput(spec.MaxOutput)
+	ctx, cancel := runner.WithTimeout(ctx, spec.Timeout)
 	defer cancel()
-	p, apiErr := s.spawn(ctx, spec, out.stdout, out.stderr)
+	p, apiErr := rn.Spawn(ctx, spec, out.Stdout(), out.Stderr())
 	if apiErr != nil {
-		info.fail(w, apiErr)
-		return
+		return nil, apiErr
 	}
-	pgid := p.cmd.Process.Pid
-	cres, apiErr := s.wait(ctx, p)
+	pgid := p.Pid()
+	cres, apiErr := rn.Wait(ctx, p)
 	// Unlike a command, a run leaves nothing behind: its directory is about
 	// to go, and its files are read only once nothing can still be writing
 	// them.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	if apiErr != nil {
-		info.fail(w, apiErr)
-		return
+		return nil, apiErr
 	}
-	cres.Stdout, cres.Stderr, cres.Truncated = out.result()
-	info.result = cres
+	cres.Stdout, cres.Stderr, cres.Truncated = out.Result()
+	return cres, nil
+}
 
+// fillResult puts how the code ended into res.
+func fillResult(res *api.ExecuteResult, cres *api.CommandResult) {
 	res.Output, res.Stderr, res.ExitCode = cres.Stdout, cres.Stderr, cres.ExitCode
 	res.Signal, res.TimedOut, res.Truncated = cres.Signal, cres.TimedOut, cres.Truncated
 	res.ExecutionTimeMS = cres.DurationMS
@@ -267,16 +329,11 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, info *req
 	default:
 		res.Status = api.ExecuteError
 	}
-	if err := s.collectFiles(root, req.Files, res); err != nil {
-		info.fail(w, api.Errorf(api.CodeInternal, "collecting the run's files: %v", err))
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
 }
 
 // checkExecute validates what can be checked before anything is built or
 // written, with the same rules as python_exec for the code and limits.
-func (s *Server) checkExecute(req *api.ExecuteRequest) *api.Error {
+func (x *Service) checkExecute(req *api.ExecuteRequest) *api.Error {
 	if req.ToolName != "" && req.ToolName != api.ToolPythonExecute {
 		return api.Errorf(api.CodeInvalidArgument, "tool_name %q: %s runs only %q", req.ToolName, api.PathExecute, api.ToolPythonExecute)
 	}
@@ -298,7 +355,7 @@ func (s *Server) checkExecute(req *api.ExecuteRequest) *api.Error {
 	}
 	// The code, timeout, output cap and environment, as python_exec takes
 	// them; the interpreter is resolved again for the real run.
-	_, e := s.preparePython(&api.PythonRequest{
+	_, e := x.PreparePython(&api.PythonRequest{
 		Code: req.Code, Stdin: req.Stdin, Env: req.Env, TimeoutSeconds: req.TimeoutSeconds, MaxOutputBytes: req.MaxOutputBytes,
 	})
 	if e != nil && e.Code == api.CodeNotFound && strings.HasPrefix(e.Message, "executable ") {
@@ -330,11 +387,11 @@ func checkRunPath(name string) *api.Error {
 // newRun makes the run's directory and writes the inline files into it.
 // The directory is returned whenever it was made, for the caller to
 // remove.
-func (s *Server) newRun(files map[string][]byte) (string, *os.Root, *api.Error) {
-	if err := os.MkdirAll(s.px.runDir, 0o700); err != nil {
+func (x *Service) newRun(files map[string][]byte) (string, *os.Root, *api.Error) {
+	if err := os.MkdirAll(x.runDir, 0o700); err != nil {
 		return "", nil, api.Errorf(api.CodeInternal, "run directory: %v", err)
 	}
-	dir, err := os.MkdirTemp(s.px.runDir, "run-")
+	dir, err := os.MkdirTemp(x.runDir, "run-")
 	if err != nil {
 		return "", nil, api.Errorf(api.CodeInternal, "run directory: %v", err)
 	}
@@ -373,8 +430,8 @@ func runFileError(name string, err error) *api.Error {
 
 // collectFiles puts the regular files the run created or changed into
 // res, in path order, within the caps; the rest are listed as omitted.
-func (s *Server) collectFiles(root *os.Root, inputs map[string][]byte, res *api.ExecuteResult) error {
-	maxFile, budget := s.cfg.Execute.MaxFileBytes, s.cfg.Execute.MaxFilesBytes
+func (x *Service) collectFiles(root *os.Root, inputs map[string][]byte, res *api.ExecuteResult) error {
+	maxFile, budget := x.cfg.MaxFileBytes, x.cfg.MaxFilesBytes
 	omit := func(p string, size int64, reason string) {
 		if len(res.FilesOmitted) < maxOmittedListed {
 			res.FilesOmitted = append(res.FilesOmitted, api.OmittedFile{Path: p, SizeBytes: size, Reason: reason})

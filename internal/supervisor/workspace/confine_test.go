@@ -1,4 +1,4 @@
-package supervisor
+package workspace
 
 import (
 	"io"
@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -35,7 +36,7 @@ func TestResolveLinks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s, err := New(Config{Workspace: ws, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, err := Open(ws, api.DefaultWorkspaceCapBytes, time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
