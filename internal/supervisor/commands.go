@@ -20,7 +20,8 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, info *requestInf
 	return info.Decode(w, r, s.cfg.MaxRequestBytes, v)
 }
 
-// serveCommand serves POST /v1/commands.
+// serveCommand serves POST /v1/commands and /v1/commands/stream, which
+// differ only in where the output goes.
 func (s *Server) serveCommand(w *recorder, r *http.Request, info *requestInfo) {
 	var req api.CommandRequest
 	if !s.decode(w, r, info, &req) {
@@ -28,19 +29,11 @@ func (s *Server) serveCommand(w *recorder, r *http.Request, info *requestInfo) {
 	}
 	info.SetProgram(req.Command)
 	spec, apiErr := s.runner.Prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
-	s.runCommand(w, r, info, spec, apiErr)
-}
-
-// serveCommandStream serves POST /v1/commands/stream, which differs from
-// /v1/commands only in where the output goes.
-func (s *Server) serveCommandStream(w *recorder, r *http.Request, info *requestInfo) {
-	var req api.CommandRequest
-	if !s.decode(w, r, info, &req) {
+	if r.URL.Path == api.PathCommandsStream {
+		s.runCommandStream(w, r, info, spec, apiErr)
 		return
 	}
-	info.SetProgram(req.Command)
-	spec, apiErr := s.runner.Prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
-	s.runCommandStream(w, r, info, spec, apiErr)
+	s.runCommand(w, r, info, spec, apiErr)
 }
 
 // servePython serves python_exec. A snippet is run as a command, through

@@ -79,7 +79,7 @@ func (s *Server) routeTable() []route {
 		{path: api.PathLive, probe: true, methods: []method{{onGet, "health", nil, paramsURL, s.serveLive}}},
 		{path: api.PathFlush, methods: []method{{onPost, "flush", nil, paramsURL, s.serveFlush}}},
 		{path: api.PathCommands, methods: []method{{onPost, "run_command", nil, paramsBody, s.serveCommand}}},
-		{path: api.PathCommandsStream, methods: []method{{onPost, "run_command_stream", nil, paramsBody, s.serveCommandStream}}},
+		{path: api.PathCommandsStream, methods: []method{{onPost, "run_command_stream", nil, paramsBody, s.serveCommand}}},
 		{path: api.PathPython, methods: []method{{onPost, "python_exec", nil, paramsBody, s.servePython}}},
 		{path: api.PathExecute, methods: []method{{onPost, "execute", nil, paramsBody, s.serveExecute}}},
 		{path: api.PathEnvs, methods: []method{

@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -133,7 +134,7 @@ func decodeParams(raw json.RawMessage, v any) error {
 func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rest, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
 	if !ok || (rest != "" && rest[0] != '/') {
-		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+		httpcall.WriteError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 		return
 	}
 	rest = strings.Trim(rest, "/")
@@ -141,13 +142,13 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !allow(w, r, http.MethodGet, http.MethodHead) {
 			return
 		}
-		writeJSON(w, http.StatusOK, ListResponse{Servers: m.Statuses()})
+		httpcall.WriteJSON(w, http.StatusOK, ListResponse{Servers: m.Statuses()})
 		return
 	}
 	name, sub, _ := strings.Cut(rest, "/")
 	s, ok := m.servers[name]
 	if !ok {
-		writeError(w, api.Errorf(api.CodeNotFound, "no MCP server named %q", name))
+		httpcall.WriteError(w, api.Errorf(api.CodeNotFound, "no MCP server named %q", name))
 		return
 	}
 	switch sub {
@@ -159,7 +160,7 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !allow(w, r, http.MethodGet, http.MethodHead, http.MethodPost) {
 			return
 		}
-		writeJSON(w, http.StatusOK, s.status())
+		httpcall.WriteJSON(w, http.StatusOK, s.status())
 	case "tools":
 		if !allow(w, r, http.MethodGet, http.MethodHead) {
 			return
@@ -178,25 +179,25 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		if resp.Tools == nil {
 			if toolsErr != "" {
-				writeError(w, api.Errorf(api.CodeUnavailable, "tools/list of %q failed: %s", name, toolsErr))
+				httpcall.WriteError(w, api.Errorf(api.CodeUnavailable, "tools/list of %q failed: %s", name, toolsErr))
 				return
 			}
 			resp.Tools = []*mcp.Tool{}
 		}
-		writeJSON(w, http.StatusOK, resp)
+		httpcall.WriteJSON(w, http.StatusOK, resp)
 	default:
-		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+		httpcall.WriteError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 	}
 }
 
 func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct))
+		httpcall.WriteError(w, api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct))
 		return
 	}
 	timeout, e := m.callTimeout(r)
 	if e != nil {
-		writeError(w, e)
+		httpcall.WriteError(w, e)
 		return
 	}
 	req, ok := m.readCall(w, r)
@@ -217,7 +218,7 @@ func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	case m.slots <- struct{}{}:
 		defer func() { <-m.slots }()
 	default:
-		writeError(w, api.Errorf(api.CodeResourceExhausted, "%d MCP calls are already in flight", cap(m.slots)))
+		httpcall.WriteError(w, api.Errorf(api.CodeResourceExhausted, "%d MCP calls are already in flight", cap(m.slots)))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
@@ -251,10 +252,10 @@ func (m *Manager) readCall(w http.ResponseWriter, r *http.Request) (req rpcReque
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeError(w, api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit))
+			httpcall.WriteError(w, api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit))
 			return req, false
 		}
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "reading the body: %v", err))
+		httpcall.WriteError(w, api.Errorf(api.CodeInvalidArgument, "reading the body: %v", err))
 		return req, false
 	}
 	null := json.RawMessage("null")
@@ -299,12 +300,12 @@ func writeCallError(ctx context.Context, w http.ResponseWriter, r *http.Request,
 		// The server died (or Stop came) during the call. Its status
 		// may not show it yet, so the message says what happened.
 		e := api.Errorf(api.CodeUnavailable, "MCP server %q went away during %s: %v", s.cfg.Name, req.Method, err)
-		writeJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: s.status()})
+		httpcall.WriteJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: s.status()})
 	case ctx.Err() != nil && r.Context().Err() == nil:
-		writeError(w, api.Errorf(api.CodeTimeout, "%s on MCP server %q did not answer within %s", req.Method, s.cfg.Name, timeout))
+		httpcall.WriteError(w, api.Errorf(api.CodeTimeout, "%s on MCP server %q did not answer within %s", req.Method, s.cfg.Name, timeout))
 	case r.Context().Err() != nil:
 		// The client went away; nobody reads this.
-		writeError(w, api.Errorf(api.CodeUnavailable, "request cancelled"))
+		httpcall.WriteError(w, api.Errorf(api.CodeUnavailable, "request cancelled"))
 	default:
 		// The SDK refused the call or the server's answer (e.g. a
 		// result that does not match the tool's output schema).
@@ -339,7 +340,7 @@ func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
 	}
 	list := strings.Join(methods, ", ")
 	w.Header().Set("Allow", list)
-	writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, list))
+	httpcall.WriteError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, list))
 	return false
 }
 
@@ -348,7 +349,7 @@ func writeRPC(w http.ResponseWriter, resp rpcResponse) {
 	if resp.Error == nil && resp.Result == nil {
 		resp.Result = struct{}{}
 	}
-	writeJSON(w, http.StatusOK, resp)
+	httpcall.WriteJSON(w, http.StatusOK, resp)
 }
 
 func writeUnavailable(w http.ResponseWriter, st Status) {
@@ -362,18 +363,5 @@ func writeUnavailable(w http.ResponseWriter, st Status) {
 		wait := time.Until(*st.NextStartAt)
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((wait+time.Second-1)/time.Second)), 10))
 	}
-	writeJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: st})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, e *api.Error) {
-	writeJSON(w, e.HTTPStatus, api.ErrorBody{Error: e})
+	httpcall.WriteJSON(w, e.HTTPStatus, UnavailableBody{Error: e, Server: st})
 }
