@@ -164,7 +164,7 @@ func (x *Service) Close() error {
 	return x.envs.Close()
 }
 
-// runBuildStep is the pyenv Runner: build steps go through the same spawn
+// runBuildStep is the pyenv Runner: build steps go through the same Run
 // path as commands, so they get their own process group, are tracked for
 // Terminate and registered with the reaper, and are killed whole when the
 // build is cancelled or times out.
