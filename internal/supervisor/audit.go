@@ -1,13 +1,19 @@
 package supervisor
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+	"net/http"
 	"os"
 	"sync"
+	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -97,4 +103,69 @@ func (a *AuditLog) Close() error {
 		return fmt.Errorf("audit log: %w", syncErr)
 	}
 	return nil
+}
+
+// requestInfo is what is known about a call, for its log line and
+// record.
+type requestInfo struct {
+	httpcall.Info
+	// op is the call's name in its record (see route).
+	op string
+	// record makes the call's audit record from what is known when it is
+	// first called, and returns that one from then on: a PTY session
+	// makes it before its close, to send it, and ServeHTTP after the
+	// handler.
+	record func() *AuditEntry
+	made   *AuditEntry
+}
+
+// auditRecord is the record of a call that answered status.
+func (s *Server) auditRecord(r *http.Request, start time.Time, status int, info *requestInfo, params hash.Hash) *AuditEntry {
+	e := &AuditEntry{
+		Time:         start.UTC(),
+		Tool:         info.op,
+		ParamsSHA256: hex.EncodeToString(params.Sum(nil)),
+		DurationMS:   time.Since(start).Milliseconds(),
+		HTTPStatus:   status,
+		Peer:         peerID(r),
+		Sandbox:      s.cfg.Identity,
+		RequestID:    requestID(r),
+	}
+	if res := info.Result; res != nil {
+		e.ExitCode = &res.ExitCode
+		e.Signal, e.TimedOut, e.OutOfMemory, e.Truncated = res.Signal, res.TimedOut, res.OutOfMemory, res.Truncated
+	}
+	if info.Err != nil {
+		e.ErrorCode = string(info.Err.Code)
+	}
+	if info.Aborted != nil {
+		e.Aborted = true
+	}
+	return e
+}
+
+// requestID is the caller's request ID, if it is one a record can hold:
+// short printable ASCII.
+func requestID(r *http.Request) string {
+	id := r.Header.Get(api.HeaderRequestID)
+	if len(id) > api.MaxRequestIDBytes {
+		return ""
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return ""
+		}
+	}
+	return id
+}
+
+func peerID(r *http.Request) string {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return ""
+	}
+	id, err := pki.IDFromCert(r.TLS.PeerCertificates[0])
+	if err != nil {
+		return ""
+	}
+	return id.String()
 }

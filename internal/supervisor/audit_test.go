@@ -188,6 +188,11 @@ func TestAuditLogServer(t *testing.T) {
 }
 
 func TestToolNames(t *testing.T) {
+	s := newServer(t, Config{})
+	toolName := func(r *http.Request) string {
+		_, m := s.match(r)
+		return m.name(r)
+	}
 	for _, c := range []struct{ method, path, want string }{
 		{"POST", api.PathCommands, "run_command"},
 		{"POST", api.PathPython, "python_exec"},

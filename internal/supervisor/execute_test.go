@@ -218,8 +218,8 @@ func TestHealthStateAndLoad(t *testing.T) {
 
 func TestExecuteRunDirDefault(t *testing.T) {
 	s := newServer(t, Config{})
-	if want := filepath.Join(os.TempDir(), "agentbox-runs"); s.px.runDir != want {
-		t.Errorf("run dir %q, want %q", s.px.runDir, want)
+	if want := filepath.Join(os.TempDir(), "agentbox-runs"); s.exec.RunDir() != want {
+		t.Errorf("run dir %q, want %q", s.exec.RunDir(), want)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/workspace"
 )
 
 // fileServer is a supervisor on a real HTTP listener with a temporary
@@ -116,7 +117,7 @@ func randomBytes(t testing.TB, n int) []byte {
 func countTemps(dir string) int {
 	n := 0
 	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && strings.HasPrefix(d.Name(), tempPrefix) {
+		if err == nil && strings.HasPrefix(d.Name(), workspace.TempPrefix) {
 			n++
 		}
 		return nil
@@ -137,7 +138,7 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 func noTemps(t testing.TB, dir string) {
 	t.Helper()
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && strings.HasPrefix(d.Name(), tempPrefix) {
+		if err == nil && strings.HasPrefix(d.Name(), workspace.TempPrefix) {
 			t.Errorf("temporary file left behind: %s", p)
 		}
 		return err
@@ -841,7 +842,7 @@ func FuzzRelPath(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, p string) {
-		rel, apiErr := s.relPath(p)
+		rel, apiErr := s.ws.RelPath(p)
 		if apiErr != nil {
 			if apiErr.Code != api.CodePathEscapesWorkspace && apiErr.Code != api.CodeInvalidArgument {
 				t.Fatalf("relPath(%q): unexpected code %s", p, apiErr.Code)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/runner"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -28,11 +30,11 @@ func FuzzDecodeCommand(f *testing.F) {
 	s := newServer(f, Config{MaxRequestBytes: 1 << 16})
 	f.Fuzz(func(t *testing.T, body string) {
 		var req api.CommandRequest
-		if e := s.decodeJSON(httptest.NewRecorder(), jsonRequest(api.PathCommands, body), &req); e != nil {
+		if e := httpcall.DecodeJSON(httptest.NewRecorder(), jsonRequest(api.PathCommands, body), s.cfg.MaxRequestBytes, &req); e != nil {
 			checkTypedError(t, e)
 			return
 		}
-		spec, e := s.prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
+		spec, e := s.runner.Prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
 		if e != nil {
 			checkTypedError(t, e)
 			return
@@ -54,21 +56,21 @@ func FuzzDecodePython(f *testing.F) {
 	s := newServer(f, Config{MaxRequestBytes: 1 << 16, Python: "sh"})
 	f.Fuzz(func(t *testing.T, body string) {
 		var req api.PythonRequest
-		if e := s.decodeJSON(httptest.NewRecorder(), jsonRequest(api.PathPython, body), &req); e != nil {
+		if e := httpcall.DecodeJSON(httptest.NewRecorder(), jsonRequest(api.PathPython, body), s.cfg.MaxRequestBytes, &req); e != nil {
 			checkTypedError(t, e)
 			return
 		}
-		spec, e := s.preparePython(&req)
+		spec, e := s.exec.PreparePython(&req)
 		if e != nil {
 			checkTypedError(t, e)
 			return
 		}
 		checkSpec(t, s, spec)
-		if len(spec.argv) != 4 || spec.argv[3] != req.Code || spec.argv[1] != "-u" || spec.argv[2] != "-c" {
-			t.Fatalf("argv %q does not carry the code as one argument", spec.argv)
+		if len(spec.Argv) != 4 || spec.Argv[3] != req.Code || spec.Argv[1] != "-u" || spec.Argv[2] != "-c" {
+			t.Fatalf("argv %q does not carry the code as one argument", spec.Argv)
 		}
-		if spec.timeout > s.cfg.PythonMaxTimeout {
-			t.Fatalf("timeout %s above the python maximum", spec.timeout)
+		if spec.Timeout > s.cfg.PythonMaxTimeout {
+			t.Fatalf("timeout %s above the python maximum", spec.Timeout)
 		}
 	})
 }
@@ -83,10 +85,10 @@ func FuzzFilePath(f *testing.F) {
 	}
 	ws := f.TempDir()
 	s := newServer(f, Config{Workspace: ws, DefaultCwd: ws})
-	f.Add(s.workspace + "/a/../b")
-	f.Add(s.workspace + "/../" + path.Base(s.workspace) + "x")
+	f.Add(s.Workspace() + "/a/../b")
+	f.Add(s.Workspace() + "/../" + path.Base(s.Workspace()) + "x")
 	f.Fuzz(func(t *testing.T, p string) {
-		rel, e := s.relPath(p)
+		rel, e := s.ws.RelPath(p)
 		if e != nil {
 			checkTypedError(t, e)
 			return
@@ -127,22 +129,22 @@ func checkTypedError(t *testing.T, e *api.Error) {
 	}
 }
 
-func checkSpec(t *testing.T, s *Server, spec *commandSpec) {
+func checkSpec(t *testing.T, s *Server, spec *runner.Spec) {
 	t.Helper()
-	if len(spec.argv) == 0 || spec.path == "" || spec.dir == "" {
+	if len(spec.Argv) == 0 || spec.Path == "" || spec.Dir == "" {
 		t.Fatalf("incomplete spec %+v", spec)
 	}
-	for _, a := range append(append([]string{}, spec.argv...), spec.env...) {
+	for _, a := range append(append([]string{}, spec.Argv...), spec.Env...) {
 		if strings.IndexByte(a, 0) >= 0 {
 			t.Fatalf("NUL reached the process: %q", a)
 		}
 	}
-	for _, kv := range spec.env {
+	for _, kv := range spec.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			t.Fatalf("malformed environment entry %q", kv)
 		}
 	}
-	if spec.timeout <= 0 || spec.timeout > s.cfg.MaxTimeout || spec.maxOutput <= 0 || spec.maxOutput > s.cfg.MaxOutputBytesLimit {
-		t.Fatalf("limits out of range: timeout %s, output %d", spec.timeout, spec.maxOutput)
+	if spec.Timeout <= 0 || spec.Timeout > s.cfg.MaxTimeout || spec.MaxOutput <= 0 || spec.MaxOutput > s.cfg.MaxOutputBytesLimit {
+		t.Fatalf("limits out of range: timeout %s, output %d", spec.Timeout, spec.MaxOutput)
 	}
 }

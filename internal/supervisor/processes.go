@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -48,24 +49,25 @@ func newProcessID() string {
 	return "p-" + hex.EncodeToString(b)
 }
 
-func (s *Server) handleStartProcess(w http.ResponseWriter, r *http.Request, info *requestInfo) {
+// startProcessCall serves POST /v1/processes.
+func (s *Server) startProcessCall(w *recorder, r *http.Request, info *requestInfo) {
 	var req api.ProcessRequest
-	if !s.decodeRequest(w, r, info, &req) {
+	if !s.decode(w, r, info, &req) {
 		return
 	}
-	info.setProgram(req.Command)
+	info.SetProgram(req.Command)
 	p, apiErr := s.startProcess(&req)
 	if apiErr != nil {
-		info.fail(w, apiErr)
+		info.Fail(w, apiErr)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.describe(p, false))
+	httpcall.WriteJSON(w, http.StatusCreated, s.describe(p, false))
 }
 
 func (s *Server) startProcess(req *api.ProcessRequest) (*bgProcess, *api.Error) {
 	// The timeout and output cap prepare checks do not apply: the process
 	// runs until stopped and its output goes to rings.
-	spec, apiErr := s.prepare(&api.CommandRequest{Command: req.Command, Cwd: req.Cwd, Env: req.Env, Stdin: req.Stdin},
+	spec, apiErr := s.runner.Prepare(&api.CommandRequest{Command: req.Command, Cwd: req.Cwd, Env: req.Env, Stdin: req.Stdin},
 		s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
 	if apiErr != nil {
 		return nil, apiErr
@@ -97,11 +99,11 @@ func (s *Server) startProcess(req *api.ProcessRequest) (*bgProcess, *api.Error) 
 	// Not the request's context: the process outlives the call. It ends
 	// by a signal from DELETE, Terminate or Kill.
 	ctx := context.Background()
-	proc, apiErr := s.spawn(ctx, spec, p.stdout, p.stderr)
+	proc, apiErr := s.runner.Spawn(ctx, spec, p.stdout, p.stderr)
 	s.mu.Lock()
 	s.procsStarting--
 	if apiErr == nil {
-		p.pid, p.started = proc.cmd.Process.Pid, proc.start
+		p.pid, p.started = proc.Pid(), proc.Started
 		s.procs = append(s.procs, p)
 	}
 	s.mu.Unlock()
@@ -111,7 +113,7 @@ func (s *Server) startProcess(req *api.ProcessRequest) (*bgProcess, *api.Error) 
 	}
 	go func() {
 		defer s.end()
-		res, apiErr := s.wait(ctx, proc)
+		res, apiErr := s.runner.Wait(ctx, proc)
 		if apiErr != nil {
 			res = &api.CommandResult{ExitCode: -1, DurationMS: time.Since(p.started).Milliseconds()}
 		}
@@ -164,41 +166,27 @@ func (s *Server) lookupProcess(id string) *bgProcess {
 	return nil
 }
 
-// serveProcesses serves /v1/processes and /v1/processes/{id}, reporting
-// whether the path was one of them.
-func (s *Server) serveProcesses(w http.ResponseWriter, r *http.Request, info *requestInfo) bool {
-	if r.URL.Path == api.PathProcesses {
-		switch r.Method {
-		case http.MethodPost:
-			s.handleStartProcess(w, r, info)
-		case http.MethodGet, http.MethodHead:
-			s.mu.Lock()
-			procs := slices.Clone(s.procs)
-			s.mu.Unlock()
-			list := api.ProcessList{Processes: make([]api.ProcessInfo, 0, len(procs))}
-			for _, p := range procs {
-				list.Processes = append(list.Processes, s.describe(p, false))
-			}
-			writeJSON(w, http.StatusOK, list)
-		default:
-			methodNotAllowed(w, r, "GET, HEAD, POST")
-		}
-		return true
+// listProcesses serves GET /v1/processes.
+func (s *Server) listProcesses(w *recorder, _ *http.Request, _ *requestInfo) {
+	s.mu.Lock()
+	procs := slices.Clone(s.procs)
+	s.mu.Unlock()
+	list := api.ProcessList{Processes: make([]api.ProcessInfo, 0, len(procs))}
+	for _, p := range procs {
+		list.Processes = append(list.Processes, s.describe(p, false))
 	}
-	id, ok := strings.CutPrefix(r.URL.Path, api.PathProcesses+"/")
-	if !ok {
-		return false
-	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodDelete {
-		methodNotAllowed(w, r, "GET, HEAD, DELETE")
-		return true
-	}
+	httpcall.WriteJSON(w, http.StatusOK, list)
+}
+
+// serveProcess serves GET and DELETE /v1/processes/{id}.
+func (s *Server) serveProcess(w *recorder, r *http.Request, info *requestInfo) {
+	id := strings.TrimPrefix(r.URL.Path, api.PathProcesses+"/")
 	p := s.lookupProcess(id)
 	if p == nil {
-		info.fail(w, api.Errorf(api.CodeNotFound, "no background process %q", id))
-		return true
+		info.Fail(w, api.Errorf(api.CodeNotFound, "no background process %q", id))
+		return
 	}
-	info.program = p.argv[0]
+	info.Program = p.argv[0]
 	if r.Method == http.MethodDelete {
 		s.stopProcess(p)
 		s.mu.Lock()
@@ -209,10 +197,9 @@ func (s *Server) serveProcesses(w http.ResponseWriter, r *http.Request, info *re
 	if r.Method == http.MethodDelete {
 		// The outcome of this call is how the process ended; a GET only
 		// looks at it.
-		info.result = desc.Exit
+		info.Result = desc.Exit
 	}
-	writeJSON(w, http.StatusOK, desc)
-	return true
+	httpcall.WriteJSON(w, http.StatusOK, desc)
 }
 
 // stopProcess sends SIGTERM to the process's group, SIGKILL after
@@ -235,33 +222,6 @@ func (s *Server) stopProcess(p *bgProcess) {
 	}
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 	<-p.done
-}
-
-// Kill sends SIGKILL to the process group of every running command and
-// background process, and to the groups of background processes whose
-// leader exited after Terminate (their members may have ignored SIGTERM).
-// It is the last step of a shutdown, after Terminate and a grace.
-func (s *Server) Kill() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.terminating = true
-	pgids := make(map[int]struct{}, len(s.groups))
-	for pgid := range s.groups {
-		pgids[pgid] = struct{}{}
-	}
-	for _, p := range s.procs {
-		if p.sweep {
-			pgids[p.pid] = struct{}{}
-			p.sweep = false
-		}
-	}
-	n := 0
-	for pgid := range pgids {
-		if syscall.Kill(-pgid, syscall.SIGKILL) == nil {
-			n++
-		}
-	}
-	return n
 }
 
 // ring keeps the last size bytes written to it.

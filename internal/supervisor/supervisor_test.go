@@ -253,39 +253,6 @@ func TestOutputCap(t *testing.T) {
 	}
 }
 
-// The buffers must never grow past the cap, however the output arrives.
-func TestOutputBuffersStayWithinCap(t *testing.T) {
-	const limit = 1 << 20
-	o := newOutput(limit)
-	chunk := bytes.Repeat([]byte("z"), 32<<10)
-	for i := 0; i < 96; i++ {
-		w := o.stdout
-		if i%3 == 0 {
-			w = o.stderr
-		}
-		if n, err := w.Write(chunk); n != len(chunk) || err != nil {
-			t.Fatalf("Write = %d, %v; want every byte accepted", n, err)
-		}
-	}
-	held := 0
-	for _, w := range []*cappedWriter{o.stdout, o.stderr} {
-		for _, c := range w.chunks {
-			held += cap(c)
-		}
-	}
-	if held > limit+2*maxChunk {
-		t.Fatalf("buffers hold %d bytes, cap is %d", held, limit)
-	}
-	t.Logf("kept %d bytes in %d bytes of buffers", limit, held)
-	if o.stdout.n+o.stderr.n != limit || !o.truncated {
-		t.Fatalf("kept %d bytes, truncated %v", o.stdout.n+o.stderr.n, o.truncated)
-	}
-	stdout, stderr, _ := o.result()
-	if len(stdout)+len(stderr) != limit {
-		t.Fatalf("result has %d bytes, want %d", len(stdout)+len(stderr), limit)
-	}
-}
-
 func TestOutputUTF8(t *testing.T) {
 	s := newServer(t, Config{})
 	// "é" is two bytes; a cap of 5 cuts the third one in half.
@@ -297,6 +264,25 @@ func TestOutputUTF8(t *testing.T) {
 	if res.Stdout != "a\uFFFDb" || !utf8.ValidString(res.Stdout) {
 		t.Fatalf("invalid byte: stdout %q, want %q", res.Stdout, "a\uFFFDb")
 	}
+}
+
+// procStat reads a process's state and parent from /proc/<pid>/stat; the
+// command name before them is in parentheses and may hold anything.
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := bytes.Fields(data[i+1:])
+	if len(f) < 2 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(string(f[1]))
+	return f[0][0], ppid, err == nil
 }
 
 // processGone reports whether pid has exited. A zombie counts as gone: it

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,7 +16,10 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	sjsonschema "github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/runner"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/workspace"
 )
 
 // Sandboxed tools: GET /v1/tools and POST /v1/tools/{name} (see
@@ -34,8 +36,8 @@ import (
 // which is what a model correcting its call needs, while jsonschema-go's
 // own validator reports locations in the schema.
 //
-// The tools are thin: each calls the code its HTTP endpoint uses (prepare
-// and run for commands, relPath, os.Root and writeFile for files), so
+// The tools are thin: each calls the code its HTTP endpoint uses (Prepare
+// and Run for commands, the workspace's Confine and WriteFile for files), so
 // confinement, caps and error codes are the same whichever way a call
 // comes in.
 
@@ -104,7 +106,7 @@ var tools = sync.OnceValue(func() []Tool {
 				if e != nil {
 					return nil, e
 				}
-				return s.list(rel)
+				return s.ws.List(rel)
 			}),
 		newTool(api.ToolStatFile,
 			"Describe a file, directory or symbolic link in the workspace: size, mode, modification time.",
@@ -114,7 +116,7 @@ var tools = sync.OnceValue(func() []Tool {
 				if e != nil {
 					return nil, e
 				}
-				return s.stat(rel)
+				return s.ws.Stat(rel)
 			}),
 		newTool(api.ToolDeleteFile,
 			"Delete a file or symbolic link in the workspace, or a directory with everything in it (recursive).",
@@ -124,7 +126,7 @@ var tools = sync.OnceValue(func() []Tool {
 				if e != nil {
 					return nil, e
 				}
-				if e := s.deletePath(rel, in.Recursive); e != nil {
+				if e := s.ws.Delete(rel, in.Recursive); e != nil {
 					return nil, e
 				}
 				return &api.DeleteFileOutput{Path: rel, Deleted: true}, nil
@@ -146,7 +148,7 @@ var tools = sync.OnceValue(func() []Tool {
 				})
 			},
 			func(ctx context.Context, s *Server, in *api.CommandRequest) (*api.CommandResult, *api.Error) {
-				spec, e := s.prepare(in, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
+				spec, e := s.runner.Prepare(in, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
 				if e != nil {
 					return nil, e
 				}
@@ -171,7 +173,7 @@ var tools = sync.OnceValue(func() []Tool {
 				})
 			},
 			func(ctx context.Context, s *Server, in *api.PythonRequest) (*api.CommandResult, *api.Error) {
-				spec, e := s.preparePython(in)
+				spec, e := s.exec.PreparePython(in)
 				if e != nil {
 					return nil, e
 				}
@@ -357,60 +359,51 @@ func toolInfo(t Tool) api.ToolInfo {
 	return api.ToolInfo{Name: t.Name(), Description: t.Description(), InputSchema: in, OutputSchema: out}
 }
 
-// serveTools serves /v1/tools and /v1/tools/{name}, reporting whether the
-// path was one of them.
-func (s *Server) serveTools(w http.ResponseWriter, r *http.Request, info *requestInfo) bool {
-	if r.URL.Path == api.PathTools {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			methodNotAllowed(w, r, "GET, HEAD")
-			return true
-		}
-		cat := api.ToolCatalog{Tools: make([]api.ToolInfo, 0, len(tools()))}
-		for _, t := range tools() {
-			cat.Tools = append(cat.Tools, toolInfo(t))
-		}
-		writeJSON(w, http.StatusOK, cat)
-		return true
+// listTools serves GET /v1/tools, the catalog.
+func (s *Server) listTools(w *recorder, _ *http.Request, _ *requestInfo) {
+	cat := api.ToolCatalog{Tools: make([]api.ToolInfo, 0, len(tools()))}
+	for _, t := range tools() {
+		cat.Tools = append(cat.Tools, toolInfo(t))
 	}
-	name, ok := strings.CutPrefix(r.URL.Path, api.PathTools+"/")
-	if !ok {
-		return false
-	}
+	httpcall.WriteJSON(w, http.StatusOK, cat)
+}
+
+// serveTool serves /v1/tools/{name}: the tool's catalog entry, or a call
+// of it.
+func (s *Server) serveTool(w *recorder, r *http.Request, info *requestInfo) {
+	name := strings.TrimPrefix(r.URL.Path, api.PathTools+"/")
 	t, ok := toolsByName()[name]
 	if !ok {
-		info.fail(w, api.Errorf(api.CodeNotFound, "no tool %q; GET %s lists them", name, api.PathTools))
-		return true
+		info.Fail(w, api.Errorf(api.CodeNotFound, "no tool %q; GET %s lists them", name, api.PathTools))
+		return
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		writeJSON(w, http.StatusOK, toolInfo(t))
+		httpcall.WriteJSON(w, http.StatusOK, toolInfo(t))
 	case http.MethodPost:
 		var input json.RawMessage
-		if !s.decodeRequest(w, r, info, &input) {
-			return true
+		if !s.decode(w, r, info, &input) {
+			return
 		}
 		out, e := t.Call(r.Context(), s, input)
 		if e != nil {
-			info.fail(w, e)
-			return true
+			info.Fail(w, e)
+			return
 		}
 		if res, ok := out.(*api.CommandResult); ok {
-			info.result = res
+			info.Result = res
 		}
-		writeJSON(w, http.StatusOK, out)
+		httpcall.WriteJSON(w, http.StatusOK, out)
 	default:
-		methodNotAllowed(w, r, "GET, HEAD, POST")
+		httpcall.MethodNotAllowed(w, r, "GET, HEAD, POST")
 	}
-	return true
 }
 
-// toolAuditName is the audit log's name for a call under /v1/tools: the
+// toolOp is the audit record's name for a call under /v1/tools/: the
 // tool's name for an invocation of a known tool.
-func toolAuditName(r *http.Request) string {
-	name, ok := strings.CutPrefix(r.URL.Path, api.PathTools+"/")
+func toolOp(r *http.Request) string {
+	name := strings.TrimPrefix(r.URL.Path, api.PathTools+"/")
 	switch {
-	case !ok:
-		return "list_tools"
 	case toolsByName()[name] == nil:
 		// Not the name as sent: the audit log holds no text a caller
 		// chose.
@@ -421,33 +414,16 @@ func toolAuditName(r *http.Request) string {
 	return name
 }
 
-// runCaptured runs a prepared command in one of the concurrent-command
-// slots and collects its capped output, as /v1/commands does.
-func (s *Server) runCaptured(ctx context.Context, spec *commandSpec) (*api.CommandResult, *api.Error) {
-	release, e := s.acquire(ctx)
-	if e != nil {
-		return nil, e
-	}
-	defer release()
-	out := newOutput(spec.maxOutput)
-	res, e := s.run(ctx, spec, out.stdout, out.stderr)
-	if e != nil {
-		return nil, e
-	}
-	res.Stdout, res.Stderr, res.Truncated = out.result()
-	return res, nil
-}
-
 // toolPath turns a tool's path into a workspace-relative one, as the file
 // endpoints do with theirs.
 func (s *Server) toolPath(p string) (string, *api.Error) {
-	if s.root == nil {
-		return "", api.Errorf(api.CodeUnavailable, "this supervisor serves no workspace (%s does not exist)", DefaultWorkspace)
+	if s.ws == nil {
+		return "", workspace.Unavailable()
 	}
 	if p == "" {
 		p = "."
 	}
-	return s.confine(p)
+	return s.ws.Confine(p)
 }
 
 func (s *Server) toolCreateFile(in *api.CreateFileInput) (*api.FileInfo, *api.Error) {
@@ -462,7 +438,7 @@ func (s *Server) toolCreateFile(in *api.CreateFileInput) (*api.FileInfo, *api.Er
 			return nil, api.Errorf(api.CodeInvalidArgument, "create_file: content is not valid base64: %v", err)
 		}
 	}
-	return s.putFile(rel, bytes.NewReader(data), in.Mode, int64(len(data)))
+	return s.ws.PutFile(rel, bytes.NewReader(data), in.Mode, int64(len(data)))
 }
 
 func (s *Server) toolReadFile(in *api.ReadFileInput) (*api.ReadFileOutput, *api.Error) {
@@ -477,7 +453,7 @@ func (s *Server) toolReadFile(in *api.ReadFileInput) (*api.ReadFileOutput, *api.
 	case in.MaxBytes > 0:
 		limit = in.MaxBytes
 	}
-	f, fi, e := s.openRegular("read", rel)
+	f, fi, e := s.ws.OpenRegular("read", rel)
 	if e != nil {
 		return nil, e
 	}
@@ -487,7 +463,7 @@ func (s *Server) toolReadFile(in *api.ReadFileInput) (*api.ReadFileOutput, *api.
 	buf := make([]byte, min(limit+1, max(fi.Size()-in.Offset+1, 1)))
 	n, err := f.ReadAt(buf, in.Offset)
 	if err != nil && err != io.EOF {
-		return nil, fsError("read", rel, err)
+		return nil, workspace.FSError("read", rel, err)
 	}
 	data := buf[:n]
 	if int64(len(data)) > limit {
@@ -495,7 +471,7 @@ func (s *Server) toolReadFile(in *api.ReadFileInput) (*api.ReadFileOutput, *api.
 		out.Truncated = true
 		// A character cut in two at the end is left for the next read,
 		// so that text stays text.
-		if trimmed := trimPartialRune(string(data)); len(trimmed) < len(data) && utf8.ValidString(trimmed) && len(trimmed) > 0 {
+		if trimmed := runner.TrimPartialRune(string(data)); len(trimmed) < len(data) && utf8.ValidString(trimmed) && len(trimmed) > 0 {
 			data = data[:len(trimmed)]
 		}
 		out.NextOffset = in.Offset + int64(len(data))
@@ -513,12 +489,12 @@ func (s *Server) toolEditFile(in *api.EditFileInput) (*api.EditFileOutput, *api.
 	if e != nil {
 		return nil, e
 	}
-	// writeFile replaces a symbolic link rather than writing through it,
+	// WriteFile replaces a symbolic link rather than writing through it,
 	// which would turn an edit of a link into a copy of its target.
-	if fi, err := s.root.Lstat(rel); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+	if s.ws.IsSymlink(rel) {
 		return nil, api.Errorf(api.CodeInvalidArgument, "edit_file %q: is a symbolic link; edit the file it points to", rel)
 	}
-	f, fi, e := s.openRegular("edit", rel)
+	f, fi, e := s.ws.OpenRegular("edit", rel)
 	if e != nil {
 		return nil, e
 	}
@@ -529,7 +505,7 @@ func (s *Server) toolEditFile(in *api.EditFileInput) (*api.EditFileOutput, *api.
 	data, err := io.ReadAll(io.LimitReader(f, s.cfg.MaxRequestBytes+1))
 	f.Close()
 	if err != nil {
-		return nil, fsError("edit", rel, err)
+		return nil, workspace.FSError("edit", rel, err)
 	}
 	old := []byte(in.OldText)
 	n := bytes.Count(data, old)
@@ -540,10 +516,10 @@ func (s *Server) toolEditFile(in *api.EditFileInput) (*api.EditFileOutput, *api.
 		return nil, api.Errorf(api.CodeInvalidArgument, "edit_file %q: old_text occurs %d times; give more context to make it unique, or set replace_all", rel, n)
 	}
 	edited := bytes.Replace(data, old, []byte(in.NewText), -1)
-	if _, e := s.writeFile(rel, bytes.NewReader(edited), fi.Mode().Perm(), int64(len(edited))); e != nil {
+	if _, e := s.ws.WriteFile(rel, bytes.NewReader(edited), fi.Mode().Perm(), int64(len(edited))); e != nil {
 		return nil, e
 	}
-	st, e := s.stat(rel)
+	st, e := s.ws.Stat(rel)
 	if e != nil {
 		return nil, e
 	}

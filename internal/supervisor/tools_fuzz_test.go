@@ -9,6 +9,7 @@ import (
 
 	sjsonschema "github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/runner"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -64,15 +65,15 @@ func FuzzToolInput(f *testing.F) {
 		}
 		switch name {
 		case api.ToolRunCommand, api.ToolPythonExec:
-			var spec *commandSpec
+			var spec *runner.Spec
 			if name == api.ToolRunCommand {
 				var req api.CommandRequest
 				mustDecode(t, body, &req)
-				spec, e = s.prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
+				spec, e = s.runner.Prepare(&req, s.cfg.DefaultTimeout, s.cfg.MaxTimeout)
 			} else {
 				var req api.PythonRequest
 				mustDecode(t, body, &req)
-				spec, e = s.preparePython(&req)
+				spec, e = s.exec.PreparePython(&req)
 			}
 			if e != nil {
 				checkTypedError(t, e)

@@ -64,14 +64,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -87,48 +84,6 @@ import (
 var version = "dev"
 
 const defaultPlatformNamespace = "agentbox-system"
-
-type options struct {
-	listen           string
-	insecureListen   string
-	healthListen     string
-	tlsDir           string
-	trustDomain      string
-	allowedClientIDs []string
-	workdir          string
-	workspace        string
-	workspaceCap     int64
-	pidsLimit        int
-	memoryLimit      int64
-	memoryReserve    int64
-	maxTimeout       time.Duration
-	maxConcurrent    int
-	maxQueued        int
-	queueWait        time.Duration
-	maxProcesses     int
-	passEnv          []string
-	shutdownGrace    time.Duration
-	killGrace        time.Duration
-	auditLog         string
-	python           string
-	mcpServers       string
-	mcpServersJSON   string
-	pythonTimeout    time.Duration
-	pythonMaxTimeout time.Duration
-	envDir           string
-	envMaxCount      int
-	envMaxSize       int64
-	envCreateTimeout time.Duration
-	pythonIndex      string
-	pythonExtra      []string
-	pythonAllowed    []string
-	uv               string
-	reapOrphans      bool
-	logLevel         slog.Level
-	showVersion      bool
-	probe            bool
-	probeTimeout     time.Duration
-}
 
 func main() {
 	opts, err := parseOptions(os.Args[1:], os.Getenv, os.Stderr)
@@ -162,191 +117,9 @@ func main() {
 	}
 }
 
-func parseOptions(args []string, getenv func(string) string, out io.Writer) (*options, error) {
-	env := func(key, def string) string {
-		if v := getenv(key); v != "" {
-			return v
-		}
-		return def
-	}
-	fs := flag.NewFlagSet("agentbox-supervisor", flag.ContinueOnError)
-	fs.SetOutput(out)
-	o := &options{}
-	var allowed, passEnv, logLevel, workspaceCap, envMaxSize, pythonExtra, pythonAllowed string
-	var pythonTimeout, pythonMaxTimeout string
-	var pidsLimit, memoryLimit, memoryReserve string
-	fs.StringVar(&o.listen, "listen", env("AGENTBOX_LISTEN", fmt.Sprintf(":%d", supervisorapi.DefaultPort)), "HTTPS (mTLS) listen address")
-	fs.StringVar(&o.insecureListen, "insecure-listen", "", "serve plain HTTP without client authentication on this loopback address instead of HTTPS; for local debugging only")
-	fs.StringVar(&o.healthListen, "health-listen", env("AGENTBOX_HEALTH_LISTEN", ""), "optional plain-HTTP address serving only GET /livez and /healthz, for probes (which cannot present a client certificate); the controller sets a loopback one")
-	fs.BoolVar(&o.probe, "probe", false, "instead of serving, call GET /livez on -health-listen (a loopback address when its host is empty or unspecified) and exit 0 if the supervisor answered, 1 if not: the sandbox pod's liveness probe")
-	fs.DurationVar(&o.probeTimeout, "probe-timeout", 5*time.Second, "how long -probe waits for the answer")
-	fs.StringVar(&o.tlsDir, "tls-dir", env("AGENTBOX_TLS_DIR", "/etc/agentbox/tls"), "directory holding tls.crt, tls.key and ca.crt")
-	fs.StringVar(&o.trustDomain, "trust-domain", env("AGENTBOX_TRUST_DOMAIN", pki.DefaultTrustDomain), "SPIFFE trust domain")
-	fs.StringVar(&allowed, "allowed-client-ids", env("AGENTBOX_ALLOWED_CLIENT_IDS", ""), "comma-separated SPIFFE IDs allowed to call (default: the control plane in AGENTBOX_NAMESPACE)")
-	fs.StringVar(&o.workdir, "workdir", env("AGENTBOX_WORKDIR", ""), "default working directory of commands (default /workspace if it exists, else the current directory)")
-	fs.StringVar(&o.workspace, "workspace", env("AGENTBOX_WORKSPACE", ""), "directory served by the file endpoints; no file path can leave it (default: -workdir if set, else /workspace, and no file endpoints if that does not exist)")
-	fs.StringVar(&workspaceCap, "workspace-cap", env("AGENTBOX_WORKSPACE_CAP", "1GiB"), "largest total size of the files in the workspace, in bytes or with a KiB, MiB, GiB (or KB, MB, GB) suffix; file writes past it fail")
-	fs.DurationVar(&o.maxTimeout, "max-timeout", supervisor.DefaultMaxTimeout, "largest timeout a command may ask for")
-	fs.IntVar(&o.maxConcurrent, "max-concurrent", supervisor.DefaultMaxConcurrentCommands, "commands allowed to run at once")
-	fs.IntVar(&o.maxQueued, "max-queued", supervisor.DefaultMaxQueuedCommands, "commands that may wait for one of the -max-concurrent slots; negative: none wait")
-	fs.DurationVar(&o.queueWait, "queue-wait", supervisor.DefaultCommandQueueWait, "how long a command waits for a slot before it is refused")
-	fs.IntVar(&o.maxProcesses, "max-processes", supervisor.DefaultMaxProcesses, "background processes allowed to exist at once")
-	fs.StringVar(&passEnv, "pass-env", env("AGENTBOX_PASS_ENV", strings.Join(supervisor.DefaultPassEnv, ",")), "variables passed from this process's environment to every process it starts (commands, python_exec, execute, terminals, MCP servers): comma-separated, or a JSON array of names; none may start with "+supervisorapi.ReservedEnvPrefix)
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
-	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
-	fs.StringVar(&pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", strconv.Itoa(supervisor.DefaultCommandPidsLimit)), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none")
-	fs.StringVar(&memoryLimit, "memory-limit", env("AGENTBOX_MEMORY_LIMIT", ""), "the pod's memory limit, as -workspace-cap; when set, the command holding the most memory is killed before the sandbox reaches it (default: off)")
-	fs.StringVar(&memoryReserve, "memory-reserve", env("AGENTBOX_MEMORY_RESERVE", ""), "memory kept back under -memory-limit for the sandbox kernel, as -workspace-cap (default: the larger of 96MiB and an eighth of the limit)")
-	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
-	fs.StringVar(&o.python, "python", env("AGENTBOX_PYTHON", supervisor.DefaultPython), "interpreter for python_exec: a name looked up in the commands' PATH, or a path")
-	fs.StringVar(&o.mcpServersJSON, "mcp-servers-json", env("AGENTBOX_MCP_SERVERS_JSON", ""), "the same list as -mcp-servers, given inline as JSON (the control plane sets it from the template); not with -mcp-servers")
-	fs.StringVar(&pythonTimeout, "python-default-timeout", env("AGENTBOX_PYTHON_DEFAULT_TIMEOUT", supervisor.DefaultPythonTimeout.String()), "timeout of python_exec calls that give none")
-	fs.StringVar(&pythonMaxTimeout, "python-max-timeout", env("AGENTBOX_PYTHON_MAX_TIMEOUT", supervisor.DefaultPythonMaxTimeout.String()), "largest timeout a python_exec call may ask for")
-	fs.StringVar(&o.mcpServers, "mcp-servers", env("AGENTBOX_MCP_SERVERS", ""), "JSON file listing the template's stdio MCP servers ([{name, command, args, env, dir}]), started on boot and served at /mcp (default: none)")
-	fs.StringVar(&o.envDir, "env-dir", env("AGENTBOX_ENV_DIR", filepath.Join(os.TempDir(), "agentbox-envs")), "directory of the cached Python environments (/v1/envs, /v1/execute); empty turns them off")
-	fs.IntVar(&o.envMaxCount, "env-max-count", pyenv.DefaultMaxEnvs, "cached Python environments kept; past it the least recently used idle one is removed")
-	fs.StringVar(&envMaxSize, "env-max-size", env("AGENTBOX_ENV_MAX_SIZE", "2GiB"), "disk the cached Python environments may use together, as -workspace-cap; past it the least recently used idle ones are removed")
-	fs.DurationVar(&o.envCreateTimeout, "env-create-timeout", pyenv.DefaultCreateTimeout, "longest a Python environment may take to build")
-	fs.StringVar(&o.pythonIndex, "python-index", env("AGENTBOX_PYTHON_INDEX", ""), "package index (PEP 503 simple URL) environments install from (default: the installer's own)")
-	fs.StringVar(&pythonExtra, "python-extra-indexes", env("AGENTBOX_PYTHON_EXTRA_INDEXES", ""), "comma-separated extra package indexes")
-	fs.StringVar(&pythonAllowed, "python-allowed-packages", env("AGENTBOX_PYTHON_ALLOWED_PACKAGES", ""), "comma-separated projects environments may install, dependencies included (default: any)")
-	fs.StringVar(&o.uv, "uv", env("AGENTBOX_UV", "uv"), "uv to build environments with, looked up in the commands' PATH; when absent (or empty) venv and pip are used")
-	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
-	fs.StringVar(&logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
-	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	if o.shutdownGrace < 0 || o.killGrace <= 0 {
-		return nil, fmt.Errorf("-shutdown-grace must not be negative and -kill-grace must be positive")
-	}
-	if err := o.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
-	}
-	var err error
-	if o.workspace == "" {
-		// The controller sets AGENTBOX_WORKDIR to the template's workspace
-		// mount, which need not be /workspace; the files are served from
-		// the same place commands run.
-		o.workspace = o.workdir
-	}
-	if o.workspaceCap, err = parseSize(workspaceCap); err != nil {
-		return nil, fmt.Errorf("-workspace-cap: %w", err)
-	}
-	if o.pidsLimit, err = strconv.Atoi(pidsLimit); err != nil || o.pidsLimit == 0 || o.pidsLimit < -1 {
-		return nil, fmt.Errorf("-command-pids-limit: want a positive count or -1 for none, got %q", pidsLimit)
-	}
-	for _, f := range []struct {
-		name, value string
-		to          *int64
-	}{{"-memory-limit", memoryLimit, &o.memoryLimit}, {"-memory-reserve", memoryReserve, &o.memoryReserve}} {
-		if f.value == "" {
-			continue
-		}
-		if *f.to, err = parseSize(f.value); err != nil {
-			return nil, fmt.Errorf("%s: %w", f.name, err)
-		}
-	}
-	if o.envMaxSize, err = parseSize(envMaxSize); err != nil {
-		return nil, fmt.Errorf("-env-max-size: %w", err)
-	}
-	if o.envMaxCount <= 0 || o.envCreateTimeout <= 0 {
-		return nil, fmt.Errorf("-env-max-count and -env-create-timeout must be positive")
-	}
-	o.pythonExtra, o.pythonAllowed = splitList(pythonExtra), splitList(pythonAllowed)
-	if o.pythonTimeout, err = time.ParseDuration(pythonTimeout); err != nil || o.pythonTimeout <= 0 {
-		return nil, fmt.Errorf("-python-default-timeout: want a positive duration such as 30s, got %q", pythonTimeout)
-	}
-	if o.pythonMaxTimeout, err = time.ParseDuration(pythonMaxTimeout); err != nil || o.pythonMaxTimeout <= 0 {
-		return nil, fmt.Errorf("-python-max-timeout: want a positive duration such as 120s, got %q", pythonMaxTimeout)
-	}
-	// The template API promises that a default above the cap is cut to
-	// it, so that lowering only the cap is enough.
-	o.pythonTimeout = min(o.pythonTimeout, o.pythonMaxTimeout)
-	if o.passEnv, err = supervisor.ParseEnvNames(passEnv); err != nil {
-		return nil, fmt.Errorf("-pass-env: %w", err)
-	}
-	if err := supervisor.CheckPassEnv(o.passEnv); err != nil {
-		return nil, fmt.Errorf("-pass-env: %w", err)
-	}
-
-	o.allowedClientIDs = splitList(allowed)
-	if len(o.allowedClientIDs) == 0 {
-		ns := env("AGENTBOX_NAMESPACE", defaultPlatformNamespace)
-		o.allowedClientIDs = []string{pki.ControlPlaneID(o.trustDomain, ns).String()}
-	}
-	for _, id := range o.allowedClientIDs {
-		if _, err := pki.ParseID(id); err != nil {
-			return nil, fmt.Errorf("-allowed-client-ids: %w", err)
-		}
-	}
-	if o.insecureListen != "" {
-		addr, err := loopbackOnly(o.insecureListen)
-		if err != nil {
-			return nil, err
-		}
-		o.insecureListen = addr
-	}
-	return o, nil
-}
-
-// parseSize parses a byte count such as "1073741824", "1GiB" or "500MB".
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   int64
-	}{
-		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
-	}
-	mult := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("size %q: %w", s, err)
-	}
-	if n <= 0 || n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("size %q is out of range", s)
-	}
-	return n * mult, nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// loopbackOnly refuses any address another host could reach: without TLS,
-// anyone who can connect can run commands.
-func loopbackOnly(addr string) (string, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", fmt.Errorf("-insecure-listen %q: %w", addr, err)
-	}
-	if host == "localhost" {
-		// Resolving the name could yield a routable address.
-		host = "127.0.0.1"
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return "", fmt.Errorf("-insecure-listen %q: refusing a non-loopback address; use 127.0.0.1, [::1] or localhost", addr)
-	}
-	return net.JoinHostPort(host, port), nil
-}
-
+// run serves until ctx is done, then shuts down: the reaper, the audit
+// log, the TLS identity, the MCP servers and the supervisor's handler are
+// set up first, and stopped in the reverse order.
 func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if o.reapOrphans {
 		// Not ctx: orphans still need reaping during the shutdown grace.
@@ -354,36 +127,73 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			return err
 		}
 	}
-	var audit *supervisor.AuditLog
-	if o.auditLog != "" {
-		var err error
-		if audit, err = supervisor.OpenAuditLog(o.auditLog); err != nil {
-			return err
-		}
+	audit, err := openAuditLog(o.auditLog)
+	if err != nil {
+		return err
+	}
+	if audit != nil {
 		// Runs after every other deferred step of the shutdown below, once
 		// no request can still be recording.
-		defer func() {
-			if err := audit.Close(); err != nil {
-				log.Error("closing the audit log failed", "error", err.Error())
-				return
-			}
-			log.Info("audit log closed", "path", o.auditLog)
-		}()
+		defer closeAuditLog(audit, o.auditLog, log)
 	}
-	var tlsConfig *tls.Config
-	var self string
-	if o.insecureListen == "" {
-		var err error
-		if tlsConfig, self, err = loadTLS(o.tlsDir, o.allowedClientIDs); err != nil {
-			return err
-		}
-		log.Info("loaded TLS identity", "identity", self, "allowed_client_ids", o.allowedClientIDs)
+	tlsConfig, self, err := loadIdentity(o, log)
+	if err != nil {
+		return err
 	}
 	mcpServers, err := newMCPManager(o, log)
 	if err != nil {
 		return err
 	}
-	handler, err := supervisor.New(supervisor.Config{
+	handler, err := newHandler(o, self, mcpServers, audit, log)
+	if err != nil {
+		return err
+	}
+	defer handler.Close()
+	if mcpServers != nil {
+		// Stopped once the HTTP server has (defers run in reverse),
+		// before the audit log is closed.
+		defer startMCP(mcpServers, o.killGrace, log)()
+	}
+	srv, err := listen(o, handler, tlsConfig, log)
+	if err != nil {
+		return err
+	}
+	return srv.serveUntil(ctx, o, handler, log)
+}
+
+// openAuditLog opens the local audit log, or returns nil when it is off.
+func openAuditLog(path string) (*supervisor.AuditLog, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return supervisor.OpenAuditLog(path)
+}
+
+func closeAuditLog(audit *supervisor.AuditLog, path string, log *slog.Logger) {
+	if err := audit.Close(); err != nil {
+		log.Error("closing the audit log failed", "error", err.Error())
+		return
+	}
+	log.Info("audit log closed", "path", path)
+}
+
+// loadIdentity loads the TLS configuration and the supervisor's own
+// SPIFFE ID, unless it serves plain HTTP.
+func loadIdentity(o *options, log *slog.Logger) (*tls.Config, string, error) {
+	if o.insecureListen != "" {
+		return nil, "", nil
+	}
+	tlsConfig, self, err := loadTLS(o.tlsDir, o.allowedClientIDs)
+	if err != nil {
+		return nil, "", err
+	}
+	log.Info("loaded TLS identity", "identity", self, "allowed_client_ids", o.allowedClientIDs)
+	return tlsConfig, self, nil
+}
+
+// newHandler is the supervisor's handler, configured by the options.
+func newHandler(o *options, self string, mcpServers *mcpbridge.Manager, audit *supervisor.AuditLog, log *slog.Logger) (*supervisor.Server, error) {
+	return supervisor.New(supervisor.Config{
 		Identity:              self,
 		MCP:                   mcpHandler(mcpServers),
 		DefaultCwd:            o.workdir,
@@ -407,41 +217,50 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Version:               version,
 		Logger:                log,
 	})
-	if err != nil {
-		return err
-	}
-	defer handler.Close()
-	if mcpServers != nil {
-		// Started on boot, not on the first call, so that the tool
-		// catalog is ready when the control plane asks for it. Stopped
-		// once the HTTP server has (defers run in reverse), before the
-		// audit log is closed.
-		mcpServers.Start(context.Background())
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.Background(), o.killGrace+5*time.Second)
-			defer cancel()
-			if err := mcpServers.Stop(ctx); err != nil {
-				log.Error("MCP servers did not stop", "error", err.Error())
-			}
-		}()
-		log.Info("starting MCP servers", "servers", mcpServers.Names())
-	}
+}
 
+// startMCP starts the MCP servers on boot, not on the first call, so that
+// the tool catalog is ready when the control plane asks for it, and
+// returns what stops them.
+func startMCP(m *mcpbridge.Manager, killGrace time.Duration, log *slog.Logger) (stop func()) {
+	m.Start(context.Background())
+	log.Info("starting MCP servers", "servers", m.Names())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), killGrace+5*time.Second)
+		defer cancel()
+		if err := m.Stop(ctx); err != nil {
+			log.Error("MCP servers did not stop", "error", err.Error())
+		}
+	}
+}
+
+// servers are the supervisor's HTTP servers while they run.
+type servers struct {
+	srv    *http.Server
+	health *http.Server // nil without -health-listen
+	errs   chan error
+	// cancelBase cancels the requests' contexts, which kills the process
+	// groups of commands still running.
+	cancelBase context.CancelFunc
+}
+
+// listen starts serving the API, and the health checks when they have an
+// address of their own.
+func listen(o *options, handler *supervisor.Server, tlsConfig *tls.Config, log *slog.Logger) (*servers, error) {
 	addr := o.listen
 	if o.insecureListen != "" {
 		addr = o.insecureListen
 		log.Warn("serving plain HTTP without client authentication; for local debugging only", "addr", addr)
 	}
-
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return nil, fmt.Errorf("listen: %w", err)
 	}
 	// Request contexts derive from base; cancelling it kills the process
 	// groups of commands still running when the grace period ends.
 	base, cancelBase := context.WithCancel(context.Background())
-	defer cancelBase()
-	srv := &http.Server{
+	s := &servers{errs: make(chan error, 2), cancelBase: cancelBase}
+	s.srv = &http.Server{
 		Handler:           handler,
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -454,44 +273,48 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		BaseContext:  func(net.Listener) context.Context { return base },
 		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 2)
 	go func() {
 		if tlsConfig != nil {
-			serveErr <- srv.ServeTLS(ln, "", "")
+			s.errs <- s.srv.ServeTLS(ln, "", "")
 		} else {
-			serveErr <- srv.Serve(ln)
+			s.errs <- s.srv.Serve(ln)
 		}
 	}()
 	log.Info("listening", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "version", version, "workdir", handler.DefaultCwd(),
 		"workspace", handler.Workspace(), "workspace_cap", o.workspaceCap)
 
-	var health *http.Server
 	if o.healthListen != "" {
 		hln, err := net.Listen("tcp", o.healthListen)
 		if err != nil {
-			_ = srv.Close()
-			return fmt.Errorf("listen for health checks: %w", err)
+			_ = s.srv.Close()
+			cancelBase()
+			return nil, fmt.Errorf("listen for health checks: %w", err)
 		}
-		health = &http.Server{Handler: healthOnly(handler), ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
-		go func() { serveErr <- health.Serve(hln) }()
+		s.health = &http.Server{Handler: healthOnly(handler), ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+		go func() { s.errs <- s.health.Serve(hln) }()
 		log.Info("serving health checks", "addr", hln.Addr().String())
 	}
+	return s, nil
+}
 
+// serveUntil serves until a server fails or ctx is done, and then shuts
+// down (see stop).
+func (s *servers) serveUntil(ctx context.Context, o *options, handler *supervisor.Server, log *slog.Logger) error {
+	defer s.cancelBase()
 	select {
-	case err := <-serveErr:
-		_ = srv.Close()
-		if health != nil {
-			_ = health.Close()
+	case err := <-s.errs:
+		_ = s.srv.Close()
+		if s.health != nil {
+			_ = s.health.Close()
 		}
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-
 	log.Info("shutting down", "grace", o.shutdownGrace.String(), "kill_grace", o.killGrace.String())
-	if health != nil {
-		_ = health.Close()
+	if s.health != nil {
+		_ = s.health.Close()
 	}
-	if err := stop(srv, handler, cancelBase, o.shutdownGrace, o.killGrace, log); err != nil {
+	if err := stop(s.srv, handler, s.cancelBase, o.shutdownGrace, o.killGrace, log); err != nil {
 		return err
 	}
 	log.Info("stopped")

@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -133,7 +134,7 @@ func decodeParams(raw json.RawMessage, v any) error {
 func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rest, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
 	if !ok || (rest != "" && rest[0] != '/') {
-		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+		httpcall.WriteError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 		return
 	}
 	rest = strings.Trim(rest, "/")
@@ -141,13 +142,13 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !allow(w, r, http.MethodGet, http.MethodHead) {
 			return
 		}
-		writeJSON(w, http.StatusOK, ListResponse{Servers: m.Statuses()})
+		httpcall.WriteJSON(w, http.StatusOK, ListResponse{Servers: m.Statuses()})
 		return
 	}
 	name, sub, _ := strings.Cut(rest, "/")
 	s, ok := m.servers[name]
 	if !ok {
-		writeError(w, api.Errorf(api.CodeNotFound, "no MCP server named %q", name))
+		httpcall.WriteError(w, api.Errorf(api.CodeNotFound, "no MCP server named %q", name))
 		return
 	}
 	switch sub {
@@ -159,7 +160,7 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !allow(w, r, http.MethodGet, http.MethodHead, http.MethodPost) {
 			return
 		}
-		writeJSON(w, http.StatusOK, s.status())
+		httpcall.WriteJSON(w, http.StatusOK, s.status())
 	case "tools":
 		if !allow(w, r, http.MethodGet, http.MethodHead) {
 			return
@@ -178,79 +179,34 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		if resp.Tools == nil {
 			if toolsErr != "" {
-				writeError(w, api.Errorf(api.CodeUnavailable, "tools/list of %q failed: %s", name, toolsErr))
+				httpcall.WriteError(w, api.Errorf(api.CodeUnavailable, "tools/list of %q failed: %s", name, toolsErr))
 				return
 			}
 			resp.Tools = []*mcp.Tool{}
 		}
-		writeJSON(w, http.StatusOK, resp)
+		httpcall.WriteJSON(w, http.StatusOK, resp)
 	default:
-		writeError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
+		httpcall.WriteError(w, api.Errorf(api.CodeNotFound, "no such endpoint: %s", r.URL.Path))
 	}
 }
 
 func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct))
+		httpcall.WriteError(w, api.Errorf(api.CodeInvalidArgument, "content type must be application/json, not %q", ct))
 		return
 	}
-	timeout := m.cfg.CallTimeout
-	if v := r.Header.Get(HeaderTimeout); v != "" {
-		sec, err := strconv.Atoi(v)
-		if err != nil || sec <= 0 || time.Duration(sec)*time.Second > m.cfg.MaxCallTimeout {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "%s must be a whole number of seconds from 1 to %d", HeaderTimeout,
-				int(m.cfg.MaxCallTimeout/time.Second)))
-			return
-		}
-		timeout = time.Duration(sec) * time.Second
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxRequestBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit))
-			return
-		}
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "reading the body: %v", err))
+	timeout, e := m.callTimeout(r)
+	if e != nil {
+		httpcall.WriteError(w, e)
 		return
 	}
-	body = bytes.TrimSpace(body)
-	if len(body) > 0 && body[0] == '[' {
-		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "batches are not supported"}})
-		return
-	}
-	var req rpcRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&req); err != nil {
-		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeParseError, Message: "parse error: " + err.Error()}})
-		return
-	}
-	if dec.More() {
-		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeParseError, Message: "unexpected data after the JSON-RPC request"}})
-		return
-	}
-	id := req.ID
-	if len(id) == 0 {
-		if strings.HasPrefix(req.Method, "notifications/") {
-			// The bridge owns the session; the caller's notifications
-			// (initialized, cancelled) have nothing to act on.
-			w.WriteHeader(http.StatusAccepted)
-			return
-		}
-		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "a request needs an id"}})
-		return
-	}
-	if !validID(id) {
-		writeRPC(w, rpcResponse{ID: json.RawMessage("null"), Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "id must be a string or a number"}})
-		return
-	}
-	if req.JSONRPC != "2.0" || req.Method == "" {
-		writeRPC(w, rpcResponse{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: `not a JSON-RPC 2.0 request ("jsonrpc": "2.0" and a method are required)`}})
+	req, ok := m.readCall(w, r)
+	if !ok {
 		return
 	}
 	call, ok := methods[req.Method]
 	if !ok {
-		writeRPC(w, rpcResponse{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("method %q is not bridged", req.Method)}})
+		writeRPC(w, rpcResponse{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("method %q is not bridged", req.Method)}})
 		return
 	}
 	session, st, ok := s.running()
@@ -262,35 +218,99 @@ func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	case m.slots <- struct{}{}:
 		defer func() { <-m.slots }()
 	default:
-		writeError(w, api.Errorf(api.CodeResourceExhausted, "%d MCP calls are already in flight", cap(m.slots)))
+		httpcall.WriteError(w, api.Errorf(api.CodeResourceExhausted, "%d MCP calls are already in flight", cap(m.slots)))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
 	result, err := call(ctx, session, req.Params)
 	if err != nil {
-		var wire *jsonrpc.Error
-		switch {
-		case errors.As(err, &wire):
-			writeRPC(w, rpcResponse{ID: id, Error: wire})
-		case connectionLost(err):
-			// The server died (or Stop came) during the call. Its status
-			// may not show it yet, so the message says what happened.
-			e := api.Errorf(api.CodeUnavailable, "MCP server %q went away during %s: %v", s.cfg.Name, req.Method, err)
-			writeJSON(w, e.Status, UnavailableBody{Error: e, Server: s.status()})
-		case ctx.Err() != nil && r.Context().Err() == nil:
-			writeError(w, api.Errorf(api.CodeTimeout, "%s on MCP server %q did not answer within %s", req.Method, s.cfg.Name, timeout))
-		case r.Context().Err() != nil:
-			// The client went away; nobody reads this.
-			writeError(w, api.Errorf(api.CodeUnavailable, "request cancelled"))
-		default:
-			// The SDK refused the call or the server's answer (e.g. a
-			// result that does not match the tool's output schema).
-			writeRPC(w, rpcResponse{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}})
-		}
+		writeCallError(ctx, w, r, s, req, err, timeout)
 		return
 	}
-	writeRPC(w, rpcResponse{ID: id, Result: result})
+	writeRPC(w, rpcResponse{ID: req.ID, Result: result})
+}
+
+// callTimeout is the call's timeout: HeaderTimeout's, or CallTimeout.
+func (m *Manager) callTimeout(r *http.Request) (time.Duration, *api.Error) {
+	v := r.Header.Get(HeaderTimeout)
+	if v == "" {
+		return m.cfg.CallTimeout, nil
+	}
+	sec, err := strconv.Atoi(v)
+	if err != nil || sec <= 0 || time.Duration(sec)*time.Second > m.cfg.MaxCallTimeout {
+		return 0, api.Errorf(api.CodeInvalidArgument, "%s must be a whole number of seconds from 1 to %d", HeaderTimeout,
+			int(m.cfg.MaxCallTimeout/time.Second))
+	}
+	return time.Duration(sec) * time.Second, nil
+}
+
+// readCall reads one JSON-RPC request with an id from the body; anything
+// else is answered here, and ok is false.
+func (m *Manager) readCall(w http.ResponseWriter, r *http.Request) (req rpcRequest, ok bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxRequestBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			httpcall.WriteError(w, api.Errorf(api.CodePayloadTooLarge, "request body exceeds %d bytes", tooLarge.Limit))
+			return req, false
+		}
+		httpcall.WriteError(w, api.Errorf(api.CodeInvalidArgument, "reading the body: %v", err))
+		return req, false
+	}
+	null := json.RawMessage("null")
+	body = bytes.TrimSpace(body)
+	if len(body) > 0 && body[0] == '[' {
+		writeRPC(w, rpcResponse{ID: null, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "batches are not supported"}})
+		return req, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&req); err != nil {
+		writeRPC(w, rpcResponse{ID: null, Error: &jsonrpc.Error{Code: jsonrpc.CodeParseError, Message: "parse error: " + err.Error()}})
+		return req, false
+	}
+	if dec.More() {
+		writeRPC(w, rpcResponse{ID: null, Error: &jsonrpc.Error{Code: jsonrpc.CodeParseError, Message: "unexpected data after the JSON-RPC request"}})
+		return req, false
+	}
+	switch {
+	case len(req.ID) == 0 && strings.HasPrefix(req.Method, "notifications/"):
+		// The bridge owns the session; the caller's notifications
+		// (initialized, cancelled) have nothing to act on.
+		w.WriteHeader(http.StatusAccepted)
+	case len(req.ID) == 0:
+		writeRPC(w, rpcResponse{ID: null, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "a request needs an id"}})
+	case !validID(req.ID):
+		writeRPC(w, rpcResponse{ID: null, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "id must be a string or a number"}})
+	case req.JSONRPC != "2.0" || req.Method == "":
+		writeRPC(w, rpcResponse{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: `not a JSON-RPC 2.0 request ("jsonrpc": "2.0" and a method are required)`}})
+	default:
+		return req, true
+	}
+	return req, false
+}
+
+// writeCallError answers a call that failed with err.
+func writeCallError(ctx context.Context, w http.ResponseWriter, r *http.Request, s *server, req rpcRequest, err error, timeout time.Duration) {
+	var wire *jsonrpc.Error
+	switch {
+	case errors.As(err, &wire):
+		writeRPC(w, rpcResponse{ID: req.ID, Error: wire})
+	case connectionLost(err):
+		// The server died (or Stop came) during the call. Its status
+		// may not show it yet, so the message says what happened.
+		e := api.Errorf(api.CodeUnavailable, "MCP server %q went away during %s: %v", s.cfg.Name, req.Method, err)
+		httpcall.WriteJSON(w, e.Status, UnavailableBody{Error: e, Server: s.status()})
+	case ctx.Err() != nil && r.Context().Err() == nil:
+		httpcall.WriteError(w, api.Errorf(api.CodeTimeout, "%s on MCP server %q did not answer within %s", req.Method, s.cfg.Name, timeout))
+	case r.Context().Err() != nil:
+		// The client went away; nobody reads this.
+		httpcall.WriteError(w, api.Errorf(api.CodeUnavailable, "request cancelled"))
+	default:
+		// The SDK refused the call or the server's answer (e.g. a
+		// result that does not match the tool's output schema).
+		writeRPC(w, rpcResponse{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}})
+	}
 }
 
 // connectionLost reports whether err means the session to the server
@@ -320,7 +340,7 @@ func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
 	}
 	list := strings.Join(methods, ", ")
 	w.Header().Set("Allow", list)
-	writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, list))
+	httpcall.WriteError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, list))
 	return false
 }
 
@@ -329,7 +349,7 @@ func writeRPC(w http.ResponseWriter, resp rpcResponse) {
 	if resp.Error == nil && resp.Result == nil {
 		resp.Result = struct{}{}
 	}
-	writeJSON(w, http.StatusOK, resp)
+	httpcall.WriteJSON(w, http.StatusOK, resp)
 }
 
 func writeUnavailable(w http.ResponseWriter, st Status) {
@@ -343,18 +363,5 @@ func writeUnavailable(w http.ResponseWriter, st Status) {
 		wait := time.Until(*st.NextStartAt)
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((wait+time.Second-1)/time.Second)), 10))
 	}
-	writeJSON(w, e.Status, UnavailableBody{Error: e, Server: st})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, e *api.Error) {
-	writeJSON(w, e.Status, api.ErrorBody{Error: e})
+	httpcall.WriteJSON(w, e.Status, UnavailableBody{Error: e, Server: st})
 }

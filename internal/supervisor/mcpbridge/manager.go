@@ -22,18 +22,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -459,38 +459,14 @@ func (s *server) supervise(ctx context.Context) {
 // gone before it returns. The error says why the server ended.
 func (s *server) runOnce(ctx context.Context) error {
 	cfg := &s.m.cfg
-	path, err := procenv.LookPath(s.cfg.Command, s.pathEnv, s.dir)
+	cmd, tail, err := s.command()
 	if err != nil {
-		return fmt.Errorf("start: %w", err)
+		return err
 	}
-	cmd := exec.Command(path, s.cfg.Args...)
-	cmd.Args[0] = s.cfg.Command
-	cmd.Dir = s.dir
-	cmd.Env = s.env
-	// Its own group, so that Stop and a restart also end whatever the
-	// server started (npx, shells and the like spawn the real server).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	tail := &tailBuffer{max: stderrTail}
-	cmd.Stderr = tail
-	// Something that left the group (setsid) and kept stderr open must not
-	// keep Wait from returning once the server is dead.
-	cmd.WaitDelay = time.Second
-
 	s.mu.Lock()
 	s.gen++
 	gen := s.gen
 	s.mu.Unlock()
-	client := mcp.NewClient(&mcp.Implementation{Name: cfg.ClientName, Version: cfg.Version}, &mcp.ClientOptions{
-		// No roots, sampling or elicitation: nobody is there to answer
-		// the server's questions.
-		Capabilities: &mcp.ClientCapabilities{},
-		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
-			// Not on the session's reading goroutine, which the
-			// tools/list response has to come through.
-			go s.refreshTools(gen)
-		},
-		Logger: s.m.log.With("mcp_server", s.cfg.Name),
-	})
 	p := &process{cmd: cmd, tracker: cfg.Tracker, exited: make(chan struct{})}
 	defer p.reap()
 	startCtx, cancelStart := context.WithTimeout(ctx, cfg.StartTimeout)
@@ -498,7 +474,7 @@ func (s *server) runOnce(ctx context.Context) error {
 	// A server that hangs before answering the handshake is killed when
 	// the start-up times out or Stop is called.
 	stopWatch := context.AfterFunc(startCtx, func() { p.killGroup(syscall.SIGKILL) })
-	session, err := client.Connect(startCtx, p, nil)
+	session, err := s.client(gen).Connect(startCtx, p, nil)
 	if err != nil {
 		stopWatch()
 		p.killGroup(syscall.SIGKILL)
@@ -518,25 +494,7 @@ func (s *server) runOnce(ctx context.Context) error {
 	s.mu.Unlock()
 	s.m.log.Info("mcp server running", "server", s.cfg.Name, "pid", p.pid)
 
-	ended := make(chan error, 1)
-	go func() { ended <- session.Wait() }()
-	var sessionErr error
-	select {
-	case sessionErr = <-ended:
-	case <-p.exited:
-		// The leader is gone even if a straggler keeps its stdout open.
-	case <-ctx.Done():
-		s.mu.Lock()
-		s.state = StateStopped
-		s.mu.Unlock()
-		p.killGroup(syscall.SIGTERM)
-		t := time.NewTimer(cfg.StopGrace)
-		select {
-		case <-p.exited:
-		case <-t.C:
-		}
-		t.Stop()
-	}
+	sessionErr := s.serve(ctx, session, p)
 	// Whatever is left of the group goes with the server.
 	p.killGroup(syscall.SIGKILL)
 	_ = session.Close()
@@ -544,158 +502,68 @@ func (s *server) runOnce(ctx context.Context) error {
 	return p.exitError("run", sessionErr, tail, ctx)
 }
 
-// process is the server's child process and the SDK transport to it: the
-// SDK's IOTransport over pipes this package made. The SDK's own
-// CommandTransport is not used because it waits for the process inside
-// Close and gives up after its timeouts while that Wait still runs (so the
-// exit status cannot be read safely), signals only the leader rather than
-// the group, and cannot let the supervisor's reaper know about the child.
-type process struct {
-	cmd     *exec.Cmd
-	tracker ChildTracker
-	pid     int
-	exited  chan struct{} // closed once Wait has returned
-	waitErr error         // Wait's error, once exited is closed
-
-	mu     sync.Mutex
-	reaped bool // the leader was waited for, so its group ID may be reused
-}
-
-// Connect starts the process and connects to its stdin and stdout.
-func (p *process) Connect(ctx context.Context) (mcp.Connection, error) {
-	stdin, err := p.cmd.StdinPipe()
+// command is the server's process, set up to start, and the tail of its
+// standard error.
+func (s *server) command() (*exec.Cmd, *tailBuffer, error) {
+	path, err := procenv.LookPath(s.cfg.Command, s.pathEnv, s.dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("start: %w", err)
 	}
-	stdout, err := p.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	start := func() (int, error) {
-		if err := p.cmd.Start(); err != nil {
-			return 0, err
-		}
-		return p.cmd.Process.Pid, nil
-	}
-	if p.tracker != nil {
-		err = p.tracker.Start(start)
-	} else {
-		_, err = start()
-	}
-	if err != nil {
-		close(p.exited)
-		p.waitErr = err
-		return nil, err
-	}
-	p.mu.Lock()
-	p.pid = p.cmd.Process.Pid
-	p.mu.Unlock()
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
-	return (&mcp.IOTransport{Reader: stdout, Writer: stdin}).Connect(ctx)
+	cmd := exec.Command(path, s.cfg.Args...)
+	cmd.Args[0] = s.cfg.Command
+	cmd.Dir = s.dir
+	cmd.Env = s.env
+	// Its own group, so that Stop and a restart also end whatever the
+	// server started (npx, shells and the like spawn the real server).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	tail := &tailBuffer{max: stderrTail}
+	cmd.Stderr = tail
+	// Something that left the group (setsid) and kept stderr open must not
+	// keep Wait from returning once the server is dead.
+	cmd.WaitDelay = time.Second
+	return cmd, tail, nil
 }
 
-// killGroup signals the server's process group. The group outlives its
-// leader while any member is left, and the kernel does not reuse its ID
-// while it exists, so this is safe until reap.
-func (p *process) killGroup(sig syscall.Signal) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.pid > 0 && !p.reaped {
-		_ = syscall.Kill(-p.pid, sig)
-	}
+// client is the MCP client of the server's gen-th run.
+func (s *server) client(gen uint64) *mcp.Client {
+	cfg := &s.m.cfg
+	return mcp.NewClient(&mcp.Implementation{Name: cfg.ClientName, Version: cfg.Version}, &mcp.ClientOptions{
+		// No roots, sampling or elicitation: nobody is there to answer
+		// the server's questions.
+		Capabilities: &mcp.ClientCapabilities{},
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			// Not on the session's reading goroutine, which the
+			// tools/list response has to come through.
+			go s.refreshTools(gen)
+		},
+		Logger: s.m.log.With("mcp_server", s.cfg.Name),
+	})
 }
 
-// reap waits for the leader, which must have been killed or have exited,
-// waits a little for the rest of its group to go, and tells the tracker.
-func (p *process) reap() {
-	if p.pid == 0 {
-		return
-	}
-	<-p.exited
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.reaped {
-		return
-	}
-	p.reaped = true
-	if p.tracker != nil {
-		p.tracker.Done(p.pid)
-	}
-	// SIGKILL is delivered asynchronously: give the members a moment to
-	// die, so that a returned Stop means no process is left.
-	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if !groupAlive(p.pid) {
-			return
+// serve waits until the session ends, the server's leader exits, or ctx
+// is done, which stops the server (SIGTERM, then StopGrace). It returns
+// the session's error, if it ended.
+func (s *server) serve(ctx context.Context, session *mcp.ClientSession, p *process) error {
+	ended := make(chan error, 1)
+	go func() { ended <- session.Wait() }()
+	select {
+	case err := <-ended:
+		return err
+	case <-p.exited:
+		// The leader is gone even if a straggler keeps its stdout open.
+	case <-ctx.Done():
+		s.mu.Lock()
+		s.state = StateStopped
+		s.mu.Unlock()
+		p.killGroup(syscall.SIGTERM)
+		t := time.NewTimer(s.m.cfg.StopGrace)
+		select {
+		case <-p.exited:
+		case <-t.C:
 		}
+		t.Stop()
 	}
-}
-
-// groupAlive reports whether a process of group pgid is still running.
-// Zombies do not count: they are dead, only waiting for their parent (the
-// reaper, once orphaned) to collect them. Without /proc, any member
-// counts.
-func groupAlive(pgid int) bool {
-	if syscall.Kill(-pgid, 0) != nil {
-		return false
-	}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return true
-	}
-	for _, e := range entries {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// The command name is in parentheses and may contain anything;
-		// the fields after it are state, ppid and pgrp.
-		i := strings.LastIndexByte(string(data), ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(data[i+1:]))
-		if len(f) >= 3 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
-			return true
-		}
-	}
-	return false
-}
-
-// exitError describes how the server ended: its exit status when it has
-// one, else err, with the last line of its standard error.
-func (p *process) exitError(phase string, err error, tail *tailBuffer, ctx context.Context) error {
-	var msg string
-	var ps *os.ProcessState
-	if p.pid > 0 {
-		<-p.exited
-		ps = p.cmd.ProcessState
-	}
-	switch {
-	case p.pid == 0 && err != nil:
-		msg = "start: " + err.Error()
-	case phase == "start" && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
-		msg = "start-up timed out"
-	case ps != nil && phase == "start":
-		msg = "exited during start-up: " + ps.String()
-	case ps != nil:
-		msg = ps.String() // "exit status 3", "signal: killed"
-	case p.waitErr != nil:
-		msg = phase + ": " + p.waitErr.Error()
-	case err != nil:
-		msg = phase + ": " + err.Error()
-	default:
-		msg = "exited"
-	}
-	if last := tail.lastLine(); last != "" {
-		msg += "; stderr: " + last
-	}
-	return errors.New(msg)
+	return nil
 }
 
 // loadTools fetches the complete tool list for the cache.
@@ -749,40 +617,4 @@ func (s *server) running() (*mcp.ClientSession, Status, bool) {
 		return session, Status{}, true
 	}
 	return nil, s.status(), false
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := len(p)
-	if len(p) >= b.max {
-		p = p[len(p)-b.max:]
-		b.buf = append(b.buf[:0], p...)
-		return n, nil
-	}
-	if over := len(b.buf) + len(p) - b.max; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	b.buf = append(b.buf, p...)
-	return n, nil
-}
-
-// lastLine is the last non-empty line, cut to 512 bytes.
-func (b *tailBuffer) lastLine() string {
-	b.mu.Lock()
-	s := string(b.buf)
-	b.mu.Unlock()
-	lines := strings.Split(strings.TrimRight(s, "\r\n\t "), "\n")
-	last := strings.TrimSpace(lines[len(lines)-1])
-	if len(last) > 512 {
-		last = last[:512] + "..."
-	}
-	return strings.ToValidUTF8(last, "\uFFFD")
 }

@@ -190,9 +190,9 @@ func TestManagerInstallerEnvironmentAndReload(t *testing.T) {
 	}
 }
 
-// Leases keep environments from eviction and deletion; the limits are
+// Pins keep environments from eviction and deletion; the limits are
 // enforced again when they are released.
-func TestManagerLeasesHoldOffEviction(t *testing.T) {
+func TestManagerPinsHoldOffEviction(t *testing.T) {
 	ix := pyenvtest.NewIndex(t, greet)
 	m := newTestManager(t, Config{IndexURL: ix.URL, MaxEnvs: 1})
 	ctx := context.Background()
