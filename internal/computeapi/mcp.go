@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
@@ -109,7 +110,7 @@ func (s *Server) mcpTools(w http.ResponseWriter, r *http.Request) {
 			writeError(w, api.Errorf(api.CodeInternal, "could not read the tool catalog"))
 			return
 		}
-		if !serving(sb) {
+		if !sandboxstate.Serving(sb) {
 			e := api.Errorf(api.CodeSandboxNotReady, "no tool catalog of MCP server %q is cached and the sandbox is not running; listing tools does not wake it: ask again with refresh=true to wake it and discover them", name)
 			e.Details = map[string]string{"phase": string(sb.Status.Phase), "reason": "CatalogNotCached"}
 			writeError(w, e)
@@ -119,7 +120,7 @@ func (s *Server) mcpTools(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	sup, err := s.dialSupervisor(sb)
+	sup, err := s.conns.For(sb)
 	if err != nil {
 		writeError(w, api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID))
 		return

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 )
 
 // The agent's MCP endpoint, /v1/agents/{agent_id}/mcp: the sandbox's
@@ -112,7 +113,7 @@ type mcpCaller struct {
 func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
 	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), lease: r.Header.Get(api.HeaderLeaseID),
 		post: r.Context()}
-	c.requestID, _ = r.Context().Value(requestIDKey{}).(string)
+	c.requestID = supervisors.RequestID(r.Context())
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandbox of agent " + agentID, Version: "v1"},
 		&mcp.ServerOptions{
 			SchemaCache: mcpSchemas,

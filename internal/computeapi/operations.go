@@ -31,29 +31,39 @@ import (
 const fileCallTimeout = 10 * time.Minute
 
 // supervisorFor does what every forwarded operation starts with: check
-// scope, wake and wait for the sandbox, count the call as activity, and
-// dial its supervisor, verifying the identity the controller recorded.
+// scope, then reach the agent's supervisor.
 func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Client, logr.Logger, *api.Error) {
 	agentID := r.PathValue("agent_id")
 	log := s.callLog(r, op).WithValues("agent", agentID)
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		return nil, log, apiErr
 	}
-	sb, apiErr := s.readySandbox(r.Context(), agentID)
+	sup, _, log, apiErr := s.reach(r.Context(), agentID, log)
+	return sup, log, apiErr
+}
+
+// reach is the one way from an agent to its supervisor, for every call
+// that works in the sandbox: wait for the sandbox (waking it; a hold
+// refuses the call), count the call as activity for as long as ctx
+// lasts, and dial its supervisor, verifying the identity the controller
+// recorded, over the connection a warm-up may still be opening. Failures
+// are logged on log, which comes back naming the sandbox.
+func (s *Server) reach(ctx context.Context, agentID string, log logr.Logger) (*supervisorapi.Client, *v1alpha1.Sandbox, logr.Logger, *api.Error) {
+	sb, apiErr := s.readySandbox(ctx, agentID)
 	if apiErr != nil {
 		s.logFailure(log, apiErr, nil)
-		return nil, log, apiErr
+		return nil, nil, log, apiErr
 	}
 	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
-	s.recordActivity(r.Context(), sb)
-	s.awaitWarmConnection(r.Context(), sb)
-	sup, err := s.dialSupervisor(sb)
+	s.recordActivity(ctx, sb)
+	s.conns.AwaitWarm(ctx, sb)
+	sup, err := s.conns.For(sb)
 	if err != nil {
 		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
 		s.logFailure(log, apiErr, err)
-		return nil, log, apiErr
+		return nil, nil, log, apiErr
 	}
-	return sup, log, nil
+	return sup, sb, log, nil
 }
 
 // status reports the agent's sandbox without waking it.

@@ -1,11 +1,11 @@
 package computeapi
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 	"github.com/go-logr/logr"
 )
 
@@ -19,8 +19,6 @@ const HeaderRequestID = "X-Request-Id"
 // and the audit log.
 const maxRequestIDLength = 128
 
-type requestIDKey struct{}
-
 // withRequestID gives r its request ID, the client's if it is usable, and
 // sets it on the response.
 func withRequestID(w http.ResponseWriter, r *http.Request) (*http.Request, string) {
@@ -31,7 +29,7 @@ func withRequestID(w http.ResponseWriter, r *http.Request) (*http.Request, strin
 		id = hex.EncodeToString(b[:])
 	}
 	w.Header().Set(HeaderRequestID, id)
-	return r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)), id
+	return r.WithContext(supervisors.WithRequestID(r.Context(), id)), id
 }
 
 // validRequestID accepts printable ASCII without spaces, so that an ID can
@@ -51,7 +49,7 @@ func validRequestID(id string) bool {
 // callLog is the server's logger with the call's request ID and operation.
 func (s *Server) callLog(r *http.Request, op string) logr.Logger {
 	log := s.log.WithValues("op", op)
-	if id, ok := r.Context().Value(requestIDKey{}).(string); ok {
+	if id := supervisors.RequestID(r.Context()); id != "" {
 		log = log.WithValues("request_id", id)
 	}
 	return log

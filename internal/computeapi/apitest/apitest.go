@@ -35,6 +35,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
@@ -142,7 +143,7 @@ func NewServer(opts Options) (s *Server, err error) {
 	}
 	sb := s.readySandbox()
 	renew := metav1.NewMicroTime(time.Now())
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: computeapi.LeaseKey(sb).Name},
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: holds.ActivityLeaseKey(sb).Name},
 		Spec: coordinationv1.LeaseSpec{RenewTime: &renew}}
 	s.Kube = fake.NewClientBuilder().WithScheme(scheme).
 		WithObjects(append([]ctrlclient.Object{sb, lease}, opts.Objects...)...).
