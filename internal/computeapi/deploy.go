@@ -19,7 +19,6 @@ import (
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
-	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 )
 
 // deploy_or_resume: running, return it; stopped, resume it; none, create
@@ -79,7 +78,7 @@ func (s *Server) deployOrResume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.RequestID == "" {
-		req.RequestID = supervisors.RequestID(r.Context())
+		req.RequestID = requestID(r.Context())
 	}
 	if apiErr := holds.ValidateFields(map[string]string{"request_id": req.RequestID}); apiErr != nil {
 		fail(apiErr)

@@ -1,12 +1,14 @@
 package computeapi
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
 
-	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 	"github.com/go-logr/logr"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 )
 
 // HeaderRequestID carries a call's request ID. A client may set it (to
@@ -49,8 +51,13 @@ func validRequestID(id string) bool {
 // callLog is the server's logger with the call's request ID and operation.
 func (s *Server) callLog(r *http.Request, op string) logr.Logger {
 	log := s.log.WithValues("op", op)
-	if id := supervisors.RequestID(r.Context()); id != "" {
+	if id := requestID(r.Context()); id != "" {
 		log = log.WithValues("request_id", id)
 	}
 	return log
 }
+
+// requestID is the request ID of the call ctx serves. It is kept in the
+// context where the supervisor pool's transport finds it, to send it on
+// to the supervisor (supervisors.WithRequestID).
+func requestID(ctx context.Context) string { return supervisors.RequestID(ctx) }

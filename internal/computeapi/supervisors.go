@@ -1,9 +1,10 @@
 package computeapi
 
 import (
+	toolscache "k8s.io/client-go/tools/cache"
+
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
-	toolscache "k8s.io/client-go/tools/cache"
 )
 
 // The connection pool to the sandboxes' supervisors is package

@@ -18,12 +18,13 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 )
 
-// The agent's MCP endpoint, /v1/agents/{agent_id}/mcp: the sandbox's
+// The API's own MCP endpoint, /v1/agents/{agent_id}/mcp: the sandbox's
 // operations as MCP tools, over MCP's streamable HTTP transport, for any
 // MCP client (an agent framework, an IDE) to use without an agentbox SDK.
+// Not to be confused with the MCP servers in the sandbox, which
+// sandboxmcp.go forwards calls to.
 //
 // The transport is stateless: every POST carries one JSON-RPC message and
 // gets its answer in the response, no session is kept between POSTs, so
@@ -56,12 +57,12 @@ const (
 // across the servers made for each request.
 var mcpSchemas = mcp.NewSchemaCache()
 
-// serveMCP serves one message of the streamable HTTP transport. Scope is
+// serveMCPEndpoint serves one message of the streamable HTTP transport. Scope is
 // checked here, before the message is read, so that another agent's token
 // learns nothing about this agent (not even whether it has a sandbox); a
 // missing sandbox is refused here too, so that a client pointed at a wrong
 // agent fails at connect rather than on every tool call.
-func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveMCPEndpoint(w http.ResponseWriter, r *http.Request) {
 	agentID := r.PathValue("agent_id")
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		writeError(w, apiErr)
@@ -73,7 +74,7 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	srv := s.mcpServer(r, agentID)
+	srv := s.mcpEndpointServer(r, agentID)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless: true,
 		// One JSON answer per POST: no message is ever streamed, and plain
@@ -110,10 +111,10 @@ type mcpCaller struct {
 	post context.Context
 }
 
-func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
+func (s *Server) mcpEndpointServer(r *http.Request, agentID string) *mcp.Server {
 	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), lease: r.Header.Get(api.HeaderLeaseID),
 		post: r.Context()}
-	c.requestID = supervisors.RequestID(r.Context())
+	c.requestID = requestID(r.Context())
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandbox of agent " + agentID, Version: "v1"},
 		&mcp.ServerOptions{
 			SchemaCache: mcpSchemas,
