@@ -101,9 +101,9 @@ type mcpCaller struct {
 	s             *Server
 	agentID       string
 	authorization string
-	// lease is the lease ID the MCP request presents, presented again by
-	// each REST call it makes.
-	lease     string
+	// holdID is the hold's ID (the wire's lease ID) the MCP request
+	// presents, presented again by each REST call it makes.
+	holdID    string
 	requestID string
 	// post is the context of the HTTP POST that carries the tool call (the
 	// server is made for that one POST): when the client goes away, the
@@ -112,7 +112,7 @@ type mcpCaller struct {
 }
 
 func (s *Server) mcpEndpointServer(r *http.Request, agentID string) *mcp.Server {
-	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), lease: r.Header.Get(api.HeaderLeaseID),
+	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), holdID: r.Header.Get(api.HeaderLeaseID),
 		post: r.Context()}
 	c.requestID = requestID(r.Context())
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandbox of agent " + agentID, Version: "v1"},
@@ -395,8 +395,8 @@ func (c *mcpCaller) call(ctx context.Context, method, path, contentType string, 
 	}
 	req.RequestURI = req.URL.RequestURI()
 	req.Header.Set("Authorization", c.authorization)
-	if c.lease != "" {
-		req.Header.Set(api.HeaderLeaseID, c.lease)
+	if c.holdID != "" {
+		req.Header.Set(api.HeaderLeaseID, c.holdID)
 	}
 	if c.requestID != "" {
 		// The tool's audit record and log lines carry the MCP request's

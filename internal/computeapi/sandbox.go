@@ -15,7 +15,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
 )
 
-// recordActivity renews the sandbox's Lease as a call starts, and goes on
+// recordActivity renews the sandbox's activity clock as a call starts, and goes on
 // renewing it, at the renewer's throttled rate, until the call ends (ctx
 // is the request's, which ends with the handler): a terminal, a streamed
 // command or a long transfer is use of the sandbox for as long as it is
@@ -73,7 +73,7 @@ func (s *Server) authorize(r *http.Request, agentID string) *api.Error {
 
 // readySandbox returns agentID's Sandbox once it can take calls. A sandbox
 // that is stopped, stopping or starting, or that lost its node, is waited
-// for: the call renews its Lease, which is what wakes a stopped sandbox or
+// for: the call renews its activity clock, which is what wakes a stopped sandbox or
 // one that lost its node, and is served when the controller reports it
 // running, so the caller sees one slower call rather than an error. A
 // sandbox in a state that needs a person fails at once, and one that

@@ -19,11 +19,11 @@ import (
 // Terminate is the force stop. The API never writes a Sandbox's
 // spec, so it has two levers:
 //
-//   - with a snapshot, the activity Lease: its renewTime is set back by the
+//   - with a snapshot, the activity clock: its renewTime is set back by the
 //     sandbox's idle timeout, so the controller finds the sandbox idle and
 //     runs the idle stop it would run an hour later (push, snapshot, pod
 //     and claim deleted). The next call resumes it, as after any stop. An
-//     exclusive hold on the Lease is released, since a hold would not
+//     agent's hold on the sandbox is released, since a hold would not
 //     survive the stop's purpose;
 //   - without one, the Sandbox object is deleted; the controller's
 //     finalizer removes its snapshots, and owner references its pod,

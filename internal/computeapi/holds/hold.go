@@ -105,12 +105,7 @@ func (k *Keeper) Acquire(ctx context.Context, sb *v1alpha1.Sandbox, req api.Acqu
 		l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now))
 		return true, nil
 	})
-	if apiErr != nil {
-		return api.Lease{}, apiErr
-	}
-	v := View(l)
-	k.record(ctx, store.LeaseAcquire, sb, v)
-	return v, nil
+	return k.recorded(ctx, store.LeaseAcquire, sb, l, apiErr)
 }
 
 // Heartbeat extends the hold holder has on sb under holdID by its TTL.
@@ -130,12 +125,7 @@ func (k *Keeper) Heartbeat(ctx context.Context, sb *v1alpha1.Sandbox, holder, ho
 		l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now))
 		return true, nil
 	})
-	if apiErr != nil {
-		return api.Lease{}, apiErr
-	}
-	v := View(l)
-	k.record(ctx, store.LeaseHeartbeat, sb, v)
-	return v, nil
+	return k.recorded(ctx, store.LeaseHeartbeat, sb, l, apiErr)
 }
 
 // Release ends the hold holder has on sb under holdID. Releasing a hold
@@ -193,6 +183,17 @@ func (k *Keeper) EndForStop(ctx context.Context, sb *v1alpha1.Sandbox, idle time
 		k.record(ctx, store.LeaseRelease, sb, View(released))
 	}
 	return nil
+}
+
+// recorded records the hold l carries after a change of kind that ended
+// in apiErr, and returns it as the API answers it.
+func (k *Keeper) recorded(ctx context.Context, kind store.LeaseEventKind, sb *v1alpha1.Sandbox, l *coordinationv1.Lease, apiErr *api.Error) (api.Lease, *api.Error) {
+	if apiErr != nil {
+		return api.Lease{}, apiErr
+	}
+	v := View(l)
+	k.record(ctx, kind, sb, v)
+	return v, nil
 }
 
 // record appends to the store's hold history (the record of who held

@@ -25,14 +25,14 @@ import (
 // coldStartWhenExhausted, it creates a sandbox of the pool for itself
 // (coldStart); on other pools it queues (awaitPoolSandbox). The queue is
 // this replica's: its waiters are served first come, first served, and a
-// lease arriving while it is not empty takes nothing ahead of them. Across
+// pool lease arriving while it is not empty takes nothing ahead of them. Across
 // replicas there is no order: each replica's first waiter tries for every
 // sandbox that becomes ready, and the store gives each sandbox to exactly
 // one of them.
 
 // leaseFromPool leases a sandbox of the pool for req: a free one now, or,
 // with req.WaitSeconds, one that becomes ready (or is started for it)
-// within that time. fresh is false when the lease must be settled before
+// within that time. fresh is false when the pool lease must be settled before
 // the answer: a retry of an earlier acquire, or a cold start.
 func (k *Keeper) leaseFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	key := types.NamespacedName{Namespace: ns, Name: pool}
@@ -157,7 +157,7 @@ func (k *Keeper) poolHasFree(ctx context.Context, key types.NamespacedName) bool
 // the request ID, so a retry of the acquire finds the sandbox started for
 // it instead of starting another. It is born with the pool lease
 // annotations: the pool never counts it, nobody else can take it, and the
-// controller deletes it when the lease ends, or when nobody takes it up
+// controller deletes it when the pool lease ends, or when nobody takes it up
 // within v1alpha1.PoolColdStartGrace.
 func (k *Keeper) coldStart(ctx context.Context, pool *v1alpha1.SandboxWarmPool, req api.AcquireLeaseRequest, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	none := store.WarmTake{}
@@ -269,7 +269,7 @@ func (k *Keeper) createColdStart(ctx context.Context, sb *v1alpha1.Sandbox, req 
 
 // takeColdStart takes a ready cold-started sandbox for req through the
 // store. If an earlier try of req has meanwhile leased another sandbox of
-// the pool, that lease stands and the cold-started one is deleted.
+// the pool, that pool lease stands and the cold-started one is deleted.
 func (k *Keeper) takeColdStart(ctx context.Context, sb *v1alpha1.Sandbox, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	holdID, err := newHoldID()
 	if err != nil {
@@ -314,7 +314,7 @@ const maxColdStartPrefix = 30
 // pool lease starts: derived from the pool, the holder and the request
 // ID, so that every try of one acquire names the same sandbox. The agent
 // ID is a warm sandbox's kind (see the pool controller's warmAgentID):
-// addressed only through the lease, by an admin.
+// addressed only through the pool lease, by an admin.
 func ColdStartNames(pool *v1alpha1.SandboxWarmPool, holder, requestID string) (name, agentID string) {
 	sum := sha256.Sum256([]byte(pool.Namespace + "/" + pool.Name + "\x00" + holder + "\x00" + requestID))
 	h := hex.EncodeToString(sum[:])
@@ -338,7 +338,7 @@ type poolWaiters struct {
 	queues map[types.NamespacedName][]*poolWaiter
 }
 
-// poolWaiter is one queued lease; turn is closed when it is first.
+// poolWaiter is one queued pool lease; turn is closed when it is first.
 type poolWaiter struct{ turn chan struct{} }
 
 func (p *poolWaiters) join(key types.NamespacedName) *poolWaiter {
