@@ -12,6 +12,8 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
+// run_command, answered at once or streamed.
+
 // commandCall is a run_command call checked and bound to its sandbox's
 // supervisor, for runCommand and runCommandStream.
 type commandCall struct {

@@ -42,30 +42,6 @@ func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Clien
 	return sup, log, apiErr
 }
 
-// reach is the one way from an agent to its supervisor, for every call
-// that works in the sandbox: wait for the sandbox (waking it; a hold
-// refuses the call), count the call as activity for as long as ctx
-// lasts, and dial its supervisor, verifying the identity the controller
-// recorded, over the connection a warm-up may still be opening. Failures
-// are logged on log, which comes back naming the sandbox.
-func (s *Server) reach(ctx context.Context, agentID string, log logr.Logger) (*supervisorapi.Client, *v1alpha1.Sandbox, logr.Logger, *api.Error) {
-	sb, apiErr := s.readySandbox(ctx, agentID)
-	if apiErr != nil {
-		s.logFailure(log, apiErr, nil)
-		return nil, nil, log, apiErr
-	}
-	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
-	s.recordActivity(ctx, sb)
-	s.conns.AwaitWarm(ctx, sb)
-	sup, err := s.conns.For(sb)
-	if err != nil {
-		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
-		s.logFailure(log, apiErr, err)
-		return nil, nil, log, apiErr
-	}
-	return sup, sb, log, nil
-}
-
 // status reports the agent's sandbox without waking it.
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	agentID := r.PathValue("agent_id")

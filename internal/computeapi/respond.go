@@ -14,6 +14,10 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
+// Reading requests and writing answers, the same for every route.
+
+// decode reads the JSON body of r into into, refusing unknown fields, a
+// body over the size bound and anything after the first value.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) *api.Error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {

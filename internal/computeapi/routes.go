@@ -10,51 +10,6 @@ import (
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
-// authenticated runs next only for a request with a valid bearer token,
-// and records the call, whatever its outcome, in the audit log as op.
-func (s *Server) authenticated(op string, next http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		result := s.audited(op, w, r, func(w http.ResponseWriter, r *http.Request) *Principal {
-			token, ok := bearerToken(r)
-			if !ok {
-				unauthenticated(w, "missing bearer token", false)
-				return nil
-			}
-			p, err := s.auth.Authenticate(r.Context(), token)
-			if errors.Is(err, ErrInvalidToken) {
-				unauthenticated(w, "invalid bearer token", true)
-				return nil
-			}
-			if err != nil {
-				s.log.Error(err, "authenticate request")
-				writeError(w, api.Errorf(api.CodeInternal, "could not check the token"))
-				return nil
-			}
-			next(w, withPresentedHold(r.WithContext(context.WithValue(r.Context(), principalKey{}, p))))
-			return p
-		})
-		if result == resultOK && pushAfter[op] && s.pushes != nil {
-			s.pushes.touch(r.PathValue("agent_id"))
-		}
-	})
-}
-
-func unauthenticated(w http.ResponseWriter, msg string, invalid bool) {
-	challenge := `Bearer realm="agentbox"`
-	if invalid {
-		challenge += `, error="invalid_token"`
-	}
-	w.Header().Set("WWW-Authenticate", challenge)
-	writeError(w, api.Errorf(api.CodeUnauthenticated, "%s", msg))
-}
-
-func methodNotAllowed(allow string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", allow)
-		writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
-	}
-}
-
 // method is one method of a route: its HTTP verb, the operation it is in
 // the audit log, and its handler.
 type method struct {
@@ -131,4 +86,49 @@ func (s *Server) addRoutes(route func(pattern string, methods ...method)) {
 	route("/v1/tokens/{token_id}", method{del, "revoke_token", s.revokeToken})
 	route("/v1/audit", method{get, "query_audit", s.queryAudit})
 	route("/v1/audit/verify", method{get, "verify_audit", s.verifyAudit})
+}
+
+// authenticated runs next only for a request with a valid bearer token,
+// and records the call, whatever its outcome, in the audit log as op.
+func (s *Server) authenticated(op string, next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		result := s.audited(op, w, r, func(w http.ResponseWriter, r *http.Request) *Principal {
+			token, ok := bearerToken(r)
+			if !ok {
+				unauthenticated(w, "missing bearer token", false)
+				return nil
+			}
+			p, err := s.auth.Authenticate(r.Context(), token)
+			if errors.Is(err, ErrInvalidToken) {
+				unauthenticated(w, "invalid bearer token", true)
+				return nil
+			}
+			if err != nil {
+				s.log.Error(err, "authenticate request")
+				writeError(w, api.Errorf(api.CodeInternal, "could not check the token"))
+				return nil
+			}
+			next(w, withPresentedHold(r.WithContext(context.WithValue(r.Context(), principalKey{}, p))))
+			return p
+		})
+		if result == resultOK && pushAfter[op] && s.pushes != nil {
+			s.pushes.touch(r.PathValue("agent_id"))
+		}
+	})
+}
+
+func unauthenticated(w http.ResponseWriter, msg string, invalid bool) {
+	challenge := `Bearer realm="agentbox"`
+	if invalid {
+		challenge += `, error="invalid_token"`
+	}
+	w.Header().Set("WWW-Authenticate", challenge)
+	writeError(w, api.Errorf(api.CodeUnauthenticated, "%s", msg))
+}
+
+func methodNotAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+	}
 }

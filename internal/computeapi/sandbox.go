@@ -7,19 +7,48 @@ import (
 	"slices"
 	"time"
 
+	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
-// recordActivity renews the sandbox's activity clock as a call starts, and goes on
-// renewing it, at the renewer's throttled rate, until the call ends (ctx
-// is the request's, which ends with the handler): a terminal, a streamed
-// command or a long transfer is use of the sandbox for as long as it is
-// open, and must not be idle-stopped under the caller.
+// From an agent to its sandbox: find it, wait until it serves (waking it),
+// count the call as activity, and reach its supervisor.
+
+// reach is the one way from an agent to its supervisor, for every call
+// that works in the sandbox: wait for the sandbox (waking it; a hold
+// refuses the call), count the call as activity for as long as ctx
+// lasts, and dial its supervisor, verifying the identity the controller
+// recorded, over the connection a warm-up may still be opening. Failures
+// are logged on log, which comes back naming the sandbox.
+func (s *Server) reach(ctx context.Context, agentID string, log logr.Logger) (*supervisorapi.Client, *v1alpha1.Sandbox, logr.Logger, *api.Error) {
+	sb, apiErr := s.readySandbox(ctx, agentID)
+	if apiErr != nil {
+		s.logFailure(log, apiErr, nil)
+		return nil, nil, log, apiErr
+	}
+	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
+	s.recordActivity(ctx, sb)
+	s.conns.AwaitWarm(ctx, sb)
+	sup, err := s.conns.For(sb)
+	if err != nil {
+		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
+		s.logFailure(log, apiErr, err)
+		return nil, nil, log, apiErr
+	}
+	return sup, sb, log, nil
+}
+
+// recordActivity renews the sandbox's activity clock as a call starts,
+// and goes on renewing it, at the clock's throttled rate, until the call
+// ends (ctx is the request's, which ends with the handler): a terminal, a
+// streamed command or a long transfer is use of the sandbox for as long as
+// it is open, and must not be idle-stopped under the caller.
 func (s *Server) recordActivity(ctx context.Context, sb *v1alpha1.Sandbox) {
 	s.renewActivity(ctx, sb)
 	if ctx.Done() == nil {
