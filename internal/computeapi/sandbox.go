@@ -102,9 +102,9 @@ func (s *Server) authorize(r *http.Request, agentID string) *api.Error {
 
 // readySandbox returns agentID's Sandbox once it can take calls. A sandbox
 // that is stopped, stopping or starting, or that lost its node, is waited
-// for: the call renews its activity clock, which is what wakes a stopped sandbox or
-// one that lost its node, and is served when the controller reports it
-// running, so the caller sees one slower call rather than an error. A
+// for: the call renews its activity clock, which is what wakes a stopped
+// sandbox or one that lost its node, and is served when the controller
+// reports it running, so the caller sees one slower call rather than an error. A
 // sandbox in a state that needs a person fails at once, and one that
 // someone else holds (checkHold) before it is woken.
 func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {

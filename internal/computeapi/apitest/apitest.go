@@ -6,8 +6,8 @@
 // workspace) over mutual TLS with the identities the platform CA issues,
 // and to a controller-runtime fake Kubernetes client that holds one agent's
 // Sandbox and its Lease (its activity clock). Clients therefore meet the
-// real authentication, scoping, hold, file, command and error code paths; only the cluster and
-// the sandbox's isolation are stand-ins. Nothing listens beyond loopback.
+// real authentication, scoping, hold, file, command and error code paths;
+// only the cluster and the sandbox's isolation are stand-ins. Nothing listens beyond loopback.
 //
 // It is meant for tests only: commands run unsandboxed on the host.
 package apitest

@@ -116,8 +116,8 @@ func (r *ActivityClock) patch(ctx context.Context, key types.NamespacedName, now
 }
 
 // NoteRenewed records that renewTime was moved to now by another write (a
-// hold's acquire or heartbeat, a pool lease's settle), so that the next call does not renew again
-// within the interval.
+// hold's acquire or heartbeat, a pool lease's settle), so that the next
+// call does not renew again within the interval.
 func (r *ActivityClock) NoteRenewed(key types.NamespacedName, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

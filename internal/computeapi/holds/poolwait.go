@@ -25,15 +25,15 @@ import (
 // coldStartWhenExhausted, it creates a sandbox of the pool for itself
 // (coldStart); on other pools it queues (awaitPoolSandbox). The queue is
 // this replica's: its waiters are served first come, first served, and a
-// pool lease arriving while it is not empty takes nothing ahead of them. Across
-// replicas there is no order: each replica's first waiter tries for every
-// sandbox that becomes ready, and the store gives each sandbox to exactly
-// one of them.
+// pool lease arriving while it is not empty takes nothing ahead of them.
+// Across replicas there is no order: each replica's first waiter tries
+// for every sandbox that becomes ready, and the store gives each sandbox
+// to exactly one of them.
 
 // leaseFromPool leases a sandbox of the pool for req: a free one now, or,
 // with req.WaitSeconds, one that becomes ready (or is started for it)
-// within that time. fresh is false when the pool lease must be settled before
-// the answer: a retry of an earlier acquire, or a cold start.
+// within that time. fresh is false when the pool lease must be settled
+// before the answer: a retry of an earlier acquire, or a cold start.
 func (k *Keeper) leaseFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	key := types.NamespacedName{Namespace: ns, Name: pool}
 	if waiting := k.poolWaiters.queued(key); waiting > 0 {
@@ -157,8 +157,8 @@ func (k *Keeper) poolHasFree(ctx context.Context, key types.NamespacedName) bool
 // the request ID, so a retry of the acquire finds the sandbox started for
 // it instead of starting another. It is born with the pool lease
 // annotations: the pool never counts it, nobody else can take it, and the
-// controller deletes it when the pool lease ends, or when nobody takes it up
-// within v1alpha1.PoolColdStartGrace.
+// controller deletes it when the pool lease ends, or when nobody takes it
+// up within v1alpha1.PoolColdStartGrace.
 func (k *Keeper) coldStart(ctx context.Context, pool *v1alpha1.SandboxWarmPool, req api.AcquireLeaseRequest, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	none := store.WarmTake{}
 	if k.store == nil {
