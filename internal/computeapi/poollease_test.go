@@ -49,7 +49,11 @@ func poolFixture(t *testing.T, names ...string) *fixture {
 
 // settled waits until the API has written what its pool leases decided
 // into the Sandboxes and Leases.
-func (f *fixture) settled() { f.services.background.Wait(); f.services.holds.Drain() }
+func (f *fixture) settled() {
+	f.services.background.Wait()
+	f.services.conns.WaitWarmUps()
+	f.services.holds.Drain()
+}
 
 func (f *fixture) sandboxNamed(t *testing.T, name string) *v1alpha1.Sandbox {
 	t.Helper()
@@ -460,9 +464,10 @@ func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
 	}
 }
 
-// A lease that takes a sandbox while warmConns is still in its handshake
-// with it neither starts a second warm-up nor lets the first command dial
-// alongside: one handshake in all.
+// A lease that takes a sandbox while the keeper of warm connections
+// (supervisors.Conns) is still in its handshake with it neither starts a
+// second warm-up nor lets the first command dial alongside: one handshake
+// in all.
 func TestWarmPoolConnectionInFlightAtTheLease(t *testing.T) {
 	f := servedPoolFixture(t)
 	f.sup.handshakeDelay.Store(int64(300 * time.Millisecond))

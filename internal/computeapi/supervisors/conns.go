@@ -228,6 +228,9 @@ func (c *Conns) IsOpen(key types.NamespacedName, now time.Time) bool {
 	return e != nil && !e.open.IsZero() && now.Sub(e.open) < c.keepAlive()
 }
 
+// WaitWarmUps waits for the warm-ups Warm started.
+func (c *Conns) WaitWarmUps() { c.background.Wait() }
+
 // Close stops the keeper and waits for the warm-ups in flight; the
 // connections close with the Dialer.
 func (c *Conns) Close() {
