@@ -85,7 +85,7 @@ func (p *autoPusher) push(agentID string) {
 	if apiErr != nil || sb.Status.ServiceEndpoint == "" || !meta.IsStatusConditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
 		return
 	}
-	sup, err := p.s.dialSupervisor(sb)
+	sup, err := p.s.conns.For(sb)
 	if err != nil {
 		log.Error(err, "dial the supervisor to push the workspace")
 		return

@@ -162,15 +162,9 @@ func (s *Server) consolePTY(w http.ResponseWriter, r *http.Request) {
 	size := supervisorapi.PTYRequest{Cols: req.Cols, Rows: req.Rows}
 	// A hold on the sandbox does not keep staff out; the audit record says
 	// whose hold the console passed.
-	sb, apiErr := s.readySandbox(withHoldBypass(r.Context()), c.AgentID)
+	sup, sb, _, apiErr := s.reach(withHoldBypass(r.Context()), c.AgentID, s.callLog(r, "console_pty").WithValues("agent", c.AgentID))
 	if apiErr != nil {
 		writeError(w, apiErr)
-		return
-	}
-	s.recordActivity(r.Context(), sb)
-	sup, err := s.dialSupervisor(sb)
-	if err != nil {
-		writeError(w, api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", c.AgentID))
 		return
 	}
 	upstream, err := sup.DialPTY(r.Context(), size)

@@ -17,6 +17,8 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
 )
 
 // deploy_or_resume: running, return it; stopped, resume it; none, create
@@ -76,9 +78,9 @@ func (s *Server) deployOrResume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.RequestID == "" {
-		req.RequestID, _ = r.Context().Value(requestIDKey{}).(string)
+		req.RequestID = requestID(r.Context())
 	}
-	if apiErr := validateLeaseFields(map[string]string{"request_id": req.RequestID}); apiErr != nil {
+	if apiErr := holds.ValidateFields(map[string]string{"request_id": req.RequestID}); apiErr != nil {
 		fail(apiErr)
 		return
 	}
@@ -157,9 +159,9 @@ func (s *Server) createAgentSandbox(ctx context.Context, agentID string, tpl typ
 		},
 		Spec: v1alpha1.SandboxSpec{AgentID: agentID, TemplateRef: v1alpha1.LocalObjectReference{Name: tpl.Name}},
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holds.WriteTimeout)
 	defer cancel()
-	err := s.leaseWriter.Create(ctx, sb)
+	err := s.kube.Create(ctx, sb)
 	if err == nil {
 		return nil
 	}
@@ -168,7 +170,7 @@ func (s *Server) createAgentSandbox(ctx context.Context, agentID string, tpl typ
 		return api.Errorf(api.CodeInternal, "could not create the sandbox of agent %q", agentID)
 	}
 	var got v1alpha1.Sandbox
-	if err := s.leaseReader.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}, &got); err != nil {
+	if err := s.kubeDirect.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}, &got); err != nil {
 		if apierrors.IsNotFound(err) {
 			// Deleted between the two calls: a retry creates it again.
 			return deletingError(agentID, "")
@@ -200,7 +202,7 @@ func deletingError(agentID, phase string) *api.Error {
 func (s *Server) awaitCreated(ctx context.Context, agentID string, start time.Time) (*v1alpha1.Sandbox, *api.Error) {
 	timeout := time.NewTimer(max(s.resumeTimeout-time.Since(start), 0))
 	defer timeout.Stop()
-	tick := time.NewTicker(resumePoll)
+	tick := time.NewTicker(sandboxstate.PollInterval)
 	defer tick.Stop()
 	var last *v1alpha1.Sandbox
 	for {
@@ -208,10 +210,10 @@ func (s *Server) awaitCreated(ctx context.Context, agentID string, start time.Ti
 		switch {
 		case apiErr != nil && apiErr.Code != api.CodeSandboxNotFound:
 			return nil, apiErr
-		case apiErr == nil && serving(sb):
+		case apiErr == nil && sandboxstate.Serving(sb):
 			return sb, nil
-		case apiErr == nil && !starting(sb):
-			return nil, notReady(agentID, sb)
+		case apiErr == nil && !sandboxstate.Starting(sb):
+			return nil, sandboxstate.NotReady(agentID, sb)
 		case apiErr == nil:
 			last = sb
 		}
@@ -222,7 +224,7 @@ func (s *Server) awaitCreated(ctx context.Context, agentID string, start time.Ti
 			e := api.Errorf(api.CodeSandboxNotReady, "the sandbox of agent %q is being created", agentID)
 			e.Details = map[string]string{"phase": string(v1alpha1.SandboxPhasePending), "reason": v1alpha1.ReasonCreating}
 			if last != nil {
-				e = notReady(agentID, last)
+				e = sandboxstate.NotReady(agentID, last)
 			}
 			e.Message += fmt.Sprintf(" (waited %s; the sandbox is still starting, retry the call)", s.resumeTimeout)
 			return nil, e

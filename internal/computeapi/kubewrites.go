@@ -10,8 +10,8 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
 
-// timedWriter times the API's writes to the Kubernetes API server (lease
-// renewals and holds, pool takes, terminations): they are the part of a
+// timedWriter times the API's writes to the Kubernetes API server (activity
+// clock renewals and holds, pool takes, terminations): they are the part of a
 // call the control plane waits on and does not control, so their latency
 // is what explains a slow claim.
 type timedWriter struct{ client.Client }

@@ -364,11 +364,11 @@ func TestChangeLeaseStaleFirstRead(t *testing.T) {
 	}
 	defer s.Close()
 	sb := f.sandboxNamed(t, "sb-1")
-	l, apiErr := s.hold(ctx, sb, api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1", TTLSeconds: 30})
+	v, apiErr := s.holds.Acquire(ctx, sb, api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1", TTLSeconds: 30})
 	if apiErr != nil {
 		t.Fatal(apiErr)
 	}
-	if ptr.Deref(l.Spec.HolderIdentity, "") != "run-1" || l.Annotations["other-writer"] != "yes" {
+	if l := f.leaseNamed(t, "sb-1"); v.Holder != "run-1" || ptr.Deref(l.Spec.HolderIdentity, "") != "run-1" || l.Annotations["other-writer"] != "yes" {
 		t.Errorf("hold wrote %+v %v; want run-1's hold on top of the other writer's change", l.Spec, l.Annotations)
 	}
 	if cacheReads.Load() != 1 || directReads.Load() != 1 {

@@ -31,29 +31,15 @@ import (
 const fileCallTimeout = 10 * time.Minute
 
 // supervisorFor does what every forwarded operation starts with: check
-// scope, wake and wait for the sandbox, count the call as activity, and
-// dial its supervisor, verifying the identity the controller recorded.
+// scope, then reach the agent's supervisor.
 func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Client, logr.Logger, *api.Error) {
 	agentID := r.PathValue("agent_id")
 	log := s.callLog(r, op).WithValues("agent", agentID)
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		return nil, log, apiErr
 	}
-	sb, apiErr := s.readySandbox(r.Context(), agentID)
-	if apiErr != nil {
-		s.logFailure(log, apiErr, nil)
-		return nil, log, apiErr
-	}
-	log = log.WithValues("sandbox", sb.Namespace+"/"+sb.Name)
-	s.recordActivity(r.Context(), sb)
-	s.awaitWarmConnection(r.Context(), sb)
-	sup, err := s.dialSupervisor(sb)
-	if err != nil {
-		apiErr := api.Errorf(api.CodeInternal, "cannot reach the sandbox of agent %q", agentID)
-		s.logFailure(log, apiErr, err)
-		return nil, log, apiErr
-	}
-	return sup, log, nil
+	sup, _, log, apiErr := s.reach(r.Context(), agentID, log)
+	return sup, log, apiErr
 }
 
 // status reports the agent's sandbox without waking it.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
@@ -48,7 +49,11 @@ func poolFixture(t *testing.T, names ...string) *fixture {
 
 // settled waits until the API has written what its pool leases decided
 // into the Sandboxes and Leases.
-func (f *fixture) settled() { f.services.background.Wait() }
+func (f *fixture) settled() {
+	f.services.background.Wait()
+	f.services.conns.WaitWarmUps()
+	f.services.holds.Drain()
+}
 
 func (f *fixture) sandboxNamed(t *testing.T, name string) *v1alpha1.Sandbox {
 	t.Helper()
@@ -91,7 +96,7 @@ func TestPoolLease(t *testing.T) {
 	}
 	if l := f.leaseNamed(t, "w-old"); ptr.Deref(l.Spec.HolderIdentity, "") != "run-1" || l.Annotations[v1alpha1.AnnotationLeaseID] != got.LeaseID {
 		t.Errorf("Lease after the pool acquire: %+v %v", l.Spec, l.Annotations)
-	} else if v := leaseView(l); v != got.Lease {
+	} else if v := holds.View(l); v != got.Lease {
 		t.Errorf("the Lease says %+v; the caller was told %+v", v, got.Lease)
 	}
 
@@ -302,14 +307,7 @@ func TestPoolLeaseBurst(t *testing.T) {
 // annotations in the background until the returned func is called, as if
 // the API server were slow or the replica had died after answering.
 func (f *fixture) blockSettles() (unblock func()) {
-	for range maxSettles {
-		f.services.settleSlots <- struct{}{}
-	}
-	return func() {
-		for range maxSettles {
-			<-f.services.settleSlots
-		}
-	}
+	return f.services.holds.PauseSettles()
 }
 
 // A pool lease is answered once the store has decided, before the Lease
@@ -377,7 +375,7 @@ func TestPoolLeaseAnsweredBeforeTheWrites(t *testing.T) {
 	if err := c.ReleaseLease(ctx, first.AgentID, api.ReleaseLeaseRequest{Holder: "run-1", LeaseID: first.LeaseID}); err != nil {
 		t.Fatal(err)
 	}
-	if _, apiErr := f.services.settleWarmLease(ctx, f.sandboxNamed(t, first.Sandbox), mustTake(t, f, first.Sandbox)); apiErr != nil {
+	if _, apiErr := f.services.holds.Settle(ctx, f.sandboxNamed(t, first.Sandbox), mustTake(t, f, first.Sandbox)); apiErr != nil {
 		t.Fatal(apiErr)
 	}
 	if l := f.leaseNamed(t, first.Sandbox); l.Spec.HolderIdentity != nil {
@@ -424,7 +422,7 @@ func TestPoolLeaseSkipsSandboxesTakenElsewhere(t *testing.T) {
 // it, and a sandbox that is no longer free is let go.
 func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
 	f := servedPoolFixture(t)
-	f.services.conns.period.Store(int64(100 * time.Millisecond))
+	f.services.conns.SetKeepAlive(100 * time.Millisecond)
 	events := f.services.WarmPoolEvents()
 	// A sandbox of no pool is not kept.
 	loner := readySandbox("team-a", "loner", "loner", f.sup.srv.URL)
@@ -434,12 +432,12 @@ func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
 	if n := f.sup.handshakes.Load(); n != 1 {
 		t.Errorf("%d TLS handshakes for three health calls; the kept connection should carry them all", n)
 	}
-	if f.services.conns.isOpen(client.ObjectKeyFromObject(loner), time.Now()) {
+	if f.services.conns.IsOpen(client.ObjectKeyFromObject(loner), time.Now()) {
 		t.Error("a connection is kept for a sandbox of no warm pool")
 	}
 
 	// Held still for the lease: as the informer has not seen the lease yet.
-	f.services.conns.period.Store(int64(time.Hour))
+	f.services.conns.SetKeepAlive(time.Hour)
 	waitFor(t, "the keeper to pick up the longer period", func() bool {
 		before := f.sup.healthCalls.Load()
 		time.Sleep(300 * time.Millisecond)
@@ -461,14 +459,15 @@ func TestWarmPoolConnectionsOpenBeforeTheLease(t *testing.T) {
 		t.Fatalf("w-1 after the settle: annotations %v", leased.Annotations)
 	}
 	events.OnUpdate(leased, leased)
-	if f.services.conns.isOpen(client.ObjectKeyFromObject(leased), time.Now()) {
+	if f.services.conns.IsOpen(client.ObjectKeyFromObject(leased), time.Now()) {
 		t.Error("the connection of a leased sandbox is still kept")
 	}
 }
 
-// A lease that takes a sandbox while warmConns is still in its handshake
-// with it neither starts a second warm-up nor lets the first command dial
-// alongside: one handshake in all.
+// A lease that takes a sandbox while the keeper of warm connections
+// (supervisors.Conns) is still in its handshake with it neither starts a
+// second warm-up nor lets the first command dial alongside: one handshake
+// in all.
 func TestWarmPoolConnectionInFlightAtTheLease(t *testing.T) {
 	f := servedPoolFixture(t)
 	f.sup.handshakeDelay.Store(int64(300 * time.Millisecond))

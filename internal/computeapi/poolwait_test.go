@@ -13,37 +13,8 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 )
-
-func TestPoolWaitersTakeTurns(t *testing.T) {
-	var p poolWaiters
-	key := types.NamespacedName{Namespace: "ns", Name: "p"}
-	a, b, c := p.join(key), p.join(key), p.join(key)
-	isTurn := func(w *poolWaiter) bool {
-		select {
-		case <-w.turn:
-			return true
-		default:
-			return false
-		}
-	}
-	if !isTurn(a) || isTurn(b) || isTurn(c) || p.queued(key) != 3 {
-		t.Fatalf("after three joins: turns %v %v %v, %d queued", isTurn(a), isTurn(b), isTurn(c), p.queued(key))
-	}
-	// One behind the first gives up: the first keeps the turn.
-	p.leave(key, b)
-	if !isTurn(a) || isTurn(c) {
-		t.Fatal("a waiter behind the first left, and the turn moved")
-	}
-	p.leave(key, a)
-	if !isTurn(c) || p.queued(key) != 1 {
-		t.Fatal("the first left, and the next did not get the turn")
-	}
-	p.leave(key, c)
-	if p.queued(key) != 0 || len(p.queues) != 0 {
-		t.Fatalf("empty queue kept: %v", p.queues)
-	}
-}
 
 func TestPoolLeaseWaitBounds(t *testing.T) {
 	f := poolFixture(t, "w-1")
@@ -97,9 +68,9 @@ func TestPoolLeaseWaitsInTurn(t *testing.T) {
 		return ch
 	}
 	a := wait("a")
-	waitFor(t, "a to queue", func() bool { return f.services.poolWaiters.queued(key) == 1 })
+	waitFor(t, "a to queue", func() bool { return f.services.holds.Waiting(key) == 1 })
 	b := wait("b")
-	waitFor(t, "b to queue", func() bool { return f.services.poolWaiters.queued(key) == 2 })
+	waitFor(t, "b to queue", func() bool { return f.services.holds.Waiting(key) == 2 })
 
 	_, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "c", RequestID: "r"})
 	e := wantAPIError(t, err, api.CodePoolExhausted, http.StatusServiceUnavailable)
@@ -128,7 +99,7 @@ func TestPoolLeaseWaitsInTurn(t *testing.T) {
 	if !strings.Contains(e.Message, "within wait_seconds") {
 		t.Errorf("a wait that ran out: %s", e.Message)
 	}
-	if n := f.services.poolWaiters.queued(key); n != 0 {
+	if n := f.services.holds.Waiting(key); n != 0 {
 		t.Errorf("%d waiters left queued", n)
 	}
 }
@@ -162,7 +133,7 @@ func TestPoolLeaseColdStart(t *testing.T) {
 	req.WaitSeconds = 1
 	_, err = c.AcquirePoolLease(ctx, "team-a", "p", req)
 	e := wantAPIError(t, err, api.CodePoolExhausted, http.StatusServiceUnavailable)
-	name, agentID := coldStartNames(&pool, "run-1", "req-1")
+	name, agentID := holds.ColdStartNames(&pool, "run-1", "req-1")
 	if e.Details["sandbox"] != name {
 		t.Errorf("pool_exhausted of a cold start in progress: %+v", e)
 	}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	"github.com/go-logr/logr"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 )
 
 // HeaderRequestID carries a call's request ID. A client may set it (to
@@ -19,8 +21,6 @@ const HeaderRequestID = "X-Request-Id"
 // and the audit log.
 const maxRequestIDLength = 128
 
-type requestIDKey struct{}
-
 // withRequestID gives r its request ID, the client's if it is usable, and
 // sets it on the response.
 func withRequestID(w http.ResponseWriter, r *http.Request) (*http.Request, string) {
@@ -31,7 +31,7 @@ func withRequestID(w http.ResponseWriter, r *http.Request) (*http.Request, strin
 		id = hex.EncodeToString(b[:])
 	}
 	w.Header().Set(HeaderRequestID, id)
-	return r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)), id
+	return r.WithContext(supervisors.WithRequestID(r.Context(), id)), id
 }
 
 // validRequestID accepts printable ASCII without spaces, so that an ID can
@@ -51,8 +51,13 @@ func validRequestID(id string) bool {
 // callLog is the server's logger with the call's request ID and operation.
 func (s *Server) callLog(r *http.Request, op string) logr.Logger {
 	log := s.log.WithValues("op", op)
-	if id, ok := r.Context().Value(requestIDKey{}).(string); ok {
+	if id := requestID(r.Context()); id != "" {
 		log = log.WithValues("request_id", id)
 	}
 	return log
 }
+
+// requestID is the request ID of the call ctx serves. It is kept in the
+// context where the supervisor pool's transport finds it, to send it on
+// to the supervisor (supervisors.WithRequestID).
+func requestID(ctx context.Context) string { return supervisors.RequestID(ctx) }

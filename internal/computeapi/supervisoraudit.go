@@ -48,15 +48,6 @@ const (
 	maxSupervisorField = 128
 )
 
-// supervisorAuditSink receives the records of a SupervisorPool's calls.
-type supervisorAuditSink struct {
-	// record gets a record of the supervisor whose verified identity is
-	// peer, with the context of the call that it answers.
-	record func(ctx context.Context, peer string, rec supervisorapi.AuditRecord, raw []byte)
-	// invalid gets a record that could not be read.
-	invalid func(ctx context.Context, peer string, err error)
-}
-
 type supervisorCallsKey struct{}
 
 // supervisorCalls collects the supervisor records of one API call, to be
@@ -153,7 +144,7 @@ func cleanField(s string) string {
 	return s
 }
 
-// recordSupervisor is the Server's supervisorAuditSink.record.
+// recordSupervisor is the Server's supervisors.AuditSink.Record.
 func (s *Server) recordSupervisor(ctx context.Context, peer string, rec supervisorapi.AuditRecord, raw []byte) {
 	r := supervisorRecord{rec: rec, raw: raw, at: s.clock.Now()}
 	if calls, ok := ctx.Value(supervisorCallsKey{}).(*supervisorCalls); ok {
@@ -169,7 +160,7 @@ func (s *Server) recordSupervisor(ctx context.Context, peer string, rec supervis
 	s.audit.tryRecord(supervisorEntry(call, r))
 }
 
-// invalidSupervisorRecord is the Server's supervisorAuditSink.invalid.
+// invalidSupervisorRecord is the Server's supervisors.AuditSink.Invalid.
 func (s *Server) invalidSupervisorRecord(_ context.Context, peer string, err error) {
 	s.log.Info("a supervisor answered with an audit record that cannot be read", "supervisor", peer, "error", err.Error())
 }

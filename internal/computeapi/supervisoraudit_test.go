@@ -76,7 +76,7 @@ func TestSupervisorRecordsJoinTheAuditChain(t *testing.T) {
 	if apiErr != nil {
 		t.Fatal(apiErr)
 	}
-	sup, err := srv.dialSupervisor(sb)
+	sup, err := srv.conns.For(sb)
 	if err != nil {
 		t.Fatal(err)
 	}

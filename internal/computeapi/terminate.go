@@ -6,26 +6,24 @@ import (
 	"strings"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 )
 
 // Terminate is the force stop. The API never writes a Sandbox's
 // spec, so it has two levers:
 //
-//   - with a snapshot, the activity Lease: its renewTime is set back by the
+//   - with a snapshot, the activity clock: its renewTime is set back by the
 //     sandbox's idle timeout, so the controller finds the sandbox idle and
 //     runs the idle stop it would run an hour later (push, snapshot, pod
 //     and claim deleted). The next call resumes it, as after any stop. An
-//     exclusive hold on the Lease is released, since a hold would not
+//     agent's hold on the sandbox is released, since a hold would not
 //     survive the stop's purpose;
 //   - without one, the Sandbox object is deleted; the controller's
 //     finalizer removes its snapshots, and owner references its pod,
@@ -81,11 +79,11 @@ func (s *Server) terminate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSandbox(ctx context.Context, sb *v1alpha1.Sandbox) (string, *api.Error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holds.WriteTimeout)
 	defer cancel()
 	// The UID precondition keeps a retried call from deleting a sandbox
 	// created for the agent since.
-	err := s.leaseWriter.Delete(ctx, sb, client.Preconditions{UID: ptr.To(sb.UID)})
+	err := s.kube.Delete(ctx, sb, client.Preconditions{UID: ptr.To(sb.UID)})
 	if err != nil && !apierrors.IsNotFound(err) {
 		s.log.Error(err, "delete sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
 		return "", api.Errorf(api.CodeInternal, "could not delete the sandbox of agent %q", sb.Spec.AgentID)
@@ -98,31 +96,8 @@ func (s *Server) stopWithSnapshot(ctx context.Context, sb *v1alpha1.Sandbox) (st
 	if apiErr != nil {
 		return "", apiErr
 	}
-	// A pool lease not written to the Lease yet would come back after the
-	// release below.
-	if apiErr := s.settlePending(ctx, sb); apiErr != nil {
+	if apiErr := s.holds.EndForStop(ctx, sb, idle); apiErr != nil {
 		return "", apiErr
-	}
-	var released *coordinationv1.Lease
-	_, apiErr = s.changeLease(ctx, sb, func(l *coordinationv1.Lease, now time.Time) (bool, *api.Error) {
-		if holder, _ := v1alpha1.LeaseHoldExpiry(&l.Spec); holder != "" {
-			released = l.DeepCopy()
-			request := l.Annotations[v1alpha1.AnnotationLeaseRequestID]
-			clearHold(l)
-			// As a release does: a sandbox leased from its pool has
-			// finished its run.
-			l.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] = request
-		}
-		// A second past the timeout, so that the controller's comparison
-		// (idle for at least the timeout) holds at once.
-		l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(now.Add(-idle - time.Second)))
-		return true, nil
-	})
-	if apiErr != nil {
-		return "", apiErr
-	}
-	if released != nil {
-		s.recordLease(ctx, store.LeaseRelease, sb, leaseView(released))
 	}
 	if sb.Status.Phase == v1alpha1.SandboxPhaseStopped {
 		return api.TerminateAlreadyStopped, nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 )
 
 func pythonTemplate(idle time.Duration) *v1alpha1.SandboxTemplate {
@@ -60,7 +61,7 @@ func TestTerminateWithSnapshotMakesTheSandboxIdle(t *testing.T) {
 	ctx := context.Background()
 	acquire(t, c, "worker-1", "req-1", 600)
 	var before v1alpha1.Sandbox
-	if err := f.kube.Get(ctx, LeaseKey(readySandbox("team-a", "sb-1", "agent-1", "")), &before); err != nil {
+	if err := f.kube.Get(ctx, holds.ActivityLeaseKey(readySandbox("team-a", "sb-1", "agent-1", "")), &before); err != nil {
 		t.Fatal(err)
 	}
 
@@ -84,7 +85,7 @@ func TestTerminateWithSnapshotMakesTheSandboxIdle(t *testing.T) {
 		t.Fatalf("hold not released: holder %q, annotations %v", holder, l.Annotations)
 	}
 	var after v1alpha1.Sandbox
-	if err := f.kube.Get(ctx, LeaseKey(readySandbox("team-a", "sb-1", "agent-1", "")), &after); err != nil {
+	if err := f.kube.Get(ctx, holds.ActivityLeaseKey(readySandbox("team-a", "sb-1", "agent-1", "")), &after); err != nil {
 		t.Fatal(err)
 	}
 	if after.ResourceVersion != before.ResourceVersion {

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,52 +176,118 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	return o, nil
 }
 
+// run starts the control plane and serves until ctx ends. The deferred
+// closes run in reverse: the Compute API first (after the manager, and
+// the API's HTTP server with it, has stopped, so that no call is still
+// recording), then the snapshot driver, the supervisor pool, and the store
+// last.
 func run(ctx context.Context, o *options) error {
 	log := ctrl.Log.WithName("setup")
-
-	// Local inputs first, so that a misconfigured pod fails with a clear
-	// message before anything talks to the cluster.
-	ca, err := loadCA(o.caDir)
+	in, err := loadInputs(ctx, o, log)
 	if err != nil {
 		return err
+	}
+	if in.store != nil {
+		defer in.store.Close()
+	}
+	mgr, err := newManager(o)
+	if err != nil {
+		return err
+	}
+	servingCert, servingIPs, err := newServingCert(ctx, o, in, mgr.GetAPIReader(), log)
+	if err != nil {
+		return err
+	}
+	// One pool for the controller and the API, so a sandbox's verified
+	// connection serves both the agent's calls and the flush before a stop.
+	pool, err := computeapi.NewSupervisorPool(in.clientCert.getClient, in.ca.Pool())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	snapshots, err := o.snapshot.newSnapshotDriver(mgr.GetClient(), mgr.GetAPIReader())
+	if err != nil {
+		return fmt.Errorf("snapshot driver: %w", err)
+	}
+	// The archive driver uploads in the background; stopping it cancels
+	// uploads in flight, which the next Take on a new leader finds and redoes.
+	if c, ok := snapshots.(interface{ Close() }); ok {
+		defer c.Close()
+	}
+	if err := addControllers(mgr, o, in, pool, snapshots); err != nil {
+		return err
+	}
+	api, err := addComputeAPI(mgr, o, in, pool, servingCert)
+	if err != nil {
+		return err
+	}
+	defer api.Close()
+
+	log.Info("starting", "version", version, "namespace", o.namespace, "identity", in.selfID.String(),
+		"api", o.apiListen, "snapshotDriver", snapshot.ID(snapshots), "apiCertificateIPs", fmt.Sprint(servingIPs), "leaderElection", o.leaderElect)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run manager: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// inputs are what the control plane reads before it talks to the
+// cluster.
+type inputs struct {
+	ca    *pki.CA
+	authn computeapi.Authenticator
+	// store is nil when the control plane runs without one.
+	store      *store.Store
+	selfID     *url.URL
+	clientCert *renewingCert
+}
+
+// loadInputs reads the local inputs first, so that a misconfigured pod
+// fails with a clear message before anything talks to the cluster: the
+// CA, the admin token, the store, and the client certificate for calling
+// supervisors. The caller closes the store.
+func loadInputs(ctx context.Context, o *options, log logr.Logger) (*inputs, error) {
+	ca, err := loadCA(o.caDir)
+	if err != nil {
+		return nil, err
 	}
 	authn, err := loadAdminToken(o.adminTokenFile)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	st, err := openStore(ctx, o)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	in := &inputs{ca: ca, authn: authn, store: st, selfID: pki.ControlPlaneID(o.trustDomain, o.namespace)}
 	if st != nil {
-		defer st.Close()
-		authn = computeapi.ChainAuthenticators(authn, computeapi.NewStoreAuthenticator(st))
+		in.authn = computeapi.ChainAuthenticators(authn, computeapi.NewStoreAuthenticator(st))
 	} else {
 		log.Info("running without a store: only the admin token is accepted and calls are not audited; set --data-dir or --store-dsn")
 	}
-	selfID := pki.ControlPlaneID(o.trustDomain, o.namespace)
-	clientCert, err := newRenewingCert(ca, pki.LeafOptions{ID: selfID, Usage: pki.UsageClient, Lifetime: pki.DefaultClientCertLifetime})
+	in.clientCert, err = newRenewingCert(ca, pki.LeafOptions{ID: in.selfID, Usage: pki.UsageClient, Lifetime: pki.DefaultClientCertLifetime})
 	if err != nil {
-		return fmt.Errorf("client certificate: %w", err)
+		if st != nil {
+			st.Close()
+		}
+		return nil, fmt.Errorf("client certificate: %w", err)
 	}
+	return in, nil
+}
 
+// newManager makes the controller-runtime manager: the Kubernetes client
+// at the configured rate, the scheme, metrics, health probes and leader
+// election.
+func newManager(o *options) (ctrl.Manager, error) {
 	restConfig, err := config.GetConfig()
 	if err != nil {
-		return fmt.Errorf("kubernetes client configuration: %w", err)
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}
 	restConfig.QPS, restConfig.Burst = float32(o.kubeQPS), o.kubeBurst
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return fmt.Errorf("register Kubernetes types: %w", err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return fmt.Errorf("register agentbox types: %w", err)
-	}
-	// Registered whatever the driver: the types are only used when the
-	// volumesnapshot driver creates VolumeSnapshots, and registering them
-	// costs nothing on a cluster without the CRDs.
-	if err := volumesnapshot.AddToScheme(scheme); err != nil {
-		return fmt.Errorf("register VolumeSnapshot types: %w", err)
+	scheme, err := newScheme()
+	if err != nil {
+		return nil, err
 	}
 	managerGrace := shutdownGrace + 5*time.Second
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
@@ -234,34 +301,52 @@ func run(ctx context.Context, o *options) error {
 		GracefulShutdownTimeout:       &managerGrace,
 	})
 	if err != nil {
-		return fmt.Errorf("create manager: %w", err)
+		return nil, fmt.Errorf("create manager: %w", err)
 	}
+	return mgr, nil
+}
 
-	servingOpts := pki.LeafOptions{ID: selfID, Usage: pki.UsageServer, CommonName: o.apiService,
+// newScheme registers the Kubernetes, agentbox and VolumeSnapshot types.
+func newScheme() (*runtime.Scheme, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register Kubernetes types: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register agentbox types: %w", err)
+	}
+	// Registered whatever the driver: the types are only used when the
+	// volumesnapshot driver creates VolumeSnapshots, and registering them
+	// costs nothing on a cluster without the CRDs.
+	if err := volumesnapshot.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register VolumeSnapshot types: %w", err)
+	}
+	return scheme, nil
+}
+
+// newServingCert issues the API's serving certificate, for the Service's
+// DNS names, loopback and the Service's ClusterIPs, and returns it with
+// the IP addresses it names.
+func newServingCert(ctx context.Context, o *options, in *inputs, r client.Reader, log logr.Logger) (*renewingCert, []net.IP, error) {
+	servingOpts := pki.LeafOptions{ID: in.selfID, Usage: pki.UsageServer, CommonName: o.apiService,
 		DNSNames: serviceDNSNames(o.apiService, o.namespace), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	ips, err := serviceClusterIPs(ctx, mgr.GetAPIReader(), o.namespace, o.apiService)
+	ips, err := serviceClusterIPs(ctx, r, o.namespace, o.apiService)
 	if err != nil {
 		// Clients that connect by name still work, so this is no reason to
 		// stay down; those that use the IP will see a name mismatch.
 		log.Error(err, "the API serving certificate will not name the Service's ClusterIP")
 	}
 	servingOpts.IPAddresses = append(servingOpts.IPAddresses, ips...)
-	servingCert, err := newRenewingCert(ca, servingOpts)
+	servingCert, err := newRenewingCert(in.ca, servingOpts)
 	if err != nil {
-		return fmt.Errorf("API serving certificate: %w", err)
+		return nil, nil, fmt.Errorf("API serving certificate: %w", err)
 	}
+	return servingCert, servingOpts.IPAddresses, nil
+}
 
-	// One pool for the controller and the API, so a sandbox's verified
-	// connection serves both the agent's calls and the flush before a stop.
-	pool, err := computeapi.NewSupervisorPool(clientCert.getClient, ca.Pool())
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	snapshots, err := o.snapshot.newSnapshotDriver(mgr.GetClient(), mgr.GetAPIReader())
-	if err != nil {
-		return fmt.Errorf("snapshot driver: %w", err)
-	}
+// addControllers adds the snapshot check, the filespace purge (with a
+// store) and the reconcilers to mgr.
+func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.SupervisorPool, snapshots snapshot.Driver) error {
 	// A driver that cannot work in this cluster does not stop the control
 	// plane: it serves, reports the check's result, and begins no idle stop
 	// until the check passes.
@@ -279,23 +364,18 @@ func run(ctx context.Context, o *options) error {
 	if err := mgr.Add(snapshotCheck); err != nil {
 		return fmt.Errorf("add the snapshot check: %w", err)
 	}
-	// The archive driver uploads in the background; stopping it cancels
-	// uploads in flight, which the next Take on a new leader finds and redoes.
-	if c, ok := snapshots.(interface{ Close() }); ok {
-		defer c.Close()
-	}
 	sandboxes := &controller.SandboxReconciler{
 		Namespace:    o.namespace,
 		TrustDomain:  o.trustDomain,
 		DefaultImage: o.sandboxImage,
-		CA:           ca,
+		CA:           in.ca,
 		Supervisors:  pool,
 		Snapshots:    snapshots,
 		// The interface must stay nil without a check.
 		SnapshotHealth: snapshotCheck,
 	}
 	warmPools := &controller.SandboxWarmPoolReconciler{}
-	if st != nil {
+	if st := in.store; st != nil {
 		// Only with a store: the interfaces must stay nil without one.
 		sandboxes.Filespaces = filespace.Syncer{Store: st}
 		// The Compute API's pool leases take warm sandboxes through the
@@ -306,6 +386,11 @@ func run(ctx context.Context, o *options) error {
 			return fmt.Errorf("add the filespace purge: %w", err)
 		}
 	}
+	return setupReconcilers(mgr, o, sandboxes, warmPools)
+}
+
+// setupReconcilers registers the four reconcilers with mgr.
+func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.SandboxReconciler, warmPools *controller.SandboxWarmPoolReconciler) error {
 	if err := sandboxes.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the sandbox controller: %w", err)
 	}
@@ -321,43 +406,43 @@ func run(ctx context.Context, o *options) error {
 	if err := (&controller.GVisorNodePoolReconciler{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the node pool controller: %w", err)
 	}
+	return nil
+}
+
+// addComputeAPI makes the Compute API and adds its HTTPS server, on every
+// replica, and the health checks to mgr. The caller closes the API after
+// the manager has stopped.
+func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.SupervisorPool, servingCert *renewingCert) (*computeapi.Server, error) {
 	api, err := computeapi.NewServer(computeapi.Options{
 		Sandboxes:          mgr.GetCache(),
 		Leases:             mgr.GetClient(),
 		LeaseReader:        mgr.GetAPIReader(),
 		Supervisors:        pool,
-		Authenticator:      authn,
+		Authenticator:      in.authn,
 		TrustDomain:        o.trustDomain,
 		Logger:             ctrl.Log.WithName("computeapi"),
-		Store:              st,
+		Store:              in.store,
 		FilespacePushDelay: o.pushDelay,
 		DefaultTemplate:    o.defaultTemplate,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// After the manager (and the API's HTTP server with it) has stopped,
-	// so that no call is still recording; before the store closes.
-	defer api.Close()
 	apiRunnable := newAPIServer(o.apiListen, api.Handler(), servingCert.getServing, mgr.GetCache(), ctrl.Log.WithName("computeapi"))
 	apiRunnable.sandboxEvents = api.WarmPoolEvents()
-	if err := mgr.Add(apiRunnable); err != nil {
-		return fmt.Errorf("add the Compute API: %w", err)
+	err = mgr.Add(apiRunnable)
+	if err != nil {
+		err = fmt.Errorf("add the Compute API: %w", err)
+	} else if err = mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		err = fmt.Errorf("add health check: %w", err)
+	} else if err = mgr.AddReadyzCheck("compute-api", apiRunnable.readyCheck); err != nil {
+		err = fmt.Errorf("add readiness check: %w", err)
 	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return fmt.Errorf("add health check: %w", err)
+	if err != nil {
+		api.Close()
+		return nil, err
 	}
-	if err := mgr.AddReadyzCheck("compute-api", apiRunnable.readyCheck); err != nil {
-		return fmt.Errorf("add readiness check: %w", err)
-	}
-
-	log.Info("starting", "version", version, "namespace", o.namespace, "identity", selfID.String(),
-		"api", o.apiListen, "snapshotDriver", snapshot.ID(snapshots), "apiCertificateIPs", fmt.Sprint(servingOpts.IPAddresses), "leaderElection", o.leaderElect)
-	if err := mgr.Start(ctx); err != nil {
-		return fmt.Errorf("run manager: %w", err)
-	}
-	log.Info("stopped")
-	return nil
+	return api, nil
 }
 
 // openStore opens the PostgreSQL store of --store-dsn, or the SQLite store

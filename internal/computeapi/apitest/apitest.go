@@ -5,9 +5,9 @@
 // (the sandbox's HTTP handler, run as the test's user on a temporary
 // workspace) over mutual TLS with the identities the platform CA issues,
 // and to a controller-runtime fake Kubernetes client that holds one agent's
-// Sandbox and its Lease. Clients therefore meet the real authentication,
-// scoping, lease, file, command and error code paths; only the cluster and
-// the sandbox's isolation are stand-ins. Nothing listens beyond loopback.
+// Sandbox and its Lease (its activity clock). Clients therefore meet the
+// real authentication, scoping, hold, file, command and error code paths;
+// only the cluster and the sandbox's isolation are stand-ins. Nothing listens beyond loopback.
 //
 // It is meant for tests only: commands run unsandboxed on the host.
 package apitest
@@ -35,6 +35,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
@@ -142,7 +143,7 @@ func NewServer(opts Options) (s *Server, err error) {
 	}
 	sb := s.readySandbox()
 	renew := metav1.NewMicroTime(time.Now())
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: computeapi.LeaseKey(sb).Name},
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: holds.ActivityLeaseKey(sb).Name},
 		Spec: coordinationv1.LeaseSpec{RenewTime: &renew}}
 	s.Kube = fake.NewClientBuilder().WithScheme(scheme).
 		WithObjects(append([]ctrlclient.Object{sb, lease}, opts.Objects...)...).

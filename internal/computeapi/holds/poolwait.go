@@ -1,4 +1,4 @@
-package computeapi
+package holds
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
@@ -24,21 +25,21 @@ import (
 // coldStartWhenExhausted, it creates a sandbox of the pool for itself
 // (coldStart); on other pools it queues (awaitPoolSandbox). The queue is
 // this replica's: its waiters are served first come, first served, and a
-// lease arriving while it is not empty takes nothing ahead of them. Across
-// replicas there is no order: each replica's first waiter tries for every
-// sandbox that becomes ready, and the store gives each sandbox to exactly
-// one of them.
+// pool lease arriving while it is not empty takes nothing ahead of them.
+// Across replicas there is no order: each replica's first waiter tries
+// for every sandbox that becomes ready, and the store gives each sandbox
+// to exactly one of them.
 
 // leaseFromPool leases a sandbox of the pool for req: a free one now, or,
 // with req.WaitSeconds, one that becomes ready (or is started for it)
-// within that time. fresh is false when the lease must be settled before
-// the answer: a retry of an earlier acquire, or a cold start.
-func (s *Server) leaseFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+// within that time. fresh is false when the pool lease must be settled
+// before the answer: a retry of an earlier acquire, or a cold start.
+func (k *Keeper) leaseFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	key := types.NamespacedName{Namespace: ns, Name: pool}
-	if waiting := s.poolWaiters.queued(key); waiting > 0 {
+	if waiting := k.poolWaiters.queued(key); waiting > 0 {
 		// Free sandboxes are the waiters' first; only a retry of an
 		// acquire that got one already is answered ahead of them.
-		if sb, t, apiErr := s.earlierPoolLease(ctx, ns, pool, req); sb != nil || apiErr != nil {
+		if sb, t, apiErr := k.earlierPoolLease(ctx, ns, pool, req); sb != nil || apiErr != nil {
 			return sb, t, false, apiErr
 		}
 		if req.WaitSeconds == 0 {
@@ -46,49 +47,49 @@ func (s *Server) leaseFromPool(ctx context.Context, ns, pool string, req api.Acq
 				ns, pool, waiting)
 		}
 	} else {
-		sb, t, fresh, apiErr := s.claimFromPool(ctx, ns, pool, req)
+		sb, t, fresh, apiErr := k.claimFromPool(ctx, ns, pool, req)
 		if apiErr == nil || apiErr.Code != api.CodePoolExhausted || req.WaitSeconds == 0 {
 			return sb, t, fresh, apiErr
 		}
 	}
 	var p v1alpha1.SandboxWarmPool
-	if err := s.sandboxes.Get(ctx, key, &p); apierrors.IsNotFound(err) {
+	if err := k.sandboxes.Get(ctx, key, &p); apierrors.IsNotFound(err) {
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodePoolNotFound, "warm pool %s/%s does not exist", ns, pool)
 	} else if err != nil {
-		s.log.Error(err, "get warm pool", "namespace", ns, "pool", pool)
+		k.log.Error(err, "get warm pool", "namespace", ns, "pool", pool)
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not look up warm pool %s/%s", ns, pool)
 	}
 	deadline := time.Now().Add(time.Duration(req.WaitSeconds) * time.Second)
 	if p.Spec.ColdStartWhenExhausted {
-		return s.coldStart(ctx, &p, req, deadline)
+		return k.coldStart(ctx, &p, req, deadline)
 	}
-	return s.awaitPoolSandbox(ctx, key, req, deadline)
+	return k.awaitPoolSandbox(ctx, key, req, deadline)
 }
 
 // claimFromPool is takeFromPool, counted as a claim being decided (which
 // background settles yield to).
-func (s *Server) claimFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
-	s.claiming.Add(1)
-	defer s.claiming.Add(-1)
-	return s.takeFromPool(ctx, ns, pool, req)
+func (k *Keeper) claimFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+	k.claiming.Add(1)
+	defer k.claiming.Add(-1)
+	return k.takeFromPool(ctx, ns, pool, req)
 }
 
 // earlierPoolLease returns the sandbox an earlier try of req leased from
 // the pool, if there was one.
-func (s *Server) earlierPoolLease(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, *api.Error) {
-	if s.store == nil {
+func (k *Keeper) earlierPoolLease(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, *api.Error) {
+	if k.store == nil {
 		return nil, store.WarmTake{}, nil
 	}
-	t, err := s.store.FindWarmLease(ctx, ns, pool, req.Holder, req.RequestID)
+	t, err := k.store.FindWarmLease(ctx, ns, pool, req.Holder, req.RequestID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, store.WarmTake{}, nil
 	}
 	if err != nil {
-		s.log.Error(err, "find earlier pool lease", "namespace", ns, "pool", pool)
+		k.log.Error(err, "find earlier pool lease", "namespace", ns, "pool", pool)
 		return nil, store.WarmTake{}, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
 	}
 	var sb v1alpha1.Sandbox
-	if err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: ns, Name: t.Sandbox}, &sb); err != nil || string(sb.UID) != t.SandboxUID {
+	if err := k.sandboxes.Get(ctx, types.NamespacedName{Namespace: ns, Name: t.Sandbox}, &sb); err != nil || string(sb.UID) != t.SandboxUID {
 		return nil, store.WarmTake{}, api.Errorf(api.CodeSandboxNotFound,
 			"the sandbox an earlier try of request %q took from warm pool %s/%s (%s) no longer exists", req.RequestID, ns, pool, t.Sandbox)
 	}
@@ -98,9 +99,9 @@ func (s *Server) earlierPoolLease(ctx context.Context, ns, pool string, req api.
 // awaitPoolSandbox queues req behind this replica's other waiters for the
 // pool and, once first, takes the next sandbox that becomes ready, until
 // deadline.
-func (s *Server) awaitPoolSandbox(ctx context.Context, key types.NamespacedName, req api.AcquireLeaseRequest, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
-	w := s.poolWaiters.join(key)
-	defer s.poolWaiters.leave(key, w)
+func (k *Keeper) awaitPoolSandbox(ctx context.Context, key types.NamespacedName, req api.AcquireLeaseRequest, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+	w := k.poolWaiters.join(key)
+	defer k.poolWaiters.leave(key, w)
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
 	gaveUp := func() *api.Error {
@@ -116,11 +117,11 @@ func (s *Server) awaitPoolSandbox(ctx context.Context, key types.NamespacedName,
 	}
 	// The cache shows what becomes ready without API requests, so it is
 	// polled; the store is asked only when a sandbox looks free.
-	tick := time.NewTicker(resumePoll)
+	tick := time.NewTicker(sandboxstate.PollInterval)
 	defer tick.Stop()
 	for {
-		if s.poolHasFree(ctx, key) {
-			sb, t, fresh, apiErr := s.claimFromPool(ctx, key.Namespace, key.Name, req)
+		if k.poolHasFree(ctx, key) {
+			sb, t, fresh, apiErr := k.claimFromPool(ctx, key.Namespace, key.Name, req)
 			if apiErr == nil || apiErr.Code != api.CodePoolExhausted {
 				return sb, t, fresh, apiErr
 			}
@@ -137,13 +138,13 @@ func (s *Server) awaitPoolSandbox(ctx context.Context, key types.NamespacedName,
 
 // poolHasFree reports whether the cache shows a ready, free sandbox of the
 // pool. A sandbox this replica has just taken may still look free.
-func (s *Server) poolHasFree(ctx context.Context, key types.NamespacedName) bool {
+func (k *Keeper) poolHasFree(ctx context.Context, key types.NamespacedName) bool {
 	var list v1alpha1.SandboxList
-	if err := s.sandboxes.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingLabels{v1alpha1.LabelWarmPool: key.Name}); err != nil {
+	if err := k.sandboxes.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingLabels{v1alpha1.LabelWarmPool: key.Name}); err != nil {
 		return false
 	}
 	for i := range list.Items {
-		if sb := &list.Items[i]; inPool(sb, key.Name) && takeable(sb) {
+		if sb := &list.Items[i]; inPool(sb, key.Name) && Takeable(sb) {
 			return true
 		}
 	}
@@ -156,23 +157,23 @@ func (s *Server) poolHasFree(ctx context.Context, key types.NamespacedName) bool
 // the request ID, so a retry of the acquire finds the sandbox started for
 // it instead of starting another. It is born with the pool lease
 // annotations: the pool never counts it, nobody else can take it, and the
-// controller deletes it when the lease ends, or when nobody takes it up
-// within v1alpha1.PoolColdStartGrace.
-func (s *Server) coldStart(ctx context.Context, pool *v1alpha1.SandboxWarmPool, req api.AcquireLeaseRequest, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+// controller deletes it when the pool lease ends, or when nobody takes it
+// up within v1alpha1.PoolColdStartGrace.
+func (k *Keeper) coldStart(ctx context.Context, pool *v1alpha1.SandboxWarmPool, req api.AcquireLeaseRequest, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	none := store.WarmTake{}
-	if s.store == nil {
+	if k.store == nil {
 		return nil, none, false, api.Errorf(api.CodeInternal, "warm pool leases need the control plane's store, and this API runs without one")
 	}
 	poolID := pool.Namespace + "/" + pool.Name
 	var tpl v1alpha1.SandboxTemplate
-	if err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); apierrors.IsNotFound(err) {
+	if err := k.sandboxes.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); apierrors.IsNotFound(err) {
 		return nil, none, false, poolExhausted("warm pool %s has no ready sandbox free, and cannot start one: its SandboxTemplate %s does not exist",
 			poolID, pool.Spec.TemplateRef.Name)
 	} else if err != nil {
-		s.log.Error(err, "get sandbox template", "namespace", pool.Namespace, "template", pool.Spec.TemplateRef.Name)
+		k.log.Error(err, "get sandbox template", "namespace", pool.Namespace, "template", pool.Spec.TemplateRef.Name)
 		return nil, none, false, api.Errorf(api.CodeInternal, "could not look up the template of warm pool %s", poolID)
 	}
-	name, agentID := coldStartNames(pool, req.Holder, req.RequestID)
+	name, agentID := ColdStartNames(pool, req.Holder, req.RequestID)
 	sb := &v1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: pool.Namespace,
@@ -187,35 +188,35 @@ func (s *Server) coldStart(ctx context.Context, pool *v1alpha1.SandboxWarmPool, 
 				v1alpha1.AnnotationPoolColdStart:      "true",
 				v1alpha1.AnnotationPoolLeaseHolder:    req.Holder,
 				v1alpha1.AnnotationPoolLeaseRequestID: req.RequestID,
-				v1alpha1.AnnotationPoolLeasedAt:       s.clock.Now().UTC().Format(time.RFC3339Nano),
+				v1alpha1.AnnotationPoolLeasedAt:       k.clock.Now().UTC().Format(time.RFC3339Nano),
 			},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, v1alpha1.GroupVersion.WithKind("SandboxWarmPool"))},
 		},
 		Spec: v1alpha1.SandboxSpec{AgentID: agentID, TemplateRef: pool.Spec.TemplateRef, Ephemeral: true},
 	}
-	if apiErr := s.createColdStart(ctx, sb, req); apiErr != nil {
+	if apiErr := k.createColdStart(ctx, sb, req); apiErr != nil {
 		return nil, none, false, apiErr
 	}
 	key := client.ObjectKeyFromObject(sb)
 
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
-	tick := time.NewTicker(resumePoll)
+	tick := time.NewTicker(sandboxstate.PollInterval)
 	defer tick.Stop()
 	var last *v1alpha1.Sandbox
 	for {
 		var cur v1alpha1.Sandbox
-		err := s.sandboxes.Get(ctx, key, &cur)
+		err := k.sandboxes.Get(ctx, key, &cur)
 		switch {
 		case err == nil && !cur.DeletionTimestamp.IsZero(), apierrors.IsNotFound(err) && last != nil:
 			return nil, none, false, api.Errorf(api.CodeSandboxNotFound,
 				"the sandbox %s started for request %q of warm pool %s was deleted before it was ready", name, req.RequestID, poolID)
-		case err == nil && serving(&cur):
-			return s.takeColdStart(ctx, &cur, req)
+		case err == nil && sandboxstate.Serving(&cur):
+			return k.takeColdStart(ctx, &cur, req)
 		case err == nil:
 			last = &cur
 		case !apierrors.IsNotFound(err):
-			s.log.Error(err, "get cold-started sandbox", "sandbox", key.String())
+			k.log.Error(err, "get cold-started sandbox", "sandbox", key.String())
 		}
 		select {
 		case <-ctx.Done():
@@ -225,8 +226,8 @@ func (s *Server) coldStart(ctx context.Context, pool *v1alpha1.SandboxWarmPool, 
 		}
 		state := "not created yet"
 		if last != nil {
-			state = "phase " + orPending(last.Status.Phase)
-			if r := readyReasonOf(last); r != "" {
+			state = "phase " + sandboxstate.Phase(last)
+			if r := sandboxstate.ReadyReason(last); r != "" {
 				state += ", reason " + r
 			}
 		}
@@ -239,21 +240,21 @@ func (s *Server) coldStart(ctx context.Context, pool *v1alpha1.SandboxWarmPool, 
 
 // createColdStart creates sb, or finds the one an earlier try of req
 // created.
-func (s *Server) createColdStart(ctx context.Context, sb *v1alpha1.Sandbox, req api.AcquireLeaseRequest) *api.Error {
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+func (k *Keeper) createColdStart(ctx context.Context, sb *v1alpha1.Sandbox, req api.AcquireLeaseRequest) *api.Error {
+	wctx, cancel := writeContext(ctx)
 	defer cancel()
-	err := s.leaseWriter.Create(wctx, sb)
+	err := k.writer.Create(wctx, sb)
 	if err == nil {
-		metricColdStarts.Inc()
+		k.onColdStart()
 		return nil
 	}
 	if !apierrors.IsAlreadyExists(err) {
-		s.log.Error(err, "create cold-start sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
+		k.log.Error(err, "create cold-start sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
 		return api.Errorf(api.CodeInternal, "could not start a sandbox for warm pool %s/%s", sb.Namespace, sb.Labels[v1alpha1.LabelWarmPool])
 	}
 	var got v1alpha1.Sandbox
-	if err := s.leaseReader.Get(wctx, client.ObjectKeyFromObject(sb), &got); err != nil && !apierrors.IsNotFound(err) {
-		s.log.Error(err, "get cold-start sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
+	if err := k.reader.Get(wctx, client.ObjectKeyFromObject(sb), &got); err != nil && !apierrors.IsNotFound(err) {
+		k.log.Error(err, "get cold-start sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
 		return api.Errorf(api.CodeInternal, "could not look up the sandbox started for request %q", req.RequestID)
 	}
 	if got.Annotations[v1alpha1.AnnotationPoolLeaseHolder] != req.Holder || got.Annotations[v1alpha1.AnnotationPoolLeaseRequestID] != req.RequestID ||
@@ -268,55 +269,59 @@ func (s *Server) createColdStart(ctx context.Context, sb *v1alpha1.Sandbox, req 
 
 // takeColdStart takes a ready cold-started sandbox for req through the
 // store. If an earlier try of req has meanwhile leased another sandbox of
-// the pool, that lease stands and the cold-started one is deleted.
-func (s *Server) takeColdStart(ctx context.Context, sb *v1alpha1.Sandbox, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
-	leaseID, err := newLeaseID()
+// the pool, that pool lease stands and the cold-started one is deleted.
+func (k *Keeper) takeColdStart(ctx context.Context, sb *v1alpha1.Sandbox, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+	holdID, err := newHoldID()
 	if err != nil {
-		s.log.Error(err, "create lease ID")
+		k.log.Error(err, "create lease ID")
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not create a lease ID")
 	}
 	pool := sb.Labels[v1alpha1.LabelWarmPool]
 	t := store.WarmTake{SandboxUID: string(sb.UID), Namespace: sb.Namespace, Pool: pool, Sandbox: sb.Name,
-		Taker: store.WarmTakenByLease, Holder: req.Holder, RequestID: req.RequestID, LeaseID: leaseID,
-		TTLSeconds: req.TTLSeconds, TakenAt: s.clock.Now().UTC().Truncate(time.Microsecond)}
-	got, _, err := s.store.TakeWarm(ctx, t)
+		Taker: store.WarmTakenByLease, Holder: req.Holder, RequestID: req.RequestID, LeaseID: holdID,
+		TTLSeconds: req.TTLSeconds, TakenAt: k.clock.Now().UTC().Truncate(time.Microsecond)}
+	got, _, err := k.store.TakeWarm(ctx, t)
 	if err != nil {
-		s.log.Error(err, "take cold-started sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
+		k.log.Error(err, "take cold-started sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", sb.Namespace, pool)
 	}
 	if got.Taker != store.WarmTakenByLease || got.Holder != req.Holder || got.RequestID != req.RequestID {
 		// Only a pool lease of this request can have taken it: it was
 		// born leased.
-		s.log.Error(nil, "cold-started sandbox taken by someone else", "sandbox", sb.Namespace+"/"+sb.Name, "taker", string(got.Taker), "holder", got.Holder)
+		k.log.Error(nil, "cold-started sandbox taken by someone else", "sandbox", sb.Namespace+"/"+sb.Name, "taker", string(got.Taker), "holder", got.Holder)
 		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "the sandbox started for request %q was taken by another", req.RequestID)
 	}
 	if got.SandboxUID == string(sb.UID) {
 		return sb, got, false, nil
 	}
 	uid := sb.UID
-	if err := s.leaseWriter.Delete(ctx, sb, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+	if err := k.writer.Delete(ctx, sb, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 		// The controller deletes it anyway once its grace is over.
-		s.log.Error(err, "delete unneeded cold-started sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
+		k.log.Error(err, "delete unneeded cold-started sandbox", "sandbox", sb.Namespace+"/"+sb.Name)
 	}
-	other, t, apiErr := s.earlierPoolLease(ctx, sb.Namespace, pool, req)
+	other, t, apiErr := k.earlierPoolLease(ctx, sb.Namespace, pool, req)
 	if other == nil && apiErr == nil {
 		apiErr = api.Errorf(api.CodeInternal, "could not find the earlier lease of request %q", req.RequestID)
 	}
 	return other, t, false, apiErr
 }
 
-// coldStartNames are the name and placeholder agent ID of the sandbox a
+// maxColdStartPrefix bounds the readable part of a cold-started
+// sandbox's name, as the API's own sandbox names are bounded.
+const maxColdStartPrefix = 30
+
+// ColdStartNames are the name and placeholder agent ID of the sandbox a
 // pool lease starts: derived from the pool, the holder and the request
 // ID, so that every try of one acquire names the same sandbox. The agent
 // ID is a warm sandbox's kind (see the pool controller's warmAgentID):
-// addressed only through the lease, by an admin.
-func coldStartNames(pool *v1alpha1.SandboxWarmPool, holder, requestID string) (name, agentID string) {
+// addressed only through the pool lease, by an admin.
+func ColdStartNames(pool *v1alpha1.SandboxWarmPool, holder, requestID string) (name, agentID string) {
 	sum := sha256.Sum256([]byte(pool.Namespace + "/" + pool.Name + "\x00" + holder + "\x00" + requestID))
 	h := hex.EncodeToString(sum[:])
 	prefix := pool.Name
-	if len(prefix) > maxNamePrefix {
+	if len(prefix) > maxColdStartPrefix {
 		// A subdomain's parts may not end in "-" or ".".
-		prefix = strings.TrimRight(prefix[:maxNamePrefix], "-.")
+		prefix = strings.TrimRight(prefix[:maxColdStartPrefix], "-.")
 	}
 	const maxAgentID = 253
 	p := pool.Name
@@ -326,22 +331,6 @@ func coldStartNames(pool *v1alpha1.SandboxWarmPool, holder, requestID string) (n
 	return prefix + "-cold-" + h[:12], "warm." + p + ".cold-" + h[:32]
 }
 
-func orPending(p v1alpha1.SandboxPhase) string {
-	if p == "" {
-		return string(v1alpha1.SandboxPhasePending)
-	}
-	return string(p)
-}
-
-func readyReasonOf(sb *v1alpha1.Sandbox) string {
-	for _, c := range sb.Status.Conditions {
-		if c.Type == v1alpha1.ConditionReady {
-			return c.Reason
-		}
-	}
-	return ""
-}
-
 // poolWaiters queues, per pool, this replica's pool leases waiting for a
 // ready sandbox. The zero value is ready to use.
 type poolWaiters struct {
@@ -349,7 +338,7 @@ type poolWaiters struct {
 	queues map[types.NamespacedName][]*poolWaiter
 }
 
-// poolWaiter is one queued lease; turn is closed when it is first.
+// poolWaiter is one queued pool lease; turn is closed when it is first.
 type poolWaiter struct{ turn chan struct{} }
 
 func (p *poolWaiters) join(key types.NamespacedName) *poolWaiter {
@@ -394,3 +383,7 @@ func (p *poolWaiters) queued(key types.NamespacedName) int {
 	defer p.mu.Unlock()
 	return len(p.queues[key])
 }
+
+// Waiting is how many pool leases of this replica wait for a ready
+// sandbox of the pool key.
+func (k *Keeper) Waiting(key types.NamespacedName) int { return k.poolWaiters.queued(key) }

@@ -20,9 +20,11 @@ import (
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
-// The agent's MCP endpoint, /v1/agents/{agent_id}/mcp: the sandbox's
+// The API's own MCP endpoint, /v1/agents/{agent_id}/mcp: the sandbox's
 // operations as MCP tools, over MCP's streamable HTTP transport, for any
 // MCP client (an agent framework, an IDE) to use without an agentbox SDK.
+// Not to be confused with the MCP servers in the sandbox, which
+// sandboxmcp.go forwards calls to.
 //
 // The transport is stateless: every POST carries one JSON-RPC message and
 // gets its answer in the response, no session is kept between POSTs, so
@@ -55,12 +57,12 @@ const (
 // across the servers made for each request.
 var mcpSchemas = mcp.NewSchemaCache()
 
-// serveMCP serves one message of the streamable HTTP transport. Scope is
+// serveMCPEndpoint serves one message of the streamable HTTP transport. Scope is
 // checked here, before the message is read, so that another agent's token
 // learns nothing about this agent (not even whether it has a sandbox); a
 // missing sandbox is refused here too, so that a client pointed at a wrong
 // agent fails at connect rather than on every tool call.
-func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveMCPEndpoint(w http.ResponseWriter, r *http.Request) {
 	agentID := r.PathValue("agent_id")
 	if apiErr := s.authorize(r, agentID); apiErr != nil {
 		writeError(w, apiErr)
@@ -72,7 +74,7 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	srv := s.mcpServer(r, agentID)
+	srv := s.mcpEndpointServer(r, agentID)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless: true,
 		// One JSON answer per POST: no message is ever streamed, and plain
@@ -99,9 +101,9 @@ type mcpCaller struct {
 	s             *Server
 	agentID       string
 	authorization string
-	// lease is the lease ID the MCP request presents, presented again by
-	// each REST call it makes.
-	lease     string
+	// holdID is the hold's ID (the wire's lease ID) the MCP request
+	// presents, presented again by each REST call it makes.
+	holdID    string
 	requestID string
 	// post is the context of the HTTP POST that carries the tool call (the
 	// server is made for that one POST): when the client goes away, the
@@ -109,10 +111,10 @@ type mcpCaller struct {
 	post context.Context
 }
 
-func (s *Server) mcpServer(r *http.Request, agentID string) *mcp.Server {
-	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), lease: r.Header.Get(api.HeaderLeaseID),
+func (s *Server) mcpEndpointServer(r *http.Request, agentID string) *mcp.Server {
+	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), holdID: r.Header.Get(api.HeaderLeaseID),
 		post: r.Context()}
-	c.requestID, _ = r.Context().Value(requestIDKey{}).(string)
+	c.requestID = requestID(r.Context())
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandbox of agent " + agentID, Version: "v1"},
 		&mcp.ServerOptions{
 			SchemaCache: mcpSchemas,
@@ -393,8 +395,8 @@ func (c *mcpCaller) call(ctx context.Context, method, path, contentType string, 
 	}
 	req.RequestURI = req.URL.RequestURI()
 	req.Header.Set("Authorization", c.authorization)
-	if c.lease != "" {
-		req.Header.Set(api.HeaderLeaseID, c.lease)
+	if c.holdID != "" {
+		req.Header.Set(api.HeaderLeaseID, c.holdID)
 	}
 	if c.requestID != "" {
 		// The tool's audit record and log lines carry the MCP request's

@@ -1,10 +1,9 @@
-package computeapi
+package holds
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sort"
 	"strconv"
 	"sync"
@@ -19,119 +18,153 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
-// poolExhaustedRetry is the Retry-After of pool_exhausted: about how long a
-// pool takes to notice a leased sandbox and start its replacement is not
+// PoolExhaustedRetry is the Retry-After of pool_exhausted: about how long
+// a pool takes to notice a leased sandbox and start its replacement is not
 // enough (the replacement must also become ready), but a caller polling
 // faster than this only loads the API.
-const poolExhaustedRetry = 2 * time.Second
+const PoolExhaustedRetry = 2 * time.Second
 
-// acquirePoolLease leases a ready sandbox of a warm pool for one ephemeral
-// run.
+// PoolLease is a pool lease as its acquire got it.
+type PoolLease struct {
+	Sandbox *v1alpha1.Sandbox
+	// Lease is the hold the pool lease is.
+	Lease api.Lease
+	// Settled says whether the hold was written into the sandbox before
+	// the answer (a retried acquire, a cold start), rather than after it.
+	Settled bool
+}
+
+// AcquirePoolLease leases a ready sandbox of a warm pool for one
+// ephemeral run, for a checked acquire (ValidateAcquire). warm is called
+// with a sandbox taken fresh, to open the connection its holder's first
+// call will use.
 //
 // The store decides which caller gets which sandbox: one row insert
 // (store.WarmTake), which adoptions by new Sandboxes and the pool's own
 // deletions go through too, so exactly one of them gets each sandbox. The
 // caller is answered as soon as that row is in; the Kubernetes objects
-// are then made to say so by settleWarmLease, in the background:
+// are then made to say so by Settle, in the background:
 //
-//  1. the sandbox's Lease gets the hold, as an agent's lease would;
+//  1. the sandbox's Lease gets the hold, as an agent's hold would;
 //  2. the sandbox gets the pool-lease annotations, from which its pool
 //     replaces it and the controller recycles it when the hold ends.
 //
 // Waiting for those two API-server writes was most of a claim's time
 // (two sequential writes of 30-90 ms each on the test machine, and a
-// burst's claims queued behind each other's). Any lease call for the
-// sandbox that finds them missing writes them first (settlePending), and
+// burst's claims queued behind each other's). Any hold call for the
+// sandbox that finds them missing writes them first (SettlePending), and
 // the pool's controller writes the annotations of a take left without
 // them, so a replica that dies after answering loses nothing.
-func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
-	ns, pool := r.PathValue("namespace"), r.PathValue("pool")
-	log := s.callLog(r, "acquire_pool_lease").WithValues("namespace", ns, "pool", pool)
-	fail := func(apiErr *api.Error) {
-		s.logFailure(log, apiErr, nil)
-		writeError(w, apiErr)
-	}
-	if p := PrincipalFrom(r.Context()); p == nil || !p.AllAgents {
-		// Pool sandboxes belong to no agent until leased, so only a
-		// principal that may address every agent can lease them.
-		fail(api.Errorf(api.CodePermissionDenied, "leasing from a warm pool needs an admin token"))
-		return
-	}
-	var req api.AcquireLeaseRequest
-	if apiErr := s.decode(w, r, &req); apiErr != nil {
-		fail(apiErr)
-		return
-	}
-	if apiErr := validateAcquire(&req); apiErr != nil {
-		fail(apiErr)
-		return
-	}
-	if req.WaitSeconds < 0 || req.WaitSeconds > api.MaxPoolLeaseWaitSeconds {
-		fail(api.Errorf(api.CodeInvalidArgument, "wait_seconds must be between 0 and %d, got %d", api.MaxPoolLeaseWaitSeconds, req.WaitSeconds))
-		return
-	}
-	sb, take, fresh, apiErr := s.leaseFromPool(r.Context(), ns, pool, req)
+func (k *Keeper) AcquirePoolLease(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest, warm func(*v1alpha1.Sandbox)) (PoolLease, *api.Error) {
+	sb, take, fresh, apiErr := k.leaseFromPool(ctx, ns, pool, req)
 	if apiErr != nil {
-		if apiErr.Code == api.CodePoolExhausted {
-			w.Header().Set("Retry-After", strconv.Itoa(int(poolExhaustedRetry/time.Second)))
-		}
-		fail(apiErr)
-		return
+		return PoolLease{}, apiErr
 	}
-	log = log.WithValues("sandbox", sb.Name)
 	view := takeView(take)
 	if fresh {
-		s.warmConnection(sb)
+		warm(sb)
 		// The settle writes the take's time as renewTime: the holder's
 		// first command need not renew the activity clock itself, which
 		// would put an API-server write before it after all.
-		s.leases.noteRenewed(LeaseKey(sb), take.TakenAt)
-		s.settleSoon(sb, take)
+		k.activity.NoteRenewed(ActivityLeaseKey(sb), take.TakenAt)
+		k.settleSoon(sb, take)
 	} else {
 		// A retry: its first try may have been answered by a replica
 		// that died before settling, and the caller is about to use the
 		// hold, so it is settled before the answer. (So is a cold start:
 		// its call has waited for a pod already.)
-		l, apiErr := s.settleWarmLease(r.Context(), sb, take)
+		l, apiErr := k.Settle(ctx, sb, take)
 		if apiErr != nil {
-			fail(apiErr)
-			return
+			return PoolLease{}, apiErr
 		}
 		if l != nil {
-			view = leaseView(l)
+			view = View(l)
 		}
 	}
-	log.V(1).Info("pool lease acquired", "holder", req.Holder, "request_id", req.RequestID, "settled", !fresh)
-	s.recordLease(r.Context(), store.LeaseAcquire, sb, view)
-	writeJSON(w, http.StatusOK, api.PoolLease{Lease: view, AgentID: sb.Spec.AgentID, Namespace: sb.Namespace, Sandbox: sb.Name})
+	k.record(ctx, store.LeaseAcquire, sb, view)
+	return PoolLease{Sandbox: sb, Lease: view, Settled: !fresh}, nil
 }
 
 // takeFromPool takes a ready, free sandbox of the pool, oldest first, or
 // returns the one an earlier try of this acquire took (fresh false).
-func (s *Server) takeFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+func (k *Keeper) takeFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+	none := store.WarmTake{}
+	list, apiErr := k.poolSandboxes(ctx, ns, pool)
+	if apiErr != nil {
+		return nil, none, false, apiErr
+	}
+	if k.store == nil {
+		return nil, none, false, api.Errorf(api.CodeInternal,
+			"warm pool leases need the control plane's store, and this API runs without one")
+	}
+	byUID, free := freeOldestFirst(list, pool)
+	holdID, err := newHoldID()
+	if err != nil {
+		k.log.Error(err, "create lease ID")
+		return nil, none, false, api.Errorf(api.CodeInternal, "could not create a lease ID")
+	}
+	// Microseconds are what a Lease stores, so the hold written later
+	// says exactly what the caller is told now.
+	now := k.clock.Now().UTC().Truncate(time.Microsecond)
+	want := store.WarmTake{Namespace: ns, Pool: pool, Taker: store.WarmTakenByLease, Holder: req.Holder,
+		RequestID: req.RequestID, LeaseID: holdID, TTLSeconds: req.TTLSeconds, TakenAt: now}
+	retried := func(t store.WarmTake) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+		if sb := byUID[types.UID(t.SandboxUID)]; sb != nil {
+			return sb, t, false, nil
+		}
+		return nil, none, false, api.Errorf(api.CodeSandboxNotFound,
+			"the sandbox an earlier try of request %q took from warm pool %s/%s (%s) no longer exists", req.RequestID, ns, pool, t.Sandbox)
+	}
+	sb, got, done, lastErr := k.takeFirstFree(ctx, free, want)
+	switch {
+	case done && sb != nil:
+		return sb, got, true, nil
+	case done:
+		return retried(got)
+	case lastErr != nil:
+		return nil, none, false, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
+	}
+	// Nothing free, or nothing free was tried: a retry of an acquire that
+	// took the last one still gets it.
+	if t, err := k.store.FindWarmLease(ctx, ns, pool, req.Holder, req.RequestID); err == nil {
+		return retried(t)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		k.log.Error(err, "find earlier pool lease", "namespace", ns, "pool", pool)
+		return nil, none, false, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
+	}
+	return nil, none, false, poolExhausted("warm pool %s/%s has no ready sandbox free (%d sandboxes, none ready and unleased); retry shortly",
+		ns, pool, len(list.Items))
+}
+
+// poolSandboxes lists the sandboxes of the pool; a pool without any must
+// exist.
+func (k *Keeper) poolSandboxes(ctx context.Context, ns, pool string) (*v1alpha1.SandboxList, *api.Error) {
 	var list v1alpha1.SandboxList
-	if err := s.sandboxes.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelWarmPool: pool}); err != nil {
-		s.log.Error(err, "list warm sandboxes", "namespace", ns, "pool", pool)
-		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not list the sandboxes of warm pool %s/%s", ns, pool)
+	if err := k.sandboxes.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelWarmPool: pool}); err != nil {
+		k.log.Error(err, "list warm sandboxes", "namespace", ns, "pool", pool)
+		return nil, api.Errorf(api.CodeInternal, "could not list the sandboxes of warm pool %s/%s", ns, pool)
 	}
 	if len(list.Items) == 0 {
 		var p v1alpha1.SandboxWarmPool
-		err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: ns, Name: pool}, &p)
+		err := k.sandboxes.Get(ctx, types.NamespacedName{Namespace: ns, Name: pool}, &p)
 		if apierrors.IsNotFound(err) {
-			return nil, store.WarmTake{}, false, api.Errorf(api.CodePoolNotFound, "warm pool %s/%s does not exist", ns, pool)
+			return nil, api.Errorf(api.CodePoolNotFound, "warm pool %s/%s does not exist", ns, pool)
 		}
 		if err != nil {
-			s.log.Error(err, "get warm pool", "namespace", ns, "pool", pool)
-			return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not look up warm pool %s/%s", ns, pool)
+			k.log.Error(err, "get warm pool", "namespace", ns, "pool", pool)
+			return nil, api.Errorf(api.CodeInternal, "could not look up warm pool %s/%s", ns, pool)
 		}
 	}
-	if s.store == nil {
-		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal,
-			"warm pool leases need the control plane's store, and this API runs without one")
-	}
+	return &list, nil
+}
+
+// freeOldestFirst indexes the pool's sandboxes in list by UID, and lists
+// those free to take, the longest-warmed first.
+func freeOldestFirst(list *v1alpha1.SandboxList, pool string) (map[types.UID]*v1alpha1.Sandbox, []*v1alpha1.Sandbox) {
 	byUID := map[types.UID]*v1alpha1.Sandbox{}
 	var free []*v1alpha1.Sandbox
 	for i := range list.Items {
@@ -140,87 +173,65 @@ func (s *Server) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 			continue
 		}
 		byUID[sb.UID] = sb
-		if takeable(sb) {
+		if Takeable(sb) {
 			free = append(free, sb)
 		}
 	}
 	sort.SliceStable(free, func(i, j int) bool {
 		return free[i].CreationTimestamp.Before(&free[j].CreationTimestamp)
 	})
-	leaseID, err := newLeaseID()
-	if err != nil {
-		s.log.Error(err, "create lease ID")
-		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not create a lease ID")
-	}
-	// Microseconds are what a Lease stores, so the hold written later
-	// says exactly what the caller is told now.
-	now := s.clock.Now().UTC().Truncate(time.Microsecond)
-	want := store.WarmTake{Namespace: ns, Pool: pool, Taker: store.WarmTakenByLease, Holder: req.Holder,
-		RequestID: req.RequestID, LeaseID: leaseID, TTLSeconds: req.TTLSeconds, TakenAt: now}
+	return byUID, free
+}
+
+// takeFirstFree tries to take the free sandboxes in turn for want. done
+// is true when one was taken (sb is it) or when the store answered with
+// an earlier take of the same acquire (sb is nil, got is that take);
+// lastErr is the last failure of the store, if any.
+func (k *Keeper) takeFirstFree(ctx context.Context, free []*v1alpha1.Sandbox, want store.WarmTake) (sb *v1alpha1.Sandbox, got store.WarmTake, done bool, lastErr error) {
 	ours := func(t store.WarmTake) bool {
-		return t.Taker == store.WarmTakenByLease && t.Holder == req.Holder && t.RequestID == req.RequestID
+		return t.Taker == store.WarmTakenByLease && t.Holder == want.Holder && t.RequestID == want.RequestID
 	}
-	retried := func(t store.WarmTake) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
-		if sb := byUID[types.UID(t.SandboxUID)]; sb != nil {
-			return sb, t, false, nil
-		}
-		return nil, store.WarmTake{}, false, api.Errorf(api.CodeSandboxNotFound,
-			"the sandbox an earlier try of request %q took from warm pool %s/%s (%s) no longer exists", req.RequestID, ns, pool, t.Sandbox)
-	}
-	var lastErr error
 	for _, sb := range free {
 		key := client.ObjectKeyFromObject(sb)
-		if !s.poolTakes.reserve(key, now) {
+		if !k.poolTakes.reserve(key, want.TakenAt) {
 			// Another request of this replica is taking it, or it was
 			// taken and the cache has not caught up.
 			continue
 		}
 		t := want
 		t.SandboxUID, t.Sandbox = string(sb.UID), sb.Name
-		got, took, err := s.store.TakeWarm(ctx, t)
+		got, took, err := k.store.TakeWarm(ctx, t)
 		// Taken by anyone, it is not free again: remember it either way.
 		// (A retried acquire is answered with its earlier take, and this
 		// one stays free.)
-		s.poolTakes.settle(key, (err == nil && got.SandboxUID == t.SandboxUID) || errors.Is(err, store.ErrConflict), now)
+		k.poolTakes.settle(key, (err == nil && got.SandboxUID == t.SandboxUID) || errors.Is(err, store.ErrConflict), want.TakenAt)
 		switch {
 		case errors.Is(err, store.ErrConflict):
 			continue
 		case err != nil:
 			// One failed insert (a store under load) need not fail the
 			// claim while others are free.
-			s.log.Error(err, "take warm sandbox", "namespace", ns, "sandbox", sb.Name)
+			k.log.Error(err, "take warm sandbox", "namespace", want.Namespace, "sandbox", sb.Name)
 			lastErr = err
 			continue
 		case took:
 			return sb, got, true, nil
 		case ours(got):
-			return retried(got)
+			return nil, got, true, nil
 		}
 	}
-	if lastErr != nil {
-		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
-	}
-	// Nothing free, or nothing free was tried: a retry of an acquire that
-	// took the last one still gets it.
-	if t, err := s.store.FindWarmLease(ctx, ns, pool, req.Holder, req.RequestID); err == nil {
-		return retried(t)
-	} else if !errors.Is(err, store.ErrNotFound) {
-		s.log.Error(err, "find earlier pool lease", "namespace", ns, "pool", pool)
-		return nil, store.WarmTake{}, false, api.Errorf(api.CodeInternal, "could not lease a sandbox of warm pool %s/%s", ns, pool)
-	}
-	return nil, store.WarmTake{}, false, poolExhausted("warm pool %s/%s has no ready sandbox free (%d sandboxes, none ready and unleased); retry shortly",
-		ns, pool, len(list.Items))
+	return nil, store.WarmTake{}, false, lastErr
 }
 
 // poolExhausted is a CodePoolExhausted error with the retry hint.
 func poolExhausted(format string, args ...any) *api.Error {
 	e := api.Errorf(api.CodePoolExhausted, format, args...)
-	e.Details = map[string]string{"retry_after_seconds": strconv.Itoa(int(poolExhaustedRetry / time.Second))}
+	e.Details = map[string]string{"retry_after_seconds": strconv.Itoa(int(PoolExhaustedRetry / time.Second))}
 	return e
 }
 
-// takeView is the lease a pool take gives its caller: the hold
-// settleWarmLease writes.
+// takeView is the hold a pool take gives its caller: the hold Settle
+// writes.
 func takeView(t store.WarmTake) api.Lease {
 	return api.Lease{LeaseID: t.LeaseID, Holder: t.Holder, RequestID: t.RequestID, TTLSeconds: t.TTLSeconds,
 		AcquiredAt: t.TakenAt, RenewedAt: t.TakenAt, ExpiresAt: t.TakenAt.Add(time.Duration(t.TTLSeconds) * time.Second)}
@@ -235,24 +246,24 @@ const maxSettles = 8
 // decided to be answered. A settle's writes, and the replacements the
 // pool starts when they land, compete for the same few cores as the
 // claims still queued behind it; the callers come first, and the
-// bookkeeping a moment later (any lease call settles first anyway).
+// bookkeeping a moment later (any hold call settles first anyway).
 const settleYield = 250 * time.Millisecond
 
-// settleSoon runs settleWarmLease in the background, retrying a failure a
-// few times; past that, the next lease call for the sandbox or the pool's
+// settleSoon runs Settle in the background, retrying a failure a few
+// times; past that, the next hold call for the sandbox or the pool's
 // controller settles it.
-func (s *Server) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
-	s.background.Go(func() {
-		for deadline := time.Now().Add(settleYield); s.claiming.Load() > 0 && time.Now().Before(deadline); {
+func (k *Keeper) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
+	k.settles.Go(func() {
+		for deadline := time.Now().Add(settleYield); k.claiming.Load() > 0 && time.Now().Before(deadline); {
 			time.Sleep(5 * time.Millisecond)
 		}
-		s.settleSlots <- struct{}{}
-		defer func() { <-s.settleSlots }()
+		k.settleSlots <- struct{}{}
+		defer func() { <-k.settleSlots }()
 		backoff := 100 * time.Millisecond
 		var apiErr *api.Error
 		for range 4 {
-			ctx, cancel := context.WithTimeout(context.Background(), leaseWriteTimeout)
-			_, apiErr = s.settleWarmLease(ctx, sb, t)
+			ctx, cancel := context.WithTimeout(context.Background(), WriteTimeout)
+			_, apiErr = k.Settle(ctx, sb, t)
 			cancel()
 			if apiErr == nil || apiErr.Code == api.CodeLeaseHeld {
 				break
@@ -261,55 +272,51 @@ func (s *Server) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
 			backoff *= 4
 		}
 		if apiErr != nil {
-			s.log.Info("could not write a pool lease into its sandbox; its holder's next lease call or the pool's controller will",
+			k.log.Info("could not write a pool lease into its sandbox; its holder's next lease call or the pool's controller will",
 				"sandbox", sb.Namespace+"/"+sb.Name, "holder", t.Holder, "request_id", t.RequestID, "error", apiErr.Message)
 		}
 	})
 }
 
-// settlePending settles the pool lease of a warm sandbox before a lease
-// call reads its Lease: the caller may hold a lease the Lease does not
-// carry yet. The annotations do not tell: the pool's controller writes
+// SettlePending settles the pool lease of a warm sandbox before a hold
+// call reads its Lease: the caller may hold a pool lease the Lease does
+// not carry yet. The annotations do not tell: the pool's controller writes
 // them for a take whose replica died, before anyone wrote the hold. A
 // settled lease costs a store read and a cached Lease read.
-func (s *Server) settlePending(ctx context.Context, sb *v1alpha1.Sandbox) *api.Error {
-	if s.store == nil || sb.Labels[v1alpha1.LabelWarmPool] == "" {
+func (k *Keeper) SettlePending(ctx context.Context, sb *v1alpha1.Sandbox) *api.Error {
+	if k.store == nil || sb.Labels[v1alpha1.LabelWarmPool] == "" {
 		return nil
 	}
-	t, err := s.store.WarmTakeOf(ctx, string(sb.UID))
+	t, err := k.store.WarmTakeOf(ctx, string(sb.UID))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
-		s.log.Error(err, "look up warm take", "sandbox", sb.Namespace+"/"+sb.Name)
+		k.log.Error(err, "look up warm take", "sandbox", sb.Namespace+"/"+sb.Name)
 		return api.Errorf(api.CodeInternal, "could not look up the pool lease of agent %q's sandbox", sb.Spec.AgentID)
 	}
 	if t.Taker != store.WarmTakenByLease {
 		return nil
 	}
-	_, apiErr := s.settleWarmLease(ctx, sb, t)
+	_, apiErr := k.Settle(ctx, sb, t)
 	return apiErr
 }
 
-// settleWarmLease writes what the store decided into the Kubernetes
+// Settle writes what the store decided into the Kubernetes
 // objects: the hold on the sandbox's Lease, then the pool-lease
 // annotations on the sandbox. In that order, so that the controller never
 // sees a leased sandbox whose hold is still to come and recycles it. Each
 // step is skipped when it is done, so any number of callers may race
 // through it. It returns the Lease when it had to look at it.
-func (s *Server) settleWarmLease(ctx context.Context, sb *v1alpha1.Sandbox, t store.WarmTake) (*coordinationv1.Lease, *api.Error) {
+func (k *Keeper) Settle(ctx context.Context, sb *v1alpha1.Sandbox, t store.WarmTake) (*coordinationv1.Lease, *api.Error) {
 	settledBefore := false
-	l, apiErr := s.changeLease(ctx, sb, func(l *coordinationv1.Lease, now time.Time) (bool, *api.Error) {
+	l, apiErr := k.change(ctx, sb, func(l *coordinationv1.Lease, now time.Time) (bool, *api.Error) {
 		settledBefore = true
-		if l.Annotations[v1alpha1.AnnotationLeaseID] == t.LeaseID ||
-			l.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] == t.RequestID ||
-			l.Annotations[v1alpha1.AnnotationLeaseExpiredHolder] == t.Holder {
-			// Held, or held and over already. A warm sandbox's Lease has no
-			// holds before its take, so these marks are this take's.
+		if settled(l, t) {
 			return false, nil
 		}
 		if holder, expiry := v1alpha1.LeaseHoldExpiry(&l.Spec); holder != "" && now.Before(expiry) {
-			// Someone got the agent lease of a sandbox that was in the
+			// Someone got the agent hold of a sandbox that was in the
 			// pool: only an admin addressing the warm agent ID can.
 			return false, api.Errorf(api.CodeLeaseHeld, "the sandbox of agent %q is leased by %q until %s",
 				sb.Spec.AgentID, holder, expiry.UTC().Format(time.RFC3339))
@@ -329,14 +336,14 @@ func (s *Server) settleWarmLease(ctx context.Context, sb *v1alpha1.Sandbox, t st
 		// too, which sb (read before) cannot show: look again rather than
 		// patch for nothing.
 		fresh := &v1alpha1.Sandbox{}
-		if err := s.leaseReader.Get(ctx, client.ObjectKeyFromObject(sb), fresh); err == nil {
+		if err := k.reader.Get(ctx, client.ObjectKeyFromObject(sb), fresh); err == nil {
 			sb = fresh
 		} else if apierrors.IsNotFound(err) {
 			return l, nil
 		}
 	}
-	if err := s.annotatePoolLease(ctx, sb, t); err != nil {
-		s.log.Error(err, "annotate pool lease", "sandbox", sb.Namespace+"/"+sb.Name)
+	if err := k.annotatePoolLease(ctx, sb, t); err != nil {
+		k.log.Error(err, "annotate pool lease", "sandbox", sb.Namespace+"/"+sb.Name)
 		return l, api.Errorf(api.CodeInternal, "could not record the pool lease on agent %q's sandbox", sb.Spec.AgentID)
 	}
 	return l, nil
@@ -345,11 +352,11 @@ func (s *Server) settleWarmLease(ctx context.Context, sb *v1alpha1.Sandbox, t st
 // annotatePoolLease puts the pool-lease annotations on sb unless they are
 // there. No optimistic lock: the store has decided, and the patch touches
 // only these keys.
-func (s *Server) annotatePoolLease(ctx context.Context, sb *v1alpha1.Sandbox, t store.WarmTake) error {
+func (k *Keeper) annotatePoolLease(ctx context.Context, sb *v1alpha1.Sandbox, t store.WarmTake) error {
 	if sb.Annotations[v1alpha1.AnnotationPoolLeaseRequestID] == t.RequestID {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	ctx, cancel := writeContext(ctx)
 	defer cancel()
 	target := sb.DeepCopy()
 	patch := client.MergeFrom(sb.DeepCopy())
@@ -359,7 +366,7 @@ func (s *Server) annotatePoolLease(ctx context.Context, sb *v1alpha1.Sandbox, t 
 	target.Annotations[v1alpha1.AnnotationPoolLeaseHolder] = t.Holder
 	target.Annotations[v1alpha1.AnnotationPoolLeaseRequestID] = t.RequestID
 	target.Annotations[v1alpha1.AnnotationPoolLeasedAt] = t.TakenAt.UTC().Format(time.RFC3339Nano)
-	if err := s.leaseWriter.Patch(ctx, target, patch); err != nil && !apierrors.IsNotFound(err) {
+	if err := k.writer.Patch(ctx, target, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("mark sandbox %s leased: %w", sb.Name, err)
 	}
 	return nil
@@ -371,11 +378,11 @@ func inPool(sb *v1alpha1.Sandbox, pool string) bool {
 	return owner != nil && owner.Kind == "SandboxWarmPool" && owner.Name == pool && sb.DeletionTimestamp.IsZero()
 }
 
-// takeable reports whether a pool sandbox is ready and nobody has it: not
+// Takeable reports whether a pool sandbox is ready and nobody has it: not
 // leased, not claimed by an adopting Sandbox, not taken over already.
-func takeable(sb *v1alpha1.Sandbox) bool {
+func Takeable(sb *v1alpha1.Sandbox) bool {
 	return sb.DeletionTimestamp.IsZero() && !v1alpha1.PoolLeased(sb) && sb.Annotations[v1alpha1.AnnotationAdoptedBy] == "" &&
-		sb.Status.Workload == "" && serving(sb)
+		sb.Status.Workload == "" && sandboxstate.Serving(sb)
 }
 
 // takenMemory is how long a replica remembers a sandbox it took, so that

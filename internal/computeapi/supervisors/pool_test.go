@@ -1,4 +1,4 @@
-package computeapi
+package supervisors
 
 import (
 	"crypto/tls"
@@ -8,12 +8,12 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
-func TestSupervisorPoolKeysByEndpointAndIdentity(t *testing.T) {
+func TestPoolKeysByEndpointAndIdentity(t *testing.T) {
 	ca, err := pki.NewCA("test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewSupervisorPool(StaticCertificate(tls.Certificate{}), ca.Pool())
+	p, err := NewPool(StaticCertificate(tls.Certificate{}), ca.Pool())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,9 +35,9 @@ func TestSupervisorPoolKeysByEndpointAndIdentity(t *testing.T) {
 	}
 
 	// Unused entries go; used ones stay.
-	now = now.Add(supervisorPoolIdle / 2)
+	now = now.Add(poolIdle / 2)
 	_, _ = p.Supervisor("https://127.0.0.1:2", idB)
-	now = now.Add(supervisorPoolIdle/2 + time.Minute)
+	now = now.Add(poolIdle/2 + time.Minute)
 	_, _ = p.Supervisor("https://127.0.0.1:2", idB)
 	if _, ok := p.entries[poolKey{"https://127.0.0.1:2", idA}]; ok {
 		t.Error("an entry unused for longer than the idle time was kept")

@@ -1,4 +1,4 @@
-package computeapi
+package holds
 
 import (
 	"context"
@@ -18,21 +18,23 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
 
-// DefaultLeaseRenewInterval throttles activity renewals. The idle timeout
+// DefaultActivityRenewInterval throttles activity renewals. The idle timeout
 // is measured in tens of minutes, so a renewal every 30 s loses nothing,
 // while renewing on every call would put one API write behind each command.
-const DefaultLeaseRenewInterval = 30 * time.Second
+const DefaultActivityRenewInterval = 30 * time.Second
 
-// LeaseKey names the Lease that is a sandbox's activity clock.
-func LeaseKey(sb *v1alpha1.Sandbox) types.NamespacedName {
+// ActivityLeaseKey names the Kubernetes Lease that is a sandbox's
+// activity clock, and that carries its hold.
+func ActivityLeaseKey(sb *v1alpha1.Sandbox) types.NamespacedName {
 	return types.NamespacedName{Namespace: sb.Namespace, Name: v1alpha1.LeaseName(sb.Name)}
 }
 
-// leaseRenewer records activity on sandboxes by moving their Lease's
-// renewTime, at most once per interval per sandbox. The throttle is in
+// ActivityClock records activity on sandboxes by moving their activity
+// clock (the renewTime of their Kubernetes Lease), at most once per
+// interval per sandbox. The throttle is in
 // memory: after a restart, or on another replica, the first call renews
 // again, which is harmless.
-type leaseRenewer struct {
+type ActivityClock struct {
 	client   client.Client
 	clock    clock.PassiveClock
 	interval time.Duration
@@ -43,16 +45,18 @@ type leaseRenewer struct {
 	lastSweep time.Time
 }
 
-func newLeaseRenewer(c client.Client, clk clock.PassiveClock, interval time.Duration, log logr.Logger) *leaseRenewer {
-	return &leaseRenewer{client: c, clock: clk, interval: interval, log: log, last: map[types.NamespacedName]time.Time{}}
+// NewActivityClock returns the activity clock that writes through c and
+// renews a sandbox's at most once per interval.
+func NewActivityClock(c client.Client, clk clock.PassiveClock, interval time.Duration, log logr.Logger) *ActivityClock {
+	return &ActivityClock{client: c, clock: clk, interval: interval, log: log, last: map[types.NamespacedName]time.Time{}}
 }
 
-// renew moves the sandbox's Lease renewTime to now unless that was done
+// Renew moves the sandbox's activity clock to now unless that was done
 // less than the interval ago. Failures are logged, not returned: losing
 // one activity mark is far less harmful than failing the agent's call, and
 // the next call after the interval tries again.
-func (r *leaseRenewer) renew(ctx context.Context, sb *v1alpha1.Sandbox) {
-	key := LeaseKey(sb)
+func (r *ActivityClock) Renew(ctx context.Context, sb *v1alpha1.Sandbox) {
+	key := ActivityLeaseKey(sb)
 	now := r.clock.Now()
 	r.mu.Lock()
 	if t, ok := r.last[key]; ok && now.Sub(t) < r.interval {
@@ -82,24 +86,24 @@ func (r *leaseRenewer) renew(ctx context.Context, sb *v1alpha1.Sandbox) {
 	r.log.Error(err, "renew sandbox lease", "lease", key.String())
 }
 
-// wake renews the Lease of a sandbox that is not running, whatever the
+// Wake renews the activity clock of a sandbox that is not running, whatever the
 // throttle says: on a stopped sandbox the renewal is the signal that
 // resumes it, and must not be skipped because a call half a minute ago
 // already renewed (that renewal may have landed before the stop began).
-func (r *leaseRenewer) wake(ctx context.Context, sb *v1alpha1.Sandbox) {
-	key := LeaseKey(sb)
+func (r *ActivityClock) Wake(ctx context.Context, sb *v1alpha1.Sandbox) {
+	key := ActivityLeaseKey(sb)
 	now := r.clock.Now()
 	if err := r.patch(ctx, key, now); err != nil {
 		r.log.Error(err, "renew the lease of a sandbox to wake it", "lease", key.String())
 		return
 	}
-	r.noteRenewed(key, now)
+	r.NoteRenewed(key, now)
 }
 
-func (r *leaseRenewer) patch(ctx context.Context, key types.NamespacedName, now time.Time) error {
+func (r *ActivityClock) patch(ctx context.Context, key types.NamespacedName, now time.Time) error {
 	// A merge patch of renewTime alone: no read first, no conflict with the
-	// controller, and the holder and annotations of an exclusive hold,
-	// written by lease calls with resourceVersion checks, stay as they are.
+	// controller, and the holder and annotations of a hold, written by
+	// hold calls with resourceVersion checks, stay as they are.
 	body, err := json.Marshal(map[string]any{"spec": map[string]any{"renewTime": metav1.NewMicroTime(now)}})
 	if err != nil {
 		return fmt.Errorf("encode lease patch: %w", err)
@@ -111,10 +115,10 @@ func (r *leaseRenewer) patch(ctx context.Context, key types.NamespacedName, now 
 	return nil
 }
 
-// noteRenewed records that renewTime was moved to now by another write (a
-// lease acquire or heartbeat), so that the next call does not renew again
-// within the interval.
-func (r *leaseRenewer) noteRenewed(key types.NamespacedName, now time.Time) {
+// NoteRenewed records that renewTime was moved to now by another write (a
+// hold's acquire or heartbeat, a pool lease's settle), so that the next
+// call does not renew again within the interval.
+func (r *ActivityClock) NoteRenewed(key types.NamespacedName, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if t, ok := r.last[key]; !ok || now.After(t) {
@@ -124,7 +128,7 @@ func (r *leaseRenewer) noteRenewed(key types.NamespacedName, now time.Time) {
 
 // sweepLocked forgets entries older than the interval, which would renew
 // anyway, so sandboxes that are gone do not accumulate.
-func (r *leaseRenewer) sweepLocked(now time.Time) {
+func (r *ActivityClock) sweepLocked(now time.Time) {
 	if now.Sub(r.lastSweep) < r.interval {
 		return
 	}
@@ -135,3 +139,7 @@ func (r *leaseRenewer) sweepLocked(now time.Time) {
 		}
 	}
 }
+
+// Interval is the least time between two renewals of one sandbox's
+// activity clock.
+func (r *ActivityClock) Interval() time.Duration { return r.interval }
