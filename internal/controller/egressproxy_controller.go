@@ -8,14 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -90,15 +87,7 @@ func (r *EgressProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Namespace == "" {
 		return errors.New("egress proxy controller: no platform namespace")
 	}
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(EgressProxyControllerName)
-	}
+	fillFromManager(mgr, EgressProxyControllerName, &r.Client, &r.Scheme, &r.Recorder)
 	proxyOf := func(_ context.Context, o client.Object) []reconcile.Request {
 		if name := o.GetLabels()[v1alpha1.LabelEgressProxy]; name != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
@@ -188,17 +177,14 @@ func (r *EgressProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	base := ep.DeepCopy()
 	ep.Status.ObservedGeneration = ep.Generation
 	result, err := r.reconcileProxy(ctx, readyReasonOf(base.Status.Conditions), &ep)
-	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
-		logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+	if cacheBehind(ctx, err) {
+		return ctrl.Result{RequeueAfter: cacheRetry}, nil
 	}
 	if err != nil {
 		r.setReady(&ep, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
 	}
-	if !equality.Semantic.DeepEqual(base.Status, ep.Status) {
-		if serr := r.Status().Patch(ctx, &ep, client.MergeFrom(base)); serr != nil {
-			return ctrl.Result{}, errors.Join(err, fmt.Errorf("write status of EgressProxy %s: %w", ep.Name, serr))
-		}
+	if serr := patchStatusIfChanged(ctx, r.Client, base, &ep, base.Status, ep.Status, "EgressProxy"); serr != nil {
+		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
 }
@@ -444,28 +430,19 @@ func podSpecHash(spec *corev1.PodSpec) (string, error) {
 }
 
 func (r *EgressProxyReconciler) setReady(ep *v1alpha1.EgressProxy, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&ep.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: ep.Generation,
-		LastTransitionTime: metav1.NewTime(nowOf(r.Clock).Truncate(time.Second)),
-	})
+	setCondition(&ep.Status.Conditions, v1alpha1.ConditionReady, ep.Generation, nowOf(r.Clock), status, reason, msg)
 }
 
+// eventOnNewReason records an event only when the Ready reason has just
+// changed from prevReason (see readyReasonIsNew). Call it after setReady.
 func (r *EgressProxyReconciler) eventOnNewReason(prevReason string, ep *v1alpha1.EgressProxy, eventType, reason, action, note string) {
-	if readyReasonOf(ep.Status.Conditions) == prevReason {
-		return
+	if readyReasonIsNew(ep.Status.Conditions, prevReason) {
+		r.event(ep, nil, eventType, reason, action, note)
 	}
-	r.event(ep, nil, eventType, reason, action, note)
 }
 
 func (r *EgressProxyReconciler) event(ep *v1alpha1.EgressProxy, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(ep, related, eventType, reason, action, "%s", truncateMessage(note))
+	recordEvent(r.Recorder, ep, related, eventType, reason, action, note)
 }
 
 // reconcileShared runs a Shared proxy: the client credentials Secret

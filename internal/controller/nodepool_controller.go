@@ -105,18 +105,11 @@ type GVisorNodePoolReconciler struct {
 
 // SetupWithManager registers the reconciler and its watches with mgr.
 func (r *GVisorNodePoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(NodePoolControllerName)
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.GVisorNodePool{}, runtimeClassIndex,
-		func(o client.Object) []string { return []string{poolRuntimeClassName(o.(*v1alpha1.GVisorNodePool))} }); err != nil {
-		return fmt.Errorf("index node pools by runtime class: %w", err)
+	fillFromManager(mgr, NodePoolControllerName, &r.Client, &r.Scheme, &r.Recorder)
+	if err := indexField(mgr, &v1alpha1.GVisorNodePool{}, runtimeClassIndex, func(o client.Object) []string {
+		return []string{poolRuntimeClassName(o.(*v1alpha1.GVisorNodePool))}
+	}, "node pools by runtime class"); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(NodePoolControllerName).
@@ -238,13 +231,7 @@ func (r *GVisorNodePoolReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 
 // writeStatus writes the pool's status if it differs from base's.
 func (r *GVisorNodePoolReconciler) writeStatus(ctx context.Context, base, pool *v1alpha1.GVisorNodePool) error {
-	if equality.Semantic.DeepEqual(base.Status, pool.Status) {
-		return nil
-	}
-	if err := r.Status().Patch(ctx, pool, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("write status of node pool %s: %w", pool.Name, err)
-	}
-	return nil
+	return patchStatusIfChanged(ctx, r.Client, base, pool, base.Status, pool.Status, "node pool")
 }
 
 // reconcileManaged is the Managed mode: own the RuntimeClass, prepare the
@@ -719,14 +706,7 @@ func (r *GVisorNodePoolReconciler) setNodes(pool *v1alpha1.GVisorNodePool, names
 }
 
 func (r *GVisorNodePoolReconciler) setReady(pool *v1alpha1.GVisorNodePool, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: pool.Generation,
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
+	setCondition(&pool.Status.Conditions, v1alpha1.ConditionReady, pool.Generation, r.now(), status, reason, msg)
 }
 
 // eventOnTransition records an event when the Ready condition's reason
@@ -750,10 +730,7 @@ func (r *GVisorNodePoolReconciler) eventOnTransition(base, pool *v1alpha1.GVisor
 }
 
 func (r *GVisorNodePoolReconciler) event(pool *v1alpha1.GVisorNodePool, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(pool, related, eventType, reason, action, "%s", truncateMessage(note))
+	recordEvent(r.Recorder, pool, related, eventType, reason, action, note)
 }
 
 // nodeIsReady is kubelet's Ready condition.

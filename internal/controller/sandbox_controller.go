@@ -13,7 +13,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -130,35 +129,25 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Namespace == "" {
 		return errors.New("sandbox controller: no platform namespace")
 	}
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(SandboxControllerName)
-	}
+	fillFromManager(mgr, SandboxControllerName, &r.Client, &r.Scheme, &r.Recorder)
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, templateRefIndex,
-		func(o client.Object) []string {
-			return []string{o.(*v1alpha1.Sandbox).Spec.TemplateRef.Name}
-		}); err != nil {
-		return fmt.Errorf("index sandboxes by template: %w", err)
+	if err := indexField(mgr, &v1alpha1.Sandbox{}, templateRefIndex, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.Sandbox).Spec.TemplateRef.Name}
+	}, "sandboxes by template"); err != nil {
+		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, agentIDIndex, indexAgentID); err != nil {
-		return fmt.Errorf("index sandboxes by agent: %w", err)
+	if err := indexField(mgr, &v1alpha1.Sandbox{}, agentIDIndex, indexAgentID, "sandboxes by agent"); err != nil {
+		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, sandboxNodeIndex,
-		func(o client.Object) []string {
-			if n := o.(*v1alpha1.Sandbox).Status.NodeName; n != "" {
-				return []string{n}
-			}
-			return nil
-		}); err != nil {
-		return fmt.Errorf("index sandboxes by node: %w", err)
+	if err := indexField(mgr, &v1alpha1.Sandbox{}, sandboxNodeIndex, func(o client.Object) []string {
+		if n := o.(*v1alpha1.Sandbox).Status.NodeName; n != "" {
+			return []string{n}
+		}
+		return nil
+	}, "sandboxes by node"); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(SandboxControllerName).
@@ -263,12 +252,8 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	sbx.Status.ObservedGeneration = sbx.Generation
 	r.reportPodSecurity(ctx, meta.FindStatusCondition(base.Status.Conditions, v1alpha1.ConditionPodSecurity), &sbx)
 	result, err := r.reconcileChildren(ctx, readyReason(base), &sbx)
-	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
-		// The cache lags behind a write (ours or someone's); the next pass
-		// reads the current object. Reporting it as a ReconcileError would
-		// flap the Ready condition for nothing.
-		logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+	if cacheBehind(ctx, err) {
+		return ctrl.Result{RequeueAfter: cacheRetry}, nil
 	}
 	if err != nil {
 		var conflict *ownershipConflictError
@@ -328,16 +313,7 @@ func (r *SandboxReconciler) ensureSandboxLabels(ctx context.Context, sbx *v1alph
 // change keeps a settled sandbox from generating watch events (and
 // resourceVersion bumps) on every resync.
 func (r *SandboxReconciler) writeStatus(ctx context.Context, base, sbx *v1alpha1.Sandbox) error {
-	if equality.Semantic.DeepEqual(base.Status, sbx.Status) {
-		return nil
-	}
-	// A merge patch rather than an update: this controller is the status's
-	// only writer, and a patch does not fail on the resourceVersion bump of
-	// the label patch or of a client's spec change in between.
-	if err := r.Status().Patch(ctx, sbx, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("write status of sandbox %s: %w", sbx.Name, err)
-	}
-	return nil
+	return patchStatusIfChanged(ctx, r.Client, base, sbx, base.Status, sbx.Status, "sandbox")
 }
 
 // reconcileChildren ensures the children and sets the status from them.
@@ -801,42 +777,22 @@ func (r *SandboxReconciler) setNotServing(sbx *v1alpha1.Sandbox, phase v1alpha1.
 }
 
 func (r *SandboxReconciler) setReady(sbx *v1alpha1.Sandbox, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: sbx.Generation,
-		// Whole seconds, as the API stores them, so that a re-read condition
-		// compares equal to the one written.
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
+	setCondition(&sbx.Status.Conditions, v1alpha1.ConditionReady, sbx.Generation, r.now(), status, reason, msg)
 }
 
 // eventOnNewReason records an event only when the Ready reason has just
-// changed from prevReason, so that a state that lasts across many passes (a
-// crash-looping pod, a missing template) is reported once, not on every
-// pass. Call it after setReady.
+// changed from prevReason (see readyReasonIsNew). Call it after setReady.
 func (r *SandboxReconciler) eventOnNewReason(prevReason string, sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
-	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == prevReason {
-		return
+	if readyReasonIsNew(sbx.Status.Conditions, prevReason) {
+		r.event(sbx, related, eventType, reason, action, note)
 	}
-	r.event(sbx, related, eventType, reason, action, note)
 }
 
 func (r *SandboxReconciler) event(sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(sbx, related, eventType, reason, action, "%s", truncateMessage(note))
+	recordEvent(r.Recorder, sbx, related, eventType, reason, action, note)
 }
 
-func readyReason(sbx *v1alpha1.Sandbox) string {
-	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c != nil {
-		return c.Reason
-	}
-	return ""
-}
+func readyReason(sbx *v1alpha1.Sandbox) string { return readyReasonOf(sbx.Status.Conditions) }
 
 func podReady(pod *corev1.Pod) bool {
 	if pod.Status.Phase != corev1.PodRunning {
@@ -926,15 +882,4 @@ func podWaitingMessage(pod *corev1.Pod) string {
 		}
 	}
 	return fmt.Sprintf("waiting for pod %s to become ready", pod.Name)
-}
-
-// maxMessage keeps condition messages under the API's 32768-byte limit
-// with room to spare; kubelet messages (image pull errors) can be long.
-const maxMessage = 4096
-
-func truncateMessage(s string) string {
-	if len(s) <= maxMessage {
-		return s
-	}
-	return s[:maxMessage-3] + "..."
 }

@@ -7,7 +7,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -79,12 +78,5 @@ func expiredMessage(holder string) string {
 }
 
 func (r *SandboxReconciler) setLeased(sbx *v1alpha1.Sandbox, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionLeased,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: sbx.Generation,
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
+	setCondition(&sbx.Status.Conditions, v1alpha1.ConditionLeased, sbx.Generation, r.now(), status, reason, msg)
 }

@@ -462,14 +462,7 @@ func (r *SandboxReconciler) clearPassedCheck(sbx *v1alpha1.Sandbox) {
 
 // setIdleStopBlocked records why idle stops of the sandbox do not happen.
 func (r *SandboxReconciler) setIdleStopBlocked(sbx *v1alpha1.Sandbox, reason, msg string) {
-	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionIdleStopBlocked,
-		Status:             metav1.ConditionTrue,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: sbx.Generation,
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
+	setCondition(&sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked, sbx.Generation, r.now(), metav1.ConditionTrue, reason, msg)
 }
 
 // undoStop takes back an idle stop in progress that has deleted nothing

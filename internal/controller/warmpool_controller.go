@@ -11,9 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -75,20 +73,11 @@ type SandboxWarmPoolReconciler struct {
 
 // SetupWithManager registers the reconciler and its watches with mgr.
 func (r *SandboxWarmPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(WarmPoolControllerName)
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.SandboxWarmPool{}, templateRefIndex,
-		func(o client.Object) []string {
-			return []string{o.(*v1alpha1.SandboxWarmPool).Spec.TemplateRef.Name}
-		}); err != nil {
-		return fmt.Errorf("index warm pools by template: %w", err)
+	fillFromManager(mgr, WarmPoolControllerName, &r.Client, &r.Scheme, &r.Recorder)
+	if err := indexField(mgr, &v1alpha1.SandboxWarmPool{}, templateRefIndex, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.SandboxWarmPool).Spec.TemplateRef.Name}
+	}, "warm pools by template"); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(WarmPoolControllerName).
@@ -125,18 +114,15 @@ func (r *SandboxWarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	base := pool.DeepCopy()
 	result, err := r.reconcilePool(ctx, readyReasonOf(base.Status.Conditions), &pool)
-	if err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-			logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
-			result, err = ctrl.Result{RequeueAfter: time.Second}, nil
-		} else {
-			r.setReady(&pool, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
-		}
+	if cacheBehind(ctx, err) {
+		// Unlike the other reconcilers, the status found so far is still
+		// written.
+		result, err = ctrl.Result{RequeueAfter: cacheRetry}, nil
+	} else if err != nil {
+		r.setReady(&pool, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
 	}
-	if !equality.Semantic.DeepEqual(base.Status, pool.Status) {
-		if serr := r.Status().Patch(ctx, &pool, client.MergeFrom(base)); serr != nil {
-			return ctrl.Result{}, errors.Join(err, fmt.Errorf("write status of warm pool %s: %w", pool.Name, serr))
-		}
+	if serr := patchStatusIfChanged(ctx, r.Client, base, &pool, base.Status, pool.Status, "warm pool"); serr != nil {
+		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
 }
@@ -400,28 +386,11 @@ func (r *SandboxWarmPoolReconciler) pending(pool types.UID, seen map[string]bool
 }
 
 func (r *SandboxWarmPoolReconciler) setReady(pool *v1alpha1.SandboxWarmPool, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: pool.Generation,
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
+	setCondition(&pool.Status.Conditions, v1alpha1.ConditionReady, pool.Generation, r.now(), status, reason, msg)
 }
 
 func (r *SandboxWarmPoolReconciler) event(pool *v1alpha1.SandboxWarmPool, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(pool, related, eventType, reason, action, "%s", truncateMessage(note))
-}
-
-func readyReasonOf(conds []metav1.Condition) string {
-	if c := meta.FindStatusCondition(conds, v1alpha1.ConditionReady); c != nil {
-		return c.Reason
-	}
-	return ""
+	recordEvent(r.Recorder, pool, related, eventType, reason, action, note)
 }
 
 func minPositive(a, b time.Duration) time.Duration {
