@@ -316,7 +316,11 @@ func (r *SandboxReconciler) writeStatus(ctx context.Context, base, sbx *v1alpha1
 	return patchStatusIfChanged(ctx, r.Client, base, sbx, base.Status, sbx.Status, "sandbox")
 }
 
-// reconcileChildren ensures the children and sets the status from them.
+// reconcileChildren ensures the children and sets the status from them, in
+// the order a pass takes: the template (and an adoption, which decides the
+// children's names), the pod as it is, the serving certificate and the
+// activity clock, a lost node, the idle-stop cycle, and last the workload
+// itself, its workspace claim and pod.
 func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox) (ctrl.Result, error) {
 	tpl, err := r.getTemplate(ctx, sbx)
 	if err != nil {
@@ -327,16 +331,11 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if err := r.adopt(ctx, sbx, tpl); err != nil {
 		return ctrl.Result{}, err
 	}
-	var pod corev1.Pod
-	havePod, err := r.getChild(ctx, sbx, PodName(workloadName(sbx)), &pod)
+	pod, err := r.getPod(ctx, sbx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	var podOrNil *corev1.Pod
-	if havePod {
-		podOrNil = &pod
-	}
-	if tpl == nil && !havePod && sbx.Status.Phase != v1alpha1.SandboxPhaseIdleStopping {
+	if tpl == nil && pod == nil && sbx.Status.Phase != v1alpha1.SandboxPhaseIdleStopping {
 		// The template is needed only to make a pod; a running pod whose
 		// template was deleted keeps serving. The template watch brings the
 		// sandbox back here when the template appears.
@@ -347,109 +346,155 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		return ctrl.Result{}, nil
 	}
 
-	renewIn, err := r.ensureTLSSecret(ctx, sbx)
-	if err != nil {
+	result, activityClock, deleted, err := r.ensureAccess(ctx, sbx)
+	if err != nil || deleted {
 		return ctrl.Result{}, err
 	}
-	result := ctrl.Result{RequeueAfter: min(renewIn, maxRequeue)}
-	lease, err := r.ensureLease(ctx, sbx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if lease != nil {
-		deleted, recheck, err := r.recycleEphemeral(ctx, sbx, lease)
-		if err != nil || deleted {
-			return ctrl.Result{}, err
-		}
-		if recheck > 0 {
-			result.RequeueAfter = min(result.RequeueAfter, recheck)
-		}
-		holdExpiresIn, err := r.reconcileHold(ctx, sbx, lease)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if holdExpiresIn > 0 {
-			result.RequeueAfter = min(result.RequeueAfter, holdExpiresIn)
-		}
-	}
-
-	act := r.activityOf(sbx, tpl, lease)
+	act := r.activityOf(sbx, tpl, activityClock)
 	prevPhase := sbx.Status.Phase
 	defer func() { recordActivity(prevPhase, sbx, act) }()
-	if done, err := r.handleNodeLoss(ctx, sbx, tpl, podOrNil, lease); err != nil || done {
+	if done, err := r.handleNodeLoss(ctx, sbx, tpl, pod, activityClock); err != nil || done {
 		return result, err
 	}
-	// Only a sandbox that can be stopped needs waking when it turns idle.
-	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
+	if done, err := r.idleCycle(ctx, prevReason, sbx, tpl, act, pod, &result); err != nil || done {
+		return result, err
+	}
+	return r.runWorkload(ctx, prevReason, sbx, tpl, pod, act, result)
+}
+
+// getPod reads the sandbox's pod; nil when it has none.
+func (r *SandboxReconciler) getPod(ctx context.Context, sbx *v1alpha1.Sandbox) (*corev1.Pod, error) {
+	var pod corev1.Pod
+	found, err := r.getChild(ctx, sbx, PodName(workloadName(sbx)), &pod)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &pod, nil
+}
+
+// ensureAccess ensures the children through which the sandbox is reached
+// and watched: its serving certificate and its activity clock. It returns
+// the requeue they ask for, the activity clock (nil when it was only just
+// created, and so holds nothing to look at), and whether the sandbox was
+// deleted: an ephemeral one whose pool lease ended.
+func (r *SandboxReconciler) ensureAccess(ctx context.Context, sbx *v1alpha1.Sandbox) (ctrl.Result, *coordinationv1.Lease, bool, error) {
+	renewIn, err := r.ensureTLSSecret(ctx, sbx)
+	if err != nil {
+		return ctrl.Result{}, nil, false, err
+	}
+	result := ctrl.Result{RequeueAfter: min(renewIn, maxRequeue)}
+	activityClock, err := r.ensureActivityClock(ctx, sbx)
+	if err != nil {
+		return ctrl.Result{}, nil, false, err
+	}
+	if activityClock == nil {
+		return result, nil, false, nil
+	}
+	deleted, recheck, err := r.recycleEphemeral(ctx, sbx, activityClock)
+	if err != nil || deleted {
+		return ctrl.Result{}, nil, deleted, err
+	}
+	requeueWithin(&result, recheck)
+	holdExpiresIn, err := r.reconcileHold(ctx, sbx, activityClock)
+	if err != nil {
+		return ctrl.Result{}, nil, false, err
+	}
+	requeueWithin(&result, holdExpiresIn)
+	return result, activityClock, false, nil
+}
+
+// requeueWithin brings result's requeue forward to d, when d is set.
+func requeueWithin(result *ctrl.Result, d time.Duration) {
+	if d > 0 {
 		result.RequeueAfter = min(result.RequeueAfter, d)
+	}
+}
+
+// idleCycle runs this pass's part of the idle-stop cycle: it calls off a
+// stop that activity interrupted, runs the next step of a stop, or keeps
+// a stopped sandbox without a pod. It reports whether the pass is done;
+// otherwise the sandbox is to run, and result may have been brought
+// forward to when it turns idle.
+func (r *SandboxReconciler) idleCycle(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, act activity, pod *corev1.Pod, result *ctrl.Result) (bool, error) {
+	// Only a sandbox that can be stopped needs waking when it turns idle.
+	if (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
+		requeueWithin(result, act.untilIdle())
 	}
 	r.clearPassedCheck(sbx)
 	if sbx.Status.Phase == v1alpha1.SandboxPhaseIdleStopping && !sbx.Spec.Ephemeral && !act.idle() {
 		// Activity during a stop that can still be undone calls it off.
-		serving, err := r.callOffStop(ctx, sbx, podOrNil, act)
+		serving, err := r.callOffStop(ctx, sbx, pod, act)
 		if err != nil || serving {
-			return result, err
+			return true, err
 		}
 	}
-	if r.stopping(sbx, tpl, act, havePod) {
-		if wait, held := r.stopHeldBack(sbx, act); held {
-			// Not stopped: it goes on serving below.
-			result.RequeueAfter = min(result.RequeueAfter, wait)
-		} else {
-			res, err := r.idleStop(ctx, prevReason, sbx, tpl, act, podOrNil)
-			if res.RequeueAfter > 0 {
-				result.RequeueAfter = min(result.RequeueAfter, res.RequeueAfter)
-			}
-			return result, err
+	if r.stopping(sbx, tpl, act, pod != nil) {
+		wait, held := r.stopHeldBack(sbx, act)
+		if !held {
+			res, err := r.idleStop(ctx, prevReason, sbx, tpl, act, pod)
+			requeueWithin(result, res.RequeueAfter)
+			return true, err
 		}
+		// Not stopped: it goes on serving.
+		result.RequeueAfter = min(result.RequeueAfter, wait)
 	}
 	if parked(sbx, act) {
-		return result, r.stayStopped(ctx, sbx, podOrNil)
+		return true, r.stayStopped(ctx, sbx, pod)
 	}
+	return false, nil
+}
 
+// runWorkload ensures the workspace claim and the pod of a sandbox that is
+// to run, and sets the status from the pod.
+func (r *SandboxReconciler) runWorkload(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, pod *corev1.Pod, act activity, result ctrl.Result) (ctrl.Result, error) {
 	var claim *corev1.PersistentVolumeClaim
 	workspaceReady := true
 	if tpl != nil {
+		var err error
 		if claim, workspaceReady, err = r.ensureWorkspace(ctx, prevReason, sbx, tpl); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-
-	if !havePod {
-		if !workspaceReady {
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
-				fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(workloadName(sbx))))
-			return result, nil
-		}
-		var noProxy *errEgressProxyNotFound
-		if err := r.createPod(ctx, sbx, tpl); apierrors.IsNotFound(err) && tpl.Spec.NodePoolRef != nil {
-			// Waiting for a person to create the pool, not an error to
-			// back off from.
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNodePoolNotFound,
-				fmt.Sprintf("template %s names GVisorNodePool %s, which does not exist", tpl.Name, *tpl.Spec.NodePoolRef))
-			return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
-		} else if errors.As(err, &noProxy) {
-			// The same: no pod may start without the proxy it must use.
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonEgressProxyNotFound, noProxy.Error())
-			r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, v1alpha1.ReasonEgressProxyNotFound, "Wait", noProxy.Error())
-			return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
-		} else if err != nil {
-			return ctrl.Result{}, err
-		}
-		msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(workloadName(sbx)))
-		if snap := restoring(claim); snap != "" {
-			r.setNotServing(sbx, v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming,
-				fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, msg))
-		} else {
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, msg)
-		}
-		sbx.Status.PodName = PodName(workloadName(sbx))
-		return result, nil
+	if pod == nil {
+		return r.startPod(ctx, prevReason, sbx, tpl, claim, workspaceReady, result)
 	}
-
-	if err := r.observePod(ctx, prevReason, sbx, &pod, claim, act); err != nil {
+	if err := r.observePod(ctx, prevReason, sbx, pod, claim, act); err != nil {
 		return ctrl.Result{}, err
 	}
+	return result, nil
+}
+
+// startPod creates the pod of a sandbox that has none, once its workspace
+// claim is ready, and says what the sandbox waits for.
+func (r *SandboxReconciler) startPod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, claim *corev1.PersistentVolumeClaim, workspaceReady bool, result ctrl.Result) (ctrl.Result, error) {
+	if !workspaceReady {
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
+			fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(workloadName(sbx))))
+		return result, nil
+	}
+	var noProxy *errEgressProxyNotFound
+	if err := r.createPod(ctx, sbx, tpl); apierrors.IsNotFound(err) && tpl.Spec.NodePoolRef != nil {
+		// Waiting for a person to create the pool, not an error to
+		// back off from.
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNodePoolNotFound,
+			fmt.Sprintf("template %s names GVisorNodePool %s, which does not exist", tpl.Name, *tpl.Spec.NodePoolRef))
+		return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
+	} else if errors.As(err, &noProxy) {
+		// The same: no pod may start without the proxy it must use.
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonEgressProxyNotFound, noProxy.Error())
+		r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, v1alpha1.ReasonEgressProxyNotFound, "Wait", noProxy.Error())
+		return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
+	}
+	msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(workloadName(sbx)))
+	if snap := restoring(claim); snap != "" {
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming,
+			fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, msg))
+	} else {
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, msg)
+	}
+	sbx.Status.PodName = PodName(workloadName(sbx))
 	return result, nil
 }
 
@@ -596,20 +641,21 @@ func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.S
 	return renewAt.Sub(now), nil
 }
 
-// ensureLease creates the activity Lease if it is missing, and returns it
-// when it already existed (a new one holds nothing to look at). It never
-// renews it: renewals come from the Compute API on activity, and a renew by
-// the controller would make every sandbox look busy.
-func (r *SandboxReconciler) ensureLease(ctx context.Context, sbx *v1alpha1.Sandbox) (*coordinationv1.Lease, error) {
-	var lease coordinationv1.Lease
-	found, err := r.getChild(ctx, sbx, LeaseName(sbx.Name), &lease)
+// ensureActivityClock creates the activity clock, the Lease whose
+// renewTime records the sandbox's last activity, if it is missing, and
+// returns it when it already existed (a new one holds nothing to look at).
+// It never renews it: renewals come from the Compute API on activity, and
+// a renew by the controller would make every sandbox look busy.
+func (r *SandboxReconciler) ensureActivityClock(ctx context.Context, sbx *v1alpha1.Sandbox) (*coordinationv1.Lease, error) {
+	var activityClock coordinationv1.Lease
+	found, err := r.getChild(ctx, sbx, ActivityClockName(sbx.Name), &activityClock)
 	if err != nil {
 		return nil, err
 	}
 	if found {
-		return &lease, nil
+		return &activityClock, nil
 	}
-	return nil, r.create(ctx, sbx, desiredLease(sbx, r.now()))
+	return nil, r.create(ctx, sbx, desiredActivityClock(sbx, r.now()))
 }
 
 // ensureWorkspace creates the workspace claim if it is missing, from the
@@ -686,21 +732,8 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 			fmt.Sprintf("pod %s is being deleted; a new one is created when it is gone", pod.Name))
 		sbx.Status.PodName = pod.Name
 		return nil
-
 	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
-		// With restartPolicy Always this is eviction or an admission
-		// failure on the node: kubelet will not restart it. (A pod on a
-		// node that was deleted never gets here: handleNodeLoss.)
-		msg := fmt.Sprintf("pod %s stopped (phase %s): %s; it is deleted and created again",
-			pod.Name, pod.Status.Phase, podStopReason(pod))
-		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonPodFailed, msg)
-		sbx.Status.PodName = pod.Name
-		r.event(sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Delete", msg)
-		err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("delete stopped pod %s: %w", pod.Name, err)
-		}
-		return nil
+		return r.dropStoppedPod(ctx, sbx, pod)
 	}
 
 	sbx.Status.PodIP = pod.Status.PodIP
@@ -710,42 +743,7 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 	}
 	snap := restoring(claim)
 	if podReady(pod) {
-		if snap != "" {
-			ok, err := r.finishRestore(ctx, sbx, pod, claim)
-			if err != nil || !ok {
-				return err
-			}
-		}
-		if !serving(prevReason) {
-			if err := r.pullFilespace(ctx, sbx, pod); err != nil {
-				return err
-			}
-		}
-		if snap != "" {
-			took := ""
-			if !act.last.IsZero() {
-				took = fmt.Sprintf(" %s after the activity that woke it", r.now().Sub(act.last).Round(time.Millisecond))
-			}
-			r.event(sbx, pod, corev1.EventTypeNormal, EventResumed, "Resume",
-				fmt.Sprintf("resumed from snapshot %s%s", snap, took))
-			metricResumes.Inc()
-		}
-		// An adopted sandbox keeps saying so until its pod next changes
-		// (an idle stop, a restart): that is how one tells a fast start
-		// from a cold one. Its pod's start was the warm sandbox's, long
-		// before this one was asked for, so it is not a start time.
-		reason := v1alpha1.ReasonRunning
-		if snap == "" && readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool {
-			reason = v1alpha1.ReasonAdoptedFromWarmPool
-		}
-		r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, reason,
-			fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
-		if prevReason != v1alpha1.ReasonRunning && reason == v1alpha1.ReasonRunning {
-			metricPodStartSeconds.Observe(r.now().Sub(pod.CreationTimestamp.Time).Seconds())
-		}
-		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventSandboxReady, "Start",
-			fmt.Sprintf("sandbox is running in pod %s at %s", pod.Name, sbx.Status.ServiceEndpoint))
-		return nil
+		return r.observeReadyPod(ctx, prevReason, sbx, pod, claim, act)
 	}
 	if msg, failed := containerProblem(pod); failed {
 		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonPodFailed, msg)
@@ -758,6 +756,67 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 		return nil
 	}
 	r.setPhase(sbx, v1alpha1.SandboxPhasePending, metav1.ConditionFalse, v1alpha1.ReasonCreating, podWaitingMessage(pod))
+	return nil
+}
+
+// dropStoppedPod reports a pod that stopped for good and deletes it, so
+// that the next pass creates it again.
+func (r *SandboxReconciler) dropStoppedPod(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod) error {
+	// With restartPolicy Always this is eviction or an admission
+	// failure on the node: kubelet will not restart it. (A pod on a
+	// node that was deleted never gets here: handleNodeLoss.)
+	msg := fmt.Sprintf("pod %s stopped (phase %s): %s; it is deleted and created again",
+		pod.Name, pod.Status.Phase, podStopReason(pod))
+	r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonPodFailed, msg)
+	sbx.Status.PodName = pod.Name
+	r.event(sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Delete", msg)
+	err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete stopped pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// observeReadyPod brings a sandbox whose pod is ready to serving: it
+// finishes a resume's restore, pulls the agent's filespace into a
+// workspace that was not serving yet, and sets the sandbox Running.
+func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod, claim *corev1.PersistentVolumeClaim, act activity) error {
+	snap := restoring(claim)
+	if snap != "" {
+		ok, err := r.finishRestore(ctx, sbx, pod, claim)
+		if err != nil || !ok {
+			return err
+		}
+	}
+	if !serving(prevReason) {
+		if err := r.pullFilespace(ctx, sbx, pod); err != nil {
+			return err
+		}
+	}
+	if snap != "" {
+		took := ""
+		if !act.last.IsZero() {
+			took = fmt.Sprintf(" %s after the activity that woke it", r.now().Sub(act.last).Round(time.Millisecond))
+		}
+		r.event(sbx, pod, corev1.EventTypeNormal, EventResumed, "Resume",
+			fmt.Sprintf("resumed from snapshot %s%s", snap, took))
+		metricResumes.Inc()
+	}
+	// An adopted sandbox keeps saying so until its pod next changes
+	// (an idle stop, a restart): that is how one tells a fast start
+	// from a cold one. Its pod's start was the warm sandbox's, long
+	// before this one was asked for, so it is not a start time.
+	reason := v1alpha1.ReasonRunning
+	if snap == "" && readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool {
+		reason = v1alpha1.ReasonAdoptedFromWarmPool
+	}
+	r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, reason,
+		fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
+	if prevReason != v1alpha1.ReasonRunning && reason == v1alpha1.ReasonRunning {
+		metricPodStartSeconds.Observe(r.now().Sub(pod.CreationTimestamp.Time).Seconds())
+	}
+	r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventSandboxReady, "Start",
+		fmt.Sprintf("sandbox is running in pod %s at %s", pod.Name, sbx.Status.ServiceEndpoint))
 	return nil
 }
 

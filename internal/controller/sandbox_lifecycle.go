@@ -241,32 +241,9 @@ func parked(sbx *v1alpha1.Sandbox, a activity) bool {
 // snapshot is ready, delete the pod and the claim and record the snapshot.
 // It is called again until the stop is over.
 func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, a activity, pod *corev1.Pod) (ctrl.Result, error) {
-	log := logf.FromContext(ctx)
-	name := sbx.Status.PendingSnapshot
-	if sbx.Status.Phase != v1alpha1.SandboxPhaseIdleStopping || name == "" {
-		if name != "" && r.Snapshots != nil {
-			// Left by a stop that was called off and whose snapshot could
-			// not be deleted then.
-			if err := r.Snapshots.Delete(ctx, sbx, name); err != nil {
-				return ctrl.Result{}, fmt.Errorf("delete snapshot %s of an abandoned stop: %w", name, err)
-			}
-		}
-		if !sbx.Spec.Ephemeral {
-			var attempt int32
-			if sbx.Status.IdleStopRetry != nil {
-				attempt = sbx.Status.IdleStopRetry.Failures
-			}
-			name = snapshotName(sbx.Name, a.last, attempt)
-		}
-		sbx.Status.PendingSnapshot = name
-		msg := fmt.Sprintf("idle since %s (idle timeout %s); ", a.last.UTC().Format(time.RFC3339), a.timeout)
-		if sbx.Spec.Ephemeral {
-			msg += "the sandbox is ephemeral, so its pod and workspace are deleted without a snapshot"
-		} else {
-			msg += fmt.Sprintf("snapshotting the workspace into %s with the %s driver", name, snapshot.ID(r.Snapshots))
-		}
-		r.setPhase(sbx, v1alpha1.SandboxPhaseIdleStopping, metav1.ConditionFalse, v1alpha1.ReasonIdleTimeout, msg)
-		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventIdleStopping, "Stop", msg)
+	name, err := r.beginStop(ctx, prevReason, sbx, a, pod)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	started := readyTransition(sbx)
 	if tpl == nil {
@@ -284,90 +261,158 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		return ctrl.Result{}, nil
 	}
 
-	var sup *supervisorapi.Client
-	if pod != nil && pod.DeletionTimestamp.IsZero() && podReady(pod) && pod.Status.PodIP != "" {
-		var err error
-		if sup, err = r.supervisor(sbx, pod); err != nil {
-			return ctrl.Result{}, err
-		}
-		if err := r.syncBeforeStop(ctx, sbx, sup); err != nil {
-			// Retried once already: the pod stops and the sandbox is marked
-			// Error. The claim keeps the data (no snapshot is taken of a
-			// volume whose last writes may not have reached it), and the
-			// next activity, not sooner, starts the pod on it (parked).
-			if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
-				return ctrl.Result{}, err
-			}
-			sbx.Status.PendingSnapshot = ""
-			msg := fmt.Sprintf("syncing the workspace before the snapshot failed twice (%v); the pod is stopped without a snapshot, the workspace claim %s is kept, and the next activity starts the sandbox again",
-				err, WorkspaceClaimName(workloadName(sbx)))
-			r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSyncFailed, msg)
-			r.event(sbx, pod, corev1.EventTypeWarning, EventSyncFailed, "Sync", msg)
-			return ctrl.Result{}, nil
-		}
+	sup, synced, err := r.syncServingPod(ctx, sbx, pod)
+	if err != nil || !synced {
+		return ctrl.Result{}, err
 	}
-
-	state, err := r.Snapshots.Take(ctx, snapshot.Request{
-		Sandbox: sbx, Template: tpl, ClaimName: WorkspaceClaimName(workloadName(sbx)), Name: name, Supervisor: sup,
-	})
-	if err != nil || state.Failed != "" {
-		// Nothing is deleted yet: the stop is undone, and the sandbox
-		// serves on, rather than be stopped without its workspace kept.
-		reason, cause := v1alpha1.ReasonSnapshotFailed, ""
-		var problem *snapshot.Problem
-		switch {
-		case errors.As(err, &problem):
-			reason, cause = problem.Reason, "could not be taken: "+problem.Message
-		case err != nil:
-			cause = "could not be taken: " + err.Error()
-		default:
-			cause = "failed: " + state.Failed
-		}
-		res, undone, uerr := r.abandonStop(ctx, sbx, pod, name, reason, cause)
-		if uerr != nil || undone {
-			return res, uerr
-		}
-		if err != nil {
-			// Past the point of no return (the claim is going): retried.
-			return ctrl.Result{}, fmt.Errorf("snapshot %s: %w", name, err)
-		}
+	state, res, done, err := r.takeSnapshot(ctx, sbx, tpl, pod, name, sup)
+	if err != nil || done {
+		return res, err
 	}
 	if state.Failed != "" {
-		// The claim is already going, so the stop cannot be undone. Keep
-		// what is left of it: without a new snapshot it may hold the only
-		// copy of the newest data. The pod goes, as the stop asked.
-		if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
-			return ctrl.Result{}, err
-		}
-		if err := r.Snapshots.Delete(ctx, sbx, name); err != nil {
-			log.Error(err, "delete failed snapshot", "snapshot", name)
-		}
-		sbx.Status.PendingSnapshot = ""
-		msg := fmt.Sprintf("snapshot %s failed: %s; the pod is stopped, the workspace claim %s and the last good snapshot are kept, and the next activity starts the sandbox again",
-			name, state.Failed, WorkspaceClaimName(workloadName(sbx)))
-		if sbx.Status.Snapshot == nil {
-			msg = fmt.Sprintf("snapshot %s failed: %s; the pod is stopped, the workspace claim %s is kept, and the next activity starts the sandbox again",
-				name, state.Failed, WorkspaceClaimName(workloadName(sbx)))
-		}
-		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed, msg)
-		r.event(sbx, nil, corev1.EventTypeWarning, EventSnapshotFailed, "Snapshot", msg)
-		metricSnapshots.WithLabelValues(r.Snapshots.Name(), "failed").Inc()
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.failStop(ctx, sbx, pod, name, state.Failed)
 	}
 	if !state.Ready {
 		r.setPhase(sbx, v1alpha1.SandboxPhaseIdleStopping, metav1.ConditionFalse, v1alpha1.ReasonIdleTimeout,
 			fmt.Sprintf("waiting for snapshot %s of the workspace to become ready (%s driver)", name, snapshot.ID(r.Snapshots)))
 		return ctrl.Result{RequeueAfter: snapshotPoll}, nil
 	}
+	return ctrl.Result{}, r.completeStop(ctx, sbx, pod, name, state, started)
+}
 
+// beginStop starts a stop that is not under way yet: it names the snapshot
+// to take (none for an ephemeral sandbox), records it in
+// status.pendingSnapshot and sets the sandbox IdleStopping. It returns the
+// snapshot's name, also for a stop already under way.
+func (r *SandboxReconciler) beginStop(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, a activity, pod *corev1.Pod) (string, error) {
+	name := sbx.Status.PendingSnapshot
+	if sbx.Status.Phase == v1alpha1.SandboxPhaseIdleStopping && name != "" {
+		return name, nil
+	}
+	if name != "" && r.Snapshots != nil {
+		// Left by a stop that was called off and whose snapshot could
+		// not be deleted then.
+		if err := r.Snapshots.Delete(ctx, sbx, name); err != nil {
+			return "", fmt.Errorf("delete snapshot %s of an abandoned stop: %w", name, err)
+		}
+	}
+	if !sbx.Spec.Ephemeral {
+		var attempt int32
+		if sbx.Status.IdleStopRetry != nil {
+			attempt = sbx.Status.IdleStopRetry.Failures
+		}
+		name = snapshotName(sbx.Name, a.last, attempt)
+	}
+	sbx.Status.PendingSnapshot = name
+	msg := fmt.Sprintf("idle since %s (idle timeout %s); ", a.last.UTC().Format(time.RFC3339), a.timeout)
+	if sbx.Spec.Ephemeral {
+		msg += "the sandbox is ephemeral, so its pod and workspace are deleted without a snapshot"
+	} else {
+		msg += fmt.Sprintf("snapshotting the workspace into %s with the %s driver", name, snapshot.ID(r.Snapshots))
+	}
+	r.setPhase(sbx, v1alpha1.SandboxPhaseIdleStopping, metav1.ConditionFalse, v1alpha1.ReasonIdleTimeout, msg)
+	r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventIdleStopping, "Stop", msg)
+	return name, nil
+}
+
+// syncServingPod syncs the workspace of a pod that still serves before
+// its snapshot (see syncBeforeStop), and returns its supervisor, nil when
+// no pod serves. It reports false when the sync failed and the stop ended
+// without a snapshot.
+func (r *SandboxReconciler) syncServingPod(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod) (*supervisorapi.Client, bool, error) {
+	if pod == nil || !pod.DeletionTimestamp.IsZero() || !podReady(pod) || pod.Status.PodIP == "" {
+		return nil, true, nil
+	}
+	sup, err := r.supervisor(sbx, pod)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := r.syncBeforeStop(ctx, sbx, sup); err != nil {
+		// Retried once already: the pod stops and the sandbox is marked
+		// Error. The claim keeps the data (no snapshot is taken of a
+		// volume whose last writes may not have reached it), and the
+		// next activity, not sooner, starts the pod on it (parked).
+		if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
+			return nil, false, err
+		}
+		sbx.Status.PendingSnapshot = ""
+		msg := fmt.Sprintf("syncing the workspace before the snapshot failed twice (%v); the pod is stopped without a snapshot, the workspace claim %s is kept, and the next activity starts the sandbox again",
+			err, WorkspaceClaimName(workloadName(sbx)))
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSyncFailed, msg)
+		r.event(sbx, pod, corev1.EventTypeWarning, EventSyncFailed, "Sync", msg)
+		return nil, false, nil
+	}
+	return sup, true, nil
+}
+
+// takeSnapshot starts, or looks at, the stop's snapshot. A snapshot that
+// cannot be taken, or failed, while nothing is deleted yet abandons the
+// stop: it reports done, and the result to return.
+func (r *SandboxReconciler) takeSnapshot(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, pod *corev1.Pod, name string, sup *supervisorapi.Client) (snapshot.State, ctrl.Result, bool, error) {
+	state, err := r.Snapshots.Take(ctx, snapshot.Request{
+		Sandbox: sbx, Template: tpl, ClaimName: WorkspaceClaimName(workloadName(sbx)), Name: name, Supervisor: sup,
+	})
+	if err == nil && state.Failed == "" {
+		return state, ctrl.Result{}, false, nil
+	}
+	// Nothing is deleted yet: the stop is undone, and the sandbox
+	// serves on, rather than be stopped without its workspace kept.
+	reason, cause := v1alpha1.ReasonSnapshotFailed, ""
+	var problem *snapshot.Problem
+	switch {
+	case errors.As(err, &problem):
+		reason, cause = problem.Reason, "could not be taken: "+problem.Message
+	case err != nil:
+		cause = "could not be taken: " + err.Error()
+	default:
+		cause = "failed: " + state.Failed
+	}
+	res, undone, uerr := r.abandonStop(ctx, sbx, pod, name, reason, cause)
+	if uerr != nil || undone {
+		return state, res, true, uerr
+	}
+	if err != nil {
+		// Past the point of no return (the claim is going): retried.
+		return state, ctrl.Result{}, true, fmt.Errorf("snapshot %s: %w", name, err)
+	}
+	return state, ctrl.Result{}, false, nil
+}
+
+// failStop ends a stop whose snapshot failed after its claim began to go,
+// so that it cannot be undone. What is left of the claim is kept: without
+// a new snapshot it may hold the only copy of the newest data. The pod
+// goes, as the stop asked.
+func (r *SandboxReconciler) failStop(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod, name, failed string) error {
+	if err := r.deleteWorkload(ctx, sbx, pod, false); err != nil {
+		return err
+	}
+	if err := r.Snapshots.Delete(ctx, sbx, name); err != nil {
+		logf.FromContext(ctx).Error(err, "delete failed snapshot", "snapshot", name)
+	}
+	sbx.Status.PendingSnapshot = ""
+	msg := fmt.Sprintf("snapshot %s failed: %s; the pod is stopped, the workspace claim %s and the last good snapshot are kept, and the next activity starts the sandbox again",
+		name, failed, WorkspaceClaimName(workloadName(sbx)))
+	if sbx.Status.Snapshot == nil {
+		msg = fmt.Sprintf("snapshot %s failed: %s; the pod is stopped, the workspace claim %s is kept, and the next activity starts the sandbox again",
+			name, failed, WorkspaceClaimName(workloadName(sbx)))
+	}
+	r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotFailed, msg)
+	r.event(sbx, nil, corev1.EventTypeWarning, EventSnapshotFailed, "Snapshot", msg)
+	metricSnapshots.WithLabelValues(r.Snapshots.Name(), "failed").Inc()
+	return nil
+}
+
+// completeStop ends a stop whose snapshot is ready: the pod and the claim
+// go, the snapshot is recorded and the one it supersedes deleted.
+func (r *SandboxReconciler) completeStop(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod, name string, state snapshot.State, started time.Time) error {
 	if done, err := r.stopRecorded(ctx, sbx, name); err != nil || done {
 		// A pass from a cache that has not seen the stop's status yet (the
 		// pod and claim it deleted woke it): the stop is over, and
 		// finishing it again would repeat its event and metrics.
-		return ctrl.Result{}, err
+		return err
 	}
 	if err := r.deleteWorkload(ctx, sbx, pod, true); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	readyAt := metav1.NewTime(r.now().Truncate(time.Second))
 	if !state.ReadyTime.IsZero() {
@@ -383,7 +428,7 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 		// sandbox without a snapshot. A failure here leaks storage, not
 		// data, so it does not hold the stop up.
 		if err := r.Snapshots.Delete(ctx, sbx, prev.Name); err != nil {
-			log.Error(err, "delete superseded snapshot", "snapshot", prev.Name)
+			logf.FromContext(ctx).Error(err, "delete superseded snapshot", "snapshot", prev.Name)
 		}
 	}
 	metricSnapshots.WithLabelValues(r.Snapshots.Name(), "ready").Inc()
@@ -392,7 +437,7 @@ func (r *SandboxReconciler) idleStop(ctx context.Context, prevReason string, sbx
 	}
 	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s, %s driver); the next activity resumes the sandbox",
 		name, formatBytes(state.SizeBytes), snapshot.ID(r.Snapshots)))
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // stopRecorded reports whether the Sandbox as stored, not as cached, is

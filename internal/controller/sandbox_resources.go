@@ -30,7 +30,7 @@ import (
 
 // workloadName is the name the sandbox's pod, workspace claim, serving
 // certificate and supervisor identity derive from; every child name in
-// this package goes through it. The activity Lease is the exception: it is
+// this package goes through it. The activity clock is the exception: it is
 // the Sandbox's own, named after it, because the Compute API renews it by
 // the Sandbox's name.
 func workloadName(sbx *v1alpha1.Sandbox) string { return sbx.WorkloadName() }
@@ -38,9 +38,10 @@ func workloadName(sbx *v1alpha1.Sandbox) string { return sbx.WorkloadName() }
 // PodName is the name of a sandbox's pod.
 func PodName(sandbox string) string { return sandbox }
 
-// LeaseName is the name of a sandbox's activity Lease; the Compute API
-// renews it, so the rule lives with the API types.
-func LeaseName(sandbox string) string { return v1alpha1.LeaseName(sandbox) }
+// ActivityClockName is the name of a sandbox's activity clock, the Lease
+// whose renewTime records its last activity; the Compute API renews it, so
+// the rule lives with the API types (as v1alpha1.LeaseName).
+func ActivityClockName(sandbox string) string { return v1alpha1.LeaseName(sandbox) }
 
 // TLSSecretName is the name of the Secret holding a sandbox's serving
 // certificate.
@@ -327,12 +328,12 @@ func desiredWorkspaceClaim(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate)
 	}
 }
 
-// desiredLease is the sandbox's activity Lease as first created: renewed
-// now, so that a new sandbox counts as active, and held by nobody.
-func desiredLease(sbx *v1alpha1.Sandbox, now time.Time) *coordinationv1.Lease {
+// desiredActivityClock is the sandbox's activity clock as first created:
+// renewed now, so that a new sandbox counts as active, and held by nobody.
+func desiredActivityClock(sbx *v1alpha1.Sandbox, now time.Time) *coordinationv1.Lease {
 	return &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      LeaseName(sbx.Name),
+			Name:      ActivityClockName(sbx.Name),
 			Namespace: sbx.Namespace,
 			Labels:    sandboxLabels(sbx),
 		},
