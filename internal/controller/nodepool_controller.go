@@ -251,10 +251,21 @@ func (r *GVisorNodePoolReconciler) reconcileManaged(ctx context.Context, pool *v
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonRuntimeClassConflict, conflict)
 		return nil
 	}
+	selected, claimed, err := r.prepareNodes(ctx, pool)
+	if err != nil {
+		return err
+	}
+	r.reportManaged(pool, selected, claimed, rcNote)
+	return nil
+}
 
+// prepareNodes labels and taints the nodes the pool selects, and releases
+// those it selects no more. It returns the nodes it prepared, and those it
+// selects but another pool holds ("node (by pool)").
+func (r *GVisorNodePoolReconciler) prepareNodes(ctx context.Context, pool *v1alpha1.GVisorNodePool) ([]*corev1.Node, []string, error) {
 	var nodes corev1.NodeList
 	if err := r.List(ctx, &nodes); err != nil {
-		return fmt.Errorf("list nodes: %w", err)
+		return nil, nil, fmt.Errorf("list nodes: %w", err)
 	}
 	selector := labels.SelectorFromSet(pool.Spec.NodeSelector)
 	var selected []*corev1.Node
@@ -265,25 +276,29 @@ func (r *GVisorNodePoolReconciler) reconcileManaged(ctx context.Context, pool *v
 		if wanted {
 			other, err := r.claimedByOther(ctx, pool, node)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			if other != "" {
 				claimed = append(claimed, fmt.Sprintf("%s (by %s)", node.Name, other))
 				continue
 			}
 			if err := r.prepareNode(ctx, pool, node); err != nil {
-				return err
+				return nil, nil, err
 			}
 			selected = append(selected, node)
 			continue
 		}
 		if node.Labels[v1alpha1.LabelNodePool] == pool.Name {
 			if err := r.releaseNode(ctx, pool, node); err != nil {
-				return err
+				return nil, nil, err
 			}
 		}
 	}
+	return selected, claimed, nil
+}
 
+// reportManaged sets a Managed pool's nodes and its Ready condition.
+func (r *GVisorNodePoolReconciler) reportManaged(pool *v1alpha1.GVisorNodePool, selected []*corev1.Node, claimed []string, rcNote string) {
 	ready, kubeletReady := 0, 0
 	names := make([]string, 0, len(selected))
 	for _, n := range selected {
@@ -305,7 +320,7 @@ func (r *GVisorNodePoolReconciler) reconcileManaged(ctx context.Context, pool *v
 	switch {
 	case len(selected) == 0:
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonNoMatchingNodes,
-			fmt.Sprintf("no node matches nodeSelector %s%s", selector, notes))
+			fmt.Sprintf("no node matches nodeSelector %s%s", labels.SelectorFromSet(pool.Spec.NodeSelector), notes))
 	case kubeletReady == 0:
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonNodesNotReady,
 			fmt.Sprintf("none of the %d selected nodes is Ready%s", len(selected), notes))
@@ -318,7 +333,6 @@ func (r *GVisorNodePoolReconciler) reconcileManaged(ctx context.Context, pool *v
 		r.setReady(pool, metav1.ConditionTrue, v1alpha1.ReasonNodesReady,
 			fmt.Sprintf("%d of %d selected nodes can run gVisor pods with RuntimeClass %s%s", ready, len(selected), poolRuntimeClassName(pool), notes))
 	}
-	return nil
 }
 
 // reconcileGKE is the GKE mode: adopt GKE Sandbox's RuntimeClass without
