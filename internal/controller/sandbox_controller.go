@@ -1,14 +1,9 @@
-// Package controller holds the agentbox reconcilers. They write status and
-// metadata of the agentbox kinds, never their spec: the spec belongs to the
-// Terraform provider and other clients, and a controller that wrote it would
-// show up as drift in every plan.
 package controller
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -17,13 +12,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -71,10 +64,10 @@ const nodePoolRetry = 30 * time.Second
 const maxRequeue = 12 * time.Hour
 
 // SandboxReconciler turns a Sandbox into its pod, workspace claim, serving
-// certificate Secret and activity Lease, all owned by the Sandbox so that
-// deleting it garbage-collects them, and reports their state in the
-// Sandbox's status. It also reclaims the Lease's exclusive hold when its
-// holder stops heartbeating.
+// certificate Secret and activity clock (a Lease), all owned by the Sandbox
+// so that deleting it garbage-collects them, and reports their state in the
+// Sandbox's status. It also reclaims an agent's hold on the sandbox, kept
+// in the activity clock, when its holder stops heartbeating.
 type SandboxReconciler struct {
 	client.Client
 	Scheme *runtime.Scheme
@@ -91,7 +84,7 @@ type SandboxReconciler struct {
 	DefaultImage string
 	// CA issues the sandboxes' serving certificates.
 	CA *pki.CA
-	// Clock is the controller's notion of now (conditions, leases,
+	// Clock is the controller's notion of now (conditions, holds,
 	// certificate checks); nil means the real clock.
 	Clock clock.PassiveClock
 	// Snapshots keeps the workspaces of idle sandboxes. Nil disables idle
@@ -309,13 +302,6 @@ func (r *SandboxReconciler) ensureSandboxLabels(ctx context.Context, sbx *v1alph
 	return nil
 }
 
-// writeStatus writes sbx's status if it differs from base's. Writing only on
-// change keeps a settled sandbox from generating watch events (and
-// resourceVersion bumps) on every resync.
-func (r *SandboxReconciler) writeStatus(ctx context.Context, base, sbx *v1alpha1.Sandbox) error {
-	return patchStatusIfChanged(ctx, r.Client, base, sbx, base.Status, sbx.Status, "sandbox")
-}
-
 // reconcileChildren ensures the children and sets the status from them, in
 // the order a pass takes: the template (and an adoption, which decides the
 // children's names), the pod as it is, the serving certificate and the
@@ -360,16 +346,6 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		return result, err
 	}
 	return r.runWorkload(ctx, prevReason, sbx, tpl, pod, act, result)
-}
-
-// getPod reads the sandbox's pod; nil when it has none.
-func (r *SandboxReconciler) getPod(ctx context.Context, sbx *v1alpha1.Sandbox) (*corev1.Pod, error) {
-	var pod corev1.Pod
-	found, err := r.getChild(ctx, sbx, PodName(workloadName(sbx)), &pod)
-	if err != nil || !found {
-		return nil, err
-	}
-	return &pod, nil
 }
 
 // ensureAccess ensures the children through which the sandbox is reached
@@ -496,449 +472,4 @@ func (r *SandboxReconciler) startPod(ctx context.Context, prevReason string, sbx
 	}
 	sbx.Status.PodName = PodName(workloadName(sbx))
 	return result, nil
-}
-
-func (r *SandboxReconciler) getTemplate(ctx context.Context, sbx *v1alpha1.Sandbox) (*v1alpha1.SandboxTemplate, error) {
-	var tpl v1alpha1.SandboxTemplate
-	key := types.NamespacedName{Namespace: sbx.Namespace, Name: sbx.Spec.TemplateRef.Name}
-	if err := r.Get(ctx, key, &tpl); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("get SandboxTemplate %s: %w", key.Name, err)
-	}
-	return &tpl, nil
-}
-
-// leftoverChildError says that a child's name is still held by the child
-// of an earlier Sandbox with the same name, which is being deleted.
-type leftoverChildError struct{ kind, name string }
-
-func (e *leftoverChildError) Error() string {
-	return fmt.Sprintf("waiting for %s %s of an earlier sandbox of this name to be deleted", e.kind, e.name)
-}
-
-// leftoverRetry is short: garbage collection of a pod takes seconds.
-const leftoverRetry = time.Second
-
-// ownershipConflictError says that a child's name is taken by an object the
-// sandbox does not control. The controller never adopts or overwrites it:
-// it might be a user's Secret or pod that happens to share the name.
-type ownershipConflictError struct {
-	kind, name, owner string
-}
-
-func (e *ownershipConflictError) Error() string {
-	owner := "no controller"
-	if e.owner != "" {
-		owner = "controller " + e.owner
-	}
-	return fmt.Sprintf("%s %s already exists and is not controlled by this Sandbox (it has %s); delete or rename it", e.kind, e.name, owner)
-}
-
-// getChild reads the child named name into obj. It reports whether it
-// exists, and an ownershipConflictError if it exists but is not this
-// sandbox's.
-func (r *SandboxReconciler) getChild(ctx context.Context, sbx *v1alpha1.Sandbox, name string, obj client.Object) (bool, error) {
-	kind := fmt.Sprintf("%T", obj)
-	kind = kind[strings.LastIndexByte(kind, '.')+1:]
-	if err := r.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: name}, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("get %s %s: %w", kind, name, err)
-	}
-	if ref := metav1.GetControllerOf(obj); ref != nil && ref.Kind == "Sandbox" && ref.Name == sbx.Name &&
-		ref.UID != sbx.UID && strings.HasPrefix(ref.APIVersion, v1alpha1.GroupName+"/") {
-		// Left by an earlier Sandbox of this name, which no longer exists
-		// (names are unique), so the garbage collector removes it anyway;
-		// deleting it now saves waiting for its next pass.
-		if obj.GetDeletionTimestamp() == nil {
-			if err := r.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
-				return true, fmt.Errorf("delete %s %s left by an earlier sandbox: %w", kind, name, err)
-			}
-		}
-		return true, &leftoverChildError{kind: kind, name: name}
-	}
-	if !metav1.IsControlledBy(obj, sbx) {
-		owner := ""
-		if ref := metav1.GetControllerOf(obj); ref != nil {
-			owner = ref.Kind + "/" + ref.Name
-		}
-		return true, &ownershipConflictError{kind: kind, name: name, owner: owner}
-	}
-	return true, nil
-}
-
-// create makes obj a child of sbx and creates it.
-func (r *SandboxReconciler) create(ctx context.Context, sbx *v1alpha1.Sandbox, obj client.Object) error {
-	if err := controllerutil.SetControllerReference(sbx, obj, r.Scheme); err != nil {
-		return fmt.Errorf("set owner of %s: %w", obj.GetName(), err)
-	}
-	if err := r.Create(ctx, obj); err != nil {
-		// AlreadyExists means the cache had not seen it yet; the retry sees
-		// it, and whether it is ours.
-		return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
-	}
-	return nil
-}
-
-// ensureTLSSecret makes sure the sandbox has a valid serving certificate and
-// returns how long until it must be re-issued.
-func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.Sandbox) (time.Duration, error) {
-	var secret corev1.Secret
-	name := TLSSecretName(workloadName(sbx))
-	found, err := r.getChild(ctx, sbx, name, &secret)
-	if err != nil {
-		return 0, err
-	}
-	id := pki.SandboxID(r.TrustDomain, sbx.Namespace, workloadName(sbx))
-	now := r.now()
-	why := ""
-	if found {
-		renewAt, err := certRenewTime(secret.Data, r.CA, id, now)
-		if err == nil && now.Before(renewAt) {
-			return renewAt.Sub(now), nil
-		}
-		if err != nil {
-			why = err.Error()
-		} else {
-			why = "it is in the last third of its lifetime"
-		}
-	}
-
-	data, err := tlsSecretData(r.CA, id)
-	if err != nil {
-		return 0, err
-	}
-	if !found {
-		secret = corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: sbx.Namespace, Labels: sandboxLabels(sbx)},
-			Type:       corev1.SecretTypeTLS,
-			Data:       data,
-		}
-		if err := r.create(ctx, sbx, &secret); err != nil {
-			return 0, err
-		}
-		r.event(sbx, &secret, corev1.EventTypeNormal, EventCertificateIssued, "Issue",
-			fmt.Sprintf("issued serving certificate for %s into Secret %s", id, name))
-	} else {
-		// A running supervisor keeps the certificate it started with; the
-		// new one is used from the pod's next start. Certificates outlive
-		// pods by far (a year against an idle timeout of hours), so this
-		// matters only after a CA rotation, which restarts sandboxes anyway.
-		secret.Data = data
-		if err := r.Update(ctx, &secret); err != nil {
-			return 0, fmt.Errorf("update Secret %s: %w", name, err)
-		}
-		r.event(sbx, &secret, corev1.EventTypeNormal, EventCertificateReissued, "Issue",
-			fmt.Sprintf("re-issued serving certificate for %s into Secret %s: %s", id, name, why))
-	}
-	renewAt, err := certRenewTime(data, r.CA, id, now)
-	if err != nil {
-		return 0, fmt.Errorf("check the certificate just issued: %w", err)
-	}
-	return renewAt.Sub(now), nil
-}
-
-// ensureActivityClock creates the activity clock, the Lease whose
-// renewTime records the sandbox's last activity, if it is missing, and
-// returns it when it already existed (a new one holds nothing to look at).
-// It never renews it: renewals come from the Compute API on activity, and
-// a renew by the controller would make every sandbox look busy.
-func (r *SandboxReconciler) ensureActivityClock(ctx context.Context, sbx *v1alpha1.Sandbox) (*coordinationv1.Lease, error) {
-	var activityClock coordinationv1.Lease
-	found, err := r.getChild(ctx, sbx, ActivityClockName(sbx.Name), &activityClock)
-	if err != nil {
-		return nil, err
-	}
-	if found {
-		return &activityClock, nil
-	}
-	return nil, r.create(ctx, sbx, desiredActivityClock(sbx, r.now()))
-}
-
-// ensureWorkspace creates the workspace claim if it is missing, from the
-// latest snapshot when there is one, and returns it. It reports false while
-// an old claim is still being deleted: a pod must not be bound to a claim
-// that is going away.
-func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) (*corev1.PersistentVolumeClaim, bool, error) {
-	var pvc corev1.PersistentVolumeClaim
-	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(workloadName(sbx)), &pvc)
-	if err != nil {
-		return nil, false, err
-	}
-	if found {
-		return &pvc, pvc.DeletionTimestamp.IsZero(), nil
-	}
-	if snap := sbx.Status.Snapshot; snap != nil && !sbx.Spec.Ephemeral {
-		if err := r.checkSnapshotDriver(sbx, snap.Name); err != nil {
-			return nil, false, err
-		}
-	}
-	want := desiredWorkspaceClaim(sbx, tpl)
-	r.prepareRestore(sbx, want)
-	if err := r.create(ctx, sbx, want); err != nil {
-		return nil, false, err
-	}
-	size := want.Spec.Resources.Requests[corev1.ResourceStorage]
-	if snap := restoring(want); snap != "" {
-		r.event(sbx, want, corev1.EventTypeNormal, EventResuming, "Resume",
-			fmt.Sprintf("activity on the stopped sandbox: created workspace claim %s (%s) to restore snapshot %s into", want.Name, size.String(), snap))
-	} else {
-		r.event(sbx, want, corev1.EventTypeNormal, EventWorkspaceCreated, "Create",
-			fmt.Sprintf("created workspace claim %s (%s)", want.Name, size.String()))
-	}
-	return want, true, nil
-}
-
-func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) error {
-	pod := r.desiredPod(sbx, tpl)
-	if err := r.wireEgress(ctx, sbx, tpl, pod); err != nil {
-		return err
-	}
-	if err := r.scheduleOnNodePool(ctx, tpl, pod); err != nil {
-		return err
-	}
-	if err := r.create(ctx, sbx, pod); err != nil {
-		return err
-	}
-	image := pod.Spec.Containers[0].Image
-	// A sandbox that had a pod before lost it out of band (deleted, evicted,
-	// failed); saying so tells an operator why it restarted.
-	if sbx.Status.PodName != "" {
-		r.event(sbx, pod, corev1.EventTypeNormal, EventPodRecreated, "Create",
-			fmt.Sprintf("recreated pod %s (image %s) after the previous one went away; the workspace is kept", pod.Name, image))
-	} else {
-		// A first start, not a resume (which comes from Stopped with
-		// a snapshot) and not a pool filling up.
-		if sbx.Status.Workload == "" && !isWarm(sbx) && sbx.Status.Snapshot == nil &&
-			(sbx.Status.Phase == "" || sbx.Status.Phase == v1alpha1.SandboxPhasePending) {
-			metricColdStarts.Inc()
-		}
-		r.event(sbx, pod, corev1.EventTypeNormal, EventPodCreated, "Create",
-			fmt.Sprintf("created pod %s (image %s, runtime class %s)", pod.Name, image, *pod.Spec.RuntimeClassName))
-	}
-	return nil
-}
-
-// observePod sets the status from the pod, and removes a pod that has
-// stopped for good so that the next pass replaces it.
-func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod, claim *corev1.PersistentVolumeClaim, act activity) error {
-	sbx.Status.PodName = pod.Name
-	switch {
-	case !pod.DeletionTimestamp.IsZero():
-		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
-			fmt.Sprintf("pod %s is being deleted; a new one is created when it is gone", pod.Name))
-		sbx.Status.PodName = pod.Name
-		return nil
-	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
-		return r.dropStoppedPod(ctx, sbx, pod)
-	}
-
-	sbx.Status.PodIP = pod.Status.PodIP
-	sbx.Status.ServiceEndpoint = ""
-	if pod.Status.PodIP != "" {
-		sbx.Status.ServiceEndpoint = v1alpha1.SupervisorEndpoint(pod.Status.PodIP)
-	}
-	snap := restoring(claim)
-	if podReady(pod) {
-		return r.observeReadyPod(ctx, prevReason, sbx, pod, claim, act)
-	}
-	if msg, failed := containerProblem(pod); failed {
-		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonPodFailed, msg)
-		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Start", msg)
-		return nil
-	}
-	if snap != "" {
-		r.setPhase(sbx, v1alpha1.SandboxPhaseResuming, metav1.ConditionFalse, v1alpha1.ReasonResuming,
-			fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, podWaitingMessage(pod)))
-		return nil
-	}
-	r.setPhase(sbx, v1alpha1.SandboxPhasePending, metav1.ConditionFalse, v1alpha1.ReasonCreating, podWaitingMessage(pod))
-	return nil
-}
-
-// dropStoppedPod reports a pod that stopped for good and deletes it, so
-// that the next pass creates it again.
-func (r *SandboxReconciler) dropStoppedPod(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod) error {
-	// With restartPolicy Always this is eviction or an admission
-	// failure on the node: kubelet will not restart it. (A pod on a
-	// node that was deleted never gets here: handleNodeLoss.)
-	msg := fmt.Sprintf("pod %s stopped (phase %s): %s; it is deleted and created again",
-		pod.Name, pod.Status.Phase, podStopReason(pod))
-	r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonPodFailed, msg)
-	sbx.Status.PodName = pod.Name
-	r.event(sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Delete", msg)
-	err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return fmt.Errorf("delete stopped pod %s: %w", pod.Name, err)
-	}
-	return nil
-}
-
-// observeReadyPod brings a sandbox whose pod is ready to serving: it
-// finishes a resume's restore, pulls the agent's filespace into a
-// workspace that was not serving yet, and sets the sandbox Running.
-func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod, claim *corev1.PersistentVolumeClaim, act activity) error {
-	snap := restoring(claim)
-	if snap != "" {
-		ok, err := r.finishRestore(ctx, sbx, pod, claim)
-		if err != nil || !ok {
-			return err
-		}
-	}
-	if !serving(prevReason) {
-		if err := r.pullFilespace(ctx, sbx, pod); err != nil {
-			return err
-		}
-	}
-	if snap != "" {
-		took := ""
-		if !act.last.IsZero() {
-			took = fmt.Sprintf(" %s after the activity that woke it", r.now().Sub(act.last).Round(time.Millisecond))
-		}
-		r.event(sbx, pod, corev1.EventTypeNormal, EventResumed, "Resume",
-			fmt.Sprintf("resumed from snapshot %s%s", snap, took))
-		metricResumes.Inc()
-	}
-	// An adopted sandbox keeps saying so until its pod next changes
-	// (an idle stop, a restart): that is how one tells a fast start
-	// from a cold one. Its pod's start was the warm sandbox's, long
-	// before this one was asked for, so it is not a start time.
-	reason := v1alpha1.ReasonRunning
-	if snap == "" && readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool {
-		reason = v1alpha1.ReasonAdoptedFromWarmPool
-	}
-	r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, reason,
-		fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
-	if prevReason != v1alpha1.ReasonRunning && reason == v1alpha1.ReasonRunning {
-		metricPodStartSeconds.Observe(r.now().Sub(pod.CreationTimestamp.Time).Seconds())
-	}
-	r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventSandboxReady, "Start",
-		fmt.Sprintf("sandbox is running in pod %s at %s", pod.Name, sbx.Status.ServiceEndpoint))
-	return nil
-}
-
-// setPhase sets the phase and the Ready condition that explains it.
-func (r *SandboxReconciler) setPhase(sbx *v1alpha1.Sandbox, phase v1alpha1.SandboxPhase, status metav1.ConditionStatus, reason, msg string) {
-	sbx.Status.Phase = phase
-	r.setReady(sbx, status, reason, msg)
-}
-
-// setNotServing is setPhase for states without a usable pod: the pod fields
-// are cleared, so that nothing dials an address that is gone.
-func (r *SandboxReconciler) setNotServing(sbx *v1alpha1.Sandbox, phase v1alpha1.SandboxPhase, reason, msg string) {
-	sbx.Status.PodName = ""
-	sbx.Status.PodIP = ""
-	sbx.Status.ServiceEndpoint = ""
-	r.setPhase(sbx, phase, metav1.ConditionFalse, reason, msg)
-}
-
-func (r *SandboxReconciler) setReady(sbx *v1alpha1.Sandbox, status metav1.ConditionStatus, reason, msg string) {
-	setCondition(&sbx.Status.Conditions, v1alpha1.ConditionReady, sbx.Generation, r.now(), status, reason, msg)
-}
-
-// eventOnNewReason records an event only when the Ready reason has just
-// changed from prevReason (see readyReasonIsNew). Call it after setReady.
-func (r *SandboxReconciler) eventOnNewReason(prevReason string, sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
-	if readyReasonIsNew(sbx.Status.Conditions, prevReason) {
-		r.event(sbx, related, eventType, reason, action, note)
-	}
-}
-
-func (r *SandboxReconciler) event(sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
-	recordEvent(r.Recorder, sbx, related, eventType, reason, action, note)
-}
-
-func readyReason(sbx *v1alpha1.Sandbox) string { return readyReasonOf(sbx.Status.Conditions) }
-
-func podReady(pod *corev1.Pod) bool {
-	if pod.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// benignWaiting are the waiting reasons of a container that is on its way
-// up; every other reason (ImagePullBackOff, ErrImageNeverPull,
-// CrashLoopBackOff, CreateContainerConfigError, ...) needs a fix or at
-// least explains why the sandbox is not ready.
-var benignWaiting = map[string]bool{"": true, "ContainerCreating": true, "PodInitializing": true}
-
-// containerProblem explains why the sandbox container cannot run, if it
-// cannot: kubelet's waiting reason, or the last exit of a container that
-// has stopped or is being restarted.
-func containerProblem(pod *corev1.Pod) (string, bool) {
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name != ContainerName {
-			continue
-		}
-		last := ""
-		if t := cs.LastTerminationState.Terminated; t != nil {
-			last = "; it last " + describeExit(t)
-		}
-		switch {
-		case cs.State.Waiting != nil && !benignWaiting[cs.State.Waiting.Reason]:
-			w := cs.State.Waiting
-			msg := fmt.Sprintf("container %s is waiting: %s", cs.Name, w.Reason)
-			if w.Message != "" {
-				msg += ": " + w.Message
-			}
-			return msg + last, true
-		case cs.State.Terminated != nil:
-			return fmt.Sprintf("container %s %s", cs.Name, describeExit(cs.State.Terminated)), true
-		case !cs.Ready && cs.RestartCount > 0 && last != "":
-			// Running again after a crash but not ready: report the crash
-			// rather than flip to Creating between restarts.
-			return fmt.Sprintf("container %s restarted %d times%s", cs.Name, cs.RestartCount, last), true
-		}
-	}
-	return "", false
-}
-
-func describeExit(t *corev1.ContainerStateTerminated) string {
-	s := fmt.Sprintf("exited with code %d", t.ExitCode)
-	if t.Signal != 0 {
-		s = fmt.Sprintf("was killed by signal %d", t.Signal)
-	}
-	if t.Reason != "" {
-		s += " (" + t.Reason + ")"
-	}
-	if m := strings.TrimSpace(t.Message); m != "" {
-		s += ": " + m
-	}
-	return s
-}
-
-// podStopReason explains why a pod stopped for good.
-func podStopReason(pod *corev1.Pod) string {
-	if pod.Status.Reason != "" || pod.Status.Message != "" {
-		return strings.TrimSpace(pod.Status.Reason + " " + pod.Status.Message)
-	}
-	if msg, ok := containerProblem(pod); ok {
-		return msg
-	}
-	return "no reason given"
-}
-
-// podWaitingMessage says what a pod that is neither ready nor failing waits
-// for.
-func podWaitingMessage(pod *corev1.Pod) string {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
-			return fmt.Sprintf("pod %s is not scheduled: %s: %s", pod.Name, c.Reason, c.Message)
-		}
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name == ContainerName && cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
-			return fmt.Sprintf("waiting for pod %s to become ready: container %s", pod.Name, cs.State.Waiting.Reason)
-		}
-	}
-	return fmt.Sprintf("waiting for pod %s to become ready", pod.Name)
 }
