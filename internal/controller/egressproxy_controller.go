@@ -166,13 +166,10 @@ func (r *EgressProxyReconciler) image() string {
 // only what differs and writes status only when it changed.
 func (r *EgressProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var ep v1alpha1.EgressProxy
-	if err := r.Get(ctx, req.NamespacedName, &ep); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !ep.DeletionTimestamp.IsZero() {
-		// Owner references remove the ConfigMap and NetworkPolicy; the
-		// sandboxes' proxies go with the sandboxes.
-		return ctrl.Result{}, nil
+	// Once it is deleted, owner references remove the ConfigMap and
+	// NetworkPolicy; the sandboxes' proxies go with the sandboxes.
+	if live, err := fetchLive(ctx, r, req, &ep); !live {
+		return ctrl.Result{}, err
 	}
 	base := ep.DeepCopy()
 	ep.Status.ObservedGeneration = ep.Generation
@@ -497,12 +494,8 @@ func (r *EgressProxyReconciler) reconcileShared(ctx context.Context, prevReason 
 	}); err != nil {
 		return err
 	}
-	wantSvc := desiredSharedService(ep)
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: wantSvc.Name, Namespace: wantSvc.Namespace}}
-	if err := applyOwned(ctx, r.Client, r.Scheme, ep, svc, func() {
-		svc.Labels = mergeLabels(svc.Labels, wantSvc.Labels)
-		svc.Spec.Type, svc.Spec.Selector, svc.Spec.Ports = wantSvc.Spec.Type, wantSvc.Spec.Selector, wantSvc.Spec.Ports
-	}); err != nil {
+	svc, err := applySharedService(ctx, r.Client, r.Scheme, ep)
+	if err != nil {
 		return err
 	}
 

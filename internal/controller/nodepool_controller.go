@@ -187,8 +187,8 @@ func poolRuntimeClassName(pool *v1alpha1.GVisorNodePool) string {
 // changed.
 func (r *GVisorNodePoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var pool v1alpha1.GVisorNodePool
-	if err := r.Get(ctx, req.NamespacedName, &pool); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if found, err := fetch(ctx, r, req, &pool); !found {
+		return ctrl.Result{}, err
 	}
 	if !pool.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, &pool)
@@ -302,17 +302,8 @@ func (r *GVisorNodePoolReconciler) reconcileGKE(ctx context.Context, pool *v1alp
 	// A pool that was Managed before keeps no RuntimeClass of its own, not
 	// even one of the adopted name: that one would be agentbox's, not GKE's.
 	// No node keeps its label or taint either.
-	if err := r.deleteStaleRuntimeClasses(ctx, pool, ""); err != nil {
+	if err := r.releaseAll(ctx, pool); err != nil {
 		return err
-	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes, client.MatchingLabels{v1alpha1.LabelNodePool: pool.Name}); err != nil {
-		return fmt.Errorf("list nodes of node pool %s: %w", pool.Name, err)
-	}
-	for i := range nodes.Items {
-		if err := r.releaseNode(ctx, pool, &nodes.Items[i]); err != nil {
-			return err
-		}
 	}
 
 	name := poolRuntimeClassName(pool)
@@ -383,17 +374,8 @@ func (r *GVisorNodePoolReconciler) finalize(ctx context.Context, pool *v1alpha1.
 	if !controllerutil.ContainsFinalizer(pool, v1alpha1.Finalizer) {
 		return nil
 	}
-	if err := r.deleteStaleRuntimeClasses(ctx, pool, ""); err != nil {
+	if err := r.releaseAll(ctx, pool); err != nil {
 		return err
-	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes, client.MatchingLabels{v1alpha1.LabelNodePool: pool.Name}); err != nil {
-		return fmt.Errorf("list nodes of node pool %s: %w", pool.Name, err)
-	}
-	for i := range nodes.Items {
-		if err := r.releaseNode(ctx, pool, &nodes.Items[i]); err != nil {
-			return err
-		}
 	}
 	patch := client.MergeFrom(pool.DeepCopy())
 	controllerutil.RemoveFinalizer(pool, v1alpha1.Finalizer)

@@ -205,3 +205,21 @@ func nodeHasRunsc(n *corev1.Node) bool {
 		return h.Name == v1alpha1.RunscHandler
 	})
 }
+
+// releaseAll deletes the RuntimeClasses the pool created and takes its
+// label and taint off every node that has them.
+func (r *GVisorNodePoolReconciler) releaseAll(ctx context.Context, pool *v1alpha1.GVisorNodePool) error {
+	if err := r.deleteStaleRuntimeClasses(ctx, pool, ""); err != nil {
+		return err
+	}
+	var nodes corev1.NodeList
+	if err := r.List(ctx, &nodes, client.MatchingLabels{v1alpha1.LabelNodePool: pool.Name}); err != nil {
+		return fmt.Errorf("list nodes of node pool %s: %w", pool.Name, err)
+	}
+	for i := range nodes.Items {
+		if err := r.releaseNode(ctx, pool, &nodes.Items[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}

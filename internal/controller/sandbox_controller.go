@@ -192,9 +192,7 @@ func (r *SandboxReconciler) sandboxesForEgressProxy(ctx context.Context, o clien
 
 func (r *SandboxReconciler) sandboxesForTemplate(ctx context.Context, o client.Object) []reconcile.Request {
 	var list v1alpha1.SandboxList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-		client.MatchingFields{templateRefIndex: o.GetName()}); err != nil {
-		logf.FromContext(ctx).Error(err, "list sandboxes of template", "template", client.ObjectKeyFromObject(o))
+	if !listOfTemplate(ctx, r, &list, o, "sandboxes") {
 		return nil
 	}
 	return requestsFor(list.Items)
@@ -214,8 +212,8 @@ func (r *SandboxReconciler) trustDomain() string {
 // it creates only what is missing and writes only what changed.
 func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var sbx v1alpha1.Sandbox
-	if err := r.Get(ctx, req.NamespacedName, &sbx); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if found, err := fetch(ctx, r, req, &sbx); !found {
+		return ctrl.Result{}, err
 	}
 	if !sbx.DeletionTimestamp.IsZero() {
 		// Owner references delete the children in the cluster; the

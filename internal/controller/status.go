@@ -80,6 +80,22 @@ func patchStatusIfChanged(ctx context.Context, c client.Client, base, obj client
 	return nil
 }
 
+// fetch reads the object req names into obj. It reports false, with no
+// error, when the object is gone: there is nothing left to reconcile.
+func fetch(ctx context.Context, c client.Reader, req ctrl.Request, obj client.Object) (bool, error) {
+	if err := c.Get(ctx, req.NamespacedName, obj); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return true, nil
+}
+
+// fetchLive is fetch that also reports false for an object being deleted,
+// for kinds whose children owner references take along.
+func fetchLive(ctx context.Context, c client.Reader, req ctrl.Request, obj client.Object) (bool, error) {
+	found, err := fetch(ctx, c, req, obj)
+	return found && obj.GetDeletionTimestamp().IsZero(), err
+}
+
 // cacheRetry is how soon a pass that found the cache behind runs again.
 const cacheRetry = time.Second
 

@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -91,9 +90,7 @@ func (r *SandboxWarmPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 func (r *SandboxWarmPoolReconciler) poolsForTemplate(ctx context.Context, o client.Object) []reconcile.Request {
 	var list v1alpha1.SandboxWarmPoolList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-		client.MatchingFields{templateRefIndex: o.GetName()}); err != nil {
-		logf.FromContext(ctx).Error(err, "list warm pools of template", "template", client.ObjectKeyFromObject(o))
+	if !listOfTemplate(ctx, r, &list, o, "warm pools") {
 		return nil
 	}
 	return requestsFor(list.Items)
@@ -105,12 +102,9 @@ func (r *SandboxWarmPoolReconciler) now() time.Time { return nowOf(r.Clock) }
 // from the template as it is now, and reports them in the status.
 func (r *SandboxWarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var pool v1alpha1.SandboxWarmPool
-	if err := r.Get(ctx, req.NamespacedName, &pool); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !pool.DeletionTimestamp.IsZero() {
-		// Owner references take the warm sandboxes along.
-		return ctrl.Result{}, nil
+	// Once it is deleted, owner references take the warm sandboxes along.
+	if live, err := fetchLive(ctx, r, req, &pool); !live {
+		return ctrl.Result{}, err
 	}
 	base := pool.DeepCopy()
 	result, err := r.reconcilePool(ctx, readyReasonOf(base.Status.Conditions), &pool)
