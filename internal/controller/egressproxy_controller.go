@@ -186,31 +186,13 @@ func (r *EgressProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	return result, err
 }
 
+// reconcileProxy runs a pass over the proxy: its policy objects, its
+// upstream credentials Secret, and then the proxies of its sandboxes,
+// PerAgent or Shared, with the status they come to.
 func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason string, ep *v1alpha1.EgressProxy) (ctrl.Result, error) {
-	cm, err := desiredEgressConfigMap(ep)
-	if err != nil {
+	if err := r.applyPolicy(ctx, ep); err != nil {
 		return ctrl.Result{}, err
 	}
-	have := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: cm.Name, Namespace: cm.Namespace}}
-	if err := applyOwned(ctx, r.Client, r.Scheme, ep, have, func() {
-		have.Labels = mergeLabels(have.Labels, cm.Labels)
-		have.Data = cm.Data
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-	upstreamRule, err := r.upstreamRule(ctx, ep)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	wantNP := desiredProxyNetworkPolicy(ep, r.Namespace, upstreamRule)
-	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: wantNP.Name, Namespace: wantNP.Namespace}}
-	if err := applyOwned(ctx, r.Client, r.Scheme, ep, np, func() {
-		np.Labels = mergeLabels(np.Labels, wantNP.Labels)
-		np.Spec = wantNP.Spec
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-
 	if msg, missing, err := r.checkUpstreamSecret(ctx, ep); err != nil {
 		return ctrl.Result{}, err
 	} else if missing {
@@ -229,6 +211,38 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 	if proxyMode(ep) == v1alpha1.EgressProxyModeShared {
 		return ctrl.Result{}, r.reconcileShared(ctx, prevReason, ep, sandboxes)
 	}
+	return ctrl.Result{}, r.reconcilePerAgentProxies(ctx, prevReason, ep, sandboxes)
+}
+
+// applyPolicy creates or corrects the proxy's policy ConfigMap and the
+// NetworkPolicy of its pods.
+func (r *EgressProxyReconciler) applyPolicy(ctx context.Context, ep *v1alpha1.EgressProxy) error {
+	cm, err := desiredEgressConfigMap(ep)
+	if err != nil {
+		return err
+	}
+	have := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: cm.Name, Namespace: cm.Namespace}}
+	if err := applyOwned(ctx, r.Client, r.Scheme, ep, have, func() {
+		have.Labels = mergeLabels(have.Labels, cm.Labels)
+		have.Data = cm.Data
+	}); err != nil {
+		return err
+	}
+	upstreamRule, err := r.upstreamRule(ctx, ep)
+	if err != nil {
+		return err
+	}
+	wantNP := desiredProxyNetworkPolicy(ep, r.Namespace, upstreamRule)
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: wantNP.Name, Namespace: wantNP.Namespace}}
+	return applyOwned(ctx, r.Client, r.Scheme, ep, np, func() {
+		np.Labels = mergeLabels(np.Labels, wantNP.Labels)
+		np.Spec = wantNP.Spec
+	})
+}
+
+// reconcilePerAgentProxies runs a PerAgent proxy: a proxy of each sandbox
+// of its own, and the ready endpoints and Ready condition from them.
+func (r *EgressProxyReconciler) reconcilePerAgentProxies(ctx context.Context, prevReason string, ep *v1alpha1.EgressProxy, sandboxes []v1alpha1.Sandbox) error {
 	var ready []string
 	var waiting []string
 	for i := range sandboxes {
@@ -241,7 +255,7 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 			continue
 		}
 		if err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 		if ok {
 			ready = append(ready, egressProxyEndpoint(EgressServiceName(sbx.WorkloadName()), sbx.Namespace))
@@ -264,7 +278,7 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 		r.setReady(ep, metav1.ConditionTrue, v1alpha1.ReasonProxyAvailable, msg)
 		r.eventOnNewReason(prevReason, ep, corev1.EventTypeNormal, EventProxyAvailable, "Ready", msg)
 	}
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // upstreamRule is the proxy pods' egress rule to an in-cluster upstream,

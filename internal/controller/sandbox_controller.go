@@ -247,37 +247,47 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{RequeueAfter: cacheRetry}, nil
 	}
 	if err != nil {
-		var conflict *ownershipConflictError
-		var leftover *leftoverChildError
-		var driverChanged *snapshotDriverChangedError
-		if errors.As(err, &driverChanged) {
-			// Waits for a person: no claim or pod is made for a restore
-			// that cannot work.
-			r.setNotServing(&sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotDriverChanged, driverChanged.Error())
-			r.eventOnNewReason(readyReason(base), &sbx, nil, corev1.EventTypeWarning, EventSnapshotDriverChanged, "Resume", driverChanged.Error())
-			result, err = ctrl.Result{}, nil
-		} else if errors.As(err, &leftover) {
-			// A Sandbox deleted and re-created under the same name: its old
-			// children are on their way out. Wait for them, not for a person.
-			r.setNotServing(&sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, leftover.Error())
-			result, err = ctrl.Result{RequeueAfter: leftoverRetry}, nil
-		} else if errors.As(err, &conflict) {
-			// Not an error to retry with backoff: it waits for a person.
-			r.setNotServing(&sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonOwnershipConflict, conflict.Error())
-			r.eventOnNewReason(readyReason(base), &sbx, nil, corev1.EventTypeWarning, EventOwnershipConflict, "Wait", conflict.Error())
-			result, err = ctrl.Result{RequeueAfter: conflictRetry}, nil
-		} else {
-			phase := sbx.Status.Phase
-			if phase == "" {
-				phase = v1alpha1.SandboxPhasePending
-			}
-			r.setReady(&sbx, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
-			sbx.Status.Phase = phase
-		}
+		result, err = r.reportError(readyReason(base), &sbx, result, err)
 	}
 	if serr := r.writeStatus(ctx, base, &sbx); serr != nil {
 		return ctrl.Result{}, errors.Join(err, serr)
 	}
+	return result, err
+}
+
+// reportError sets the status from an error of the pass. The errors that
+// wait for something, a person or the garbage collector, are states rather
+// than failures: they are reported, and the pass retries at its own pace
+// instead of with backoff. Any other error is a ReconcileError and is
+// returned, with the pass's result.
+func (r *SandboxReconciler) reportError(prevReason string, sbx *v1alpha1.Sandbox, result ctrl.Result, err error) (ctrl.Result, error) {
+	var conflict *ownershipConflictError
+	var leftover *leftoverChildError
+	var driverChanged *snapshotDriverChangedError
+	switch {
+	case errors.As(err, &driverChanged):
+		// Waits for a person: no claim or pod is made for a restore
+		// that cannot work.
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotDriverChanged, driverChanged.Error())
+		r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, EventSnapshotDriverChanged, "Resume", driverChanged.Error())
+		return ctrl.Result{}, nil
+	case errors.As(err, &leftover):
+		// A Sandbox deleted and re-created under the same name: its old
+		// children are on their way out. Wait for them, not for a person.
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, leftover.Error())
+		return ctrl.Result{RequeueAfter: leftoverRetry}, nil
+	case errors.As(err, &conflict):
+		// Not an error to retry with backoff: it waits for a person.
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonOwnershipConflict, conflict.Error())
+		r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, EventOwnershipConflict, "Wait", conflict.Error())
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	phase := sbx.Status.Phase
+	if phase == "" {
+		phase = v1alpha1.SandboxPhasePending
+	}
+	r.setReady(sbx, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
+	sbx.Status.Phase = phase
 	return result, err
 }
 
