@@ -148,7 +148,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.PersistentVolumeClaim{}).
 		Owns(&corev1.Secret{}).
-		Owns(&coordinationv1.Lease{}).
+		Owns(&coordinationv1.Lease{}). // the activity clock
 		// A template is read only when a pod is created, but a sandbox that
 		// waits for its template must start as soon as it appears.
 		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForTemplate)).
