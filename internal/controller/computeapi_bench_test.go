@@ -13,7 +13,7 @@ import (
 
 // TestComputeAPIBench prints what the Compute API adds to a call: `true`
 // through the API (an agent token from the store, the audit, the
-// activity lease) against the same command sent straight to the
+// activity clock) against the same command sent straight to the
 // supervisor of the same gVisor sandbox, in alternating batches so that
 // both sides see the same load.
 func TestComputeAPIBench(t *testing.T) {

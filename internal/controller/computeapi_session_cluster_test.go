@@ -73,7 +73,7 @@ func TestOpenCallsKeepSandboxActiveOnCluster(t *testing.T) {
 				t.Fatalf("with %s the sandbox went %s (%s)", what, s.Status.Phase, readyReason(&s))
 			}
 			var l coordinationv1.Lease
-			must(t, e.get(LeaseName("busy"), &l))
+			must(t, e.get(ActivityClockName("busy"), &l))
 			renewed[l.Spec.RenewTime.Time] = true
 		}
 		if len(renewed) < 3 {
@@ -176,7 +176,7 @@ func TestExclusiveLeaseOnCluster(t *testing.T) {
 	// The refused side: the lease as it is now (the holder's calls moved
 	// its expiry along).
 	var lease coordinationv1.Lease
-	must(t, e.get(LeaseName("excl"), &lease))
+	must(t, e.get(ActivityClockName("excl"), &lease))
 	_, until := v1alpha1.LeaseHoldExpiry(&lease.Spec)
 	_, err = run(other)
 	wantHeld("another token's command", err, "run-1", until)

@@ -8,14 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -90,15 +87,7 @@ func (r *EgressProxyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Namespace == "" {
 		return errors.New("egress proxy controller: no platform namespace")
 	}
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(EgressProxyControllerName)
-	}
+	fillFromManager(mgr, EgressProxyControllerName, &r.Client, &r.Scheme, &r.Recorder)
 	proxyOf := func(_ context.Context, o client.Object) []reconcile.Request {
 		if name := o.GetLabels()[v1alpha1.LabelEgressProxy]; name != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
@@ -177,57 +166,33 @@ func (r *EgressProxyReconciler) image() string {
 // only what differs and writes status only when it changed.
 func (r *EgressProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var ep v1alpha1.EgressProxy
-	if err := r.Get(ctx, req.NamespacedName, &ep); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !ep.DeletionTimestamp.IsZero() {
-		// Owner references remove the ConfigMap and NetworkPolicy; the
-		// sandboxes' proxies go with the sandboxes.
-		return ctrl.Result{}, nil
+	// Once it is deleted, owner references remove the ConfigMap and
+	// NetworkPolicy; the sandboxes' proxies go with the sandboxes.
+	if live, err := fetchLive(ctx, r, req, &ep); !live {
+		return ctrl.Result{}, err
 	}
 	base := ep.DeepCopy()
 	ep.Status.ObservedGeneration = ep.Generation
 	result, err := r.reconcileProxy(ctx, readyReasonOf(base.Status.Conditions), &ep)
-	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
-		logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+	if cacheBehind(ctx, err) {
+		return ctrl.Result{RequeueAfter: cacheRetry}, nil
 	}
 	if err != nil {
 		r.setReady(&ep, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
 	}
-	if !equality.Semantic.DeepEqual(base.Status, ep.Status) {
-		if serr := r.Status().Patch(ctx, &ep, client.MergeFrom(base)); serr != nil {
-			return ctrl.Result{}, errors.Join(err, fmt.Errorf("write status of EgressProxy %s: %w", ep.Name, serr))
-		}
+	if serr := patchStatusIfChanged(ctx, r.Client, base, &ep, base.Status, ep.Status, "EgressProxy"); serr != nil {
+		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
 }
 
+// reconcileProxy runs a pass over the proxy: its policy objects, its
+// upstream credentials Secret, and then the proxies of its sandboxes,
+// PerAgent or Shared, with the status they come to.
 func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason string, ep *v1alpha1.EgressProxy) (ctrl.Result, error) {
-	cm, err := desiredEgressConfigMap(ep)
-	if err != nil {
+	if err := r.applyPolicy(ctx, ep); err != nil {
 		return ctrl.Result{}, err
 	}
-	have := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: cm.Name, Namespace: cm.Namespace}}
-	if err := applyOwned(ctx, r.Client, r.Scheme, ep, have, func() {
-		have.Labels = mergeLabels(have.Labels, cm.Labels)
-		have.Data = cm.Data
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-	upstreamRule, err := r.upstreamRule(ctx, ep)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	wantNP := desiredProxyNetworkPolicy(ep, r.Namespace, upstreamRule)
-	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: wantNP.Name, Namespace: wantNP.Namespace}}
-	if err := applyOwned(ctx, r.Client, r.Scheme, ep, np, func() {
-		np.Labels = mergeLabels(np.Labels, wantNP.Labels)
-		np.Spec = wantNP.Spec
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-
 	if msg, missing, err := r.checkUpstreamSecret(ctx, ep); err != nil {
 		return ctrl.Result{}, err
 	} else if missing {
@@ -246,6 +211,38 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 	if proxyMode(ep) == v1alpha1.EgressProxyModeShared {
 		return ctrl.Result{}, r.reconcileShared(ctx, prevReason, ep, sandboxes)
 	}
+	return ctrl.Result{}, r.reconcilePerAgentProxies(ctx, prevReason, ep, sandboxes)
+}
+
+// applyPolicy creates or corrects the proxy's policy ConfigMap and the
+// NetworkPolicy of its pods.
+func (r *EgressProxyReconciler) applyPolicy(ctx context.Context, ep *v1alpha1.EgressProxy) error {
+	cm, err := desiredEgressConfigMap(ep)
+	if err != nil {
+		return err
+	}
+	have := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: cm.Name, Namespace: cm.Namespace}}
+	if err := applyOwned(ctx, r.Client, r.Scheme, ep, have, func() {
+		have.Labels = mergeLabels(have.Labels, cm.Labels)
+		have.Data = cm.Data
+	}); err != nil {
+		return err
+	}
+	upstreamRule, err := r.upstreamRule(ctx, ep)
+	if err != nil {
+		return err
+	}
+	wantNP := desiredProxyNetworkPolicy(ep, r.Namespace, upstreamRule)
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: wantNP.Name, Namespace: wantNP.Namespace}}
+	return applyOwned(ctx, r.Client, r.Scheme, ep, np, func() {
+		np.Labels = mergeLabels(np.Labels, wantNP.Labels)
+		np.Spec = wantNP.Spec
+	})
+}
+
+// reconcilePerAgentProxies runs a PerAgent proxy: a proxy of each sandbox
+// of its own, and the ready endpoints and Ready condition from them.
+func (r *EgressProxyReconciler) reconcilePerAgentProxies(ctx context.Context, prevReason string, ep *v1alpha1.EgressProxy, sandboxes []v1alpha1.Sandbox) error {
 	var ready []string
 	var waiting []string
 	for i := range sandboxes {
@@ -258,7 +255,7 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 			continue
 		}
 		if err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 		if ok {
 			ready = append(ready, egressProxyEndpoint(EgressServiceName(sbx.WorkloadName()), sbx.Namespace))
@@ -281,7 +278,7 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 		r.setReady(ep, metav1.ConditionTrue, v1alpha1.ReasonProxyAvailable, msg)
 		r.eventOnNewReason(prevReason, ep, corev1.EventTypeNormal, EventProxyAvailable, "Ready", msg)
 	}
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // upstreamRule is the proxy pods' egress rule to an in-cluster upstream,
@@ -444,28 +441,19 @@ func podSpecHash(spec *corev1.PodSpec) (string, error) {
 }
 
 func (r *EgressProxyReconciler) setReady(ep *v1alpha1.EgressProxy, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&ep.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: ep.Generation,
-		LastTransitionTime: metav1.NewTime(nowOf(r.Clock).Truncate(time.Second)),
-	})
+	setCondition(&ep.Status.Conditions, v1alpha1.ConditionReady, ep.Generation, nowOf(r.Clock), status, reason, msg)
 }
 
+// eventOnNewReason records an event only when the Ready reason has just
+// changed from prevReason (see readyReasonIsNew). Call it after setReady.
 func (r *EgressProxyReconciler) eventOnNewReason(prevReason string, ep *v1alpha1.EgressProxy, eventType, reason, action, note string) {
-	if readyReasonOf(ep.Status.Conditions) == prevReason {
-		return
+	if readyReasonIsNew(ep.Status.Conditions, prevReason) {
+		r.event(ep, nil, eventType, reason, action, note)
 	}
-	r.event(ep, nil, eventType, reason, action, note)
 }
 
 func (r *EgressProxyReconciler) event(ep *v1alpha1.EgressProxy, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(ep, related, eventType, reason, action, "%s", truncateMessage(note))
+	recordEvent(r.Recorder, ep, related, eventType, reason, action, note)
 }
 
 // reconcileShared runs a Shared proxy: the client credentials Secret
@@ -520,12 +508,8 @@ func (r *EgressProxyReconciler) reconcileShared(ctx context.Context, prevReason 
 	}); err != nil {
 		return err
 	}
-	wantSvc := desiredSharedService(ep)
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: wantSvc.Name, Namespace: wantSvc.Namespace}}
-	if err := applyOwned(ctx, r.Client, r.Scheme, ep, svc, func() {
-		svc.Labels = mergeLabels(svc.Labels, wantSvc.Labels)
-		svc.Spec.Type, svc.Spec.Selector, svc.Spec.Ports = wantSvc.Spec.Type, wantSvc.Spec.Selector, wantSvc.Spec.Ports
-	}); err != nil {
+	svc, err := applySharedService(ctx, r.Client, r.Scheme, ep)
+	if err != nil {
 		return err
 	}
 

@@ -181,41 +181,7 @@ type egressPodOptions struct {
 // files. The credentials never go into the environment, where they would
 // show in the pod spec and in /proc of every process.
 func egressPodSpec(ep *v1alpha1.EgressProxy, o egressPodOptions) corev1.PodSpec {
-	args := []string{
-		"-listen=:" + strconv.Itoa(EgressProxyPort),
-		"-metrics-listen=:" + strconv.Itoa(egressMetricsPort),
-		"-config=" + egressConfigDir + "/" + egressPolicyKey,
-	}
-	if o.baseDeniedCIDRs != nil {
-		args = append(args, "-deny-cidrs="+strings.Join(o.baseDeniedCIDRs, ","))
-	}
-	if o.agent != "" {
-		args = append(args, "-agent="+o.agent)
-	}
-	volumes := []corev1.Volume{{Name: egressVolumeConfig, VolumeSource: corev1.VolumeSource{
-		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: egressConfigMapName(ep.Name)}},
-	}}}
-	mounts := []corev1.VolumeMount{{Name: egressVolumeConfig, MountPath: egressConfigDir, ReadOnly: true}}
-	if up := ep.Spec.Upstream; up != nil {
-		args = append(args, "-upstream="+strings.TrimSuffix(up.URL, "/"))
-		if ref := up.CredentialsSecretRef; ref != nil {
-			args = append(args, "-upstream-credentials-file="+egressUpstreamDir+"/"+egressUpstreamCredentialsKey)
-			volumes = append(volumes, corev1.Volume{Name: egressVolumeUpstream, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName:  ref.Name,
-				Items:       []corev1.KeyToPath{{Key: ref.Key, Path: egressUpstreamCredentialsKey}},
-				DefaultMode: ptr.To[int32](0o440),
-			}}})
-			mounts = append(mounts, corev1.VolumeMount{Name: egressVolumeUpstream, MountPath: egressUpstreamDir, ReadOnly: true})
-		}
-	}
-	if o.clientAuth {
-		args = append(args, "-client-credentials-file="+egressClientsDir+"/"+egressClientsKey)
-		volumes = append(volumes, corev1.Volume{Name: egressVolumeClients, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName:  egressClientsSecretName(ep.Name),
-			DefaultMode: ptr.To[int32](0o440),
-		}}})
-		mounts = append(mounts, corev1.VolumeMount{Name: egressVolumeClients, MountPath: egressClientsDir, ReadOnly: true})
-	}
+	args, volumes, mounts := egressProxyInputs(ep, o)
 	var runtimeClass *string
 	if o.runtimeClass != "" {
 		runtimeClass = ptr.To(o.runtimeClass)
@@ -266,6 +232,48 @@ func egressPodSpec(ep *v1alpha1.EgressProxy, o egressPodOptions) corev1.PodSpec 
 			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 		}},
 	}
+}
+
+// egressProxyInputs are the proxy's arguments, and the volumes and mounts
+// of the files they name: its policy, the upstream credentials and, for a
+// Shared proxy, its clients' credentials.
+func egressProxyInputs(ep *v1alpha1.EgressProxy, o egressPodOptions) ([]string, []corev1.Volume, []corev1.VolumeMount) {
+	args := []string{
+		"-listen=:" + strconv.Itoa(EgressProxyPort),
+		"-metrics-listen=:" + strconv.Itoa(egressMetricsPort),
+		"-config=" + egressConfigDir + "/" + egressPolicyKey,
+	}
+	if o.baseDeniedCIDRs != nil {
+		args = append(args, "-deny-cidrs="+strings.Join(o.baseDeniedCIDRs, ","))
+	}
+	if o.agent != "" {
+		args = append(args, "-agent="+o.agent)
+	}
+	volumes := []corev1.Volume{{Name: egressVolumeConfig, VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: egressConfigMapName(ep.Name)}},
+	}}}
+	mounts := []corev1.VolumeMount{{Name: egressVolumeConfig, MountPath: egressConfigDir, ReadOnly: true}}
+	if up := ep.Spec.Upstream; up != nil {
+		args = append(args, "-upstream="+strings.TrimSuffix(up.URL, "/"))
+		if ref := up.CredentialsSecretRef; ref != nil {
+			args = append(args, "-upstream-credentials-file="+egressUpstreamDir+"/"+egressUpstreamCredentialsKey)
+			volumes = append(volumes, corev1.Volume{Name: egressVolumeUpstream, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName:  ref.Name,
+				Items:       []corev1.KeyToPath{{Key: ref.Key, Path: egressUpstreamCredentialsKey}},
+				DefaultMode: ptr.To[int32](0o440),
+			}}})
+			mounts = append(mounts, corev1.VolumeMount{Name: egressVolumeUpstream, MountPath: egressUpstreamDir, ReadOnly: true})
+		}
+	}
+	if o.clientAuth {
+		args = append(args, "-client-credentials-file="+egressClientsDir+"/"+egressClientsKey)
+		volumes = append(volumes, corev1.Volume{Name: egressVolumeClients, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  egressClientsSecretName(ep.Name),
+			DefaultMode: ptr.To[int32](0o440),
+		}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: egressVolumeClients, MountPath: egressClientsDir, ReadOnly: true})
+	}
+	return args, volumes, mounts
 }
 
 // perAgentProxyLabels select one sandbox's proxy pod. LabelSandbox is

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -105,18 +104,11 @@ type GVisorNodePoolReconciler struct {
 
 // SetupWithManager registers the reconciler and its watches with mgr.
 func (r *GVisorNodePoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(NodePoolControllerName)
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.GVisorNodePool{}, runtimeClassIndex,
-		func(o client.Object) []string { return []string{poolRuntimeClassName(o.(*v1alpha1.GVisorNodePool))} }); err != nil {
-		return fmt.Errorf("index node pools by runtime class: %w", err)
+	fillFromManager(mgr, NodePoolControllerName, &r.Client, &r.Scheme, &r.Recorder)
+	if err := indexField(mgr, &v1alpha1.GVisorNodePool{}, runtimeClassIndex, func(o client.Object) []string {
+		return []string{poolRuntimeClassName(o.(*v1alpha1.GVisorNodePool))}
+	}, "node pools by runtime class"); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(NodePoolControllerName).
@@ -195,8 +187,8 @@ func poolRuntimeClassName(pool *v1alpha1.GVisorNodePool) string {
 // changed.
 func (r *GVisorNodePoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var pool v1alpha1.GVisorNodePool
-	if err := r.Get(ctx, req.NamespacedName, &pool); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if found, err := fetch(ctx, r, req, &pool); !found {
+		return ctrl.Result{}, err
 	}
 	if !pool.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, &pool)
@@ -238,13 +230,7 @@ func (r *GVisorNodePoolReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 
 // writeStatus writes the pool's status if it differs from base's.
 func (r *GVisorNodePoolReconciler) writeStatus(ctx context.Context, base, pool *v1alpha1.GVisorNodePool) error {
-	if equality.Semantic.DeepEqual(base.Status, pool.Status) {
-		return nil
-	}
-	if err := r.Status().Patch(ctx, pool, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("write status of node pool %s: %w", pool.Name, err)
-	}
-	return nil
+	return patchStatusIfChanged(ctx, r.Client, base, pool, base.Status, pool.Status, "node pool")
 }
 
 // reconcileManaged is the Managed mode: own the RuntimeClass, prepare the
@@ -264,39 +250,16 @@ func (r *GVisorNodePoolReconciler) reconcileManaged(ctx context.Context, pool *v
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonRuntimeClassConflict, conflict)
 		return nil
 	}
-
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes); err != nil {
-		return fmt.Errorf("list nodes: %w", err)
+	selected, claimed, err := r.prepareNodes(ctx, pool)
+	if err != nil {
+		return err
 	}
-	selector := labels.SelectorFromSet(pool.Spec.NodeSelector)
-	var selected []*corev1.Node
-	var claimed []string
-	for i := range nodes.Items {
-		node := &nodes.Items[i]
-		wanted := len(pool.Spec.NodeSelector) > 0 && selector.Matches(labels.Set(node.Labels)) && node.DeletionTimestamp.IsZero()
-		if wanted {
-			other, err := r.claimedByOther(ctx, pool, node)
-			if err != nil {
-				return err
-			}
-			if other != "" {
-				claimed = append(claimed, fmt.Sprintf("%s (by %s)", node.Name, other))
-				continue
-			}
-			if err := r.prepareNode(ctx, pool, node); err != nil {
-				return err
-			}
-			selected = append(selected, node)
-			continue
-		}
-		if node.Labels[v1alpha1.LabelNodePool] == pool.Name {
-			if err := r.releaseNode(ctx, pool, node); err != nil {
-				return err
-			}
-		}
-	}
+	r.reportManaged(pool, selected, claimed, rcNote)
+	return nil
+}
 
+// reportManaged sets a Managed pool's nodes and its Ready condition.
+func (r *GVisorNodePoolReconciler) reportManaged(pool *v1alpha1.GVisorNodePool, selected []*corev1.Node, claimed []string, rcNote string) {
 	ready, kubeletReady := 0, 0
 	names := make([]string, 0, len(selected))
 	for _, n := range selected {
@@ -318,7 +281,7 @@ func (r *GVisorNodePoolReconciler) reconcileManaged(ctx context.Context, pool *v
 	switch {
 	case len(selected) == 0:
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonNoMatchingNodes,
-			fmt.Sprintf("no node matches nodeSelector %s%s", selector, notes))
+			fmt.Sprintf("no node matches nodeSelector %s%s", labels.SelectorFromSet(pool.Spec.NodeSelector), notes))
 	case kubeletReady == 0:
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonNodesNotReady,
 			fmt.Sprintf("none of the %d selected nodes is Ready%s", len(selected), notes))
@@ -331,7 +294,6 @@ func (r *GVisorNodePoolReconciler) reconcileManaged(ctx context.Context, pool *v
 		r.setReady(pool, metav1.ConditionTrue, v1alpha1.ReasonNodesReady,
 			fmt.Sprintf("%d of %d selected nodes can run gVisor pods with RuntimeClass %s%s", ready, len(selected), poolRuntimeClassName(pool), notes))
 	}
-	return nil
 }
 
 // reconcileGKE is the GKE mode: adopt GKE Sandbox's RuntimeClass without
@@ -340,17 +302,8 @@ func (r *GVisorNodePoolReconciler) reconcileGKE(ctx context.Context, pool *v1alp
 	// A pool that was Managed before keeps no RuntimeClass of its own, not
 	// even one of the adopted name: that one would be agentbox's, not GKE's.
 	// No node keeps its label or taint either.
-	if err := r.deleteStaleRuntimeClasses(ctx, pool, ""); err != nil {
+	if err := r.releaseAll(ctx, pool); err != nil {
 		return err
-	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes, client.MatchingLabels{v1alpha1.LabelNodePool: pool.Name}); err != nil {
-		return fmt.Errorf("list nodes of node pool %s: %w", pool.Name, err)
-	}
-	for i := range nodes.Items {
-		if err := r.releaseNode(ctx, pool, &nodes.Items[i]); err != nil {
-			return err
-		}
 	}
 
 	name := poolRuntimeClassName(pool)
@@ -413,272 +366,6 @@ func (r *GVisorNodePoolReconciler) reconcileGKE(ctx context.Context, pool *v1alp
 	return nil
 }
 
-// desiredRuntimeClass is a Managed pool's RuntimeClass.
-//
-// Its nodeSelector adds the pool's own node label to spec.nodeSelector, so
-// sandbox pods land only on nodes the controller has prepared (labelled,
-// tainted, handed to the installer), never on a node that has just come to
-// match. Its tolerations add one for the pool's taint when spec.tolerations
-// do not already tolerate it: without it no sandbox pod could ever be
-// scheduled onto the pool, and the spec is not the controller's to fix.
-func desiredRuntimeClass(pool *v1alpha1.GVisorNodePool) *nodev1.RuntimeClass {
-	sel := maps.Clone(pool.Spec.NodeSelector)
-	if sel == nil {
-		sel = map[string]string{}
-	}
-	sel[v1alpha1.LabelNodePool] = pool.Name
-	tols := copyTolerations(pool.Spec.Tolerations)
-	if t := pool.Spec.Taint; t != nil && !tolerated(tols, t) {
-		tols = append(tols, corev1.Toleration{Key: t.Key, Operator: corev1.TolerationOpEqual, Value: t.Value, Effect: t.Effect})
-		if t.Value == "" {
-			tols[len(tols)-1].Operator = corev1.TolerationOpExists
-		}
-	}
-	rc := &nodev1.RuntimeClass{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: poolRuntimeClassName(pool),
-			Labels: map[string]string{
-				v1alpha1.LabelNodePool: pool.Name,
-				labelManagedBy:         managedByValue,
-			},
-		},
-		Handler:    v1alpha1.RunscHandler,
-		Scheduling: &nodev1.Scheduling{NodeSelector: sel, Tolerations: tols},
-	}
-	if len(pool.Spec.Overhead) > 0 {
-		rc.Overhead = &nodev1.Overhead{PodFixed: pool.Spec.Overhead.DeepCopy()}
-	}
-	return rc
-}
-
-func tolerated(tols []corev1.Toleration, taint *corev1.Taint) bool {
-	for i := range tols {
-		if tols[i].ToleratesTaint(klog.Background(), taint, false) {
-			return true
-		}
-	}
-	return false
-}
-
-// ensureRuntimeClass creates or corrects a Managed pool's RuntimeClass. It
-// returns a note for the Ready message, and a conflict message when the name
-// is taken by a RuntimeClass the pool cannot use.
-//
-// A same-name RuntimeClass that someone else created with handler runsc is
-// used as it is: it already runs pods under gVisor, and taking it over would
-// change the scheduling of whatever else uses it. Its own scheduling then
-// applies, which the note says.
-func (r *GVisorNodePoolReconciler) ensureRuntimeClass(ctx context.Context, pool *v1alpha1.GVisorNodePool) (note, conflict string, err error) {
-	want := desiredRuntimeClass(pool)
-	var have nodev1.RuntimeClass
-	if err := r.Get(ctx, types.NamespacedName{Name: want.Name}, &have); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return "", "", fmt.Errorf("get RuntimeClass %s: %w", want.Name, err)
-		}
-		if err := controllerutil.SetControllerReference(pool, want, r.Scheme); err != nil {
-			return "", "", fmt.Errorf("set owner of RuntimeClass %s: %w", want.Name, err)
-		}
-		if err := r.Create(ctx, want); err != nil {
-			return "", "", fmt.Errorf("create RuntimeClass %s: %w", want.Name, err)
-		}
-		r.event(pool, want, corev1.EventTypeNormal, EventRuntimeClassCreated, "Create",
-			fmt.Sprintf("created RuntimeClass %s (handler %s)", want.Name, want.Handler))
-		return "", "", nil
-	}
-
-	if !metav1.IsControlledBy(&have, pool) {
-		if ref := metav1.GetControllerOf(&have); ref != nil && ref.Kind == "GVisorNodePool" && strings.HasPrefix(ref.APIVersion, v1alpha1.GroupName+"/") {
-			if ref.Name != pool.Name {
-				return "", fmt.Sprintf("RuntimeClass %s belongs to GVisorNodePool %s; give this pool another runtimeClassName", have.Name, ref.Name), nil
-			}
-			// An earlier pool of this name left it; the garbage collector
-			// removes it, and the RuntimeClass watch brings us back then.
-			return "", fmt.Sprintf("RuntimeClass %s of an earlier GVisorNodePool %s is being deleted", have.Name, ref.Name), nil
-		}
-		if have.Handler != v1alpha1.RunscHandler {
-			return "", fmt.Sprintf("RuntimeClass %s exists with handler %q and is not managed by agentbox; it is left alone. "+
-				"Delete it, or give the pool another runtimeClassName", have.Name, have.Handler), nil
-		}
-		return fmt.Sprintf("; RuntimeClass %s was not created by agentbox and is used as it is, with its own scheduling and overhead", have.Name), "", nil
-	}
-
-	if have.Handler != want.Handler {
-		// The handler is immutable, and no one but us should have made ours
-		// with another; start it afresh.
-		if err := r.Delete(ctx, &have, client.Preconditions{UID: &have.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return "", "", fmt.Errorf("delete RuntimeClass %s with handler %q: %w", have.Name, have.Handler, err)
-		}
-		return "", "", apierrors.NewConflict(nodev1.Resource("runtimeclasses"), have.Name, errors.New("re-created with handler runsc"))
-	}
-	if equality.Semantic.DeepEqual(have.Scheduling, want.Scheduling) && equality.Semantic.DeepEqual(have.Overhead, want.Overhead) &&
-		have.Labels[v1alpha1.LabelNodePool] == pool.Name && have.Labels[labelManagedBy] == managedByValue {
-		return "", "", nil
-	}
-	patch := client.MergeFromWithOptions(have.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	have.Scheduling = want.Scheduling
-	have.Overhead = want.Overhead
-	if have.Labels == nil {
-		have.Labels = map[string]string{}
-	}
-	maps.Copy(have.Labels, want.Labels)
-	if err := r.Patch(ctx, &have, patch); err != nil {
-		return "", "", fmt.Errorf("update RuntimeClass %s: %w", have.Name, err)
-	}
-	r.event(pool, &have, corev1.EventTypeNormal, EventRuntimeClassUpdated, "Update",
-		fmt.Sprintf("updated the scheduling and overhead of RuntimeClass %s to the pool's spec", have.Name))
-	return "", "", nil
-}
-
-// deleteStaleRuntimeClasses deletes the RuntimeClasses the pool created
-// other than keep: after spec.runtimeClassName changed, after a switch to
-// GKE mode, and (keep empty) when the pool is deleted. Ownership is checked,
-// not just the label, since anyone can put a label on a RuntimeClass.
-func (r *GVisorNodePoolReconciler) deleteStaleRuntimeClasses(ctx context.Context, pool *v1alpha1.GVisorNodePool, keep string) error {
-	var list nodev1.RuntimeClassList
-	if err := r.List(ctx, &list, client.MatchingLabels{v1alpha1.LabelNodePool: pool.Name}); err != nil {
-		return fmt.Errorf("list RuntimeClasses of node pool %s: %w", pool.Name, err)
-	}
-	for i := range list.Items {
-		rc := &list.Items[i]
-		if rc.Name == keep || !metav1.IsControlledBy(rc, pool) {
-			continue
-		}
-		if err := r.Delete(ctx, rc, client.Preconditions{UID: &rc.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete RuntimeClass %s that the pool no longer uses: %w", rc.Name, err)
-		}
-		why := "the pool no longer uses it"
-		if keep != "" {
-			why = "the pool now uses " + keep
-		}
-		r.event(pool, rc, corev1.EventTypeNormal, EventRuntimeClassDeleted, "Delete",
-			fmt.Sprintf("deleted RuntimeClass %s: %s", rc.Name, why))
-	}
-	return nil
-}
-
-// claimedByOther names the pool that already prepared node, if it is
-// another one that still exists: a node serves one pool at a time, and the
-// first to label it keeps it until it lets go.
-func (r *GVisorNodePoolReconciler) claimedByOther(ctx context.Context, pool *v1alpha1.GVisorNodePool, node *corev1.Node) (string, error) {
-	other := node.Labels[v1alpha1.LabelNodePool]
-	if other == "" || other == pool.Name {
-		return "", nil
-	}
-	var p v1alpha1.GVisorNodePool
-	if err := r.Get(ctx, types.NamespacedName{Name: other}, &p); err != nil {
-		if apierrors.IsNotFound(err) {
-			return "", nil
-		}
-		return "", fmt.Errorf("get GVisorNodePool %s that labelled node %s: %w", other, node.Name, err)
-	}
-	return other, nil
-}
-
-// taintString is how a taint is recorded in AnnotationNodePoolTaint.
-func taintString(t *corev1.Taint) string {
-	if t == nil {
-		return ""
-	}
-	return t.ToString()
-}
-
-// parseTaint reads AnnotationNodePoolTaint back: key[=value]:effect.
-func parseTaint(s string) (corev1.Taint, bool) {
-	i := strings.LastIndexByte(s, ':')
-	if s == "" || i < 0 {
-		return corev1.Taint{}, false
-	}
-	t := corev1.Taint{Effect: corev1.TaintEffect(s[i+1:])}
-	t.Key, t.Value, _ = strings.Cut(s[:i], "=")
-	return t, t.Key != ""
-}
-
-// withoutTaint drops the taints with t's key and effect, the identity of a
-// taint on a node.
-func withoutTaint(taints []corev1.Taint, t corev1.Taint) []corev1.Taint {
-	return slices.DeleteFunc(slices.Clone(taints), func(x corev1.Taint) bool { return x.MatchTaint(&t) })
-}
-
-// prepareNode puts the pool's label, taint and taint record on node.
-func (r *GVisorNodePoolReconciler) prepareNode(ctx context.Context, pool *v1alpha1.GVisorNodePool, node *corev1.Node) error {
-	want := pool.Spec.Taint
-	recorded := node.Annotations[v1alpha1.AnnotationNodePoolTaint]
-	taints := slices.Clone(node.Spec.Taints)
-	if old, ok := parseTaint(recorded); ok && recorded != taintString(want) {
-		taints = withoutTaint(taints, old)
-	}
-	if want != nil {
-		// In place when a taint of that key and effect is there already, so
-		// that a settled node compares equal and is not patched again.
-		if i := slices.IndexFunc(taints, func(x corev1.Taint) bool { return x.MatchTaint(want) }); i >= 0 {
-			taints[i].Value = want.Value
-		} else {
-			taints = append(taints, corev1.Taint{Key: want.Key, Value: want.Value, Effect: want.Effect})
-		}
-	}
-	isNew := node.Labels[v1alpha1.LabelNodePool] != pool.Name
-	if !isNew && recorded == taintString(want) && taintsEqual(node.Spec.Taints, taints) {
-		return nil
-	}
-	// Optimistic locking: the node lifecycle controller and kubelet write
-	// taints too, and a merge patch replaces the whole list.
-	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if node.Labels == nil {
-		node.Labels = map[string]string{}
-	}
-	node.Labels[v1alpha1.LabelNodePool] = pool.Name
-	if want != nil {
-		if node.Annotations == nil {
-			node.Annotations = map[string]string{}
-		}
-		node.Annotations[v1alpha1.AnnotationNodePoolTaint] = taintString(want)
-	} else {
-		delete(node.Annotations, v1alpha1.AnnotationNodePoolTaint)
-	}
-	node.Spec.Taints = taints
-	if err := r.Patch(ctx, node, patch); err != nil {
-		return fmt.Errorf("label and taint node %s: %w", node.Name, err)
-	}
-	if isNew {
-		msg := fmt.Sprintf("node %s joined the pool: labelled %s=%s", node.Name, v1alpha1.LabelNodePool, pool.Name)
-		if want != nil {
-			msg += ", tainted " + taintString(want)
-		}
-		r.event(pool, node, corev1.EventTypeNormal, EventNodeAdded, "Label", msg)
-	}
-	return nil
-}
-
-// taintsEqual compares taint lists ignoring timeAdded, which the API server
-// sets on NoExecute taints.
-func taintsEqual(a, b []corev1.Taint) bool {
-	return slices.EqualFunc(a, b, func(x, y corev1.Taint) bool {
-		return x.Key == y.Key && x.Value == y.Value && x.Effect == y.Effect
-	})
-}
-
-// releaseNode takes the pool's label, taint and taint record off node.
-func (r *GVisorNodePoolReconciler) releaseNode(ctx context.Context, pool *v1alpha1.GVisorNodePool, node *corev1.Node) error {
-	if node.Labels[v1alpha1.LabelNodePool] != pool.Name {
-		return nil
-	}
-	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if old, ok := parseTaint(node.Annotations[v1alpha1.AnnotationNodePoolTaint]); ok {
-		node.Spec.Taints = withoutTaint(node.Spec.Taints, old)
-	}
-	delete(node.Labels, v1alpha1.LabelNodePool)
-	delete(node.Annotations, v1alpha1.AnnotationNodePoolTaint)
-	if err := r.Patch(ctx, node, patch); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("remove node pool label and taint from node %s: %w", node.Name, err)
-	}
-	r.event(pool, node, corev1.EventTypeNormal, EventNodeRemoved, "Unlabel",
-		fmt.Sprintf("node %s left the pool: its %s label and the pool's taint were removed", node.Name, v1alpha1.LabelNodePool))
-	return nil
-}
-
 // finalize releases every node of a pool that is being deleted and deletes
 // its RuntimeClass, then lets it go. The garbage collector would delete the
 // RuntimeClass too, but only after the pool is gone; deleting it first means
@@ -687,17 +374,8 @@ func (r *GVisorNodePoolReconciler) finalize(ctx context.Context, pool *v1alpha1.
 	if !controllerutil.ContainsFinalizer(pool, v1alpha1.Finalizer) {
 		return nil
 	}
-	if err := r.deleteStaleRuntimeClasses(ctx, pool, ""); err != nil {
+	if err := r.releaseAll(ctx, pool); err != nil {
 		return err
-	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes, client.MatchingLabels{v1alpha1.LabelNodePool: pool.Name}); err != nil {
-		return fmt.Errorf("list nodes of node pool %s: %w", pool.Name, err)
-	}
-	for i := range nodes.Items {
-		if err := r.releaseNode(ctx, pool, &nodes.Items[i]); err != nil {
-			return err
-		}
 	}
 	patch := client.MergeFrom(pool.DeepCopy())
 	controllerutil.RemoveFinalizer(pool, v1alpha1.Finalizer)
@@ -719,14 +397,7 @@ func (r *GVisorNodePoolReconciler) setNodes(pool *v1alpha1.GVisorNodePool, names
 }
 
 func (r *GVisorNodePoolReconciler) setReady(pool *v1alpha1.GVisorNodePool, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: pool.Generation,
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
+	setCondition(&pool.Status.Conditions, v1alpha1.ConditionReady, pool.Generation, r.now(), status, reason, msg)
 }
 
 // eventOnTransition records an event when the Ready condition's reason
@@ -750,34 +421,5 @@ func (r *GVisorNodePoolReconciler) eventOnTransition(base, pool *v1alpha1.GVisor
 }
 
 func (r *GVisorNodePoolReconciler) event(pool *v1alpha1.GVisorNodePool, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(pool, related, eventType, reason, action, "%s", truncateMessage(note))
-}
-
-// nodeIsReady is kubelet's Ready condition.
-func nodeIsReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// nodeHasRunsc says whether runsc can run pods on the node. The node's own
-// word is best: kubelet lists the container runtime's configured handlers
-// in status.runtimeHandlers (containerd 2.0 and later, Kubernetes 1.30 and
-// later), and a handler named runsc is exactly what the RuntimeClass needs.
-// Runtimes that report no handlers leave the decision to the
-// agentbox.dev/runsc-installed=true label. The installer DaemonSet does not
-// set that label: it holds no API credentials, by design.
-func nodeHasRunsc(n *corev1.Node) bool {
-	if n.Labels[v1alpha1.LabelRunscInstalled] == "true" {
-		return true
-	}
-	return slices.ContainsFunc(n.Status.RuntimeHandlers, func(h corev1.NodeRuntimeHandler) bool {
-		return h.Name == v1alpha1.RunscHandler
-	})
+	recordEvent(r.Recorder, pool, related, eventType, reason, action, note)
 }

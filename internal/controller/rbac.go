@@ -13,8 +13,8 @@ package controller
 // immutable in practice, so they are patched only to move them, with the
 // TLS Secret, from a warm sandbox to the Sandbox adopting it (owner
 // reference and labels). Secrets are updated when a serving certificate is
-// re-issued. Leases are created, and updated
-// only to remove an expired exclusive hold: the Compute API renews them and
+// re-issued. Leases (the sandboxes' activity clocks) are created, and
+// updated only to remove an expired hold: the Compute API renews them and
 // writes holds.
 //
 // Events go through the events.k8s.io API; the core group is listed too

@@ -1,30 +1,22 @@
-// Package controller holds the agentbox reconcilers. They write status and
-// metadata of the agentbox kinds, never their spec: the spec belongs to the
-// Terraform provider and other clients, and a controller that wrote it would
-// show up as drift in every plan.
 package controller
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -72,10 +64,10 @@ const nodePoolRetry = 30 * time.Second
 const maxRequeue = 12 * time.Hour
 
 // SandboxReconciler turns a Sandbox into its pod, workspace claim, serving
-// certificate Secret and activity Lease, all owned by the Sandbox so that
-// deleting it garbage-collects them, and reports their state in the
-// Sandbox's status. It also reclaims the Lease's exclusive hold when its
-// holder stops heartbeating.
+// certificate Secret and activity clock (a Lease), all owned by the Sandbox
+// so that deleting it garbage-collects them, and reports their state in the
+// Sandbox's status. It also reclaims an agent's hold on the sandbox, kept
+// in the activity clock, when its holder stops heartbeating.
 type SandboxReconciler struct {
 	client.Client
 	Scheme *runtime.Scheme
@@ -92,7 +84,7 @@ type SandboxReconciler struct {
 	DefaultImage string
 	// CA issues the sandboxes' serving certificates.
 	CA *pki.CA
-	// Clock is the controller's notion of now (conditions, leases,
+	// Clock is the controller's notion of now (conditions, holds,
 	// certificate checks); nil means the real clock.
 	Clock clock.PassiveClock
 	// Snapshots keeps the workspaces of idle sandboxes. Nil disables idle
@@ -130,35 +122,25 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Namespace == "" {
 		return errors.New("sandbox controller: no platform namespace")
 	}
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(SandboxControllerName)
-	}
+	fillFromManager(mgr, SandboxControllerName, &r.Client, &r.Scheme, &r.Recorder)
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, templateRefIndex,
-		func(o client.Object) []string {
-			return []string{o.(*v1alpha1.Sandbox).Spec.TemplateRef.Name}
-		}); err != nil {
-		return fmt.Errorf("index sandboxes by template: %w", err)
+	if err := indexField(mgr, &v1alpha1.Sandbox{}, templateRefIndex, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.Sandbox).Spec.TemplateRef.Name}
+	}, "sandboxes by template"); err != nil {
+		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, agentIDIndex, indexAgentID); err != nil {
-		return fmt.Errorf("index sandboxes by agent: %w", err)
+	if err := indexField(mgr, &v1alpha1.Sandbox{}, agentIDIndex, indexAgentID, "sandboxes by agent"); err != nil {
+		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.Sandbox{}, sandboxNodeIndex,
-		func(o client.Object) []string {
-			if n := o.(*v1alpha1.Sandbox).Status.NodeName; n != "" {
-				return []string{n}
-			}
-			return nil
-		}); err != nil {
-		return fmt.Errorf("index sandboxes by node: %w", err)
+	if err := indexField(mgr, &v1alpha1.Sandbox{}, sandboxNodeIndex, func(o client.Object) []string {
+		if n := o.(*v1alpha1.Sandbox).Status.NodeName; n != "" {
+			return []string{n}
+		}
+		return nil
+	}, "sandboxes by node"); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(SandboxControllerName).
@@ -166,7 +148,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.PersistentVolumeClaim{}).
 		Owns(&corev1.Secret{}).
-		Owns(&coordinationv1.Lease{}).
+		Owns(&coordinationv1.Lease{}). // the activity clock
 		// A template is read only when a pod is created, but a sandbox that
 		// waits for its template must start as soon as it appears.
 		Watches(&v1alpha1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(r.sandboxesForTemplate)).
@@ -210,9 +192,7 @@ func (r *SandboxReconciler) sandboxesForEgressProxy(ctx context.Context, o clien
 
 func (r *SandboxReconciler) sandboxesForTemplate(ctx context.Context, o client.Object) []reconcile.Request {
 	var list v1alpha1.SandboxList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-		client.MatchingFields{templateRefIndex: o.GetName()}); err != nil {
-		logf.FromContext(ctx).Error(err, "list sandboxes of template", "template", client.ObjectKeyFromObject(o))
+	if !listOfTemplate(ctx, r, &list, o, "sandboxes") {
 		return nil
 	}
 	return requestsFor(list.Items)
@@ -232,8 +212,8 @@ func (r *SandboxReconciler) trustDomain() string {
 // it creates only what is missing and writes only what changed.
 func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var sbx v1alpha1.Sandbox
-	if err := r.Get(ctx, req.NamespacedName, &sbx); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if found, err := fetch(ctx, r, req, &sbx); !found {
+		return ctrl.Result{}, err
 	}
 	if !sbx.DeletionTimestamp.IsZero() {
 		// Owner references delete the children in the cluster; the
@@ -263,45 +243,51 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	sbx.Status.ObservedGeneration = sbx.Generation
 	r.reportPodSecurity(ctx, meta.FindStatusCondition(base.Status.Conditions, v1alpha1.ConditionPodSecurity), &sbx)
 	result, err := r.reconcileChildren(ctx, readyReason(base), &sbx)
-	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
-		// The cache lags behind a write (ours or someone's); the next pass
-		// reads the current object. Reporting it as a ReconcileError would
-		// flap the Ready condition for nothing.
-		logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+	if cacheBehind(ctx, err) {
+		return ctrl.Result{RequeueAfter: cacheRetry}, nil
 	}
 	if err != nil {
-		var conflict *ownershipConflictError
-		var leftover *leftoverChildError
-		var driverChanged *snapshotDriverChangedError
-		if errors.As(err, &driverChanged) {
-			// Waits for a person: no claim or pod is made for a restore
-			// that cannot work.
-			r.setNotServing(&sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotDriverChanged, driverChanged.Error())
-			r.eventOnNewReason(readyReason(base), &sbx, nil, corev1.EventTypeWarning, EventSnapshotDriverChanged, "Resume", driverChanged.Error())
-			result, err = ctrl.Result{}, nil
-		} else if errors.As(err, &leftover) {
-			// A Sandbox deleted and re-created under the same name: its old
-			// children are on their way out. Wait for them, not for a person.
-			r.setNotServing(&sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, leftover.Error())
-			result, err = ctrl.Result{RequeueAfter: leftoverRetry}, nil
-		} else if errors.As(err, &conflict) {
-			// Not an error to retry with backoff: it waits for a person.
-			r.setNotServing(&sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonOwnershipConflict, conflict.Error())
-			r.eventOnNewReason(readyReason(base), &sbx, nil, corev1.EventTypeWarning, EventOwnershipConflict, "Wait", conflict.Error())
-			result, err = ctrl.Result{RequeueAfter: conflictRetry}, nil
-		} else {
-			phase := sbx.Status.Phase
-			if phase == "" {
-				phase = v1alpha1.SandboxPhasePending
-			}
-			r.setReady(&sbx, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
-			sbx.Status.Phase = phase
-		}
+		result, err = r.reportError(readyReason(base), &sbx, result, err)
 	}
 	if serr := r.writeStatus(ctx, base, &sbx); serr != nil {
 		return ctrl.Result{}, errors.Join(err, serr)
 	}
+	return result, err
+}
+
+// reportError sets the status from an error of the pass. The errors that
+// wait for something, a person or the garbage collector, are states rather
+// than failures: they are reported, and the pass retries at its own pace
+// instead of with backoff. Any other error is a ReconcileError and is
+// returned, with the pass's result.
+func (r *SandboxReconciler) reportError(prevReason string, sbx *v1alpha1.Sandbox, result ctrl.Result, err error) (ctrl.Result, error) {
+	var conflict *ownershipConflictError
+	var leftover *leftoverChildError
+	var driverChanged *snapshotDriverChangedError
+	switch {
+	case errors.As(err, &driverChanged):
+		// Waits for a person: no claim or pod is made for a restore
+		// that cannot work.
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonSnapshotDriverChanged, driverChanged.Error())
+		r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, EventSnapshotDriverChanged, "Resume", driverChanged.Error())
+		return ctrl.Result{}, nil
+	case errors.As(err, &leftover):
+		// A Sandbox deleted and re-created under the same name: its old
+		// children are on their way out. Wait for them, not for a person.
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, leftover.Error())
+		return ctrl.Result{RequeueAfter: leftoverRetry}, nil
+	case errors.As(err, &conflict):
+		// Not an error to retry with backoff: it waits for a person.
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonOwnershipConflict, conflict.Error())
+		r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, EventOwnershipConflict, "Wait", conflict.Error())
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	phase := sbx.Status.Phase
+	if phase == "" {
+		phase = v1alpha1.SandboxPhasePending
+	}
+	r.setReady(sbx, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
+	sbx.Status.Phase = phase
 	return result, err
 }
 
@@ -324,23 +310,11 @@ func (r *SandboxReconciler) ensureSandboxLabels(ctx context.Context, sbx *v1alph
 	return nil
 }
 
-// writeStatus writes sbx's status if it differs from base's. Writing only on
-// change keeps a settled sandbox from generating watch events (and
-// resourceVersion bumps) on every resync.
-func (r *SandboxReconciler) writeStatus(ctx context.Context, base, sbx *v1alpha1.Sandbox) error {
-	if equality.Semantic.DeepEqual(base.Status, sbx.Status) {
-		return nil
-	}
-	// A merge patch rather than an update: this controller is the status's
-	// only writer, and a patch does not fail on the resourceVersion bump of
-	// the label patch or of a client's spec change in between.
-	if err := r.Status().Patch(ctx, sbx, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("write status of sandbox %s: %w", sbx.Name, err)
-	}
-	return nil
-}
-
-// reconcileChildren ensures the children and sets the status from them.
+// reconcileChildren ensures the children and sets the status from them, in
+// the order a pass takes: the template (and an adoption, which decides the
+// children's names), the pod as it is, the serving certificate and the
+// activity clock, a lost node, the idle-stop cycle, and last the workload
+// itself, its workspace claim and pod.
 func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox) (ctrl.Result, error) {
 	tpl, err := r.getTemplate(ctx, sbx)
 	if err != nil {
@@ -351,16 +325,11 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if err := r.adopt(ctx, sbx, tpl); err != nil {
 		return ctrl.Result{}, err
 	}
-	var pod corev1.Pod
-	havePod, err := r.getChild(ctx, sbx, PodName(workloadName(sbx)), &pod)
+	pod, err := r.getPod(ctx, sbx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	var podOrNil *corev1.Pod
-	if havePod {
-		podOrNil = &pod
-	}
-	if tpl == nil && !havePod && sbx.Status.Phase != v1alpha1.SandboxPhaseIdleStopping {
+	if tpl == nil && pod == nil && sbx.Status.Phase != v1alpha1.SandboxPhaseIdleStopping {
 		// The template is needed only to make a pod; a running pod whose
 		// template was deleted keeps serving. The template watch brings the
 		// sandbox back here when the template appears.
@@ -371,570 +340,144 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 		return ctrl.Result{}, nil
 	}
 
-	renewIn, err := r.ensureTLSSecret(ctx, sbx)
-	if err != nil {
+	result, activityClock, deleted, err := r.ensureAccess(ctx, sbx)
+	if err != nil || deleted {
 		return ctrl.Result{}, err
 	}
-	result := ctrl.Result{RequeueAfter: min(renewIn, maxRequeue)}
-	lease, err := r.ensureLease(ctx, sbx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if lease != nil {
-		deleted, recheck, err := r.recycleEphemeral(ctx, sbx, lease)
-		if err != nil || deleted {
-			return ctrl.Result{}, err
-		}
-		if recheck > 0 {
-			result.RequeueAfter = min(result.RequeueAfter, recheck)
-		}
-		holdExpiresIn, err := r.reconcileHold(ctx, sbx, lease)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if holdExpiresIn > 0 {
-			result.RequeueAfter = min(result.RequeueAfter, holdExpiresIn)
-		}
-	}
-
-	act := r.activityOf(sbx, tpl, lease)
+	act := r.activityOf(sbx, tpl, activityClock)
 	prevPhase := sbx.Status.Phase
 	defer func() { recordActivity(prevPhase, sbx, act) }()
-	if done, err := r.handleNodeLoss(ctx, sbx, tpl, podOrNil, lease); err != nil || done {
+	if done, err := r.handleNodeLoss(ctx, sbx, tpl, pod, activityClock); err != nil || done {
 		return result, err
 	}
-	// Only a sandbox that can be stopped needs waking when it turns idle.
-	if d := act.untilIdle(); d > 0 && (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
+	if done, err := r.idleCycle(ctx, prevReason, sbx, tpl, act, pod, &result); err != nil || done {
+		return result, err
+	}
+	return r.runWorkload(ctx, prevReason, sbx, tpl, pod, act, result)
+}
+
+// ensureAccess ensures the children through which the sandbox is reached
+// and watched: its serving certificate and its activity clock. It returns
+// the requeue they ask for, the activity clock (nil when it was only just
+// created, and so holds nothing to look at), and whether the sandbox was
+// deleted: an ephemeral one whose pool lease ended.
+func (r *SandboxReconciler) ensureAccess(ctx context.Context, sbx *v1alpha1.Sandbox) (ctrl.Result, *coordinationv1.Lease, bool, error) {
+	renewIn, err := r.ensureTLSSecret(ctx, sbx)
+	if err != nil {
+		return ctrl.Result{}, nil, false, err
+	}
+	result := ctrl.Result{RequeueAfter: min(renewIn, maxRequeue)}
+	activityClock, err := r.ensureActivityClock(ctx, sbx)
+	if err != nil {
+		return ctrl.Result{}, nil, false, err
+	}
+	if activityClock == nil {
+		return result, nil, false, nil
+	}
+	deleted, recheck, err := r.recycleEphemeral(ctx, sbx, activityClock)
+	if err != nil || deleted {
+		return ctrl.Result{}, nil, deleted, err
+	}
+	requeueWithin(&result, recheck)
+	holdExpiresIn, err := r.reconcileHold(ctx, sbx, activityClock)
+	if err != nil {
+		return ctrl.Result{}, nil, false, err
+	}
+	requeueWithin(&result, holdExpiresIn)
+	return result, activityClock, false, nil
+}
+
+// requeueWithin brings result's requeue forward to d, when d is set.
+func requeueWithin(result *ctrl.Result, d time.Duration) {
+	if d > 0 {
 		result.RequeueAfter = min(result.RequeueAfter, d)
+	}
+}
+
+// idleCycle runs this pass's part of the idle-stop cycle: it calls off a
+// stop that activity interrupted, runs the next step of a stop, or keeps
+// a stopped sandbox without a pod. It reports whether the pass is done;
+// otherwise the sandbox is to run, and result may have been brought
+// forward to when it turns idle.
+func (r *SandboxReconciler) idleCycle(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, act activity, pod *corev1.Pod, result *ctrl.Result) (bool, error) {
+	// Only a sandbox that can be stopped needs waking when it turns idle.
+	if (r.Snapshots != nil || sbx.Spec.Ephemeral) && !isWarm(sbx) {
+		requeueWithin(result, act.untilIdle())
 	}
 	r.clearPassedCheck(sbx)
 	if sbx.Status.Phase == v1alpha1.SandboxPhaseIdleStopping && !sbx.Spec.Ephemeral && !act.idle() {
 		// Activity during a stop that can still be undone calls it off.
-		serving, err := r.callOffStop(ctx, sbx, podOrNil, act)
+		serving, err := r.callOffStop(ctx, sbx, pod, act)
 		if err != nil || serving {
-			return result, err
+			return true, err
 		}
 	}
-	if r.stopping(sbx, tpl, act, havePod) {
-		if wait, held := r.stopHeldBack(sbx, act); held {
-			// Not stopped: it goes on serving below.
-			result.RequeueAfter = min(result.RequeueAfter, wait)
-		} else {
-			res, err := r.idleStop(ctx, prevReason, sbx, tpl, act, podOrNil)
-			if res.RequeueAfter > 0 {
-				result.RequeueAfter = min(result.RequeueAfter, res.RequeueAfter)
-			}
-			return result, err
+	if r.stopping(sbx, tpl, act, pod != nil) {
+		wait, held := r.stopHeldBack(sbx, act)
+		if !held {
+			res, err := r.idleStop(ctx, prevReason, sbx, tpl, act, pod)
+			requeueWithin(result, res.RequeueAfter)
+			return true, err
 		}
+		// Not stopped: it goes on serving.
+		result.RequeueAfter = min(result.RequeueAfter, wait)
 	}
 	if parked(sbx, act) {
-		return result, r.stayStopped(ctx, sbx, podOrNil)
+		return true, r.stayStopped(ctx, sbx, pod)
 	}
+	return false, nil
+}
 
+// runWorkload ensures the workspace claim and the pod of a sandbox that is
+// to run, and sets the status from the pod.
+func (r *SandboxReconciler) runWorkload(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, pod *corev1.Pod, act activity, result ctrl.Result) (ctrl.Result, error) {
 	var claim *corev1.PersistentVolumeClaim
 	workspaceReady := true
 	if tpl != nil {
+		var err error
 		if claim, workspaceReady, err = r.ensureWorkspace(ctx, prevReason, sbx, tpl); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-
-	if !havePod {
-		if !workspaceReady {
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
-				fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(workloadName(sbx))))
-			return result, nil
-		}
-		var noProxy *errEgressProxyNotFound
-		if err := r.createPod(ctx, sbx, tpl); apierrors.IsNotFound(err) && tpl.Spec.NodePoolRef != nil {
-			// Waiting for a person to create the pool, not an error to
-			// back off from.
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNodePoolNotFound,
-				fmt.Sprintf("template %s names GVisorNodePool %s, which does not exist", tpl.Name, *tpl.Spec.NodePoolRef))
-			return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
-		} else if errors.As(err, &noProxy) {
-			// The same: no pod may start without the proxy it must use.
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonEgressProxyNotFound, noProxy.Error())
-			r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, v1alpha1.ReasonEgressProxyNotFound, "Wait", noProxy.Error())
-			return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
-		} else if err != nil {
-			return ctrl.Result{}, err
-		}
-		msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(workloadName(sbx)))
-		if snap := restoring(claim); snap != "" {
-			r.setNotServing(sbx, v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming,
-				fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, msg))
-		} else {
-			r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, msg)
-		}
-		sbx.Status.PodName = PodName(workloadName(sbx))
-		return result, nil
+	if pod == nil {
+		return r.startPod(ctx, prevReason, sbx, tpl, claim, workspaceReady, result)
 	}
-
-	if err := r.observePod(ctx, prevReason, sbx, &pod, claim, act); err != nil {
+	if err := r.observePod(ctx, prevReason, sbx, pod, claim, act); err != nil {
 		return ctrl.Result{}, err
 	}
 	return result, nil
 }
 
-func (r *SandboxReconciler) getTemplate(ctx context.Context, sbx *v1alpha1.Sandbox) (*v1alpha1.SandboxTemplate, error) {
-	var tpl v1alpha1.SandboxTemplate
-	key := types.NamespacedName{Namespace: sbx.Namespace, Name: sbx.Spec.TemplateRef.Name}
-	if err := r.Get(ctx, key, &tpl); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("get SandboxTemplate %s: %w", key.Name, err)
-	}
-	return &tpl, nil
-}
-
-// leftoverChildError says that a child's name is still held by the child
-// of an earlier Sandbox with the same name, which is being deleted.
-type leftoverChildError struct{ kind, name string }
-
-func (e *leftoverChildError) Error() string {
-	return fmt.Sprintf("waiting for %s %s of an earlier sandbox of this name to be deleted", e.kind, e.name)
-}
-
-// leftoverRetry is short: garbage collection of a pod takes seconds.
-const leftoverRetry = time.Second
-
-// ownershipConflictError says that a child's name is taken by an object the
-// sandbox does not control. The controller never adopts or overwrites it:
-// it might be a user's Secret or pod that happens to share the name.
-type ownershipConflictError struct {
-	kind, name, owner string
-}
-
-func (e *ownershipConflictError) Error() string {
-	owner := "no controller"
-	if e.owner != "" {
-		owner = "controller " + e.owner
-	}
-	return fmt.Sprintf("%s %s already exists and is not controlled by this Sandbox (it has %s); delete or rename it", e.kind, e.name, owner)
-}
-
-// getChild reads the child named name into obj. It reports whether it
-// exists, and an ownershipConflictError if it exists but is not this
-// sandbox's.
-func (r *SandboxReconciler) getChild(ctx context.Context, sbx *v1alpha1.Sandbox, name string, obj client.Object) (bool, error) {
-	kind := fmt.Sprintf("%T", obj)
-	kind = kind[strings.LastIndexByte(kind, '.')+1:]
-	if err := r.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: name}, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("get %s %s: %w", kind, name, err)
-	}
-	if ref := metav1.GetControllerOf(obj); ref != nil && ref.Kind == "Sandbox" && ref.Name == sbx.Name &&
-		ref.UID != sbx.UID && strings.HasPrefix(ref.APIVersion, v1alpha1.GroupName+"/") {
-		// Left by an earlier Sandbox of this name, which no longer exists
-		// (names are unique), so the garbage collector removes it anyway;
-		// deleting it now saves waiting for its next pass.
-		if obj.GetDeletionTimestamp() == nil {
-			if err := r.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
-				return true, fmt.Errorf("delete %s %s left by an earlier sandbox: %w", kind, name, err)
-			}
-		}
-		return true, &leftoverChildError{kind: kind, name: name}
-	}
-	if !metav1.IsControlledBy(obj, sbx) {
-		owner := ""
-		if ref := metav1.GetControllerOf(obj); ref != nil {
-			owner = ref.Kind + "/" + ref.Name
-		}
-		return true, &ownershipConflictError{kind: kind, name: name, owner: owner}
-	}
-	return true, nil
-}
-
-// create makes obj a child of sbx and creates it.
-func (r *SandboxReconciler) create(ctx context.Context, sbx *v1alpha1.Sandbox, obj client.Object) error {
-	if err := controllerutil.SetControllerReference(sbx, obj, r.Scheme); err != nil {
-		return fmt.Errorf("set owner of %s: %w", obj.GetName(), err)
-	}
-	if err := r.Create(ctx, obj); err != nil {
-		// AlreadyExists means the cache had not seen it yet; the retry sees
-		// it, and whether it is ours.
-		return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
-	}
-	return nil
-}
-
-// ensureTLSSecret makes sure the sandbox has a valid serving certificate and
-// returns how long until it must be re-issued.
-func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.Sandbox) (time.Duration, error) {
-	var secret corev1.Secret
-	name := TLSSecretName(workloadName(sbx))
-	found, err := r.getChild(ctx, sbx, name, &secret)
-	if err != nil {
-		return 0, err
-	}
-	id := pki.SandboxID(r.TrustDomain, sbx.Namespace, workloadName(sbx))
-	now := r.now()
-	why := ""
-	if found {
-		renewAt, err := certRenewTime(secret.Data, r.CA, id, now)
-		if err == nil && now.Before(renewAt) {
-			return renewAt.Sub(now), nil
-		}
-		if err != nil {
-			why = err.Error()
-		} else {
-			why = "it is in the last third of its lifetime"
-		}
-	}
-
-	data, err := tlsSecretData(r.CA, id)
-	if err != nil {
-		return 0, err
-	}
-	if !found {
-		secret = corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: sbx.Namespace, Labels: sandboxLabels(sbx)},
-			Type:       corev1.SecretTypeTLS,
-			Data:       data,
-		}
-		if err := r.create(ctx, sbx, &secret); err != nil {
-			return 0, err
-		}
-		r.event(sbx, &secret, corev1.EventTypeNormal, EventCertificateIssued, "Issue",
-			fmt.Sprintf("issued serving certificate for %s into Secret %s", id, name))
-	} else {
-		// A running supervisor keeps the certificate it started with; the
-		// new one is used from the pod's next start. Certificates outlive
-		// pods by far (a year against an idle timeout of hours), so this
-		// matters only after a CA rotation, which restarts sandboxes anyway.
-		secret.Data = data
-		if err := r.Update(ctx, &secret); err != nil {
-			return 0, fmt.Errorf("update Secret %s: %w", name, err)
-		}
-		r.event(sbx, &secret, corev1.EventTypeNormal, EventCertificateReissued, "Issue",
-			fmt.Sprintf("re-issued serving certificate for %s into Secret %s: %s", id, name, why))
-	}
-	renewAt, err := certRenewTime(data, r.CA, id, now)
-	if err != nil {
-		return 0, fmt.Errorf("check the certificate just issued: %w", err)
-	}
-	return renewAt.Sub(now), nil
-}
-
-// ensureLease creates the activity Lease if it is missing, and returns it
-// when it already existed (a new one holds nothing to look at). It never
-// renews it: renewals come from the Compute API on activity, and a renew by
-// the controller would make every sandbox look busy.
-func (r *SandboxReconciler) ensureLease(ctx context.Context, sbx *v1alpha1.Sandbox) (*coordinationv1.Lease, error) {
-	var lease coordinationv1.Lease
-	found, err := r.getChild(ctx, sbx, LeaseName(sbx.Name), &lease)
-	if err != nil {
-		return nil, err
-	}
-	if found {
-		return &lease, nil
-	}
-	return nil, r.create(ctx, sbx, desiredLease(sbx, r.now()))
-}
-
-// ensureWorkspace creates the workspace claim if it is missing, from the
-// latest snapshot when there is one, and returns it. It reports false while
-// an old claim is still being deleted: a pod must not be bound to a claim
-// that is going away.
-func (r *SandboxReconciler) ensureWorkspace(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) (*corev1.PersistentVolumeClaim, bool, error) {
-	var pvc corev1.PersistentVolumeClaim
-	found, err := r.getChild(ctx, sbx, WorkspaceClaimName(workloadName(sbx)), &pvc)
-	if err != nil {
-		return nil, false, err
-	}
-	if found {
-		return &pvc, pvc.DeletionTimestamp.IsZero(), nil
-	}
-	if snap := sbx.Status.Snapshot; snap != nil && !sbx.Spec.Ephemeral {
-		if err := r.checkSnapshotDriver(sbx, snap.Name); err != nil {
-			return nil, false, err
-		}
-	}
-	want := desiredWorkspaceClaim(sbx, tpl)
-	r.prepareRestore(sbx, want)
-	if err := r.create(ctx, sbx, want); err != nil {
-		return nil, false, err
-	}
-	size := want.Spec.Resources.Requests[corev1.ResourceStorage]
-	if snap := restoring(want); snap != "" {
-		r.event(sbx, want, corev1.EventTypeNormal, EventResuming, "Resume",
-			fmt.Sprintf("activity on the stopped sandbox: created workspace claim %s (%s) to restore snapshot %s into", want.Name, size.String(), snap))
-	} else {
-		r.event(sbx, want, corev1.EventTypeNormal, EventWorkspaceCreated, "Create",
-			fmt.Sprintf("created workspace claim %s (%s)", want.Name, size.String()))
-	}
-	return want, true, nil
-}
-
-func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) error {
-	pod := r.desiredPod(sbx, tpl)
-	if err := r.wireEgress(ctx, sbx, tpl, pod); err != nil {
-		return err
-	}
-	if err := r.scheduleOnNodePool(ctx, tpl, pod); err != nil {
-		return err
-	}
-	if err := r.create(ctx, sbx, pod); err != nil {
-		return err
-	}
-	image := pod.Spec.Containers[0].Image
-	// A sandbox that had a pod before lost it out of band (deleted, evicted,
-	// failed); saying so tells an operator why it restarted.
-	if sbx.Status.PodName != "" {
-		r.event(sbx, pod, corev1.EventTypeNormal, EventPodRecreated, "Create",
-			fmt.Sprintf("recreated pod %s (image %s) after the previous one went away; the workspace is kept", pod.Name, image))
-	} else {
-		// A first start, not a resume (which comes from Stopped with
-		// a snapshot) and not a pool filling up.
-		if sbx.Status.Workload == "" && !isWarm(sbx) && sbx.Status.Snapshot == nil &&
-			(sbx.Status.Phase == "" || sbx.Status.Phase == v1alpha1.SandboxPhasePending) {
-			metricColdStarts.Inc()
-		}
-		r.event(sbx, pod, corev1.EventTypeNormal, EventPodCreated, "Create",
-			fmt.Sprintf("created pod %s (image %s, runtime class %s)", pod.Name, image, *pod.Spec.RuntimeClassName))
-	}
-	return nil
-}
-
-// observePod sets the status from the pod, and removes a pod that has
-// stopped for good so that the next pass replaces it.
-func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod, claim *corev1.PersistentVolumeClaim, act activity) error {
-	sbx.Status.PodName = pod.Name
-	switch {
-	case !pod.DeletionTimestamp.IsZero():
+// startPod creates the pod of a sandbox that has none, once its workspace
+// claim is ready, and says what the sandbox waits for.
+func (r *SandboxReconciler) startPod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, claim *corev1.PersistentVolumeClaim, workspaceReady bool, result ctrl.Result) (ctrl.Result, error) {
+	if !workspaceReady {
 		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating,
-			fmt.Sprintf("pod %s is being deleted; a new one is created when it is gone", pod.Name))
-		sbx.Status.PodName = pod.Name
-		return nil
-
-	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
-		// With restartPolicy Always this is eviction or an admission
-		// failure on the node: kubelet will not restart it. (A pod on a
-		// node that was deleted never gets here: handleNodeLoss.)
-		msg := fmt.Sprintf("pod %s stopped (phase %s): %s; it is deleted and created again",
-			pod.Name, pod.Status.Phase, podStopReason(pod))
-		r.setNotServing(sbx, v1alpha1.SandboxPhaseError, v1alpha1.ReasonPodFailed, msg)
-		sbx.Status.PodName = pod.Name
-		r.event(sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Delete", msg)
-		err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("delete stopped pod %s: %w", pod.Name, err)
-		}
-		return nil
+			fmt.Sprintf("waiting for the old workspace claim %s to be deleted before creating a new one", WorkspaceClaimName(workloadName(sbx))))
+		return result, nil
 	}
-
-	sbx.Status.PodIP = pod.Status.PodIP
-	sbx.Status.ServiceEndpoint = ""
-	if pod.Status.PodIP != "" {
-		sbx.Status.ServiceEndpoint = v1alpha1.SupervisorEndpoint(pod.Status.PodIP)
+	var noProxy *errEgressProxyNotFound
+	if err := r.createPod(ctx, sbx, tpl); apierrors.IsNotFound(err) && tpl.Spec.NodePoolRef != nil {
+		// Waiting for a person to create the pool, not an error to
+		// back off from.
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNodePoolNotFound,
+			fmt.Sprintf("template %s names GVisorNodePool %s, which does not exist", tpl.Name, *tpl.Spec.NodePoolRef))
+		return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
+	} else if errors.As(err, &noProxy) {
+		// The same: no pod may start without the proxy it must use.
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonEgressProxyNotFound, noProxy.Error())
+		r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, v1alpha1.ReasonEgressProxyNotFound, "Wait", noProxy.Error())
+		return ctrl.Result{RequeueAfter: nodePoolRetry}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
-	snap := restoring(claim)
-	if podReady(pod) {
-		if snap != "" {
-			ok, err := r.finishRestore(ctx, sbx, pod, claim)
-			if err != nil || !ok {
-				return err
-			}
-		}
-		if !serving(prevReason) {
-			if err := r.pullFilespace(ctx, sbx, pod); err != nil {
-				return err
-			}
-		}
-		if snap != "" {
-			took := ""
-			if !act.last.IsZero() {
-				took = fmt.Sprintf(" %s after the activity that woke it", r.now().Sub(act.last).Round(time.Millisecond))
-			}
-			r.event(sbx, pod, corev1.EventTypeNormal, EventResumed, "Resume",
-				fmt.Sprintf("resumed from snapshot %s%s", snap, took))
-			metricResumes.Inc()
-		}
-		// An adopted sandbox keeps saying so until its pod next changes
-		// (an idle stop, a restart): that is how one tells a fast start
-		// from a cold one. Its pod's start was the warm sandbox's, long
-		// before this one was asked for, so it is not a start time.
-		reason := v1alpha1.ReasonRunning
-		if snap == "" && readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool {
-			reason = v1alpha1.ReasonAdoptedFromWarmPool
-		}
-		r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, reason,
-			fmt.Sprintf("pod %s is ready; the supervisor listens on %s", pod.Name, sbx.Status.ServiceEndpoint))
-		if prevReason != v1alpha1.ReasonRunning && reason == v1alpha1.ReasonRunning {
-			metricPodStartSeconds.Observe(r.now().Sub(pod.CreationTimestamp.Time).Seconds())
-		}
-		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeNormal, EventSandboxReady, "Start",
-			fmt.Sprintf("sandbox is running in pod %s at %s", pod.Name, sbx.Status.ServiceEndpoint))
-		return nil
+	msg := fmt.Sprintf("created pod %s; waiting for it to become ready", PodName(workloadName(sbx)))
+	if snap := restoring(claim); snap != "" {
+		r.setNotServing(sbx, v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming,
+			fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, msg))
+	} else {
+		r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating, msg)
 	}
-	if msg, failed := containerProblem(pod); failed {
-		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonPodFailed, msg)
-		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Start", msg)
-		return nil
-	}
-	if snap != "" {
-		r.setPhase(sbx, v1alpha1.SandboxPhaseResuming, metav1.ConditionFalse, v1alpha1.ReasonResuming,
-			fmt.Sprintf("restoring the workspace from snapshot %s; %s", snap, podWaitingMessage(pod)))
-		return nil
-	}
-	r.setPhase(sbx, v1alpha1.SandboxPhasePending, metav1.ConditionFalse, v1alpha1.ReasonCreating, podWaitingMessage(pod))
-	return nil
-}
-
-// setPhase sets the phase and the Ready condition that explains it.
-func (r *SandboxReconciler) setPhase(sbx *v1alpha1.Sandbox, phase v1alpha1.SandboxPhase, status metav1.ConditionStatus, reason, msg string) {
-	sbx.Status.Phase = phase
-	r.setReady(sbx, status, reason, msg)
-}
-
-// setNotServing is setPhase for states without a usable pod: the pod fields
-// are cleared, so that nothing dials an address that is gone.
-func (r *SandboxReconciler) setNotServing(sbx *v1alpha1.Sandbox, phase v1alpha1.SandboxPhase, reason, msg string) {
-	sbx.Status.PodName = ""
-	sbx.Status.PodIP = ""
-	sbx.Status.ServiceEndpoint = ""
-	r.setPhase(sbx, phase, metav1.ConditionFalse, reason, msg)
-}
-
-func (r *SandboxReconciler) setReady(sbx *v1alpha1.Sandbox, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: sbx.Generation,
-		// Whole seconds, as the API stores them, so that a re-read condition
-		// compares equal to the one written.
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
-}
-
-// eventOnNewReason records an event only when the Ready reason has just
-// changed from prevReason, so that a state that lasts across many passes (a
-// crash-looping pod, a missing template) is reported once, not on every
-// pass. Call it after setReady.
-func (r *SandboxReconciler) eventOnNewReason(prevReason string, sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
-	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == prevReason {
-		return
-	}
-	r.event(sbx, related, eventType, reason, action, note)
-}
-
-func (r *SandboxReconciler) event(sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(sbx, related, eventType, reason, action, "%s", truncateMessage(note))
-}
-
-func readyReason(sbx *v1alpha1.Sandbox) string {
-	if c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady); c != nil {
-		return c.Reason
-	}
-	return ""
-}
-
-func podReady(pod *corev1.Pod) bool {
-	if pod.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// benignWaiting are the waiting reasons of a container that is on its way
-// up; every other reason (ImagePullBackOff, ErrImageNeverPull,
-// CrashLoopBackOff, CreateContainerConfigError, ...) needs a fix or at
-// least explains why the sandbox is not ready.
-var benignWaiting = map[string]bool{"": true, "ContainerCreating": true, "PodInitializing": true}
-
-// containerProblem explains why the sandbox container cannot run, if it
-// cannot: kubelet's waiting reason, or the last exit of a container that
-// has stopped or is being restarted.
-func containerProblem(pod *corev1.Pod) (string, bool) {
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name != ContainerName {
-			continue
-		}
-		last := ""
-		if t := cs.LastTerminationState.Terminated; t != nil {
-			last = "; it last " + describeExit(t)
-		}
-		switch {
-		case cs.State.Waiting != nil && !benignWaiting[cs.State.Waiting.Reason]:
-			w := cs.State.Waiting
-			msg := fmt.Sprintf("container %s is waiting: %s", cs.Name, w.Reason)
-			if w.Message != "" {
-				msg += ": " + w.Message
-			}
-			return msg + last, true
-		case cs.State.Terminated != nil:
-			return fmt.Sprintf("container %s %s", cs.Name, describeExit(cs.State.Terminated)), true
-		case !cs.Ready && cs.RestartCount > 0 && last != "":
-			// Running again after a crash but not ready: report the crash
-			// rather than flip to Creating between restarts.
-			return fmt.Sprintf("container %s restarted %d times%s", cs.Name, cs.RestartCount, last), true
-		}
-	}
-	return "", false
-}
-
-func describeExit(t *corev1.ContainerStateTerminated) string {
-	s := fmt.Sprintf("exited with code %d", t.ExitCode)
-	if t.Signal != 0 {
-		s = fmt.Sprintf("was killed by signal %d", t.Signal)
-	}
-	if t.Reason != "" {
-		s += " (" + t.Reason + ")"
-	}
-	if m := strings.TrimSpace(t.Message); m != "" {
-		s += ": " + m
-	}
-	return s
-}
-
-// podStopReason explains why a pod stopped for good.
-func podStopReason(pod *corev1.Pod) string {
-	if pod.Status.Reason != "" || pod.Status.Message != "" {
-		return strings.TrimSpace(pod.Status.Reason + " " + pod.Status.Message)
-	}
-	if msg, ok := containerProblem(pod); ok {
-		return msg
-	}
-	return "no reason given"
-}
-
-// podWaitingMessage says what a pod that is neither ready nor failing waits
-// for.
-func podWaitingMessage(pod *corev1.Pod) string {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
-			return fmt.Sprintf("pod %s is not scheduled: %s: %s", pod.Name, c.Reason, c.Message)
-		}
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name == ContainerName && cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
-			return fmt.Sprintf("waiting for pod %s to become ready: container %s", pod.Name, cs.State.Waiting.Reason)
-		}
-	}
-	return fmt.Sprintf("waiting for pod %s to become ready", pod.Name)
-}
-
-// maxMessage keeps condition messages under the API's 32768-byte limit
-// with room to spare; kubelet messages (image pull errors) can be long.
-const maxMessage = 4096
-
-func truncateMessage(s string) string {
-	if len(s) <= maxMessage {
-		return s
-	}
-	return s[:maxMessage-3] + "..."
+	sbx.Status.PodName = PodName(workloadName(sbx))
+	return result, nil
 }

@@ -393,7 +393,7 @@ func TestSandboxChildren(t *testing.T) {
 
 	t.Run("lease", func(t *testing.T) {
 		var lease coordinationv1.Lease
-		e.eventually("the lease", func() error { return e.get(LeaseName(name), &lease) })
+		e.eventually("the lease", func() error { return e.get(ActivityClockName(name), &lease) })
 		assertControlledBy(t, &lease, &sbx)
 		if lease.Spec.RenewTime == nil || time.Since(lease.Spec.RenewTime.Time) > 5*time.Minute {
 			t.Errorf("renewTime %v, want about now", lease.Spec.RenewTime)
@@ -431,7 +431,7 @@ func TestSandboxChildren(t *testing.T) {
 			"pod " + PodName(name):              &corev1.Pod{},
 			"claim " + WorkspaceClaimName(name): &corev1.PersistentVolumeClaim{},
 			"secret " + TLSSecretName(name):     &corev1.Secret{},
-			"lease " + LeaseName(name):          &coordinationv1.Lease{},
+			"lease " + ActivityClockName(name):  &coordinationv1.Lease{},
 		}
 		for what, obj := range children {
 			objName := what[strings.IndexByte(what, ' ')+1:]
@@ -787,7 +787,7 @@ func TestSandboxStatusSettles(t *testing.T) {
 		"pod":     &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName("quiet")}},
 		"claim":   &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: WorkspaceClaimName("quiet")}},
 		"secret":  &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: TLSSecretName("quiet")}},
-		"lease":   &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("quiet")}},
+		"lease":   &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: ActivityClockName("quiet")}},
 	}
 	versions := func() map[string]string {
 		out := map[string]string{}

@@ -74,12 +74,8 @@ func (r *SandboxReconciler) wireSharedEgress(ctx context.Context, sbx *v1alpha1.
 	if err != nil {
 		return err
 	}
-	want := desiredSharedService(ep)
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: want.Name, Namespace: want.Namespace}}
-	if err := applyOwned(ctx, r.Client, r.Scheme, ep, svc, func() {
-		svc.Labels = mergeLabels(svc.Labels, want.Labels)
-		svc.Spec.Type, svc.Spec.Selector, svc.Spec.Ports = want.Spec.Type, want.Spec.Selector, want.Spec.Ports
-	}); err != nil {
+	svc, err := applySharedService(ctx, r.Client, r.Scheme, ep)
+	if err != nil {
 		return err
 	}
 	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
@@ -214,6 +210,20 @@ func ownershipError(obj client.Object) error {
 // controls it, applies mutate to it and updates it if that changed
 // anything. An object of that name controlled by someone else is left
 // alone and reported.
+// applySharedService creates or corrects a Shared proxy's Service, which
+// both the proxy's controller and the first sandbox to need it may create.
+func applySharedService(ctx context.Context, c client.Client, scheme *runtime.Scheme, ep *v1alpha1.EgressProxy) (*corev1.Service, error) {
+	want := desiredSharedService(ep)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: want.Name, Namespace: want.Namespace}}
+	if err := applyOwned(ctx, c, scheme, ep, svc, func() {
+		svc.Labels = mergeLabels(svc.Labels, want.Labels)
+		svc.Spec.Type, svc.Spec.Selector, svc.Spec.Ports = want.Spec.Type, want.Spec.Selector, want.Spec.Ports
+	}); err != nil {
+		return nil, err
+	}
+	return svc, nil
+}
+
 func applyOwned(ctx context.Context, c client.Client, scheme *runtime.Scheme, owner, obj client.Object, mutate func()) error {
 	_, err := controllerutil.CreateOrUpdate(ctx, c, obj, func() error {
 		if obj.GetResourceVersion() != "" && !metav1.IsControlledBy(obj, owner) {

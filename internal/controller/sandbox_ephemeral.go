@@ -21,28 +21,28 @@ const EventEphemeralRecycled = "EphemeralRecycled"
 // v1alpha1.AnnotationPoolLeaseRequestID) once its run is over: the hold of
 // the acquire that took it was released, expired, or was never taken
 // within PoolLeaseGrace. Deleting rather than cleaning is what makes the
-// run ephemeral: the pod, the workspace claim and the Lease all go with
+// run ephemeral: the pod, the workspace claim and the activity clock all go with
 // the Sandbox, and the next run gets a fresh one from the pool.
 //
 // It reports whether the sandbox was deleted, and otherwise when to look
 // again (the hold's expiry or the end of the grace), because nothing else
 // wakes the controller when a holder simply goes quiet.
-func (r *SandboxReconciler) recycleEphemeral(ctx context.Context, sbx *v1alpha1.Sandbox, lease *coordinationv1.Lease) (bool, time.Duration, error) {
+func (r *SandboxReconciler) recycleEphemeral(ctx context.Context, sbx *v1alpha1.Sandbox, activityClock *coordinationv1.Lease) (bool, time.Duration, error) {
 	if !isWarm(sbx) || !v1alpha1.PoolLeased(sbx) {
 		return false, 0, nil
 	}
 	now := r.now()
-	holder, expiry := v1alpha1.LeaseHoldExpiry(&lease.Spec)
+	holder, expiry := v1alpha1.LeaseHoldExpiry(&activityClock.Spec)
 	request := sbx.Annotations[v1alpha1.AnnotationPoolLeaseRequestID]
 	ours := holder != "" && holder == sbx.Annotations[v1alpha1.AnnotationPoolLeaseHolder] &&
-		lease.Annotations[v1alpha1.AnnotationLeaseRequestID] == request
+		activityClock.Annotations[v1alpha1.AnnotationLeaseRequestID] == request
 	var why string
 	switch {
 	case ours && now.Before(expiry):
 		return false, expiry.Sub(now), nil
 	case ours:
 		why = fmt.Sprintf("the lease of %q expired at %s without a heartbeat", holder, expiry.UTC().Format(time.RFC3339))
-	case lease.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] == request:
+	case activityClock.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID] == request:
 		why = fmt.Sprintf("%q released its lease", sbx.Annotations[v1alpha1.AnnotationPoolLeaseHolder])
 	default:
 		grace := v1alpha1.PoolLeaseGrace

@@ -73,7 +73,7 @@ func withSnapshots(t *testing.T, d snapshot.Driver, pool **computeapi.Supervisor
 func (e *clusterEnv) setActivity(name string, at time.Time) {
 	e.t.Helper()
 	var lease coordinationv1.Lease
-	must(e.t, e.get(LeaseName(name), &lease))
+	must(e.t, e.get(ActivityClockName(name), &lease))
 	patch := client.MergeFrom(lease.DeepCopy())
 	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(at))
 	must(e.t, e.c.Patch(e.ctx, &lease, patch))

@@ -120,7 +120,7 @@ func (f *fakeEnv) renew(name string) {
 	f.t.Helper()
 	ctx := context.Background()
 	var lease coordinationv1.Lease
-	must(f.t, f.c.Get(ctx, types.NamespacedName{Namespace: unitNS, Name: LeaseName(name)}, &lease))
+	must(f.t, f.c.Get(ctx, types.NamespacedName{Namespace: unitNS, Name: ActivityClockName(name)}, &lease))
 	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(f.clock.Now()))
 	must(f.t, f.c.Update(ctx, &lease))
 }

@@ -53,7 +53,7 @@ const sandboxNodeIndex = "status.nodeName"
 // other node mounts the same claim, with the files as they were.
 //
 // The sandbox then goes to phase Error with reason NodeLost, and
-// status.nodeLoss records the activity Lease's renewTime. It holds no node
+// status.nodeLoss records the activity clock's renewTime. It holds no node
 // until the next activity, a renewal past that time, which every call
 // through the Compute API makes (the call waits for the resume within its
 // bound): a sandbox nobody calls any more is not restarted for nothing, and
@@ -66,21 +66,21 @@ const sandboxNodeIndex = "status.nodeName"
 // just found, or the sandbox waits for the activity that resumes it. It
 // runs before the idle stop and the start of a pod, which would otherwise
 // wait for ever on a pod or a volume of a node that is gone.
-func (r *SandboxReconciler) handleNodeLoss(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, pod *corev1.Pod, lease *coordinationv1.Lease) (bool, error) {
+func (r *SandboxReconciler) handleNodeLoss(ctx context.Context, sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, pod *corev1.Pod, activityClock *coordinationv1.Lease) (bool, error) {
 	claim, err := r.workspaceClaim(ctx, sbx)
 	if err != nil {
 		return false, err
 	}
 	if loss := sbx.Status.NodeLoss; loss != nil {
 		// Whatever a pass that failed half-way left behind goes now.
-		if err := r.dropLostWorkload(ctx, sbx, pod, claim, !isWarm(sbx) && !lossWoken(loss, lease)); err != nil {
+		if err := r.dropLostWorkload(ctx, sbx, pod, claim, !isWarm(sbx) && !lossWoken(loss, activityClock)); err != nil {
 			return false, err
 		}
-		if isWarm(sbx) || lossWoken(loss, lease) {
+		if isWarm(sbx) || lossWoken(loss, activityClock) {
 			sbx.Status.NodeLoss = nil
 			at := ""
-			if lease != nil && lease.Spec.RenewTime != nil {
-				at = " at " + lease.Spec.RenewTime.UTC().Format(time.RFC3339)
+			if activityClock != nil && activityClock.Spec.RenewTime != nil {
+				at = " at " + activityClock.Spec.RenewTime.UTC().Format(time.RFC3339)
 			}
 			r.event(sbx, nil, corev1.EventTypeNormal, EventResuming, "Resume",
 				fmt.Sprintf("activity%s after the loss of %s: starting the sandbox on another node with %s", at, lostNodeName(loss), resumeSource(sbx, loss, r.Snapshots != nil)))
@@ -125,8 +125,8 @@ func (r *SandboxReconciler) handleNodeLoss(ctx context.Context, sbx *v1alpha1.Sa
 		Time:          metav1.NewTime(r.now().Truncate(time.Second)),
 		WorkspaceLost: stranded || claim == nil,
 	}
-	if lease != nil && lease.Spec.RenewTime != nil {
-		loss.ActivityTime = ptr.To(metav1.NewMicroTime(lease.Spec.RenewTime.Truncate(time.Microsecond)))
+	if activityClock != nil && activityClock.Spec.RenewTime != nil {
+		loss.ActivityTime = ptr.To(metav1.NewMicroTime(activityClock.Spec.RenewTime.Truncate(time.Microsecond)))
 	}
 	sbx.Status.NodeLoss = loss
 	sbx.Status.NodeName = ""
@@ -141,17 +141,17 @@ func (r *SandboxReconciler) handleNodeLoss(ctx context.Context, sbx *v1alpha1.Sa
 }
 
 // lossWoken reports whether there was activity after the node loss: the
-// Lease's renewTime moved from what it was when the loss was found. Only a
+// activity clock's renewTime moved from what it was when the loss was found. Only a
 // change is asked for, not a later time, so that the clocks of the control
 // plane's replicas never matter. Lease times are kept to microseconds.
-func lossWoken(loss *v1alpha1.SandboxNodeLoss, lease *coordinationv1.Lease) bool {
-	if lease == nil || lease.Spec.RenewTime == nil {
+func lossWoken(loss *v1alpha1.SandboxNodeLoss, activityClock *coordinationv1.Lease) bool {
+	if activityClock == nil || activityClock.Spec.RenewTime == nil {
 		return false
 	}
 	if loss.ActivityTime == nil {
 		return true
 	}
-	return !lease.Spec.RenewTime.Truncate(time.Microsecond).Equal(loss.ActivityTime.Truncate(time.Microsecond))
+	return !activityClock.Spec.RenewTime.Truncate(time.Microsecond).Equal(loss.ActivityTime.Truncate(time.Microsecond))
 }
 
 // workspaceClaim returns the sandbox's workspace claim, nil when it has none.

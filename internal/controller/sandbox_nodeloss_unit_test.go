@@ -78,7 +78,7 @@ func (f *fakeEnv) deleteNode(name string) {
 func (f *fakeEnv) renewTime(name string) *metav1.MicroTime {
 	f.t.Helper()
 	var lease coordinationv1.Lease
-	must(f.t, f.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: LeaseName(name)}, &lease))
+	must(f.t, f.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: ActivityClockName(name)}, &lease))
 	return lease.Spec.RenewTime
 }
 

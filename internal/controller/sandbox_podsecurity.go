@@ -3,10 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	psapi "k8s.io/pod-security-admission/api"
@@ -37,27 +35,21 @@ func (r *SandboxReconciler) reportPodSecurity(ctx context.Context, prev *metav1.
 		return
 	}
 	level := ns.Labels[psapi.EnforceLevelLabel]
-	cond := metav1.Condition{
-		Type:               v1alpha1.ConditionPodSecurity,
-		Status:             metav1.ConditionTrue,
-		Reason:             v1alpha1.ReasonRestrictedEnforced,
-		Message:            fmt.Sprintf("namespace %s enforces the restricted Pod Security Standard (%s=%s)", ns.Name, psapi.EnforceLevelLabel, level),
-		ObservedGeneration: sbx.Generation,
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	}
+	status, reason := metav1.ConditionTrue, v1alpha1.ReasonRestrictedEnforced
+	msg := fmt.Sprintf("namespace %s enforces the restricted Pod Security Standard (%s=%s)", ns.Name, psapi.EnforceLevelLabel, level)
 	if level != string(psapi.LevelRestricted) {
 		what := fmt.Sprintf("%s=%s", psapi.EnforceLevelLabel, level)
 		if level == "" {
 			what = fmt.Sprintf("no %s label, so the cluster's default applies, which is privileged unless the PodSecurity admission configuration says otherwise", psapi.EnforceLevelLabel)
 		}
-		cond.Status, cond.Reason = metav1.ConditionFalse, v1alpha1.ReasonRestrictedNotEnforced
-		cond.Message = fmt.Sprintf("namespace %s does not enforce the restricted Pod Security Standard (%s). "+
+		status, reason = metav1.ConditionFalse, v1alpha1.ReasonRestrictedNotEnforced
+		msg = fmt.Sprintf("namespace %s does not enforce the restricted Pod Security Standard (%s). "+
 			"The sandbox's pod meets restricted, but the API server also admits pods there that do not, and they could mount the sandboxes' Secrets and workspace volumes. "+
 			"Label the namespace %s=restricted, or run sandboxes in one that is", ns.Name, what, psapi.EnforceLevelLabel)
 	}
-	meta.SetStatusCondition(&sbx.Status.Conditions, cond)
-	if cond.Status == metav1.ConditionFalse && (prev == nil || prev.Status != metav1.ConditionFalse) {
-		r.event(sbx, nil, corev1.EventTypeWarning, EventPodSecurityNotEnforced, "Check", cond.Message)
+	setCondition(&sbx.Status.Conditions, v1alpha1.ConditionPodSecurity, sbx.Generation, r.now(), status, reason, msg)
+	if status == metav1.ConditionFalse && (prev == nil || prev.Status != metav1.ConditionFalse) {
+		r.event(sbx, nil, corev1.EventTypeWarning, EventPodSecurityNotEnforced, "Check", msg)
 	}
 }
 

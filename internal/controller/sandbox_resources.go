@@ -30,7 +30,7 @@ import (
 
 // workloadName is the name the sandbox's pod, workspace claim, serving
 // certificate and supervisor identity derive from; every child name in
-// this package goes through it. The activity Lease is the exception: it is
+// this package goes through it. The activity clock is the exception: it is
 // the Sandbox's own, named after it, because the Compute API renews it by
 // the Sandbox's name.
 func workloadName(sbx *v1alpha1.Sandbox) string { return sbx.WorkloadName() }
@@ -38,9 +38,10 @@ func workloadName(sbx *v1alpha1.Sandbox) string { return sbx.WorkloadName() }
 // PodName is the name of a sandbox's pod.
 func PodName(sandbox string) string { return sandbox }
 
-// LeaseName is the name of a sandbox's activity Lease; the Compute API
-// renews it, so the rule lives with the API types.
-func LeaseName(sandbox string) string { return v1alpha1.LeaseName(sandbox) }
+// ActivityClockName is the name of a sandbox's activity clock, the Lease
+// whose renewTime records its last activity; the Compute API renews it, so
+// the rule lives with the API types (as v1alpha1.LeaseName).
+func ActivityClockName(sandbox string) string { return v1alpha1.LeaseName(sandbox) }
 
 // TLSSecretName is the name of the Secret holding a sandbox's serving
 // certificate.
@@ -191,18 +192,43 @@ func (r *SandboxReconciler) podEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxT
 // an out-of-band deletion today, on resume once idle stop exists), never by
 // restarting a running pod.
 func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) *corev1.Pod {
-	image := tpl.Spec.Image
-	if image == "" {
-		image = r.DefaultImage
-	}
-	pullPolicy := tpl.Spec.ImagePullPolicy
-	if pullPolicy == "" {
-		pullPolicy = corev1.PullIfNotPresent
-	}
 	runtimeClass := tpl.Spec.RuntimeClassName
 	if runtimeClass == "" {
 		runtimeClass = v1alpha1.DefaultRuntimeClassName
 	}
+	volumes, mounts := podVolumes(sbx, tpl)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      PodName(workloadName(sbx)),
+			Namespace: sbx.Namespace,
+			Labels:    podLabels(sbx),
+		},
+		Spec: corev1.PodSpec{
+			RuntimeClassName: ptr.To(runtimeClass),
+			// The sandbox runs untrusted code: it gets no API credentials and
+			// no environment variables describing the cluster's Services.
+			AutomountServiceAccountToken: ptr.To(false),
+			EnableServiceLinks:           ptr.To(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true),
+				RunAsUser:    ptr.To(sandboxUID),
+				RunAsGroup:   ptr.To(sandboxUID),
+				FSGroup:      ptr.To(sandboxUID),
+				// A restored workspace is already owned by fsGroup; walking it
+				// on every start would slow resumes of large workspaces.
+				FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
+				SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			NodeSelector: maps.Clone(tpl.Spec.NodeSelector),
+			Tolerations:  copyTolerations(tpl.Spec.Tolerations),
+			Volumes:      volumes,
+			Containers:   []corev1.Container{r.sandboxContainer(sbx, tpl, mounts)},
+		},
+	}
+}
+
+// podLabels are the labels of the sandbox's pod.
+func podLabels(sbx *v1alpha1.Sandbox) map[string]string {
 	labels := sandboxLabels(sbx)
 	labels[v1alpha1.LabelTemplate] = sbx.Spec.TemplateRef.Name
 	// The pool's scale selector counts the pods of its unassigned
@@ -210,7 +236,13 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 	if pool := sbx.Labels[v1alpha1.LabelWarmPool]; pool != "" {
 		labels[v1alpha1.LabelWarmPool] = pool
 	}
+	return labels
+}
 
+// podVolumes are the pod's volumes and the sandbox container's mounts of
+// them: the workspace, a writable /tmp, the serving certificate and the
+// template's secret files.
+func podVolumes(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) ([]corev1.Volume, []corev1.VolumeMount) {
 	volumes := []corev1.Volume{
 		{Name: volumeWorkspace, VolumeSource: corev1.VolumeSource{
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: WorkspaceClaimName(workloadName(sbx))},
@@ -237,74 +269,59 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 		}}})
 		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: sf.MountPath, ReadOnly: true})
 	}
+	return volumes, mounts
+}
 
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      PodName(workloadName(sbx)),
-			Namespace: sbx.Namespace,
-			Labels:    labels,
-		},
-		Spec: corev1.PodSpec{
-			RuntimeClassName: ptr.To(runtimeClass),
-			// The sandbox runs untrusted code: it gets no API credentials and
-			// no environment variables describing the cluster's Services.
-			AutomountServiceAccountToken: ptr.To(false),
-			EnableServiceLinks:           ptr.To(false),
-			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot: ptr.To(true),
-				RunAsUser:    ptr.To(sandboxUID),
-				RunAsGroup:   ptr.To(sandboxUID),
-				FSGroup:      ptr.To(sandboxUID),
-				// A restored workspace is already owned by fsGroup; walking it
-				// on every start would slow resumes of large workspaces.
-				FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
-				SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+// sandboxContainer is the pod's only container, which runs the supervisor.
+func (r *SandboxReconciler) sandboxContainer(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, mounts []corev1.VolumeMount) corev1.Container {
+	image := tpl.Spec.Image
+	if image == "" {
+		image = r.DefaultImage
+	}
+	pullPolicy := tpl.Spec.ImagePullPolicy
+	if pullPolicy == "" {
+		pullPolicy = corev1.PullIfNotPresent
+	}
+	return corev1.Container{
+		Name:            ContainerName,
+		Image:           image,
+		ImagePullPolicy: pullPolicy,
+		Env:             r.podEnv(sbx, tpl),
+		Ports: []corev1.ContainerPort{{
+			Name:          SupervisorPortName,
+			ContainerPort: v1alpha1.SupervisorPort,
+			Protocol:      corev1.ProtocolTCP,
+		}},
+		// The supervisor requires a client certificate on its only
+		// port, and kubelet cannot present one, so an HTTP probe
+		// would always fail. A TCP connect is the next best signal:
+		// the supervisor opens its listener only after it has loaded
+		// and checked its certificate, so an open port means it can
+		// serve. (Its plain-HTTP health listener is on loopback,
+		// which kubelet's probes cannot reach; the liveness probe
+		// runs inside the pod.)
+		ReadinessProbe: &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{
+				TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(SupervisorPortName)},
 			},
-			NodeSelector: maps.Clone(tpl.Spec.NodeSelector),
-			Tolerations:  copyTolerations(tpl.Spec.Tolerations),
-			Volumes:      volumes,
-			Containers: []corev1.Container{{
-				Name:            ContainerName,
-				Image:           image,
-				ImagePullPolicy: pullPolicy,
-				Env:             r.podEnv(sbx, tpl),
-				Ports: []corev1.ContainerPort{{
-					Name:          SupervisorPortName,
-					ContainerPort: v1alpha1.SupervisorPort,
-					Protocol:      corev1.ProtocolTCP,
-				}},
-				// The supervisor requires a client certificate on its only
-				// port, and kubelet cannot present one, so an HTTP probe
-				// would always fail. A TCP connect is the next best signal:
-				// the supervisor opens its listener only after it has loaded
-				// and checked its certificate, so an open port means it can
-				// serve. (Its plain-HTTP health listener is on loopback,
-				// which kubelet's probes cannot reach; the liveness probe
-				// runs inside the pod.)
-				ReadinessProbe: &corev1.Probe{
-					ProbeHandler: corev1.ProbeHandler{
-						TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(SupervisorPortName)},
-					},
-					// Cold starts wait on this probe; a connect is cheap.
-					PeriodSeconds:    2,
-					TimeoutSeconds:   1,
-					FailureThreshold: 3,
-				},
-				LivenessProbe: livenessProbe.DeepCopy(),
-				Resources:     *tpl.Spec.Resources.DeepCopy(),
-				VolumeMounts:  mounts,
-				SecurityContext: &corev1.SecurityContext{
-					RunAsNonRoot:             ptr.To(true),
-					RunAsUser:                ptr.To(sandboxUID),
-					RunAsGroup:               ptr.To(sandboxUID),
-					AllowPrivilegeEscalation: ptr.To(false),
-					ReadOnlyRootFilesystem:   ptr.To(true),
-					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-				},
-				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-			}},
+			// Cold starts wait on this probe; a connect is cheap.
+			PeriodSeconds:    2,
+			TimeoutSeconds:   1,
+			FailureThreshold: 3,
 		},
+		LivenessProbe: livenessProbe.DeepCopy(),
+		Resources:     *tpl.Spec.Resources.DeepCopy(),
+		VolumeMounts:  mounts,
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             ptr.To(true),
+			RunAsUser:                ptr.To(sandboxUID),
+			RunAsGroup:               ptr.To(sandboxUID),
+			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
 }
 
@@ -327,12 +344,12 @@ func desiredWorkspaceClaim(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate)
 	}
 }
 
-// desiredLease is the sandbox's activity Lease as first created: renewed
-// now, so that a new sandbox counts as active, and held by nobody.
-func desiredLease(sbx *v1alpha1.Sandbox, now time.Time) *coordinationv1.Lease {
+// desiredActivityClock is the sandbox's activity clock as first created:
+// renewed now, so that a new sandbox counts as active, and held by nobody.
+func desiredActivityClock(sbx *v1alpha1.Sandbox, now time.Time) *coordinationv1.Lease {
 	return &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      LeaseName(sbx.Name),
+			Name:      ActivityClockName(sbx.Name),
 			Namespace: sbx.Namespace,
 			Labels:    sandboxLabels(sbx),
 		},

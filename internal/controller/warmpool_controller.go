@@ -11,9 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -24,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -75,20 +72,11 @@ type SandboxWarmPoolReconciler struct {
 
 // SetupWithManager registers the reconciler and its watches with mgr.
 func (r *SandboxWarmPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.Scheme == nil {
-		r.Scheme = mgr.GetScheme()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorder(WarmPoolControllerName)
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.SandboxWarmPool{}, templateRefIndex,
-		func(o client.Object) []string {
-			return []string{o.(*v1alpha1.SandboxWarmPool).Spec.TemplateRef.Name}
-		}); err != nil {
-		return fmt.Errorf("index warm pools by template: %w", err)
+	fillFromManager(mgr, WarmPoolControllerName, &r.Client, &r.Scheme, &r.Recorder)
+	if err := indexField(mgr, &v1alpha1.SandboxWarmPool{}, templateRefIndex, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.SandboxWarmPool).Spec.TemplateRef.Name}
+	}, "warm pools by template"); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(WarmPoolControllerName).
@@ -102,9 +90,7 @@ func (r *SandboxWarmPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 func (r *SandboxWarmPoolReconciler) poolsForTemplate(ctx context.Context, o client.Object) []reconcile.Request {
 	var list v1alpha1.SandboxWarmPoolList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-		client.MatchingFields{templateRefIndex: o.GetName()}); err != nil {
-		logf.FromContext(ctx).Error(err, "list warm pools of template", "template", client.ObjectKeyFromObject(o))
+	if !listOfTemplate(ctx, r, &list, o, "warm pools") {
 		return nil
 	}
 	return requestsFor(list.Items)
@@ -116,52 +102,97 @@ func (r *SandboxWarmPoolReconciler) now() time.Time { return nowOf(r.Clock) }
 // from the template as it is now, and reports them in the status.
 func (r *SandboxWarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var pool v1alpha1.SandboxWarmPool
-	if err := r.Get(ctx, req.NamespacedName, &pool); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !pool.DeletionTimestamp.IsZero() {
-		// Owner references take the warm sandboxes along.
-		return ctrl.Result{}, nil
+	// Once it is deleted, owner references take the warm sandboxes along.
+	if live, err := fetchLive(ctx, r, req, &pool); !live {
+		return ctrl.Result{}, err
 	}
 	base := pool.DeepCopy()
 	result, err := r.reconcilePool(ctx, readyReasonOf(base.Status.Conditions), &pool)
-	if err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-			logf.FromContext(ctx).V(1).Info("cache is behind; retrying", "reason", err.Error())
-			result, err = ctrl.Result{RequeueAfter: time.Second}, nil
-		} else {
-			r.setReady(&pool, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
-		}
+	if cacheBehind(ctx, err) {
+		// Unlike the other reconcilers, the status found so far is still
+		// written.
+		result, err = ctrl.Result{RequeueAfter: cacheRetry}, nil
+	} else if err != nil {
+		r.setReady(&pool, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
 	}
-	if !equality.Semantic.DeepEqual(base.Status, pool.Status) {
-		if serr := r.Status().Patch(ctx, &pool, client.MergeFrom(base)); serr != nil {
-			return ctrl.Result{}, errors.Join(err, fmt.Errorf("write status of warm pool %s: %w", pool.Name, serr))
-		}
+	if serr := patchStatusIfChanged(ctx, r.Client, base, &pool, base.Status, pool.Status, "warm pool"); serr != nil {
+		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
 }
 
+// reconcilePool runs a pass over the pool: its template, its sandboxes as
+// they are, the retiring of outdated ones, scaling to spec.replicas, and
+// the status.
 func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReason string, pool *v1alpha1.SandboxWarmPool) (ctrl.Result, error) {
 	pool.Status.ObservedGeneration = pool.Generation
 	pool.Status.Selector = labels.SelectorFromSet(labels.Set{v1alpha1.LabelWarmPool: pool.Name}).String()
 
-	var tpl v1alpha1.SandboxTemplate
-	haveTemplate := true
-	if err := r.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, fmt.Errorf("get SandboxTemplate %s: %w", pool.Spec.TemplateRef.Name, err)
-		}
-		haveTemplate = false
+	tpl, err := r.getTemplate(ctx, pool)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	hash := ""
-	if haveTemplate {
+	if tpl != nil {
 		hash = v1alpha1.TemplateHash(&tpl.Spec)
 	}
+	var result ctrl.Result
+	m, err := r.members(ctx, pool, tpl != nil, hash, &result)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	pending := r.pending(pool.UID, m.seen)
+	if pending > 0 {
+		result.RequeueAfter = minPositive(result.RequeueAfter, createExpiry)
+	}
 
+	// A rolled template replaces every warm sandbox at once: an outdated
+	// one is never adopted, so keeping it serves nobody.
+	for _, s := range m.outdated {
+		if err := r.retireWarm(ctx, pool, s, fmt.Sprintf("template %s changed", tpl.Name)); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	current, created, err := r.scale(ctx, pool, tpl, hash, m.current, pending)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	r.report(prevReason, pool, tpl != nil, current, pending+created, m.leased)
+	return result, nil
+}
+
+// getTemplate reads the pool's template; nil when it does not exist.
+func (r *SandboxWarmPoolReconciler) getTemplate(ctx context.Context, pool *v1alpha1.SandboxWarmPool) (*v1alpha1.SandboxTemplate, error) {
+	var tpl v1alpha1.SandboxTemplate
+	if err := r.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("get SandboxTemplate %s: %w", pool.Spec.TemplateRef.Name, err)
+		}
+		return nil, nil
+	}
+	return &tpl, nil
+}
+
+// poolMembers are the pool's sandboxes as one pass sees them.
+type poolMembers struct {
+	// current are the pool's own, made from the template as it is now;
+	// outdated those made from an earlier version of it.
+	current, outdated []*v1alpha1.Sandbox
+	// leased counts those out on a pool lease, or taken for one.
+	leased int
+	// seen holds the name of every sandbox carrying the pool's label.
+	seen map[string]bool
+}
+
+// members lists the pool's sandboxes and sorts them. A sandbox taken
+// from the pool, leased or claimed by an adopter is the pool's no more;
+// result is brought forward to when such a one needs looking at again.
+func (r *SandboxWarmPoolReconciler) members(ctx context.Context, pool *v1alpha1.SandboxWarmPool, haveTemplate bool, hash string, result *ctrl.Result) (poolMembers, error) {
+	m := poolMembers{seen: map[string]bool{}}
 	var list v1alpha1.SandboxList
 	if err := r.List(ctx, &list, client.InNamespace(pool.Namespace),
 		client.MatchingLabels{v1alpha1.LabelWarmPool: pool.Name}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("list sandboxes of warm pool %s: %w", pool.Name, err)
+		return m, fmt.Errorf("list sandboxes of warm pool %s: %w", pool.Name, err)
 	}
 	live := make(map[types.UID]bool, len(list.Items))
 	for i := range list.Items {
@@ -169,15 +200,11 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 	}
 	takes, err := r.poolTakes(ctx, pool, live)
 	if err != nil {
-		return ctrl.Result{}, err
+		return m, err
 	}
-	var result ctrl.Result
-	var current, outdated []*v1alpha1.Sandbox
-	leased := 0
-	seen := map[string]bool{}
 	for i := range list.Items {
 		s := &list.Items[i]
-		seen[s.Name] = true
+		m.seen[s.Name] = true
 		if !metav1.IsControlledBy(s, pool) || !s.DeletionTimestamp.IsZero() {
 			continue
 		}
@@ -187,11 +214,11 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 			// replacement starts now.
 			wait, err := r.settleTake(ctx, pool, s, t)
 			if err != nil {
-				return ctrl.Result{}, err
+				return m, err
 			}
 			result.RequeueAfter = minPositive(result.RequeueAfter, max(wait, time.Second))
 			if t.Taker == store.WarmTakenByLease {
-				leased++
+				m.leased++
 			}
 			continue
 		}
@@ -199,7 +226,7 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 			// Out on an ephemeral run, and never back: the Sandbox
 			// controller deletes it when the lease ends, so it is replaced
 			// now, and neither a template roll nor a scale-down touches it.
-			leased++
+			m.leased++
 			continue
 		}
 		if by := s.Annotations[v1alpha1.AnnotationAdoptedBy]; by != "" {
@@ -207,29 +234,24 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 			// it has its children. Unless the adopter went away first.
 			result.RequeueAfter = claimRecheck
 			if err := r.dropAbandonedClaim(ctx, pool, s, by); err != nil {
-				return ctrl.Result{}, err
+				return m, err
 			}
 			continue
 		}
 		if haveTemplate && s.Annotations[v1alpha1.AnnotationTemplateHash] != hash {
-			outdated = append(outdated, s)
+			m.outdated = append(m.outdated, s)
 			continue
 		}
-		current = append(current, s)
+		m.current = append(m.current, s)
 	}
-	pending := r.pending(pool.UID, seen)
-	if pending > 0 {
-		result.RequeueAfter = minPositive(result.RequeueAfter, createExpiry)
-	}
+	return m, nil
+}
 
-	// A rolled template replaces every warm sandbox at once: an outdated
-	// one is never adopted, so keeping it serves nobody.
-	for _, s := range outdated {
-		if err := r.retireWarm(ctx, pool, s, fmt.Sprintf("template %s changed", tpl.Name)); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-
+// scale brings the pool's current sandboxes and those created but not
+// seen yet (pending) to spec.replicas: it retires the surplus, and, when
+// the template exists, creates what is missing. It returns the current
+// sandboxes kept and how many it created.
+func (r *SandboxWarmPoolReconciler) scale(ctx context.Context, pool *v1alpha1.SandboxWarmPool, tpl *v1alpha1.SandboxTemplate, hash string, current []*v1alpha1.Sandbox, pending int) ([]*v1alpha1.Sandbox, int, error) {
 	want := int(pool.Spec.Replicas)
 	have := len(current) + pending
 	if have > want {
@@ -245,28 +267,34 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 		n := min(have-want, len(current))
 		for _, s := range current[:n] {
 			if err := r.retireWarm(ctx, pool, s, fmt.Sprintf("the pool is scaled to %d", want)); err != nil {
-				return ctrl.Result{}, err
+				return nil, 0, err
 			}
 		}
 		current = current[n:]
 		have -= n
 	}
 	created := 0
-	if haveTemplate {
+	if tpl != nil {
 		for ; have+created < want; created++ {
-			if err := r.createWarm(ctx, pool, &tpl, hash); err != nil {
-				return ctrl.Result{}, err
+			if err := r.createWarm(ctx, pool, tpl, hash); err != nil {
+				return nil, 0, err
 			}
 		}
 	}
+	return current, created, nil
+}
 
+// report sets the pool's replica counts and its Ready condition: current
+// are its sandboxes, starting counts those created but not seen yet.
+func (r *SandboxWarmPoolReconciler) report(prevReason string, pool *v1alpha1.SandboxWarmPool, haveTemplate bool, current []*v1alpha1.Sandbox, starting, leased int) {
+	want := int(pool.Spec.Replicas)
 	ready := 0
 	for _, s := range current {
 		if sandboxReady(s) {
 			ready++
 		}
 	}
-	pool.Status.Replicas = int32(len(current) + pending + created)
+	pool.Status.Replicas = int32(len(current) + starting)
 	pool.Status.ReadyReplicas = int32(ready)
 	pool.Status.LeasedReplicas = int32(leased)
 
@@ -288,7 +316,6 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonScaling,
 			fmt.Sprintf("%d of %d warm sandboxes are ready; %d are starting", ready, want, int(pool.Status.Replicas)-ready))
 	}
-	return result, nil
 }
 
 // createWarm creates one warm sandbox of the pool.
@@ -400,28 +427,11 @@ func (r *SandboxWarmPoolReconciler) pending(pool types.UID, seen map[string]bool
 }
 
 func (r *SandboxWarmPoolReconciler) setReady(pool *v1alpha1.SandboxWarmPool, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
-		Type:               v1alpha1.ConditionReady,
-		Status:             status,
-		Reason:             reason,
-		Message:            truncateMessage(msg),
-		ObservedGeneration: pool.Generation,
-		LastTransitionTime: metav1.NewTime(r.now().Truncate(time.Second)),
-	})
+	setCondition(&pool.Status.Conditions, v1alpha1.ConditionReady, pool.Generation, r.now(), status, reason, msg)
 }
 
 func (r *SandboxWarmPoolReconciler) event(pool *v1alpha1.SandboxWarmPool, related runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	r.Recorder.Eventf(pool, related, eventType, reason, action, "%s", truncateMessage(note))
-}
-
-func readyReasonOf(conds []metav1.Condition) string {
-	if c := meta.FindStatusCondition(conds, v1alpha1.ConditionReady); c != nil {
-		return c.Reason
-	}
-	return ""
+	recordEvent(r.Recorder, pool, related, eventType, reason, action, note)
 }
 
 func minPositive(a, b time.Duration) time.Duration {

@@ -29,7 +29,7 @@ func (w *warmEnv) lease(name, holder, request string) {
 func (w *warmEnv) changeLease(name string, edit func(*coordinationv1.Lease)) {
 	w.t.Helper()
 	var l coordinationv1.Lease
-	must(w.t, w.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: LeaseName(name)}, &l))
+	must(w.t, w.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: ActivityClockName(name)}, &l))
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}

@@ -354,7 +354,7 @@ func (w *warmEnv) wantAdopted(x, wName string, before childUIDs) {
 		t.Error("the adopter made children of its own")
 	}
 	var lease coordinationv1.Lease
-	if !w.exists(&lease, LeaseName(x)) {
+	if !w.exists(&lease, ActivityClockName(x)) {
 		t.Error("the adopter has no Lease of its own")
 	}
 	// The certificate was issued for the warm sandbox's name, and stays

@@ -39,7 +39,7 @@ import (
 //  3. move W's pod, workspace claim and TLS Secret to X: controller owner
 //     reference and X's sandbox and agent labels (labels are mutable, and
 //     nothing in the pod spec depends on X);
-//  4. delete W, whose Lease goes with it; X has its own.
+//  4. delete W, whose activity clock goes with it; X has its own.
 //
 // A pass that finds W claimed for X but no status.workload on X resumes at
 // step 2; one that finds status.workload set resumes at step 3.
@@ -298,7 +298,7 @@ func (r *SandboxReconciler) moveFromWarm(ctx context.Context, sbx *v1alpha1.Sand
 	}
 	if w.DeletionTimestamp.IsZero() {
 		// Its children are no longer its own, so deleting it takes only its
-		// Lease along.
+		// activity clock along.
 		if err := r.Delete(ctx, &w, client.Preconditions{UID: &w.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete adopted warm sandbox %s: %w", w.Name, err)
 		}

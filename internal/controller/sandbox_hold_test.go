@@ -100,7 +100,7 @@ func TestExpiredHoldIsReclaimed(t *testing.T) {
 	getLease := func() *coordinationv1.Lease {
 		t.Helper()
 		var l coordinationv1.Lease
-		must(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: LeaseName("sb-1")}, &l))
+		must(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: ActivityClockName("sb-1")}, &l))
 		return &l
 	}
 
@@ -197,7 +197,7 @@ func TestUnitReclaimLosesToHeartbeat(t *testing.T) {
 	f := newFakeEnv(t, unitSandbox("sb", "tpl"), unitTemplate("tpl"))
 	f.reconcile("sb")
 	var l coordinationv1.Lease
-	must(t, f.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: LeaseName("sb")}, &l))
+	must(t, f.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: ActivityClockName("sb")}, &l))
 	renewed := metav1.NewMicroTime(f.clock.Now().Add(-time.Minute))
 	l.Spec.HolderIdentity = ptr.To("run-1")
 	l.Spec.LeaseDurationSeconds = ptr.To[int32](10)
@@ -216,7 +216,7 @@ func TestUnitReclaimLosesToHeartbeat(t *testing.T) {
 	if res := f.reconcile("sb"); res.RequeueAfter != time.Second {
 		t.Errorf("requeue after %s on a conflicting reclaim, want 1s", res.RequeueAfter)
 	}
-	must(t, f.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: LeaseName("sb")}, &l))
+	must(t, f.c.Get(context.Background(), types.NamespacedName{Namespace: unitNS, Name: ActivityClockName("sb")}, &l))
 	if ptr.Deref(l.Spec.HolderIdentity, "") != "run-1" {
 		t.Errorf("holder = %v after a refused reclaim, want run-1", l.Spec.HolderIdentity)
 	}
