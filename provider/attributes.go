@@ -10,10 +10,16 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
 
 // Schema attributes that several resources declare alike, so that an
 // attribute reads and behaves the same wherever it appears.
+
+// defaultRuntimeClass is the CRDs' default RuntimeClass, which node pools
+// and templates plan when the configuration names none.
+const defaultRuntimeClass = agentboxv1alpha1.DefaultRuntimeClassName
 
 func idAttribute(kind string) schema.StringAttribute {
 	return schema.StringAttribute{

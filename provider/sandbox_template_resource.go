@@ -90,7 +90,6 @@ const (
 	defaultIdleTimeout    = "1h"
 	defaultPythonTimeout  = "30s"
 	defaultPythonMax      = "2m"
-	defaultRuntimeClass   = agentboxv1alpha1.DefaultRuntimeClassName
 	templateKind          = "SandboxTemplate"
 	sandboxTemplateTFType = "sandbox_template"
 )
@@ -104,8 +103,6 @@ var (
 		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType}}
 	mcpServerAttrTypes  = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType}}
 	secretFileAttrTypes = map[string]attr.Type{"secret_name": types.StringType, "mount_path": types.StringType}
-
-	pullPolicies = []string{string(corev1.PullAlways), string(corev1.PullIfNotPresent), string(corev1.PullNever)}
 )
 
 func (r *sandboxTemplateResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
+	corev1 "k8s.io/api/core/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -37,6 +38,10 @@ func (c stringCheck) ValidateString(_ context.Context, req validator.StringReque
 			fmt.Sprintf("%q: %v (must be %s)", req.ConfigValue.ValueString(), err, c.description))
 	}
 }
+
+// pullPolicies are the image pull policies, which OneOf validators check and
+// descriptions list.
+var pullPolicies = []string{string(corev1.PullAlways), string(corev1.PullIfNotPresent), string(corev1.PullNever)}
 
 // Names and values that Kubernetes and Helm define.
 var (

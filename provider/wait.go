@@ -19,10 +19,7 @@ import (
 // carries the last progress seen, which usually names the cause (the
 // controller's Ready condition, or no status at all when no control plane
 // runs).
-func waitObject[T any, PT interface {
-	*T
-	client.Object
-}](ctx context.Context, c client.Client, key k8stypes.NamespacedName, obj PT, timeout time.Duration,
+func waitObject[T any, PT crObject[T]](ctx context.Context, c client.Client, key k8stypes.NamespacedName, obj PT, timeout time.Duration,
 	ready func() (done bool, progress string)) error {
 	var last string
 	var lastErr error
