@@ -43,14 +43,14 @@ type crObject[T any] interface {
 	client.Object
 }
 
-// modelState is where a model is read from: a plan or a state.
-type modelState interface {
+// modelSource is where a model is read from: a plan or a state.
+type modelSource interface {
 	Get(ctx context.Context, target any) diag.Diagnostics
 }
 
 // modelAndClient reads the plan or state into m and returns the object
 // client, or nil when either failed (the diagnostics then say why).
-func modelAndClient(ctx context.Context, d *providerData, from modelState, m any, diags *diag.Diagnostics) client.Client {
+func modelAndClient(ctx context.Context, d *providerData, from modelSource, m any, diags *diag.Diagnostics) client.Client {
 	diags.Append(from.Get(ctx, m)...)
 	c := objectsOrDiag(d, diags)
 	if diags.HasError() {
