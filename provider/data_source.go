@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"regexp"
-	"strings"
+	"slices"
 
 	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/datasource/schema"
@@ -44,7 +44,7 @@ var changingSentence = regexp.MustCompile(`\s*Changing it [^.]*\.`)
 func computedAttributes(attrs map[string]rschema.Attribute, omit []string, diags *diag.Diagnostics) map[string]schema.Attribute {
 	out := make(map[string]schema.Attribute, len(attrs))
 	for name, a := range attrs {
-		if indexOf(omit, name) >= 0 || indexOf(terraformOnlyAttributes, name) >= 0 {
+		if slices.Contains(omit, name) || slices.Contains(terraformOnlyAttributes, name) {
 			continue
 		}
 		out[name] = computedAttribute(name, a, diags)
@@ -195,13 +195,4 @@ func withReadyCondition(ctx context.Context, status types.Object, conds []metav1
 	o, d := types.ObjectValue(attrTypes, values)
 	diags.Append(d...)
 	return o
-}
-
-// codeAlternatives renders names as "`a`", "`a` or `b`" or "`a`, `b` or `c`".
-func codeAlternatives(names []string) string {
-	list := codeList(names)
-	if i := strings.LastIndex(list, " and "); i >= 0 {
-		list = list[:i] + " or " + list[i+len(" and "):]
-	}
-	return list
 }

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -72,10 +73,10 @@ func TestDataSourceSchemas(t *testing.T) {
 				if strings.Contains(desc, "Changing it") {
 					t.Errorf("%s%s talks about changing it: %s", prefix, name, desc)
 				}
-				if indexOf(terraformOnlyAttributes, name) >= 0 {
+				if slices.Contains(terraformOnlyAttributes, name) {
 					t.Errorf("%s%s is a Terraform-only setting", prefix, name)
 				}
-				isArgument := prefix == typeName+"." && indexOf(want, name) >= 0
+				isArgument := prefix == typeName+"." && slices.Contains(want, name)
 				if input := a.IsRequired() || a.IsOptional(); input != isArgument {
 					t.Errorf("%s%s: required or optional = %v, want %v", prefix, name, input, isArgument)
 				}
@@ -120,7 +121,7 @@ func TestDataSourceAttributesFollowResources(t *testing.T) {
 		}
 		ds := schemas[typeName].Attributes
 		for name, a := range res {
-			if indexOf(terraformOnlyAttributes, name) >= 0 {
+			if slices.Contains(terraformOnlyAttributes, name) {
 				continue
 			}
 			d, ok := ds[name]

@@ -3,9 +3,6 @@ package provider
 import (
 	"context"
 	"fmt"
-	"net/netip"
-	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -23,14 +20,10 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
@@ -87,20 +80,11 @@ const (
 	defaultEgressProxyWait   = 5 * time.Minute
 	defaultEgressProxyDelete = 5 * time.Minute
 
-	// upstreamCredentialsKey is the key of the Secret the resource owns.
-	upstreamCredentialsKey = "credentials"
-	// upstreamSecretLabel marks a Secret as this resource's, naming the
-	// proxy, so that a Secret someone else made is never overwritten.
-	upstreamSecretLabel = "agentbox.dev/egress-proxy-upstream"
-
 	maxDomains = 1024
 	maxCIDRs   = 256
 )
 
-// upstreamSecretName names the Secret that holds upstream_credentials_wo.
-// The controller's own objects end in "-egress", "-egress-policy" and
-// "-egress-clients", so this suffix cannot collide with them.
-func upstreamSecretName(proxy string) string { return proxy + "-egress-upstream" }
+var egressProxyCR = crKind{kind: egressProxyKind, tfType: egressProxyTFType}
 
 // egressProxyMode is one value of `mode`: the validator, the attribute's
 // documentation and the configuration checks all come from this list.
@@ -149,102 +133,7 @@ var (
 	secretKeyAttrTypes = map[string]attr.Type{"name": types.StringType, "key": types.StringType}
 
 	egressReplicasRange = int64validator.Between(1, 100)
-
-	// domainPattern is the CRD's, so a plan fails where the API server would.
-	domainPattern = regexp.MustCompile(`^(\*\.)?([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	domainCheck   = stringCheck{
-		description: "a lower-case DNS name of at most 253 characters, optionally starting with `*.` to match every " +
-			"subdomain (but not the name itself), such as `api.example.com` or `*.example.com`",
-		check: func(s string) error {
-			if len(s) == 0 || len(s) > 253 {
-				return fmt.Errorf("length %d is not 1 to 253", len(s))
-			}
-			if !domainPattern.MatchString(s) {
-				return fmt.Errorf("not a lower-case domain name")
-			}
-			return nil
-		},
-	}
-	cidrCheck = stringCheck{
-		description: "an IPv4 or IPv6 network in CIDR notation with no host bits set, such as `10.0.0.0/8` or `fd00::/8`",
-		check: func(s string) error {
-			p, err := netip.ParsePrefix(s)
-			if err != nil {
-				return err
-			}
-			if p.Masked() != p {
-				return fmt.Errorf("host bits are set; the network is %s", p.Masked())
-			}
-			return nil
-		},
-	}
-	// neverAllowedCIDRs are the proxy's (egressproxy.NeverAllowedCIDRs, which
-	// a test holds this list to), less the IPv4-mapped range that
-	// allowedCIDRCheck refuses on its own.
-	neverAllowedCIDRs = []netip.Prefix{
-		netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("169.254.0.0/16"),
-		netip.MustParsePrefix("100.100.100.200/32"), netip.MustParsePrefix("::/128"), netip.MustParsePrefix("::1/128"),
-		netip.MustParsePrefix("fe80::/10"), netip.MustParsePrefix("fd00:ec2::254/128"),
-	}
-	allowedCIDRCheck = stringCheck{
-		description: cidrCheck.description + ", in plain IPv4 or IPv6 form (not IPv4-mapped), that overlaps none of " +
-			"`0.0.0.0/8`, loopback (`127.0.0.0/8`, `::1/128`), `::/128`, link-local (`169.254.0.0/16`, `fe80::/10`) and the " +
-			"metadata addresses `100.100.100.200` and `fd00:ec2::254`",
-		check: func(s string) error {
-			if err := cidrCheck.check(s); err != nil {
-				return err
-			}
-			p := netip.MustParsePrefix(s)
-			if p.Addr().Is4In6() {
-				return fmt.Errorf("an IPv4-mapped IPv6 network; write it as IPv4")
-			}
-			for _, never := range neverAllowedCIDRs {
-				if p.Overlaps(never) {
-					return fmt.Errorf("overlaps %s, which the proxy never reaches", never)
-				}
-			}
-			return nil
-		},
-	}
-	upstreamURLPattern = regexp.MustCompile(`^https?://[^/@\s]+/?$`)
-	upstreamURLCheck   = stringCheck{
-		description: "an `http://` or `https://` URL of a host and optional port, such as `http://proxy.example.com:8080`, " +
-			"without a path or credentials",
-		check: func(s string) error {
-			if len(s) > 2048 {
-				return fmt.Errorf("longer than 2048 characters")
-			}
-			if strings.Contains(s, "@") {
-				return fmt.Errorf("credentials in the URL; set upstream_credentials_wo or upstream_credentials_secret instead")
-			}
-			if !upstreamURLPattern.MatchString(s) {
-				return fmt.Errorf("not a proxy URL")
-			}
-			return nil
-		},
-	}
 )
-
-// credentialsCheck validates upstream credentials without ever repeating
-// them in an error, unlike stringCheck.
-type credentialsCheck struct{}
-
-const credentialsDescription = "`user:password`: a user name without `:`, a colon, then the password, on one line"
-
-func (credentialsCheck) Description(context.Context) string         { return credentialsDescription }
-func (credentialsCheck) MarkdownDescription(context.Context) string { return credentialsDescription }
-
-func (credentialsCheck) ValidateString(_ context.Context, req validator.StringRequest, resp *validator.StringResponse) {
-	if req.ConfigValue.IsNull() || req.ConfigValue.IsUnknown() {
-		return
-	}
-	s := req.ConfigValue.ValueString()
-	user, _, found := strings.Cut(s, ":")
-	if !found || user == "" || strings.ContainsAny(s, "\r\n") {
-		resp.Diagnostics.AddAttributeError(req.Path, "Invalid upstream credentials",
-			"The value (not shown, it is secret) must be "+credentialsDescription+".")
-	}
-}
 
 func (r *egressProxyResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
 	resp.TypeName = req.ProviderTypeName + "_" + egressProxyTFType
@@ -426,10 +315,9 @@ func (r *egressProxyResource) ModifyPlan(ctx context.Context, req resource.Modif
 func (r *egressProxyResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
 	var plan egressProxyModel
 	var creds types.String
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
 	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("upstream_credentials_wo"), &creds)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := plan.Timeouts.Create(ctx, defaultEgressProxyWait)
@@ -437,19 +325,10 @@ func (r *egressProxyResource) Create(ctx context.Context, req resource.CreateReq
 	ns := resolveNamespace(plan.Namespace, r.data)
 	obj := &agentboxv1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString(), Namespace: ns}}
 	obj.Spec = plan.spec(ctx, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	if resp.Diagnostics.HasError() || !egressProxyCR.create(ctx, c, obj, &resp.Diagnostics) {
 		return
 	}
 	key := client.ObjectKeyFromObject(obj)
-	if err := c.Create(ctx, obj); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			resp.Diagnostics.AddError(egressProxyKind+" already exists",
-				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_%s.<name> %s`.", key, egressProxyTFType, objectID(ns, obj.Name)))
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Create", key, egressProxyKind, err)
-		return
-	}
 	plan.ID = types.StringValue(objectID(ns, obj.Name))
 	plan.Namespace = types.StringValue(ns)
 	plan.setStatus(ctx, obj, &resp.Diagnostics)
@@ -460,7 +339,7 @@ func (r *egressProxyResource) Create(ctx context.Context, req resource.CreateReq
 		// After the proxy, so that the Secret can be owned by it; the
 		// controller waits for the Secret and its watch wakes it.
 		if err := writeUpstreamSecret(ctx, c, obj, creds.ValueString()); err != nil {
-			resp.Diagnostics.AddError(fmt.Sprintf("Cannot write the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			upstreamSecretDiag(&resp.Diagnostics, "write", key, err)
 			return
 		}
 	}
@@ -470,19 +349,13 @@ func (r *egressProxyResource) Create(ctx context.Context, req resource.CreateReq
 
 func (r *egressProxyResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
 	var state egressProxyModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
+	key := objectKey(state.Namespace, state.Name)
 	var obj agentboxv1alpha1.EgressProxy
-	if err := c.Get(ctx, key, &obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			resp.State.RemoveResource(ctx)
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Read", key, egressProxyKind, err)
+	if !egressProxyCR.read(ctx, c, key, &obj, resp) {
 		return
 	}
 	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
@@ -493,7 +366,7 @@ func (r *egressProxyResource) Read(ctx context.Context, req resource.ReadRequest
 		// then plans an update, which writes the Secret and reference again.
 		ok, err := upstreamSecretInUse(ctx, c, &obj)
 		if err != nil {
-			resp.Diagnostics.AddError(fmt.Sprintf("Cannot read the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			upstreamSecretDiag(&resp.Diagnostics, "read", key, err)
 			return
 		}
 		if !ok {
@@ -501,21 +374,17 @@ func (r *egressProxyResource) Read(ctx context.Context, req resource.ReadRequest
 		}
 	}
 	state.setStatus(ctx, &obj, &resp.Diagnostics)
-	if state.WaitForReady.IsNull() {
-		// Imported: the attribute is Terraform's own, so take its default.
-		state.WaitForReady = types.BoolValue(true)
-	}
+	defaultWaitForReady(&state.WaitForReady)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
 }
 
 func (r *egressProxyResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
 	var plan, prior egressProxyModel
 	var creds types.String
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
 	resp.Diagnostics.Append(req.State.Get(ctx, &prior)...)
 	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("upstream_credentials_wo"), &creds)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := plan.Timeouts.Update(ctx, defaultEgressProxyWait)
@@ -524,18 +393,10 @@ func (r *egressProxyResource) Update(ctx context.Context, req resource.UpdateReq
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: plan.Namespace.ValueString(), Name: plan.Name.ValueString()}
+	key := objectKey(plan.Namespace, plan.Name)
 	var obj agentboxv1alpha1.EgressProxy
 	// The whole spec is Terraform's: replacing it undoes out-of-band edits.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := c.Get(ctx, key, &obj); err != nil {
-			return err
-		}
-		obj.Spec = spec
-		return c.Update(ctx, &obj)
-	})
-	if err != nil {
-		apiErrorDiag(&resp.Diagnostics, "Update", key, egressProxyKind, err)
+	if !updateObject(ctx, egressProxyCR, c, key, &obj, func() { obj.Spec = spec }, &resp.Diagnostics) {
 		return
 	}
 	switch {
@@ -543,13 +404,13 @@ func (r *egressProxyResource) Update(ctx context.Context, req resource.UpdateReq
 		// A new version is a rotation; a version Read forgot means the
 		// Secret went missing. Either way the configuration's value goes in.
 		if err := writeUpstreamSecret(ctx, c, &obj, creds.ValueString()); err != nil {
-			resp.Diagnostics.AddError(fmt.Sprintf("Cannot write the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			upstreamSecretDiag(&resp.Diagnostics, "write", key, err)
 			return
 		}
 	case creds.IsNull():
 		// Credentials dropped or moved to a Secret of the user's: ours goes.
 		if err := deleteUpstreamSecret(ctx, c, &obj); err != nil {
-			resp.Diagnostics.AddError(fmt.Sprintf("Cannot delete the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+			upstreamSecretDiag(&resp.Diagnostics, "delete", key, err)
 			return
 		}
 	}
@@ -561,32 +422,21 @@ func (r *egressProxyResource) Update(ctx context.Context, req resource.UpdateReq
 
 func (r *egressProxyResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
 	var state egressProxyModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := state.Timeouts.Delete(ctx, defaultEgressProxyDelete)
 	resp.Diagnostics.Append(diags...)
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
-	obj := &agentboxv1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
+	obj := &agentboxv1alpha1.EgressProxy{ObjectMeta: namedObjectMeta(state.Namespace, state.Name)}
 	// The owner reference would have the garbage collector remove the
 	// Secret too, but a cluster without one (or a destroy racing it) must
 	// not keep credentials behind.
 	if err := deleteUpstreamSecret(ctx, c, obj); err != nil {
-		resp.Diagnostics.AddError(fmt.Sprintf("Cannot delete the upstream credentials Secret of %s %s", egressProxyKind, key), err.Error())
+		upstreamSecretDiag(&resp.Diagnostics, "delete", client.ObjectKeyFromObject(obj), err)
 		return
 	}
-	if err := c.Delete(ctx, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Delete", key, egressProxyKind, err)
-		return
-	}
-	if err := waitGone(ctx, c, key, &agentboxv1alpha1.EgressProxy{}, timeout); err != nil {
-		resp.Diagnostics.AddError(fmt.Sprintf("%s %s was not deleted within %s", egressProxyKind, key, timeout), err.Error())
-	}
+	egressProxyCR.delete(ctx, c, obj, timeout, &resp.Diagnostics)
 }
 
 func (r *egressProxyResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
@@ -601,17 +451,11 @@ func (r *egressProxyResource) waitAndRefresh(ctx context.Context, c client.Clien
 		return
 	}
 	var ep agentboxv1alpha1.EgressProxy
-	err := waitObject(ctx, c, key, &ep, timeout, func() (bool, string) {
+	waitReady(ctx, egressProxyCR, c, key, &ep, timeout, func() (bool, string) {
 		progress := fmt.Sprintf("%d ready endpoints (observed generation %d of %d); %s", len(ep.Status.ReadyEndpoints),
 			ep.Status.ObservedGeneration, ep.Generation, readyConditionText(ep.Status.Conditions, agentboxv1alpha1.ConditionReady))
 		return egressProxyReady(&ep), progress
-	})
-	if ep.Name != "" {
-		m.setStatus(ctx, &ep, diags)
-	}
-	if err != nil {
-		diags.AddError(fmt.Sprintf("%s %s did not become ready", egressProxyKind, key), err.Error())
-	}
+	}, func() { m.setStatus(ctx, &ep, diags) }, diags)
 }
 
 // egressProxyReady: a Ready condition about an older spec says nothing
@@ -654,10 +498,6 @@ func (m *egressProxyModel) spec(ctx context.Context, diags *diag.Diagnostics) ag
 		}
 	}
 	return s
-}
-
-func ownedSecretRef(proxy string) *agentboxv1alpha1.SecretKeySelector {
-	return &agentboxv1alpha1.SecretKeySelector{Name: upstreamSecretName(proxy), Key: upstreamCredentialsKey}
 }
 
 // fromSpec sets the attributes from the live spec. A reference to the
@@ -708,93 +548,4 @@ func (m *egressProxyModel) setStatus(ctx context.Context, ep *agentboxv1alpha1.E
 		st.Message = types.StringValue(cond.Message)
 	}
 	m.Status = objectValue(ctx, egressProxyStatusAttrTypes, st, diags)
-}
-
-// setValue maps an empty list to null unless state already holds an empty
-// set, so neither spelling of "nothing" shows up as a change.
-func setValue[S ~string](ctx context.Context, prior types.Set, s []S, diags *diag.Diagnostics) types.Set {
-	if len(s) == 0 {
-		if !prior.IsNull() && !prior.IsUnknown() && len(prior.Elements()) == 0 {
-			return prior
-		}
-		return types.SetNull(types.StringType)
-	}
-	v, d := types.SetValueFrom(ctx, types.StringType, s)
-	diags.Append(d...)
-	return v
-}
-
-// goSet returns a set's strings sorted, so the object's lists are stable.
-func goSet(ctx context.Context, v types.Set, diags *diag.Diagnostics) []string {
-	if v.IsNull() || v.IsUnknown() {
-		return nil
-	}
-	var s []string
-	diags.Append(v.ElementsAs(ctx, &s, false)...)
-	slices.Sort(s)
-	return s
-}
-
-// writeUpstreamSecret creates or updates the Secret holding the upstream
-// credentials, owned by the proxy so that the garbage collector removes it
-// with the proxy. A Secret of that name that the resource did not make is
-// left alone.
-func writeUpstreamSecret(ctx context.Context, c client.Client, ep *agentboxv1alpha1.EgressProxy, creds string) error {
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: upstreamSecretName(ep.Name), Namespace: ep.Namespace}}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		_, err := controllerutil.CreateOrUpdate(ctx, c, sec, func() error {
-			if !sec.CreationTimestamp.IsZero() && sec.Labels[upstreamSecretLabel] != ep.Name {
-				return fmt.Errorf("Secret %s/%s exists and was not made by this resource (no label %s=%s); rename or delete it",
-					sec.Namespace, sec.Name, upstreamSecretLabel, ep.Name)
-			}
-			if sec.Labels == nil {
-				sec.Labels = map[string]string{}
-			}
-			sec.Labels[upstreamSecretLabel] = ep.Name
-			sec.Labels["app.kubernetes.io/managed-by"] = "terraform-provider-agentbox"
-			sec.Type = corev1.SecretTypeOpaque
-			sec.Data = map[string][]byte{upstreamCredentialsKey: []byte(creds)}
-			return controllerutil.SetOwnerReference(ep, sec, scheme)
-		})
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("write Secret %s/%s: %w", sec.Namespace, sec.Name, err)
-	}
-	return nil
-}
-
-// deleteUpstreamSecret deletes the resource's own Secret, if there is one.
-func deleteUpstreamSecret(ctx context.Context, c client.Client, ep *agentboxv1alpha1.EgressProxy) error {
-	var sec corev1.Secret
-	key := k8stypes.NamespacedName{Namespace: ep.Namespace, Name: upstreamSecretName(ep.Name)}
-	if err := c.Get(ctx, key, &sec); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("get Secret %s: %w", key, err)
-	}
-	if sec.Labels[upstreamSecretLabel] != ep.Name {
-		return nil
-	}
-	if err := c.Delete(ctx, &sec, client.Preconditions{UID: &sec.UID}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete Secret %s: %w", key, err)
-	}
-	return nil
-}
-
-// upstreamSecretInUse reports whether the proxy refers to the resource's own
-// Secret and that Secret holds credentials.
-func upstreamSecretInUse(ctx context.Context, c client.Client, ep *agentboxv1alpha1.EgressProxy) (bool, error) {
-	if ep.Spec.Upstream == nil || ep.Spec.Upstream.CredentialsSecretRef == nil || *ep.Spec.Upstream.CredentialsSecretRef != *ownedSecretRef(ep.Name) {
-		return false, nil
-	}
-	var sec corev1.Secret
-	if err := c.Get(ctx, k8stypes.NamespacedName{Namespace: ep.Namespace, Name: upstreamSecretName(ep.Name)}, &sec); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("get Secret %s/%s: %w", ep.Namespace, upstreamSecretName(ep.Name), err)
-	}
-	return sec.Labels[upstreamSecretLabel] == ep.Name && len(sec.Data[upstreamCredentialsKey]) > 0, nil
 }

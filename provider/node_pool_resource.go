@@ -21,13 +21,9 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
-	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -84,6 +80,14 @@ const (
 	defaultNodePoolDelete = 5 * time.Minute
 )
 
+// nodePoolCR waits on destroy for the controller's finalizer, which takes
+// the pool's labels and taint off the nodes, so that a finished destroy
+// leaves the nodes clean.
+var nodePoolCR = crKind{
+	kind: nodePoolKind, tfType: nodePoolTFType, clusterScoped: true,
+	deleteTimeoutHint: "\n\nIf the platform was uninstalled first, nothing removes the pool's finalizer " + agentboxv1alpha1.Finalizer + ".",
+}
+
 // nodePoolMode is one value of `mode`: the validator, the attribute's
 // documentation and the configuration checks all come from this list.
 type nodePoolMode struct {
@@ -115,6 +119,26 @@ func nodePoolModeNames() []string {
 	return names
 }
 
+func modesRequiringNodeSelector() []string {
+	var names []string
+	for _, m := range nodePoolModes {
+		if m.requiresNodeSelector {
+			names = append(names, string(m.name))
+		}
+	}
+	return names
+}
+
+func modesUsingTaint() []string {
+	var names []string
+	for _, m := range nodePoolModes {
+		if m.usesTaint {
+			names = append(names, string(m.name))
+		}
+	}
+	return names
+}
+
 func findNodePoolMode(name string) (nodePoolMode, bool) {
 	for _, m := range nodePoolModes {
 		if string(m.name) == name {
@@ -127,32 +151,6 @@ func findNodePoolMode(name string) (nodePoolMode, bool) {
 var (
 	taintAttrTypes          = map[string]attr.Type{"key": types.StringType, "value": types.StringType, "effect": types.StringType}
 	nodePoolStatusAttrTypes = map[string]attr.Type{"nodes": types.ListType{ElemType: types.StringType}, "ready_nodes": types.Int64Type}
-
-	quantityCheck = stringCheck{
-		description: "a Kubernetes quantity such as `100m`, `64Mi` or `1`",
-		check: func(s string) error {
-			_, err := k8sresource.ParseQuantity(s)
-			return err
-		},
-	}
-	labelValueCheck = stringCheck{
-		description: "a label value: at most 63 letters, digits, `-`, `_` and `.`, starting and ending with a letter or digit, or empty",
-		check: func(s string) error {
-			if errs := validation.IsValidLabelValue(s); len(errs) > 0 {
-				return fmt.Errorf("%s", errs[0])
-			}
-			return nil
-		},
-	}
-	qualifiedNameCheck = stringCheck{
-		description: "a label or taint key: an optional DNS subdomain prefix and `/`, then at most 63 letters, digits, `-`, `_` and `.`",
-		check: func(s string) error {
-			if errs := validation.IsQualifiedName(s); len(errs) > 0 {
-				return fmt.Errorf("%s", errs[0])
-			}
-			return nil
-		},
-	}
 )
 
 func (r *nodePoolResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
@@ -251,26 +249,6 @@ func (r *nodePoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 	}
 }
 
-func modesRequiringNodeSelector() []string {
-	var names []string
-	for _, m := range nodePoolModes {
-		if m.requiresNodeSelector {
-			names = append(names, string(m.name))
-		}
-	}
-	return names
-}
-
-func modesUsingTaint() []string {
-	var names []string
-	for _, m := range nodePoolModes {
-		if m.usesTaint {
-			names = append(names, string(m.name))
-		}
-	}
-	return names
-}
-
 func (r *nodePoolResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
 	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
 }
@@ -312,26 +290,15 @@ func (r *nodePoolResource) ModifyPlan(ctx context.Context, req resource.ModifyPl
 
 func (r *nodePoolResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
 	var plan nodePoolModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := plan.Timeouts.Create(ctx, defaultNodePoolWait)
 	resp.Diagnostics.Append(diags...)
 	obj := &agentboxv1alpha1.GVisorNodePool{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString()}}
 	obj.Spec = plan.spec(ctx, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	key := client.ObjectKeyFromObject(obj)
-	if err := c.Create(ctx, obj); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			resp.Diagnostics.AddError(nodePoolKind+" already exists",
-				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_%s.<name> %s`.", obj.Name, nodePoolTFType, obj.Name))
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Create", key, nodePoolKind, err)
+	if resp.Diagnostics.HasError() || !nodePoolCR.create(ctx, c, obj, &resp.Diagnostics) {
 		return
 	}
 	plan.ID = types.StringValue(obj.Name)
@@ -339,42 +306,31 @@ func (r *nodePoolResource) Create(ctx context.Context, req resource.CreateReques
 	// Saved before waiting: a pool that never becomes ready still exists
 	// and must be in state so that destroy removes it.
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
-	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	r.waitAndRefresh(ctx, c, client.ObjectKeyFromObject(obj), &plan, timeout, &resp.Diagnostics)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 }
 
 func (r *nodePoolResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
 	var state nodePoolModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Name: state.Name.ValueString()}
 	var obj agentboxv1alpha1.GVisorNodePool
-	if err := c.Get(ctx, key, &obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			resp.State.RemoveResource(ctx)
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Read", key, nodePoolKind, err)
+	if !nodePoolCR.read(ctx, c, k8stypes.NamespacedName{Name: state.Name.ValueString()}, &obj, resp) {
 		return
 	}
 	state.ID = types.StringValue(obj.Name)
 	state.fromSpec(ctx, &obj.Spec, &resp.Diagnostics)
 	state.setStatus(ctx, &obj.Status, &resp.Diagnostics)
-	if state.WaitForReady.IsNull() {
-		// Imported: the attribute is Terraform's own, so take its default.
-		state.WaitForReady = types.BoolValue(true)
-	}
+	defaultWaitForReady(&state.WaitForReady)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
 }
 
 func (r *nodePoolResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
 	var plan nodePoolModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := plan.Timeouts.Update(ctx, defaultNodePoolWait)
@@ -387,15 +343,7 @@ func (r *nodePoolResource) Update(ctx context.Context, req resource.UpdateReques
 	var obj agentboxv1alpha1.GVisorNodePool
 	// The whole spec is Terraform's: replacing it undoes out-of-band edits.
 	// The controller adds a finalizer, hence the retry on conflict.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := c.Get(ctx, key, &obj); err != nil {
-			return err
-		}
-		obj.Spec = spec
-		return c.Update(ctx, &obj)
-	})
-	if err != nil {
-		apiErrorDiag(&resp.Diagnostics, "Update", key, nodePoolKind, err)
+	if !updateObject(ctx, nodePoolCR, c, key, &obj, func() { obj.Spec = spec }, &resp.Diagnostics) {
 		return
 	}
 	plan.setStatus(ctx, &obj.Status, &resp.Diagnostics)
@@ -406,28 +354,14 @@ func (r *nodePoolResource) Update(ctx context.Context, req resource.UpdateReques
 
 func (r *nodePoolResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
 	var state nodePoolModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := state.Timeouts.Delete(ctx, defaultNodePoolDelete)
 	resp.Diagnostics.Append(diags...)
-	key := k8stypes.NamespacedName{Name: state.Name.ValueString()}
-	obj := &agentboxv1alpha1.GVisorNodePool{ObjectMeta: metav1.ObjectMeta{Name: key.Name}}
-	if err := c.Delete(ctx, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Delete", key, nodePoolKind, err)
-		return
-	}
-	// The controller's finalizer takes the pool's labels and taint off the
-	// nodes; waiting for it means a finished destroy leaves the nodes clean.
-	if err := waitGone(ctx, c, key, &agentboxv1alpha1.GVisorNodePool{}, timeout); err != nil {
-		resp.Diagnostics.AddError(fmt.Sprintf("%s %s was not deleted within %s", nodePoolKind, key.Name, timeout),
-			err.Error()+"\n\nIf the platform was uninstalled first, nothing removes the pool's finalizer "+agentboxv1alpha1.Finalizer+".")
-	}
+	obj := &agentboxv1alpha1.GVisorNodePool{ObjectMeta: metav1.ObjectMeta{Name: state.Name.ValueString()}}
+	nodePoolCR.delete(ctx, c, obj, timeout, &resp.Diagnostics)
 }
 
 func (r *nodePoolResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
@@ -448,20 +382,14 @@ func (r *nodePoolResource) waitAndRefresh(ctx context.Context, c client.Client, 
 		return
 	}
 	var pool agentboxv1alpha1.GVisorNodePool
-	err := waitObject(ctx, c, key, &pool, timeout, func() (bool, string) {
+	waitReady(ctx, nodePoolCR, c, key, &pool, timeout, func() (bool, string) {
 		cond := apimeta.FindStatusCondition(pool.Status.Conditions, agentboxv1alpha1.ConditionReady)
 		// A condition about an older spec says nothing about this one.
 		current := cond != nil && cond.ObservedGeneration >= pool.Generation
 		progress := fmt.Sprintf("%d of %d selected nodes ready; %s", pool.Status.ReadyNodes, len(pool.Status.Nodes),
 			readyConditionText(pool.Status.Conditions, agentboxv1alpha1.ConditionReady))
 		return current && cond.Status == metav1.ConditionTrue, progress
-	})
-	if pool.Name != "" {
-		m.setStatus(ctx, &pool.Status, diags)
-	}
-	if err != nil {
-		diags.AddError(fmt.Sprintf("%s %s did not become ready", nodePoolKind, key.Name), err.Error())
-	}
+	}, func() { m.setStatus(ctx, &pool.Status, diags) }, diags)
 }
 
 func (m *nodePoolObjectModel) spec(ctx context.Context, diags *diag.Diagnostics) agentboxv1alpha1.GVisorNodePoolSpec {

@@ -1,26 +1,18 @@
 package provider
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
-	"github.com/hashicorp/terraform-plugin-framework/path"
-	"github.com/hashicorp/terraform-plugin-framework/resource"
-	"github.com/hashicorp/terraform-plugin-framework/tfsdk"
-	"github.com/hashicorp/terraform-plugin-framework/types"
-	"github.com/hashicorp/terraform-plugin-framework/types/basetypes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stypes "k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +21,9 @@ import (
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
+
+// The client for the cluster's objects, and what its errors mean to the
+// person running Terraform.
 
 // scheme knows the built-in kinds and agentbox's own.
 var scheme = func() *runtime.Scheme {
@@ -69,39 +64,6 @@ func newObjectClient(cfg *rest.Config) (client.Client, error) {
 	return c, nil
 }
 
-// objectID is the Terraform ID of a namespaced object: "<namespace>/<name>".
-func objectID(namespace, name string) string { return namespace + "/" + name }
-
-// parseImportID accepts "<namespace>/<name>" or, for objects in the
-// provider's default namespace, "<name>".
-func parseImportID(id, defaultNamespace string) (k8stypes.NamespacedName, error) {
-	parts := strings.Split(id, "/")
-	switch {
-	case len(parts) == 1 && parts[0] != "" && defaultNamespace != "":
-		return k8stypes.NamespacedName{Namespace: defaultNamespace, Name: parts[0]}, nil
-	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
-		return k8stypes.NamespacedName{Namespace: parts[0], Name: parts[1]}, nil
-	}
-	return k8stypes.NamespacedName{}, fmt.Errorf("import ID %q is not \"<namespace>/<name>\" or \"<name>\"", id)
-}
-
-// importObject sets the identifying attributes of an imported object; Read
-// fills in the rest.
-func importObject(ctx context.Context, d *providerData, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
-	ns := ""
-	if d != nil {
-		ns, _ = d.Namespace()
-	}
-	key, err := parseImportID(req.ID, ns)
-	if err != nil {
-		resp.Diagnostics.AddError("Invalid import ID", err.Error())
-		return
-	}
-	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("id"), objectID(key.Namespace, key.Name))...)
-	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("namespace"), key.Namespace)...)
-	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("name"), key.Name)...)
-}
-
 // objectsOrDiag returns the object client, or adds a diagnostic that says
 // why the cluster cannot be reached.
 func objectsOrDiag(d *providerData, diags *diag.Diagnostics) client.Client {
@@ -134,18 +96,6 @@ func apiErrorDiag(diags *diag.Diagnostics, action string, key k8stypes.Namespace
 	diags.AddError(fmt.Sprintf("Cannot %s %s %s", strings.ToLower(action), kind, key), detail)
 }
 
-// waitGone waits until the object no longer exists, so that a destroy
-// followed by a create of the same name does not collide with finalizers.
-func waitGone(ctx context.Context, c client.Client, key k8stypes.NamespacedName, obj client.Object, timeout time.Duration) error {
-	return wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		err := c.Get(ctx, key, obj)
-		if apierrors.IsNotFound(err) {
-			return true, nil
-		}
-		return false, ignoreTransient(err)
-	})
-}
-
 // ignoreTransient keeps polling through errors that a retry can fix.
 func ignoreTransient(err error) error {
 	if err == nil || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
@@ -157,41 +107,4 @@ func ignoreTransient(err error) error {
 		return nil
 	}
 	return err
-}
-
-// defaultNamespace plans the provider's namespace for a resource whose
-// configuration names none. It belongs in ModifyPlan: only the resource
-// instance serving a request is configured, and plan modifiers in a schema
-// may come from another instance that never sees the provider's settings.
-func defaultNamespace(ctx context.Context, d *providerData, config tfsdk.Config, planned *types.String, diags *diag.Diagnostics) {
-	if !planned.IsUnknown() || d == nil {
-		return
-	}
-	var configured basetypes.StringValue
-	diags.Append(config.GetAttribute(ctx, path.Root("namespace"), &configured)...)
-	if !configured.IsNull() {
-		return
-	}
-	if ns, ok := d.Namespace(); ok {
-		*planned = basetypes.NewStringValue(ns)
-	}
-}
-
-// planObjectID plans the namespace and, with it, the ID of a resource that
-// wraps one namespaced object, so plans show where the object will live.
-func planObjectID(ctx context.Context, d *providerData, req resource.ModifyPlanRequest, resp *resource.ModifyPlanResponse) {
-	if req.Plan.Raw.IsNull() {
-		return
-	}
-	var ns, name basetypes.StringValue
-	resp.Diagnostics.Append(req.Plan.GetAttribute(ctx, path.Root("namespace"), &ns)...)
-	resp.Diagnostics.Append(req.Plan.GetAttribute(ctx, path.Root("name"), &name)...)
-	defaultNamespace(ctx, d, req.Config, &ns, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	resp.Diagnostics.Append(resp.Plan.SetAttribute(ctx, path.Root("namespace"), ns)...)
-	if !ns.IsUnknown() && !name.IsUnknown() {
-		resp.Diagnostics.Append(resp.Plan.SetAttribute(ctx, path.Root("id"), objectID(ns.ValueString(), name.ValueString()))...)
-	}
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
 	"github.com/hashicorp/terraform-plugin-log/tflog"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/chart"
 )
@@ -67,36 +66,14 @@ const (
 	statusDeployed         = "deployed"
 )
 
-// releaseNamePattern is Helm's own rule for release names (it stores them in
-// Secret names and labels, hence 53 characters).
-var (
-	releaseNamePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	releaseNameCheck   = stringCheck{
-		description: "a Helm release name: at most 53 lower-case letters, digits, `-` and `.`, starting and ending with a letter or digit",
-		check: func(s string) error {
-			if len(s) > 53 || !releaseNamePattern.MatchString(s) {
-				return errors.New("not a valid release name")
-			}
-			return nil
-		},
-	}
-	namespaceCheck = stringCheck{
-		description: "a namespace name (an RFC 1123 label)",
-		check: func(s string) error {
-			if errs := validation.IsDNS1123Label(s); len(errs) > 0 {
-				return errors.New(errs[0])
-			}
-			return nil
-		},
-	}
-	valuesCheck = stringCheck{
-		description: "a YAML map of chart values",
-		check: func(s string) error {
-			_, err := chart.ParseValues(s)
-			return err
-		},
-	}
-)
+// valuesCheck checks what the chart reads, so it stays with the platform.
+var valuesCheck = stringCheck{
+	description: "a YAML map of chart values",
+	check: func(s string) error {
+		_, err := chart.ParseValues(s)
+		return err
+	},
+}
 
 func (r *platformResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
 	resp.TypeName = req.ProviderTypeName + "_platform"

@@ -1,4 +1,3 @@
-// Package provider implements the agentbox Terraform provider.
 package provider
 
 import (
@@ -7,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -289,7 +289,7 @@ var rules = []rule{
 }
 
 func (r rule) describe(name string) string {
-	i := indexOf(r.attrs, name)
+	i := slices.Index(r.attrs, name)
 	if i < 0 {
 		return ""
 	}
@@ -564,25 +564,4 @@ func providerDataFrom(v any, diags *diag.Diagnostics) *providerData {
 		return nil
 	}
 	return d
-}
-
-func indexOf(list []string, s string) int {
-	for i, x := range list {
-		if x == s {
-			return i
-		}
-	}
-	return -1
-}
-
-// codeList renders names as "`a`", "`a` and `b`" or "`a`, `b` and `c`".
-func codeList(names []string) string {
-	quoted := make([]string, len(names))
-	for i, n := range names {
-		quoted[i] = "`" + n + "`"
-	}
-	if len(quoted) < 2 {
-		return strings.Join(quoted, "")
-	}
-	return strings.Join(quoted[:len(quoted)-1], ", ") + " and " + quoted[len(quoted)-1]
 }

@@ -15,12 +15,10 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
 	"github.com/hashicorp/terraform-plugin-log/tflog"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -58,12 +56,18 @@ type sandboxObjectModel struct {
 
 const (
 	sandboxKind          = "Sandbox"
+	sandboxTFType        = "sandbox"
 	defaultCreateTimeout = 10 * time.Minute
 	defaultDeleteTimeout = 5 * time.Minute
 )
 
+// sandboxCR deletes in the foreground: the pod and volume go before the
+// Sandbox does, so a finished destroy means the agent's compute is really
+// gone.
+var sandboxCR = crKind{kind: sandboxKind, tfType: sandboxTFType, foregroundDelete: true}
+
 func (r *sandboxResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
-	resp.TypeName = req.ProviderTypeName + "_sandbox"
+	resp.TypeName = req.ProviderTypeName + "_" + sandboxTFType
 }
 
 func (r *sandboxResource) Schema(ctx context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
@@ -121,9 +125,8 @@ func (r *sandboxResource) ModifyPlan(ctx context.Context, req resource.ModifyPla
 
 func (r *sandboxResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
 	var plan sandboxModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := plan.Timeouts.Create(ctx, defaultCreateTimeout)
@@ -131,17 +134,7 @@ func (r *sandboxResource) Create(ctx context.Context, req resource.CreateRequest
 	ns := resolveNamespace(plan.Namespace, r.data)
 	obj := &agentboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString(), Namespace: ns}}
 	obj.Spec = plan.spec(&resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	key := client.ObjectKeyFromObject(obj)
-	if err := c.Create(ctx, obj); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			resp.Diagnostics.AddError("Sandbox already exists",
-				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_sandbox.<name> %s`.", key, objectID(ns, obj.Name)))
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Create", key, sandboxKind, err)
+	if resp.Diagnostics.HasError() || !sandboxCR.create(ctx, c, obj, &resp.Diagnostics) {
 		return
 	}
 	plan.ID = types.StringValue(objectID(ns, obj.Name))
@@ -150,61 +143,45 @@ func (r *sandboxResource) Create(ctx context.Context, req resource.CreateRequest
 	// and must be in state so that destroy removes it.
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 	if plan.WaitForReady.ValueBool() {
+		key := client.ObjectKeyFromObject(obj)
 		if err := waitSandboxRunning(ctx, c, key, timeout); err != nil {
-			resp.Diagnostics.AddError(fmt.Sprintf("Sandbox %s did not become ready", key), err.Error())
+			resp.Diagnostics.AddError(fmt.Sprintf("%s %s did not become ready", sandboxKind, key), err.Error())
 		}
 	}
 }
 
 func (r *sandboxResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
 	var state sandboxModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
 	var obj agentboxv1alpha1.Sandbox
-	if err := c.Get(ctx, key, &obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			resp.State.RemoveResource(ctx)
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Read", key, sandboxKind, err)
+	if !sandboxCR.read(ctx, c, objectKey(state.Namespace, state.Name), &obj, resp) {
 		return
 	}
 	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
 	state.fromSpec(&obj.Spec)
-	if state.WaitForReady.IsNull() {
-		// Imported: the attribute is Terraform's own, so take its default.
-		state.WaitForReady = types.BoolValue(true)
-	}
+	defaultWaitForReady(&state.WaitForReady)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
 }
 
 func (r *sandboxResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
 	var plan sandboxModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: plan.Namespace.ValueString(), Name: plan.Name.ValueString()}
+	key := objectKey(plan.Namespace, plan.Name)
 	spec := plan.spec(&resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var obj agentboxv1alpha1.Sandbox
-		if err := c.Get(ctx, key, &obj); err != nil {
-			return err
-		}
+	var obj agentboxv1alpha1.Sandbox
+	if !updateObject(ctx, sandboxCR, c, key, &obj, func() {
 		obj.Spec.IdleTimeout = spec.IdleTimeout
 		obj.Spec.Ephemeral = spec.Ephemeral
-		return c.Update(ctx, &obj)
-	})
-	if err != nil {
-		apiErrorDiag(&resp.Diagnostics, "Update", key, sandboxKind, err)
+	}, &resp.Diagnostics) {
 		return
 	}
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
@@ -212,27 +189,14 @@ func (r *sandboxResource) Update(ctx context.Context, req resource.UpdateRequest
 
 func (r *sandboxResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
 	var state sandboxModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := state.Timeouts.Delete(ctx, defaultDeleteTimeout)
 	resp.Diagnostics.Append(diags...)
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
-	obj := &agentboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
-	// Foreground: the pod and volume go before the Sandbox does, so a
-	// finished destroy means the agent's compute is really gone.
-	if err := c.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Delete", key, sandboxKind, err)
-		return
-	}
-	if err := waitGone(ctx, c, key, &agentboxv1alpha1.Sandbox{}, timeout); err != nil {
-		resp.Diagnostics.AddError(fmt.Sprintf("Sandbox %s was not deleted within %s", key, timeout), err.Error())
-	}
+	obj := &agentboxv1alpha1.Sandbox{ObjectMeta: namedObjectMeta(state.Namespace, state.Name)}
+	sandboxCR.delete(ctx, c, obj, timeout, &resp.Diagnostics)
 }
 
 func (r *sandboxResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {

@@ -2,7 +2,6 @@ package provider
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
 	"github.com/hashicorp/terraform-plugin-framework/attr"
@@ -10,15 +9,11 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/objectdefault"
-	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
-	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
@@ -95,10 +90,11 @@ const (
 	defaultIdleTimeout    = "1h"
 	defaultPythonTimeout  = "30s"
 	defaultPythonMax      = "2m"
-	defaultRuntimeClass   = agentboxv1alpha1.DefaultRuntimeClassName
 	templateKind          = "SandboxTemplate"
 	sandboxTemplateTFType = "sandbox_template"
 )
+
+var templateCR = crKind{kind: templateKind, tfType: sandboxTemplateTFType}
 
 var (
 	resourcesAttrTypes = map[string]attr.Type{"requests": types.MapType{ElemType: types.StringType}, "limits": types.MapType{ElemType: types.StringType}}
@@ -107,8 +103,6 @@ var (
 		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType}}
 	mcpServerAttrTypes  = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType}}
 	secretFileAttrTypes = map[string]attr.Type{"secret_name": types.StringType, "mount_path": types.StringType}
-
-	pullPolicies = []string{string(corev1.PullAlways), string(corev1.PullIfNotPresent), string(corev1.PullNever)}
 )
 
 func (r *sandboxTemplateResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
@@ -255,25 +249,14 @@ func (r *sandboxTemplateResource) ModifyPlan(ctx context.Context, req resource.M
 
 func (r *sandboxTemplateResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
 	var plan sandboxTemplateModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	ns := resolveNamespace(plan.Namespace, r.data)
 	obj := &agentboxv1alpha1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString(), Namespace: ns}}
 	obj.Spec = plan.spec(ctx, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	key := k8stypes.NamespacedName{Namespace: ns, Name: obj.Name}
-	if err := c.Create(ctx, obj); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			resp.Diagnostics.AddError("SandboxTemplate already exists",
-				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_sandbox_template.<name> %s`.", key, objectID(ns, obj.Name)))
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Create", key, templateKind, err)
+	if resp.Diagnostics.HasError() || !templateCR.create(ctx, c, obj, &resp.Diagnostics) {
 		return
 	}
 	plan.ID = types.StringValue(objectID(ns, obj.Name))
@@ -283,19 +266,12 @@ func (r *sandboxTemplateResource) Create(ctx context.Context, req resource.Creat
 
 func (r *sandboxTemplateResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
 	var state sandboxTemplateModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
 	var obj agentboxv1alpha1.SandboxTemplate
-	if err := c.Get(ctx, key, &obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			resp.State.RemoveResource(ctx)
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Read", key, templateKind, err)
+	if !templateCR.read(ctx, c, objectKey(state.Namespace, state.Name), &obj, resp) {
 		return
 	}
 	state.fromSpec(ctx, &obj.Spec, &resp.Diagnostics)
@@ -305,12 +281,11 @@ func (r *sandboxTemplateResource) Read(ctx context.Context, req resource.ReadReq
 
 func (r *sandboxTemplateResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
 	var plan sandboxTemplateModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: plan.Namespace.ValueString(), Name: plan.Name.ValueString()}
+	key := objectKey(plan.Namespace, plan.Name)
 	spec := plan.spec(ctx, &resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
@@ -331,16 +306,12 @@ func (r *sandboxTemplateResource) Update(ctx context.Context, req resource.Updat
 
 func (r *sandboxTemplateResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
 	var state sandboxTemplateModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
-	obj := &agentboxv1alpha1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
-	if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
-		apiErrorDiag(&resp.Diagnostics, "Delete", key, templateKind, err)
-	}
+	obj := &agentboxv1alpha1.SandboxTemplate{ObjectMeta: namedObjectMeta(state.Namespace, state.Name)}
+	templateCR.delete(ctx, c, obj, noDeleteWait, &resp.Diagnostics)
 }
 
 func (r *sandboxTemplateResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
@@ -429,75 +400,11 @@ func (m *sandboxTemplateModel) fromSpec(ctx context.Context, s *agentboxv1alpha1
 		}
 	}
 	m.Env = mapValue(ctx, m.Env, env, diags)
-
-	var priorRes resourcesModel
-	if !m.Resources.IsNull() && !m.Resources.IsUnknown() {
-		diags.Append(m.Resources.As(ctx, &priorRes, objectAsOptions)...)
-	}
-	if len(s.Resources.Requests) == 0 && len(s.Resources.Limits) == 0 {
-		m.Resources = types.ObjectNull(resourcesAttrTypes)
-	} else {
-		rm := resourcesModel{
-			Requests: quantityMap(ctx, priorRes.Requests, s.Resources.Requests, diags),
-			Limits:   quantityMap(ctx, priorRes.Limits, s.Resources.Limits, diags),
-		}
-		m.Resources = objectValue(ctx, resourcesAttrTypes, rm, diags)
-	}
-
-	var wm workspaceModel
-	if !m.Workspace.IsNull() && !m.Workspace.IsUnknown() {
-		diags.Append(m.Workspace.As(ctx, &wm, objectAsOptions)...)
-	}
-	wm.Size = keepQuantity(wm.Size, s.Workspace.Size)
-	wm.StorageClassName = stringPtrValue(s.Workspace.StorageClassName)
-	wm.VolumeSnapshotClassName = stringPtrValue(s.Workspace.VolumeSnapshotClassName)
-	wm.MountPath = types.StringValue(s.Workspace.MountPath)
-	m.Workspace = objectValue(ctx, workspaceAttrTypes, wm, diags)
-
-	var pm pythonModel
-	if !m.Python.IsNull() && !m.Python.IsUnknown() {
-		diags.Append(m.Python.As(ctx, &pm, objectAsOptions)...)
-	}
-	pm.DefaultTimeout = keepDuration(pm.DefaultTimeout, s.Python.DefaultTimeout.Duration)
-	pm.MaxTimeout = keepDuration(pm.MaxTimeout, s.Python.MaxTimeout.Duration)
-	pm.IndexURL = stringOrNull(s.Python.IndexURL)
-	pm.ExtraIndexURLs = listValue(ctx, pm.ExtraIndexURLs, s.Python.ExtraIndexURLs, diags)
-	pm.AllowedPackages = listValue(ctx, pm.AllowedPackages, s.Python.AllowedPackages, diags)
-	m.Python = objectValue(ctx, pythonAttrTypes, pm, diags)
-
-	var priorServers []mcpServerModel
-	if !m.MCPServers.IsNull() && !m.MCPServers.IsUnknown() {
-		diags.Append(m.MCPServers.ElementsAs(ctx, &priorServers, false)...)
-	}
-	if len(s.MCPServers) == 0 {
-		m.MCPServers = types.ListNull(types.ObjectType{AttrTypes: mcpServerAttrTypes})
-	} else {
-		servers := make([]mcpServerModel, len(s.MCPServers))
-		for i, sv := range s.MCPServers {
-			var prior mcpServerModel
-			if i < len(priorServers) {
-				prior = priorServers[i]
-			}
-			servers[i] = mcpServerModel{
-				Name: types.StringValue(sv.Name), Command: types.StringValue(sv.Command),
-				Args: listValue(ctx, prior.Args, sv.Args, diags), Env: mapValue(ctx, prior.Env, sv.Env, diags),
-			}
-		}
-		v, d := types.ListValueFrom(ctx, types.ObjectType{AttrTypes: mcpServerAttrTypes}, servers)
-		diags.Append(d...)
-		m.MCPServers = v
-	}
-	if len(s.SecretFiles) == 0 {
-		m.SecretFiles = types.ListNull(types.ObjectType{AttrTypes: secretFileAttrTypes})
-	} else {
-		files := make([]secretFileModel, len(s.SecretFiles))
-		for i, f := range s.SecretFiles {
-			files[i] = secretFileModel{SecretName: types.StringValue(f.SecretName), MountPath: types.StringValue(f.MountPath)}
-		}
-		v, d := types.ListValueFrom(ctx, types.ObjectType{AttrTypes: secretFileAttrTypes}, files)
-		diags.Append(d...)
-		m.SecretFiles = v
-	}
+	m.Resources = resourcesValue(ctx, m.Resources, &s.Resources, diags)
+	m.Workspace = workspaceValue(ctx, m.Workspace, &s.Workspace, diags)
+	m.Python = pythonValue(ctx, m.Python, &s.Python, diags)
+	m.MCPServers = mcpServersValue(ctx, m.MCPServers, s.MCPServers, diags)
+	m.SecretFiles = secretFilesValue(ctx, s.SecretFiles, diags)
 	m.EgressProxy = types.StringNull()
 	if s.EgressProxyRef != nil {
 		m.EgressProxy = types.StringValue(s.EgressProxyRef.Name)
@@ -505,64 +412,81 @@ func (m *sandboxTemplateModel) fromSpec(ctx context.Context, s *agentboxv1alpha1
 	m.NodePool = stringPtrValue(s.NodePoolRef)
 }
 
-func resourceList(m map[string]string, attr string, diags *diag.Diagnostics) corev1.ResourceList {
-	if len(m) == 0 {
-		return nil
+func resourcesValue(ctx context.Context, prior types.Object, r *corev1.ResourceRequirements, diags *diag.Diagnostics) types.Object {
+	var priorRes resourcesModel
+	if !prior.IsNull() && !prior.IsUnknown() {
+		diags.Append(prior.As(ctx, &priorRes, objectAsOptions)...)
 	}
-	l := corev1.ResourceList{}
-	for k, v := range m {
-		l[corev1.ResourceName(k)] = parseQuantity(types.StringValue(v), attr+"."+k, diags)
+	if len(r.Requests) == 0 && len(r.Limits) == 0 {
+		return types.ObjectNull(resourcesAttrTypes)
 	}
-	return l
+	rm := resourcesModel{
+		Requests: quantityMap(ctx, priorRes.Requests, r.Requests, diags),
+		Limits:   quantityMap(ctx, priorRes.Limits, r.Limits, diags),
+	}
+	return objectValue(ctx, resourcesAttrTypes, rm, diags)
 }
 
-func quantityMap(ctx context.Context, prior types.Map, l corev1.ResourceList, diags *diag.Diagnostics) types.Map {
-	priorVals := goMap(ctx, prior, diags)
-	m := make(map[string]string, len(l))
-	for k, q := range l {
-		m[string(k)] = keepQuantity(stringOrNull(priorVals[string(k)]), q).ValueString()
+func workspaceValue(ctx context.Context, prior types.Object, w *agentboxv1alpha1.WorkspaceSpec, diags *diag.Diagnostics) types.Object {
+	var wm workspaceModel
+	if !prior.IsNull() && !prior.IsUnknown() {
+		diags.Append(prior.As(ctx, &wm, objectAsOptions)...)
 	}
-	return mapValue(ctx, prior, m, diags)
+	wm.Size = keepQuantity(wm.Size, w.Size)
+	wm.StorageClassName = stringPtrValue(w.StorageClassName)
+	wm.VolumeSnapshotClassName = stringPtrValue(w.VolumeSnapshotClassName)
+	wm.MountPath = types.StringValue(w.MountPath)
+	return objectValue(ctx, workspaceAttrTypes, wm, diags)
 }
 
-func objectValue(ctx context.Context, attrTypes map[string]attr.Type, v any, diags *diag.Diagnostics) types.Object {
-	o, d := types.ObjectValueFrom(ctx, attrTypes, v)
+func pythonValue(ctx context.Context, prior types.Object, p *agentboxv1alpha1.PythonPolicy, diags *diag.Diagnostics) types.Object {
+	var pm pythonModel
+	if !prior.IsNull() && !prior.IsUnknown() {
+		diags.Append(prior.As(ctx, &pm, objectAsOptions)...)
+	}
+	pm.DefaultTimeout = keepDuration(pm.DefaultTimeout, p.DefaultTimeout.Duration)
+	pm.MaxTimeout = keepDuration(pm.MaxTimeout, p.MaxTimeout.Duration)
+	pm.IndexURL = stringOrNull(p.IndexURL)
+	pm.ExtraIndexURLs = listValue(ctx, pm.ExtraIndexURLs, p.ExtraIndexURLs, diags)
+	pm.AllowedPackages = listValue(ctx, pm.AllowedPackages, p.AllowedPackages, diags)
+	return objectValue(ctx, pythonAttrTypes, pm, diags)
+}
+
+// mcpServersValue keeps each server's prior spelling of an empty args or
+// env, matched by position.
+func mcpServersValue(ctx context.Context, prior types.List, live []agentboxv1alpha1.MCPServer, diags *diag.Diagnostics) types.List {
+	var priorServers []mcpServerModel
+	if !prior.IsNull() && !prior.IsUnknown() {
+		diags.Append(prior.ElementsAs(ctx, &priorServers, false)...)
+	}
+	if len(live) == 0 {
+		return types.ListNull(types.ObjectType{AttrTypes: mcpServerAttrTypes})
+	}
+	servers := make([]mcpServerModel, len(live))
+	for i, sv := range live {
+		var p mcpServerModel
+		if i < len(priorServers) {
+			p = priorServers[i]
+		}
+		servers[i] = mcpServerModel{
+			Name: types.StringValue(sv.Name), Command: types.StringValue(sv.Command),
+			Args: listValue(ctx, p.Args, sv.Args, diags), Env: mapValue(ctx, p.Env, sv.Env, diags),
+		}
+	}
+	v, d := types.ListValueFrom(ctx, types.ObjectType{AttrTypes: mcpServerAttrTypes}, servers)
 	diags.Append(d...)
-	return o
+	return v
 }
 
-// Shared by the agentbox_* resources that wrap one namespaced object.
-
-func idAttribute(kind string) schema.StringAttribute {
-	return schema.StringAttribute{
-		Computed:            true,
-		MarkdownDescription: "`<namespace>/<name>` of the " + kind + ".",
-		PlanModifiers:       []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+func secretFilesValue(ctx context.Context, live []agentboxv1alpha1.SecretFile, diags *diag.Diagnostics) types.List {
+	if len(live) == 0 {
+		return types.ListNull(types.ObjectType{AttrTypes: secretFileAttrTypes})
 	}
-}
-
-func nameAttribute(kind string) schema.StringAttribute {
-	return schema.StringAttribute{
-		Required:            true,
-		MarkdownDescription: "Name of the " + kind + " object. Changing it replaces the object.",
-		PlanModifiers:       []planmodifier.String{stringplanmodifier.RequiresReplace()},
-		Validators:          []validator.String{dnsSubdomainCheck},
+	files := make([]secretFileModel, len(live))
+	for i, f := range live {
+		files[i] = secretFileModel{SecretName: types.StringValue(f.SecretName), MountPath: types.StringValue(f.MountPath)}
 	}
-}
-
-func namespaceAttribute(kind string) schema.StringAttribute {
-	return schema.StringAttribute{
-		Optional: true, Computed: true,
-		MarkdownDescription: "Namespace of the " + kind + ". Defaults to the provider's `namespace`. Changing it replaces the object.",
-		PlanModifiers:       []planmodifier.String{stringplanmodifier.RequiresReplaceIfConfigured(), stringplanmodifier.UseStateForUnknown()},
-	}
-}
-
-// resolveNamespace picks the configured namespace or the provider's default.
-func resolveNamespace(v types.String, d *providerData) string {
-	if !v.IsNull() && !v.IsUnknown() && v.ValueString() != "" {
-		return v.ValueString()
-	}
-	ns, _ := d.Namespace()
-	return ns
+	v, d := types.ListValueFrom(ctx, types.ObjectType{AttrTypes: secretFileAttrTypes}, files)
+	diags.Append(d...)
+	return v
 }

@@ -3,12 +3,16 @@ package provider
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/types"
+	"github.com/hashicorp/terraform-plugin-framework/types/basetypes"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -146,3 +150,62 @@ func sortedKeys(m map[string]string) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// setValue maps an empty list to null unless state already holds an empty
+// set, so neither spelling of "nothing" shows up as a change.
+func setValue[S ~string](ctx context.Context, prior types.Set, s []S, diags *diag.Diagnostics) types.Set {
+	if len(s) == 0 {
+		if !prior.IsNull() && !prior.IsUnknown() && len(prior.Elements()) == 0 {
+			return prior
+		}
+		return types.SetNull(types.StringType)
+	}
+	v, d := types.SetValueFrom(ctx, types.StringType, s)
+	diags.Append(d...)
+	return v
+}
+
+// goSet returns a set's strings sorted, so the object's lists are stable.
+func goSet(ctx context.Context, v types.Set, diags *diag.Diagnostics) []string {
+	if v.IsNull() || v.IsUnknown() {
+		return nil
+	}
+	var s []string
+	diags.Append(v.ElementsAs(ctx, &s, false)...)
+	slices.Sort(s)
+	return s
+}
+
+// resourceList converts a map of quantities, such as requests or limits.
+func resourceList(m map[string]string, attr string, diags *diag.Diagnostics) corev1.ResourceList {
+	if len(m) == 0 {
+		return nil
+	}
+	l := corev1.ResourceList{}
+	for k, v := range m {
+		l[corev1.ResourceName(k)] = parseQuantity(types.StringValue(v), attr+"."+k, diags)
+	}
+	return l
+}
+
+// quantityMap is the attribute for a live resource list, keeping the prior
+// spelling of equal quantities (see keepQuantity).
+func quantityMap(ctx context.Context, prior types.Map, l corev1.ResourceList, diags *diag.Diagnostics) types.Map {
+	priorVals := goMap(ctx, prior, diags)
+	m := make(map[string]string, len(l))
+	for k, q := range l {
+		m[string(k)] = keepQuantity(stringOrNull(priorVals[string(k)]), q).ValueString()
+	}
+	return mapValue(ctx, prior, m, diags)
+}
+
+// objectValue converts a model struct into an object of attrTypes.
+func objectValue(ctx context.Context, attrTypes map[string]attr.Type, v any, diags *diag.Diagnostics) types.Object {
+	o, d := types.ObjectValueFrom(ctx, attrTypes, v)
+	diags.Append(d...)
+	return o
+}
+
+// objectAsOptions converts nested objects into their model structs; defaults
+// make nested values known by the time a resource converts them.
+var objectAsOptions = basetypes.ObjectAsOptions{}

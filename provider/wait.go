@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
-	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
 	"github.com/hashicorp/terraform-plugin-log/tflog"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -20,10 +19,7 @@ import (
 // carries the last progress seen, which usually names the cause (the
 // controller's Ready condition, or no status at all when no control plane
 // runs).
-func waitObject[T any, PT interface {
-	*T
-	client.Object
-}](ctx context.Context, c client.Client, key k8stypes.NamespacedName, obj PT, timeout time.Duration,
+func waitObject[T any, PT crObject[T]](ctx context.Context, c client.Client, key k8stypes.NamespacedName, obj PT, timeout time.Duration,
 	ready func() (done bool, progress string)) error {
 	var last string
 	var lastErr error
@@ -63,25 +59,14 @@ func readyConditionText(conds []metav1.Condition, conditionType string) string {
 	return fmt.Sprintf("Ready=%s (%s: %s)", c.Status, c.Reason, c.Message)
 }
 
-// timeoutDoc says what one operation's timeout bounds and its default.
-type timeoutDoc struct {
-	bounds string
-	def    time.Duration
-}
-
-// timeoutsAttribute is the `timeouts` attribute with a MarkdownDescription
-// on it and on each operation, which the timeouts library leaves empty,
-// built from the same defaults the resource applies.
-func timeoutsAttribute(ctx context.Context, create, update, del *timeoutDoc) schema.Attribute {
-	a := timeouts.Attributes(ctx, timeouts.Opts{Create: create != nil, Update: update != nil, Delete: del != nil}).(schema.SingleNestedAttribute)
-	a.MarkdownDescription = "How long operations may take before they fail; each value is " + durationCheck.description + "."
-	for name, doc := range map[string]*timeoutDoc{"create": create, "update": update, "delete": del} {
-		if doc == nil {
-			continue
+// waitGone waits until the object no longer exists, so that a destroy
+// followed by a create of the same name does not collide with finalizers.
+func waitGone(ctx context.Context, c client.Client, key k8stypes.NamespacedName, obj client.Object, timeout time.Duration) error {
+	return wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		err := c.Get(ctx, key, obj)
+		if apierrors.IsNotFound(err) {
+			return true, nil
 		}
-		s := a.Attributes[name].(schema.StringAttribute)
-		s.MarkdownDescription = fmt.Sprintf("Bounds %s. Defaults to `%s`.", doc.bounds, formatDuration(doc.def))
-		a.Attributes[name] = s
-	}
-	return a
+		return false, ignoreTransient(err)
+	})
 }

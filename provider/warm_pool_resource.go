@@ -15,10 +15,8 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -60,6 +58,11 @@ const (
 	defaultWarmPoolWait   = 10 * time.Minute
 	defaultWarmPoolDelete = 5 * time.Minute
 )
+
+// warmPoolCR deletes in the foreground: the warm sandboxes go before the
+// pool does, so that a destroy of the template right after does not strand
+// them.
+var warmPoolCR = crKind{kind: warmPoolKind, tfType: warmPoolTFType, foregroundDelete: true}
 
 var (
 	warmPoolStatusAttrTypes = map[string]attr.Type{
@@ -139,23 +142,15 @@ func (r *warmPoolResource) ModifyPlan(ctx context.Context, req resource.ModifyPl
 
 func (r *warmPoolResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
 	var plan warmPoolModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := plan.Timeouts.Create(ctx, defaultWarmPoolWait)
 	resp.Diagnostics.Append(diags...)
 	ns := resolveNamespace(plan.Namespace, r.data)
 	obj := &agentboxv1alpha1.SandboxWarmPool{ObjectMeta: metav1.ObjectMeta{Name: plan.Name.ValueString(), Namespace: ns}, Spec: plan.spec()}
-	key := client.ObjectKeyFromObject(obj)
-	if err := c.Create(ctx, obj); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			resp.Diagnostics.AddError(warmPoolKind+" already exists",
-				fmt.Sprintf("%s exists already. Import it with `terraform import agentbox_%s.<name> %s`.", key, warmPoolTFType, objectID(ns, obj.Name)))
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Create", key, warmPoolKind, err)
+	if !warmPoolCR.create(ctx, c, obj, &resp.Diagnostics) {
 		return
 	}
 	plan.ID = types.StringValue(objectID(ns, obj.Name))
@@ -164,25 +159,18 @@ func (r *warmPoolResource) Create(ctx context.Context, req resource.CreateReques
 	// Saved before waiting: a pool that never fills still exists and must be
 	// in state so that destroy removes it.
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
-	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
+	r.waitAndRefresh(ctx, c, client.ObjectKeyFromObject(obj), &plan, timeout, &resp.Diagnostics)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 }
 
 func (r *warmPoolResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
 	var state warmPoolModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
 	var obj agentboxv1alpha1.SandboxWarmPool
-	if err := c.Get(ctx, key, &obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			resp.State.RemoveResource(ctx)
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Read", key, warmPoolKind, err)
+	if !warmPoolCR.read(ctx, c, objectKey(state.Namespace, state.Name), &obj, resp) {
 		return
 	}
 	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
@@ -190,35 +178,23 @@ func (r *warmPoolResource) Read(ctx context.Context, req resource.ReadRequest, r
 	state.Replicas = types.Int64Value(int64(obj.Spec.Replicas))
 	state.ColdStart = types.BoolValue(obj.Spec.ColdStartWhenExhausted)
 	state.setStatus(ctx, &obj.Status, &resp.Diagnostics)
-	if state.WaitForReady.IsNull() {
-		// Imported: the attribute is Terraform's own, so take its default.
-		state.WaitForReady = types.BoolValue(true)
-	}
+	defaultWaitForReady(&state.WaitForReady)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
 }
 
 func (r *warmPoolResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
 	var plan warmPoolModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := plan.Timeouts.Update(ctx, defaultWarmPoolWait)
 	resp.Diagnostics.Append(diags...)
-	key := k8stypes.NamespacedName{Namespace: plan.Namespace.ValueString(), Name: plan.Name.ValueString()}
+	key := objectKey(plan.Namespace, plan.Name)
 	var obj agentboxv1alpha1.SandboxWarmPool
-	// The controller writes only status, but a scaler may write spec.replicas
-	// at any time; retrying on conflict keeps Terraform's value the last word.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := c.Get(ctx, key, &obj); err != nil {
-			return err
-		}
-		obj.Spec = plan.spec()
-		return c.Update(ctx, &obj)
-	})
-	if err != nil {
-		apiErrorDiag(&resp.Diagnostics, "Update", key, warmPoolKind, err)
+	// The controller writes only status, but a scaler may write
+	// spec.replicas at any time.
+	if !updateObject(ctx, warmPoolCR, c, key, &obj, func() { obj.Spec = plan.spec() }, &resp.Diagnostics) {
 		return
 	}
 	plan.setStatus(ctx, &obj.Status, &resp.Diagnostics)
@@ -229,27 +205,14 @@ func (r *warmPoolResource) Update(ctx context.Context, req resource.UpdateReques
 
 func (r *warmPoolResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
 	var state warmPoolModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
-	c := objectsOrDiag(r.data, &resp.Diagnostics)
-	if resp.Diagnostics.HasError() {
+	c := modelAndClient(ctx, r.data, req.State, &state, &resp.Diagnostics)
+	if c == nil {
 		return
 	}
 	timeout, diags := state.Timeouts.Delete(ctx, defaultWarmPoolDelete)
 	resp.Diagnostics.Append(diags...)
-	key := k8stypes.NamespacedName{Namespace: state.Namespace.ValueString(), Name: state.Name.ValueString()}
-	obj := &agentboxv1alpha1.SandboxWarmPool{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
-	// Foreground: the warm sandboxes go before the pool does, so that a
-	// destroy of the template right after does not strand them.
-	if err := c.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		apiErrorDiag(&resp.Diagnostics, "Delete", key, warmPoolKind, err)
-		return
-	}
-	if err := waitGone(ctx, c, key, &agentboxv1alpha1.SandboxWarmPool{}, timeout); err != nil {
-		resp.Diagnostics.AddError(fmt.Sprintf("%s %s was not deleted within %s", warmPoolKind, key, timeout), err.Error())
-	}
+	obj := &agentboxv1alpha1.SandboxWarmPool{ObjectMeta: namedObjectMeta(state.Namespace, state.Name)}
+	warmPoolCR.delete(ctx, c, obj, timeout, &resp.Diagnostics)
 }
 
 func (r *warmPoolResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
@@ -264,20 +227,14 @@ func (r *warmPoolResource) waitAndRefresh(ctx context.Context, c client.Client, 
 		return
 	}
 	var pool agentboxv1alpha1.SandboxWarmPool
-	err := waitObject(ctx, c, key, &pool, timeout, func() (bool, string) {
+	waitReady(ctx, warmPoolCR, c, key, &pool, timeout, func() (bool, string) {
 		// A status older than the spec may count replicas the pool no
 		// longer wants.
 		current := pool.Status.ObservedGeneration >= pool.Generation
 		progress := fmt.Sprintf("%d of %d ready (observed generation %d of %d); %s", pool.Status.ReadyReplicas, pool.Spec.Replicas,
 			pool.Status.ObservedGeneration, pool.Generation, readyConditionText(pool.Status.Conditions, agentboxv1alpha1.ConditionReady))
 		return current && pool.Status.ReadyReplicas >= pool.Spec.Replicas, progress
-	})
-	if pool.Name != "" {
-		m.setStatus(ctx, &pool.Status, diags)
-	}
-	if err != nil {
-		diags.AddError(fmt.Sprintf("%s %s did not become ready", warmPoolKind, key), err.Error())
-	}
+	}, func() { m.setStatus(ctx, &pool.Status, diags) }, diags)
 }
 
 func (m *warmPoolModel) spec() agentboxv1alpha1.SandboxWarmPoolSpec {
