@@ -99,6 +99,14 @@ func (r *SandboxReconciler) beginStop(ctx context.Context, prevReason string, sb
 	if sbx.Status.Phase == v1alpha1.SandboxPhaseIdleStopping && name != "" {
 		return name, nil
 	}
+	// A stop deletes the pod, so it begins only from the sandbox as
+	// stored. A pass woken by the pod's deletion can read a cache that has
+	// not yet seen the status this controller wrote as the last stop ended
+	// (SyncFailed, say): to it the sandbox still looks Running and idle,
+	// and it would stop it again.
+	if err := r.confirmStored(ctx, sbx); err != nil {
+		return "", err
+	}
 	if name != "" && r.Snapshots != nil {
 		// Left by a stop that was called off and whose snapshot could
 		// not be deleted then.
@@ -250,15 +258,26 @@ func (r *SandboxReconciler) completeStop(ctx context.Context, sbx *v1alpha1.Sand
 	return nil
 }
 
+// confirmStored returns a conflict, which sends the pass round again on a
+// fresh read, when the Sandbox as stored is newer than the cached one the
+// pass works from.
+func (r *SandboxReconciler) confirmStored(ctx context.Context, sbx *v1alpha1.Sandbox) error {
+	var live v1alpha1.Sandbox
+	if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(sbx), &live); err != nil {
+		return fmt.Errorf("read sandbox %s before beginning its stop: %w", sbx.Name, err)
+	}
+	if live.ResourceVersion != sbx.ResourceVersion {
+		return apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("sandboxes").GroupResource(), sbx.Name,
+			fmt.Errorf("the cache holds resourceVersion %s, the API server %s", sbx.ResourceVersion, live.ResourceVersion))
+	}
+	return nil
+}
+
 // stopRecorded reports whether the Sandbox as stored, not as cached, is
 // already Stopped with snapshot name: an earlier pass finished this stop.
 func (r *SandboxReconciler) stopRecorded(ctx context.Context, sbx *v1alpha1.Sandbox, name string) (bool, error) {
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
 	var live v1alpha1.Sandbox
-	if err := reader.Get(ctx, client.ObjectKeyFromObject(sbx), &live); err != nil {
+	if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(sbx), &live); err != nil {
 		return false, fmt.Errorf("read sandbox %s before finishing its stop: %w", sbx.Name, err)
 	}
 	return live.UID == sbx.UID && live.Status.Phase == v1alpha1.SandboxPhaseStopped &&

@@ -635,3 +635,41 @@ func TestUnitStopFinishedOnce(t *testing.T) {
 		t.Errorf("idle stops counted %v times, want once", got)
 	}
 }
+
+// TestUnitStopNotBegunFromStaleCache: a stop that begins and ends in one
+// pass (its sync failed) never stores IdleStopping, so the pass that the
+// pod's deletion wakes can read a cache that still says Running and idle.
+// It must not begin a second stop from there: it goes round again on a
+// fresh read, leaving the pod and the snapshots alone.
+func TestUnitStopNotBegunFromStaleCache(t *testing.T) {
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	cached := f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	f.clock.Step(2 * time.Minute)
+	f.drainEvents()
+
+	// The API server has moved on from what the cache holds.
+	live := cached.DeepCopy()
+	live.ResourceVersion += "0"
+	live.Status.Phase = v1alpha1.SandboxPhaseError
+	f.r.APIReader = staleReader{live: live}
+	res := f.reconcile("s")
+	if res.RequeueAfter != cacheRetry {
+		t.Errorf("requeue after %s, want %s: the pass must run again on a fresh read", res.RequeueAfter, cacheRetry)
+	}
+	if evs := strings.Join(f.drainEvents(), "\n"); strings.Contains(evs, EventIdleStopping) {
+		t.Errorf("a stale pass began a stop: %q", evs)
+	}
+	if len(d.taken) != 0 || !f.exists(&corev1.Pod{}, "s") {
+		t.Errorf("a stale pass took snapshots %v or deleted the pod (exists %v)", d.taken, f.exists(&corev1.Pod{}, "s"))
+	}
+
+	// Once the cache has caught up, the stop begins.
+	f.r.APIReader = nil
+	f.reconcile("s")
+	if evs := strings.Join(f.drainEvents(), "\n"); !strings.Contains(evs, EventIdleStopping) {
+		t.Errorf("with a fresh cache the stop did not begin: %q", evs)
+	}
+}
