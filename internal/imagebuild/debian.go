@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,11 +71,17 @@ func (d *Debian) logf(format string, args ...any) {
 	}
 }
 
+// aptCacheArgs make apt-cache choose versions as for an empty system:
+// what the host has installed says nothing about an image, and a package
+// installed from elsewhere (a newer nodejs from a vendor's repository, since
+// removed) would otherwise be the candidate though no source offers it.
+var aptCacheArgs = []string{"-o", "Dir::State::status=/dev/null"}
+
 // aptDependsArgs ask apt-cache for hard dependencies only: recommends and
 // suggests are what make Debian installs large, and conflicts and the like
 // say nothing about what to unpack.
-var aptDependsArgs = []string{"depends", "--recurse", "--no-recommends", "--no-suggests",
-	"--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"}
+var aptDependsArgs = append(slices.Clone(aptCacheArgs), "depends", "--recurse", "--no-recommends", "--no-suggests",
+	"--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances")
 
 // Resolve returns the dependency closure of d.Packages at the versions apt
 // would install now.
@@ -94,7 +101,7 @@ func (d *Debian) Resolve(ctx context.Context) ([]Package, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err = runOut(ctx, "apt-cache", append([]string{"show", "--no-all-versions"}, names...)...)
+	out, err = runOut(ctx, "apt-cache", append(append(slices.Clone(aptCacheArgs), "show", "--no-all-versions"), names...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -475,7 +482,12 @@ func runOut(ctx context.Context, name string, args ...string) ([]byte, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args[:min(len(args), 2)], " "), err, strings.TrimSpace(stderr.String()))
+		// Named by its subcommand, past the options.
+		shown := args
+		for len(shown) > 1 && shown[0] == "-o" {
+			shown = shown[2:]
+		}
+		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(shown[:min(len(shown), 2)], " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }
