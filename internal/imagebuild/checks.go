@@ -184,6 +184,9 @@ func newChroot(ctx context.Context, root string) (_ *chroot, err error) {
 			return nil, fmt.Errorf("making /dev/null for the image's checks: %w", err)
 		}
 		c.made = append(c.made, null)
+		if err := os.Chmod(null, 0o666); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }

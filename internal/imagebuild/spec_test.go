@@ -267,3 +267,58 @@ func TestRepositorySpecs(t *testing.T) {
 		}
 	}
 }
+
+func TestAddFiles(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"usr/bin", "etc"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("usr/bin", filepath.Join(root, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/bin/busybox"), []byte("bb"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/motd"), []byte("from a package"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), "motd")
+	if err := os.WriteFile(src, []byte("the team's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := addFiles(root, []SpecFile{{From: src, Path: "/etc/motd", Mode: "0644"}, {From: src, Path: "/opt/team/notes"}},
+		map[string]string{"/bin/sh": "busybox", "/usr/local/bin/ls": "/bin/busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A file replaces the package's, with the spec's mode or the host's.
+	for p, want := range map[string]os.FileMode{"etc/motd": 0o644, "opt/team/notes": 0o600} {
+		fi, err := os.Stat(filepath.Join(root, p))
+		if err != nil || fi.Mode() != want {
+			t.Errorf("%s: %v %v, want %v", p, fi, err, want)
+		}
+	}
+	// /bin/sh lands in usr/bin, as a merged /usr has it.
+	if target, err := os.Readlink(filepath.Join(root, "usr/bin/sh")); err != nil || target != "busybox" {
+		t.Errorf("usr/bin/sh: %q %v", target, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(root, "bin")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("/bin is no longer the merged-/usr link: %v", err)
+	}
+
+	err = addFiles(root, nil, map[string]string{"/bin/awk": "gawk"})
+	if err == nil || !strings.Contains(err.Error(), "link /bin/awk -> gawk: the target is not in the image") {
+		t.Errorf("a dangling link: %v", err)
+	}
+	// An absolute target is the image's, not the host's.
+	hostOnly, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = addFiles(root, nil, map[string]string{"/usr/local/bin/host-only": hostOnly})
+	if err == nil || !strings.Contains(err.Error(), "the target is not in the image") {
+		t.Errorf("a link to a path only the host has: %v", err)
+	}
+}
