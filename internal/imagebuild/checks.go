@@ -60,11 +60,18 @@ var checks = []check{
 	{"zip", expect("Zip", "zip", "-v")},
 	{"xz-utils", expect("xz (XZ Utils)", "xz", "--version")},
 	{"tar", expect("GNU tar", "tar", "--version")},
+	{"gzip", expect("gzip", "gzip", "--version")},
+	{"libc-bin", expect("root", "getent", "passwd", "0")},
 	{"make", expect("GNU Make", "make", "--version")},
 	{"gcc", compiles},
 	{"python3-dev", buildsExtension},
 	{"nodejs", expect("ok", "node", "-e", "console.log('ok')")},
 	{"busybox", expect("ok", "busybox", "echo", "ok")},
+	// The database writeDpkgDatabase made: dpkg reads it, and apt finds
+	// every installed package's dependencies installed, without which it
+	// would refuse to install anything in an image built FROM this one.
+	{"dpkg", expect("install ok installed", "dpkg-query", "-W", "-f", "${Status}", "dpkg")},
+	{"apt", expect("", "apt-get", "check", "-q")},
 }
 
 // compiles builds and runs a C program, as make and pip do. (The cc

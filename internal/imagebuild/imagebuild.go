@@ -321,6 +321,8 @@ type imageInputs struct {
 	plan     resolved
 	pkgs     []Package
 	packages []string
+	// aptSources is the image's apt sources file, when it holds apt.
+	aptSources string
 }
 
 // collectInputs gathers the inputs: what the image is made of, and the
@@ -373,6 +375,12 @@ func collectInputs(ctx context.Context, o Options, j job, builder, bin string) (
 		in.pkgs, in.packages = pkgs, PackageSummary(pkgs)
 		inputs = append(inputs, "packages "+strings.Join(in.packages, " "))
 		o.logf("%s: %d Debian packages resolved with apt-cache: %s", j.archive, len(pkgs), since(t))
+		if slices.ContainsFunc(pkgs, func(p Package) bool { return p.Name == "apt" }) {
+			if in.aptSources, err = aptSources(ctx); err != nil {
+				return nil, err
+			}
+			inputs = append(inputs, "apt-sources "+in.aptSources)
+		}
 	}
 	sum := sha256.Sum256([]byte(strings.Join(inputs, "\n")))
 	in.hash = hex.EncodeToString(sum[:])
@@ -444,10 +452,27 @@ func writeDebian(ctx context.Context, o Options, j job, in *imageInputs, res *Re
 	defer os.RemoveAll(dir)
 	t = time.Now()
 	step := progress.Start(logf, "root filesystem", fmt.Sprintf("unpacking %d packages", len(debs)), 0)
-	err = Unpack(ctx, debs, dir)
+	lists, err := unpack(ctx, debs, dir)
 	step.Stop()
 	if err != nil {
 		return v1.Hash{}, err
+	}
+	names := make([]string, len(in.pkgs))
+	for i, p := range in.pkgs {
+		names[i] = p.Name
+	}
+	if slices.Contains(names, "dpkg") {
+		if err := writeDpkgDatabase(ctx, dir, debs, lists); err != nil {
+			return v1.Hash{}, fmt.Errorf("dpkg's database: %w", err)
+		}
+	}
+	if in.aptSources != "" {
+		if _, err := os.Stat(filepath.Join(dir, debianKeyring)); err != nil {
+			return v1.Hash{}, fmt.Errorf("apt's sources name %s, which the image lacks: %w", debianKeyring, err)
+		}
+		if err := writeFile(filepath.Join(dir, aptSourcesFile), in.aptSources, 0o644); err != nil {
+			return v1.Hash{}, err
+		}
 	}
 	if in.plan.sandboxFiles {
 		err = SandboxFiles(dir, o.CABundle)
@@ -466,10 +491,6 @@ func writeDebian(ctx context.Context, o Options, j job, in *imageInputs, res *Re
 		return v1.Hash{}, err
 	}
 	logf("root filesystem unpacked (%s uncompressed): %s", mb(res.RootSize), since(t))
-	names := make([]string, len(in.pkgs))
-	for i, p := range in.pkgs {
-		names[i] = p.Name
-	}
 	if os.Geteuid() == 0 {
 		t = time.Now()
 		if res.Python, err = CheckRootfs(ctx, dir, names, logf); err != nil {

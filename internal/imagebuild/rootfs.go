@@ -156,6 +156,8 @@ func SandboxFiles(dir, caBundle string) error {
 	if err := writeFile(filepath.Join(dir, "etc/passwd"),
 		"root:x:0:0:root:/root:/bin/sh\n"+
 			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"+
+			// apt downloads as _apt where it can.
+			"_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\n"+
 			"sandbox:x:65532:65532:sandbox:/workspace:/bin/sh\n", 0o644); err != nil {
 		return err
 	}

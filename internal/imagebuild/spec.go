@@ -94,12 +94,23 @@ var Bases = []string{BaseStandard, BaseMinimal, BaseNone}
 // python-is-python3 for the `python` that agents type;
 // ca-certificates for its licence and certificate sources (its maintainer
 // script never runs: SandboxFiles puts the bundle in place); dash for the
-// /bin/sh that `sh -c` and subprocess(shell=True) run; tar for kubectl cp.
+// /bin/sh that `sh -c` and subprocess(shell=True) run; tar for kubectl cp;
+// tzdata for time zones (Python's zoneinfo reads it); apt, so that an
+// image built FROM this one can `apt-get install` (the build writes dpkg's
+// database and the host's Debian sources for it), with the rest of
+// Debian's Essential packages, which maintainer scripts take for granted
+// (dpkg itself runs ldconfig, from libc-bin; gzip, which tar needs for
+// .tar.gz, is one); and usr-is-merged, the marker that the layout is
+// merged already, where init-system-helpers' first choice would be
+// usrmerge, the tool that merges it.
 var StandardPackages = []string{
 	"bash", "coreutils", "findutils", "grep", "sed", "gawk", "diffutils", "patch", "less", "procps",
 	"curl", "ca-certificates", "git", "openssh-client", "jq", "unzip", "zip", "xz-utils",
 	"python3", "python3-pip", "python3-venv", "python3-dev", "python-is-python3", "build-essential",
-	"dash", "tar",
+	"dash", "tar", "tzdata", "apt", "usr-is-merged",
+	// Essential: yes, beside those above.
+	"base-files", "base-passwd", "bsdutils", "gzip", "hostname", "libc-bin", "login",
+	"ncurses-base", "ncurses-bin", "sysvinit-utils", "util-linux",
 }
 
 // MinimalPackages make the minimal sandbox: python3 rather than
@@ -108,13 +119,11 @@ var StandardPackages = []string{
 // friends; dash for /bin/sh; tar for kubectl cp and archives.
 var MinimalPackages = []string{"python3", "python3-venv", "dash", "coreutils", "tar"}
 
-// SandboxExclude leaves dpkg out of both sandbox bases: python3's and
-// build-essential's packages depend on it for their maintainer scripts,
-// which never run in an unpacked, read-only image (tar, which dpkg needs,
-// is listed for its own sake). usrmerge converts a system to the
-// merged-/usr layout that Unpack lays out to begin with; it only brings
-// perl modules along.
-var SandboxExclude = []string{"dpkg", "usrmerge"}
+// MinimalExclude leaves dpkg out of the minimal sandbox: python3's packages
+// depend on it for their maintainer scripts, which never run in an
+// unpacked, read-only image (tar, which dpkg needs, is listed for its own
+// sake). The standard sandbox keeps it, for apt.
+var MinimalExclude = []string{"dpkg"}
 
 // StandardLinks are the alternatives the standard packages' maintainer
 // scripts would make (update-alternatives), which no unpacked image has:
@@ -159,9 +168,9 @@ type base struct {
 }
 
 var bases = map[string]base{
-	BaseStandard: {StandardPackages, SandboxExclude, StandardLinks, true, ImageConfig{
+	BaseStandard: {StandardPackages, nil, StandardLinks, true, ImageConfig{
 		Cmd: []string{"/bin/bash"}, Env: sandboxEnv, User: sandboxUser, WorkingDir: "/workspace"}},
-	BaseMinimal: {MinimalPackages, SandboxExclude, MinimalLinks, true, ImageConfig{
+	BaseMinimal: {MinimalPackages, MinimalExclude, MinimalLinks, true, ImageConfig{
 		Cmd: []string{"/bin/sh"}, Env: sandboxEnv, User: sandboxUser, WorkingDir: "/workspace"}},
 	BaseNone: {},
 }

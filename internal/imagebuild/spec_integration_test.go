@@ -357,6 +357,84 @@ func TestCustomSpecExample(t *testing.T) {
 	if err != nil || fi.Sys().(*syscall.Stat_t).Uid != NonRootUID {
 		t.Errorf("/workspace unpacked: %v", err)
 	}
+
+	t.Run("apt in an image built FROM it", func(t *testing.T) { aptFromImage(t, b) })
+}
+
+// aptFromImage does, as root in the image, what a Dockerfile's `RUN
+// apt-get install` does, without the network: apt, with the host's package
+// lists, plans to install a package and nothing it already has; dpkg
+// installs it beside the unpacked ones.
+func aptFromImage(t *testing.T, b *builtImage) {
+	asRoot := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("chroot", append([]string{b.root}, args...)...)
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive"}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	if out := asRoot("dpkg-query", "-W", "-f", "${Package} ${Status}\n", "git", "libc6", "python3"); strings.Count(out, "install ok installed") != 3 {
+		t.Errorf("dpkg's database:\n%s", out)
+	}
+	// No warning either: every package has its file list.
+	if out := asRoot("dpkg", "-S", "/usr/bin/git"); out != "git: /usr/bin/git\n" {
+		t.Errorf("dpkg -S /usr/bin/git: %s", out)
+	}
+	if !strings.Contains(b.file(t, "etc/apt/sources.list.d/debian.sources"), "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg") {
+		t.Error("no Debian sources for apt")
+	}
+
+	lists, err := filepath.Glob("/var/lib/apt/lists/*Release")
+	if err != nil || len(lists) == 0 {
+		t.Skip("skipping apt: the host has no package lists")
+	}
+	packages, _ := filepath.Glob("/var/lib/apt/lists/*_Packages*")
+	for _, f := range append(lists, packages...) {
+		if err := copyFile(f, filepath.Join(b.root, f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// tree needs libc6 alone, which the image has.
+	plan := asRoot("apt-get", "install", "-s", "--no-install-recommends", "tree")
+	var inst []string
+	for _, line := range strings.Split(plan, "\n") {
+		if strings.HasPrefix(line, "Inst ") {
+			inst = append(inst, strings.Fields(line)[1])
+		}
+	}
+	if !slices.Equal(inst, []string{"tree"}) {
+		t.Errorf("apt would install %v, want tree alone:\n%s", inst, plan)
+	}
+
+	d := &Debian{Packages: []string{"tree"}, Logf: t.Logf}
+	pkgs, err := d.Resolve(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	debs, err := d.Fetch(context.Background(), pkgs[slices.IndexFunc(pkgs, func(p Package) bool { return p.Name == "tree" }):][:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := copyFile(debs[0], filepath.Join(b.root, "tmp/tree.deb"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := asRoot("dpkg", "-i", "/tmp/tree.deb")
+	if strings.Contains(out, "warning") {
+		t.Errorf("dpkg -i warned:\n%s", out)
+	}
+	if out := asRoot("tree", "--version"); !strings.HasPrefix(out, "tree v") {
+		t.Errorf("tree --version: %s", out)
+	}
+	if out := asRoot("apt-get", "check", "-q"); strings.Contains(out, "E:") {
+		t.Errorf("apt-get check after the install:\n%s", out)
+	}
+	// The package's manual went where the build's exclusions send it.
+	if _, err := os.Stat(filepath.Join(b.root, "usr/share/man/man1/tree.1.gz")); err == nil {
+		t.Error("dpkg installed a manual the image's exclusions leave out")
+	}
 }
 
 // TestSpecBuildIsCached: a spec's image is written again only when its

@@ -100,7 +100,9 @@ func TestBuiltinSpecs(t *testing.T) {
 	std := StandardSpec("x").resolve()
 	for _, p := range []string{"bash", "coreutils", "findutils", "grep", "sed", "gawk", "diffutils", "patch", "less",
 		"procps", "curl", "ca-certificates", "git", "openssh-client", "jq", "unzip", "zip", "xz-utils", "python3",
-		"python3-pip", "python3-venv", "build-essential", "dash", "tar"} {
+		"python3-pip", "python3-venv", "build-essential", "dash", "tar",
+		// for apt-get install FROM it, and what its scripts take for granted
+		"apt", "gzip", "libc-bin"} {
 		if !slices.Contains(std.packages, p) {
 			t.Errorf("the standard image lacks %s", p)
 		}
@@ -109,9 +111,14 @@ func TestBuiltinSpecs(t *testing.T) {
 	if want := []string{"python3", "python3-venv", "dash", "coreutils", "tar"}; !slices.Equal(min.packages, want) {
 		t.Errorf("minimal packages %v, want %v", min.packages, want)
 	}
+	// The standard image keeps dpkg, for apt; the minimal one has no use
+	// for it.
+	if len(std.exclude) != 0 || !slices.Equal(min.exclude, []string{"dpkg"}) {
+		t.Errorf("exclude: standard %v, minimal %v", std.exclude, min.exclude)
+	}
 	for name, r := range map[string]resolved{"standard": std, "minimal": min} {
-		if !slices.Contains(r.exclude, "dpkg") || !r.sandboxFiles {
-			t.Errorf("%s: exclude %v, sandbox files %v", name, r.exclude, r.sandboxFiles)
+		if !r.sandboxFiles {
+			t.Errorf("%s: no sandbox files", name)
 		}
 		c := r.config
 		if c.User != "65532:65532" || c.WorkingDir != "/workspace" || c.Entrypoint != nil {
@@ -147,7 +154,7 @@ func TestBuiltinSpecs(t *testing.T) {
 }
 
 func TestResolveOnBase(t *testing.T) {
-	s, err := ParseSpec([]byte(`{"ref": "a/b:1", "base": "standard", "packages": ["ripgrep", "dpkg", "git"],
+	s, err := ParseSpec([]byte(`{"ref": "a/b:1", "base": "standard", "packages": ["ripgrep", "git"],
 		"exclude": ["python3-dev"], "env": {"LANG": "de_DE.UTF-8", "EDITOR": "vi"}, "user": "1000",
 		"links": {"/usr/bin/awk": "mawk", "/usr/local/bin/fd": "/usr/bin/fdfind"},
 		"files": [{"from": "x", "path": "/usr/bin/pager"}]}`))
@@ -158,9 +165,16 @@ func TestResolveOnBase(t *testing.T) {
 	if !slices.Contains(r.packages, "ripgrep") || strings.Count(strings.Join(r.packages, " "), " git ") != 1 {
 		t.Errorf("packages %v: ripgrep added, git once", r.packages)
 	}
-	// dpkg, asked for, is not excluded by the base any more.
-	if slices.Contains(r.exclude, "dpkg") || !slices.Contains(r.exclude, "python3-dev") {
+	if !slices.Equal(r.exclude, []string{"python3-dev"}) {
 		t.Errorf("exclude %v", r.exclude)
+	}
+	// dpkg, asked for, is not excluded by the base any more.
+	withDpkg, err := ParseSpec([]byte(`{"ref": "a/b:1", "base": "minimal", "packages": ["dpkg"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := withDpkg.resolve(); slices.Contains(r.exclude, "dpkg") || !slices.Contains(r.packages, "dpkg") {
+		t.Errorf("minimal with dpkg: packages %v, exclude %v", r.packages, r.exclude)
 	}
 	wantEnv := []string{StandardSpec("").resolve().config.Env[0], "HOME=/workspace", "LANG=de_DE.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "EDITOR=vi"}
 	if !slices.Equal(r.config.Env, wantEnv) {
@@ -320,5 +334,55 @@ func TestAddFiles(t *testing.T) {
 	err = addFiles(root, nil, map[string]string{"/usr/local/bin/host-only": hostOnly})
 	if err == nil || !strings.Contains(err.Error(), "the target is not in the image") {
 		t.Errorf("a link to a path only the host has: %v", err)
+	}
+}
+
+func TestDebianSources(t *testing.T) {
+	const policy = `Package files:
+ 100 /dev/null
+     release a=now
+ 500 http://archive.example/debian-security bookworm-security/main amd64 Packages
+     release v=12,o=Debian,a=oldstable-security,n=bookworm-security,l=Debian-Security,c=main,b=amd64
+     origin archive.example
+ 500 http://archive.example/debian bookworm/contrib amd64 Packages
+     release v=12.15,o=Debian,a=oldstable,n=bookworm,l=Debian,c=contrib,b=amd64
+     origin archive.example
+ 500 http://archive.example/debian bookworm/main amd64 Packages
+     release v=12.15,o=Debian,a=oldstable,n=bookworm,l=Debian,c=main,b=amd64
+     origin archive.example
+ 500 https://vendor.example/node nodistro/main amd64 Packages
+     release o=Vendor,a=nodistro,n=nodistro,l=Vendor,c=main,b=amd64
+     origin vendor.example
+Pinned packages:
+`
+	got := debianSources([]byte(policy))
+	want := []aptSource{
+		{"http://archive.example/debian-security", "bookworm-security", []string{"main"}},
+		{"http://archive.example/debian", "bookworm", []string{"contrib", "main"}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("sources %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].uri != want[i].uri || got[i].suite != want[i].suite || !slices.Equal(got[i].components, want[i].components) {
+			t.Errorf("source %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestWithStatus(t *testing.T) {
+	got := withStatus("Package: tar\nVersion: 1.34\nDescription: GNU tar\n more\n")
+	want := "Package: tar\nStatus: install ok installed\nVersion: 1.34\nDescription: GNU tar\n more\n"
+	if got != want {
+		t.Errorf("withStatus:\n%s\nwant\n%s", got, want)
+	}
+	if f := controlFields("Package: libc6\nMulti-Arch: same\nDescription: x\n Multi-Arch: no\n"); f["Multi-Arch"] != "same" || f["Package"] != "libc6" {
+		t.Errorf("controlFields: %v", f)
+	}
+	if got, want := listPath("./"), "/."; got != want {
+		t.Errorf("listPath(./) = %q", got)
+	}
+	if got := listPath("./usr/bin/"); got != "/usr/bin" {
+		t.Errorf("listPath(./usr/bin/) = %q", got)
 	}
 }
