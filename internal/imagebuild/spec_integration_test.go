@@ -561,3 +561,40 @@ func TestSupervisorImage(t *testing.T) {
 		t.Errorf("agentbox-supervisor -h in its image:\n%s", out)
 	}
 }
+
+// TestDebianImageIsReproducible builds an image with apt and dpkg twice:
+// the same digest both times, so neither the database the build writes nor
+// the checks (apt-get check would write its caches) add anything that
+// differs between builds.
+func TestDebianImageIsReproducible(t *testing.T) {
+	requireAptAndRoot(t)
+	s, err := ParseSpec([]byte(`{"ref": "agentbox-test/apt:1", "base": "none", "packages": ["apt", "dpkg"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Name = "apt"
+	var digests []string
+	for range 2 {
+		var log strings.Builder
+		res, err := Build(context.Background(), Options{OutDir: t.TempDir(), Specs: []*Spec{s}, Out: &log})
+		if err != nil || len(res) != 1 {
+			t.Fatalf("%+v, %v\n%s", res, err, log.String())
+		}
+		if !strings.Contains(log.String(), " apt") {
+			t.Errorf("apt's check did not run:\n%s", log.String())
+		}
+		digests = append(digests, res[0].Digest)
+		b := readArchive(t, res[0].Archive)
+		for name := range b.entries {
+			if strings.HasPrefix(name, "var/cache/apt/") && strings.HasSuffix(name, ".bin") || strings.HasPrefix(name, "tmp/") {
+				t.Errorf("the build left %s in the image", name)
+			}
+		}
+		if _, ok := b.entries["var/lib/dpkg/info/format"]; !ok {
+			t.Error("no dpkg database")
+		}
+	}
+	if digests[0] != digests[1] {
+		t.Errorf("two builds, two digests: %v", digests)
+	}
+}
