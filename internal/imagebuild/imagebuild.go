@@ -332,8 +332,7 @@ func collectInputs(ctx context.Context, o Options, j job, builder, bin string) (
 	in := &imageInputs{}
 	inputs := []string{"builder " + builder, "ref " + j.ref}
 	var hashed []string
-	switch {
-	case j.spec != nil:
+	if j.spec != nil {
 		in.plan = j.spec.resolve()
 		if in.plan.sandboxFiles {
 			hashed = append(hashed, o.CABundle)
@@ -347,7 +346,7 @@ func collectInputs(ctx context.Context, o Options, j job, builder, bin string) (
 			return nil, err
 		}
 		inputs = append(inputs, "spec "+string(b))
-	default:
+	} else {
 		hashed = append(hashed, bin, o.CABundle)
 	}
 	if j.name == RunscInstaller {
