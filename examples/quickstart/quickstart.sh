@@ -90,7 +90,9 @@ RC
 }
 
 build_images() {
-	"$build/bin/agentbox-images" -out "$images" -tag "$tag"
+	# What the quickstart's cluster runs; the minimal sandbox image is
+	# for templates that ask for it (make images builds it).
+	"$build/bin/agentbox-images" -out "$images" -tag "$tag" -only controlplane,egress-proxy,supervisor,sandbox
 }
 
 # Only what the quickstart's cluster runs: the servers that only tests start
@@ -103,6 +105,7 @@ build_cluster() {
 start_cluster() {
 	testenv up -node -reuse \
 		-image "$images/agentbox-controlplane.tar" \
+		-image "$images/agentbox-supervisor.tar" \
 		-image "$images/agentbox-sandbox.tar" \
 		-image "$images/agentbox-egress-proxy.tar" > "$work/kubeconfig.path"
 }

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,11 +71,17 @@ func (d *Debian) logf(format string, args ...any) {
 	}
 }
 
+// aptCacheArgs make apt-cache choose versions as for an empty system:
+// what the host has installed says nothing about an image, and a package
+// installed from elsewhere (a newer nodejs from a vendor's repository, since
+// removed) would otherwise be the candidate though no source offers it.
+var aptCacheArgs = []string{"-o", "Dir::State::status=/dev/null"}
+
 // aptDependsArgs ask apt-cache for hard dependencies only: recommends and
 // suggests are what make Debian installs large, and conflicts and the like
 // say nothing about what to unpack.
-var aptDependsArgs = []string{"depends", "--recurse", "--no-recommends", "--no-suggests",
-	"--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"}
+var aptDependsArgs = append(slices.Clone(aptCacheArgs), "depends", "--recurse", "--no-recommends", "--no-suggests",
+	"--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances")
 
 // Resolve returns the dependency closure of d.Packages at the versions apt
 // would install now.
@@ -94,7 +101,7 @@ func (d *Debian) Resolve(ctx context.Context) ([]Package, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err = runOut(ctx, "apt-cache", append([]string{"show", "--no-all-versions"}, names...)...)
+	out, err = runOut(ctx, "apt-cache", append(append(slices.Clone(aptCacheArgs), "show", "--no-all-versions"), names...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -248,40 +255,49 @@ var mergedUsr = []string{"bin", "sbin", "lib", "lib64"}
 // replaces a symlinked /lib with a real folder, breaking the merged-/usr
 // layout. Writes go through an os.Root, so no entry can land outside dir.
 func Unpack(ctx context.Context, debs []string, dir string) error {
+	_, err := unpack(ctx, debs, dir)
+	return err
+}
+
+// unpack is Unpack, also returning each package's paths as it ships
+// them (./bin/tar as /bin/tar, skipped ones too), what dpkg's file lists
+// record.
+func unpack(ctx context.Context, debs []string, dir string) ([][]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer root.Close()
 	for _, d := range mergedUsr {
 		if err := root.MkdirAll("usr/"+d, 0o755); err != nil {
-			return err
+			return nil, err
 		}
 		if err := root.Symlink("usr/"+d, d); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
+			return nil, err
 		}
 	}
-	for _, deb := range debs {
-		if err := unpackDeb(ctx, root, deb); err != nil {
-			return fmt.Errorf("unpacking %s: %w", filepath.Base(deb), err)
+	lists := make([][]string, len(debs))
+	for i, deb := range debs {
+		if lists[i], err = unpackDeb(ctx, root, deb); err != nil {
+			return nil, fmt.Errorf("unpacking %s: %w", filepath.Base(deb), err)
 		}
 	}
-	return nil
+	return lists, nil
 }
 
-func unpackDeb(ctx context.Context, root *os.Root, deb string) (err error) {
+func unpackDeb(ctx context.Context, root *os.Root, deb string) (list []string, err error) {
 	cmd := exec.CommandContext(ctx, "dpkg-deb", "--fsys-tarfile", deb)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("dpkg-deb: %w", err)
+		return nil, fmt.Errorf("dpkg-deb: %w", err)
 	}
 	defer func() {
 		// Drain so dpkg-deb never blocks writing after an early error.
@@ -291,6 +307,16 @@ func unpackDeb(ctx context.Context, root *os.Root, deb string) (err error) {
 		}
 	}()
 	return extractTar(root, tar.NewReader(bufio.NewReaderSize(out, 1<<20)))
+}
+
+// listPath is how dpkg's file lists name an archive entry: ./bin/ as
+// /bin, ./ as /.
+func listPath(hdrName string) string {
+	p := path.Clean("/" + strings.TrimPrefix(hdrName, "./"))
+	if p == "/" {
+		return "/."
+	}
+	return p
 }
 
 // usrPath maps a package path to where it lives on a merged-/usr system.
@@ -331,34 +357,36 @@ func skipPath(name string) bool {
 
 // extractTar unpacks a package's data archive into root, with /bin, /lib
 // and the like merged into /usr, and skips what the sandbox never reads.
-func extractTar(root *os.Root, tr *tar.Reader) error {
+func extractTar(root *os.Root, tr *tar.Reader) ([]string, error) {
 	asRoot := os.Geteuid() == 0
 	buf := make([]byte, 256<<10)
+	var list []string
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			return nil
+			return list, nil
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
+		list = append(list, listPath(hdr.Name))
 		name, ok := entryPath(hdr.Name)
 		if !ok {
 			continue
 		}
 		if parent := path.Dir(name); parent != "." {
 			if err := root.MkdirAll(parent, 0o755); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		if err := extractEntry(root, tr, hdr, name, buf); err != nil {
-			return err
+			return nil, err
 		}
 		// Only root can give files away; a build by another user leaves
 		// them its own, which ociimage then records as root's.
 		if asRoot && (hdr.Uid != 0 || hdr.Gid != 0) {
 			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
@@ -475,7 +503,12 @@ func runOut(ctx context.Context, name string, args ...string) ([]byte, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args[:min(len(args), 2)], " "), err, strings.TrimSpace(stderr.String()))
+		// Named by its subcommand, past the options.
+		shown := args
+		for len(shown) > 1 && shown[0] == "-o" {
+			shown = shown[2:]
+		}
+		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(shown[:min(len(shown), 2)], " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }

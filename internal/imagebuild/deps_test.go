@@ -156,9 +156,11 @@ broken
 
 func TestRef(t *testing.T) {
 	for image, want := range map[string]string{
-		ControlPlane: "docker.io/agentbox/agentbox-controlplane:dev",
-		Sandbox:      "docker.io/agentbox/agentbox-sandbox:dev",
-		EgressProxy:  "docker.io/agentbox/agentbox-egress-proxy:dev",
+		ControlPlane:   "docker.io/agentbox/agentbox-controlplane:dev",
+		Sandbox:        "docker.io/agentbox/agentbox-sandbox:dev",
+		EgressProxy:    "docker.io/agentbox/agentbox-egress-proxy:dev",
+		Supervisor:     "docker.io/agentbox/agentbox-supervisor:dev",
+		SandboxMinimal: "docker.io/agentbox/agentbox-sandbox-minimal:dev",
 	} {
 		got, err := Ref(image, "dev")
 		if err != nil || got != want {

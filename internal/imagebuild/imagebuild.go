@@ -1,9 +1,10 @@
 // Package imagebuild builds agentbox's container images as OCI archives,
-// without Docker or a registry: the control plane and the egress proxy from
-// their static binaries, the sandbox from Debian packages fetched with the
-// host's apt plus the supervisor, and on request the chart's runsc installer
-// from its binary plus the test toolchain's gVisor. `agentbox-images` is its
-// command line.
+// without Docker or a registry: the control plane, the egress proxy and the
+// supervisor (which the platform copies into every sandbox pod) from their
+// static binaries; the standard and minimal sandbox images, and any image a
+// Spec describes, from Debian packages fetched with the host's apt; and on
+// request the chart's runsc installer from its binary plus the test
+// toolchain's gVisor. `agentbox-images` is its command line.
 //
 // A build is skipped when its inputs have not changed (a stamp next to each
 // archive records them), so a repeated run only compiles, resolves package
@@ -18,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -35,15 +37,21 @@ import (
 // Image names as -only takes them.
 const (
 	ControlPlane = "controlplane"
-	Sandbox      = "sandbox"
 	EgressProxy  = "egress-proxy"
+	// Supervisor holds the supervisor's static binary, which an init
+	// container of every sandbox pod copies out (-install).
+	Supervisor = "supervisor"
+	// Sandbox is the standard sandbox image (StandardSpec).
+	Sandbox = "sandbox"
+	// SandboxMinimal is the minimal sandbox image (MinimalSpec).
+	SandboxMinimal = "sandbox-minimal"
 	// RunscInstaller is the image of the chart's optional runsc installer
 	// DaemonSet: its command plus runsc and containerd-shim-runsc-v1.
 	RunscInstaller = "runsc-installer"
 )
 
 // All lists the images built by default, in build order.
-var All = []string{ControlPlane, EgressProxy, Sandbox}
+var All = []string{ControlPlane, EgressProxy, Supervisor, Sandbox, SandboxMinimal}
 
 // OnRequest lists the images built only when Options.Only names them. The
 // runsc installer is one: it needs gVisor built first (`make testenv`),
@@ -58,33 +66,22 @@ var RunscBinaries = []string{"runsc", "containerd-shim-runsc-v1"}
 // RunscImageDir is where the runsc installer image holds RunscBinaries.
 const RunscImageDir = "/opt/agentbox/runsc"
 
-// DefaultSandboxPackages make the sandbox: python3 rather than
-// python3-minimal, whose standard library lacks json and venv;
-// python3-venv for ensurepip and the pip wheel it installs, without which
-// the supervisor cannot build its cached virtual environments (Debian
-// strips ensurepip from python3); coreutils because agents expect ls, cat
-// and friends; dash for the /bin/sh that `sh -c` and Python's
-// subprocess(shell=True) expect.
-var DefaultSandboxPackages = []string{"python3", "python3-venv", "dash", "coreutils", "tar"}
-
-// DefaultSandboxExclude leaves out dpkg: python3's packages depend on it
-// for their maintainer scripts, which never run in an unpacked, read-only
-// image. (tar, which dpkg needs, is listed in DefaultSandboxPackages for
-// its own sake: agents archive files, and kubectl cp runs it.)
-var DefaultSandboxExclude = []string{"dpkg"}
-
-// spec is what differs between the images.
-type spec struct {
-	image  string // -only name
-	repo   string // repository, without tag
-	binary string // command built into the image
+// builtin is what differs between the images -only names.
+type builtin struct {
+	repo string // repository, without tag
+	// binary is the command a static image holds; spec makes a Debian
+	// image instead.
+	binary string
+	spec   func(ref string) *Spec
 }
 
-var specs = map[string]spec{
-	ControlPlane:   {ControlPlane, "agentbox/agentbox-controlplane", "agentbox-controlplane"},
-	EgressProxy:    {EgressProxy, "agentbox/agentbox-egress-proxy", "agentbox-egress-proxy"},
-	Sandbox:        {Sandbox, "agentbox/agentbox-sandbox", "agentbox-supervisor"},
-	RunscInstaller: {RunscInstaller, "agentbox/agentbox-runsc-installer", "agentbox-runsc-installer"},
+var builtins = map[string]builtin{
+	ControlPlane:   {repo: "agentbox/agentbox-controlplane", binary: "agentbox-controlplane"},
+	EgressProxy:    {repo: "agentbox/agentbox-egress-proxy", binary: "agentbox-egress-proxy"},
+	Supervisor:     {repo: "agentbox/agentbox-supervisor", binary: "agentbox-supervisor"},
+	Sandbox:        {repo: "agentbox/agentbox-sandbox", spec: StandardSpec},
+	SandboxMinimal: {repo: "agentbox/agentbox-sandbox-minimal", spec: MinimalSpec},
+	RunscInstaller: {repo: "agentbox/agentbox-runsc-installer", binary: "agentbox-runsc-installer"},
 }
 
 func known() string { return strings.Join(append(slices.Clone(All), OnRequest...), ", ") }
@@ -95,11 +92,11 @@ func ArchiveName(image string) string { return "agentbox-" + image + ".tar" }
 // Ref is the normalised reference of an image at tag, the name containerd
 // stores and kubelet asks for (docker.io/agentbox/...:tag).
 func Ref(image, tag string) (string, error) {
-	s, ok := specs[image]
+	b, ok := builtins[image]
 	if !ok {
 		return "", fmt.Errorf("unknown image %q (known: %s)", image, known())
 	}
-	named, err := reference.ParseNormalizedNamed(s.repo + ":" + tag)
+	named, err := reference.ParseNormalizedNamed(b.repo + ":" + tag)
 	if err != nil {
 		return "", fmt.Errorf("image %s tag %q: %w", image, tag, err)
 	}
@@ -109,17 +106,22 @@ func Ref(image, tag string) (string, error) {
 // Options configures Build.
 type Options struct {
 	OutDir string
-	Tag    string
-	// Only restricts the build to these images; empty means All.
+	// Tag is the built-in images' tag and their binaries' version, and
+	// the tag of a spec whose ref has none.
+	Tag string
+	// Only restricts the built-in images to these; empty means All, or
+	// none when Specs are given.
 	Only []string
+	// Specs are further images to build (LoadSpec), each into
+	// <Name>.tar.
+	Specs []*Spec
 	// ModuleDir is the repository root the commands are built from;
 	// default the current directory.
 	ModuleDir string
 	// Go is the go command; default "go".
 	Go string
-	// Sandbox overrides the Debian packages of the sandbox image; its zero
-	// value means DefaultSandboxPackages and DefaultSandboxExclude.
-	Sandbox Debian
+	// DebCache keeps downloaded .debs; default DefaultDebCache().
+	DebCache string
 	// CABundle defaults to HostCABundle.
 	CABundle string
 	// RunscDir holds the RunscBinaries of the runsc installer image (the
@@ -133,10 +135,12 @@ type Options struct {
 type Result struct {
 	Image, Ref, Archive string
 	Digest              string
-	Size                int64
-	Cached              bool
-	Python              string // sandbox only
-	Packages            []string
+	// Size is the archive's (compressed); RootSize the root
+	// filesystem's, uncompressed.
+	Size, RootSize int64
+	Cached         bool
+	Python         string // images with Python
+	Packages       []string
 }
 
 // stamp is stored next to each archive. Inputs is the hash that decides
@@ -146,41 +150,98 @@ type stamp struct {
 	Ref      string   `json:"ref"`
 	Digest   string   `json:"digest"`
 	Size     int64    `json:"size"`
+	RootSize int64    `json:"rootSize,omitempty"`
 	Python   string   `json:"python,omitempty"`
 	Packages []string `json:"packages,omitempty"`
 }
 
-func stampPath(outDir, image string) string {
-	return filepath.Join(outDir, "."+ArchiveName(image)+".stamp")
+func stampPath(outDir, archive string) string {
+	return filepath.Join(outDir, "."+archive+".stamp")
+}
+
+// job is one image to build.
+type job struct {
+	name    string // for logs and errors: the -only name, or the spec's
+	archive string // file name in the output folder
+	ref     string
+	binary  string // a static image's command
+	spec    *Spec  // a Debian image's
+	labels  map[string]string
+}
+
+// jobs lists what o asks for, in build order, with their references, so
+// that a bad name or ref fails before anything is built.
+func (o *Options) jobs() ([]job, error) {
+	only := o.Only
+	if len(only) == 0 && len(o.Specs) == 0 {
+		only = All
+	}
+	for _, im := range only {
+		if _, ok := builtins[im]; !ok {
+			return nil, fmt.Errorf("unknown image %q (known: %s)", im, known())
+		}
+	}
+	if len(only) > 0 && o.Tag == "" {
+		return nil, errors.New("a tag is required for the built-in images")
+	}
+	var jobs []job
+	for _, im := range append(slices.Clone(All), OnRequest...) {
+		if !slices.Contains(only, im) {
+			continue
+		}
+		ref, err := Ref(im, o.Tag)
+		if err != nil {
+			return nil, err
+		}
+		b := builtins[im]
+		j := job{name: im, archive: ArchiveName(im), ref: ref, binary: b.binary, labels: map[string]string{
+			"org.opencontainers.image.title":   "agentbox-" + im,
+			"org.opencontainers.image.version": o.Tag,
+		}}
+		if b.spec != nil {
+			j.spec = b.spec(ref)
+		}
+		jobs = append(jobs, j)
+	}
+	for _, s := range o.Specs {
+		if err := s.Validate(); err != nil {
+			return nil, fmt.Errorf("spec %s: %w", s.Name, err)
+		}
+		if s.Name == "" {
+			return nil, fmt.Errorf("spec %s has no name to call its archive by", s.Ref)
+		}
+		ref, err := specRef(s.Ref, o.Tag)
+		if err != nil {
+			return nil, fmt.Errorf("spec %s: ref %w", s.Name, err)
+		}
+		jobs = append(jobs, job{name: s.Name, archive: s.Name + ".tar", ref: ref, spec: s})
+	}
+	seen := map[string]bool{}
+	for _, j := range jobs {
+		if seen[j.archive] {
+			return nil, fmt.Errorf("two images would be written to %s", j.archive)
+		}
+		seen[j.archive] = true
+	}
+	return jobs, nil
 }
 
 // Build builds the images into o.OutDir. Images are independent: a failure
 // is reported and the others are still built.
 func Build(ctx context.Context, o Options) ([]Result, error) {
 	start := time.Now()
-	if o.OutDir == "" || o.Tag == "" {
-		return nil, errors.New("output folder and tag are required")
+	if o.OutDir == "" {
+		return nil, errors.New("an output folder is required")
 	}
-	only := o.Only
-	if len(only) == 0 {
-		only = All
-	}
-	for _, im := range only {
-		if _, ok := specs[im]; !ok {
-			return nil, fmt.Errorf("unknown image %q (known: %s)", im, known())
-		}
+	jobs, err := o.jobs()
+	if err != nil {
+		return nil, err
 	}
 	if o.Go == "" {
 		o.Go = "go"
 	}
 	if o.CABundle == "" {
 		o.CABundle = HostCABundle
-	}
-	if len(o.Sandbox.Packages) == 0 {
-		o.Sandbox.Packages = DefaultSandboxPackages
-		if o.Sandbox.Exclude == nil {
-			o.Sandbox.Exclude = DefaultSandboxExclude
-		}
 	}
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return nil, err
@@ -192,14 +253,11 @@ func Build(ctx context.Context, o Options) ([]Result, error) {
 
 	var results []Result
 	var errs []error
-	for _, im := range append(slices.Clone(All), OnRequest...) {
-		if !slices.Contains(only, im) {
-			continue
-		}
-		r, err := buildOne(ctx, o, specs[im], builder)
+	for _, j := range jobs {
+		r, err := buildOne(ctx, o, j, builder)
 		if err != nil {
-			o.logf("%s: FAILED: %v", ArchiveName(im), err)
-			errs = append(errs, fmt.Errorf("%s: %w", im, err))
+			o.logf("%s: FAILED: %v", j.archive, err)
+			errs = append(errs, fmt.Errorf("%s: %w", j.name, err))
 			continue
 		}
 		results = append(results, r)
@@ -218,39 +276,37 @@ func since(t time.Time) string { return time.Since(t).Round(10 * time.Millisecon
 
 // buildOne builds one image, or finds it up to date: the archive is
 // rewritten only when an input changed.
-func buildOne(ctx context.Context, o Options, s spec, builder string) (Result, error) {
+func buildOne(ctx context.Context, o Options, j job, builder string) (Result, error) {
 	start := time.Now()
-	name := ArchiveName(s.image)
-	ref, err := Ref(s.image, o.Tag)
-	if err != nil {
-		return Result{}, err
-	}
-	res := Result{Image: s.image, Ref: ref, Archive: filepath.Join(o.OutDir, name)}
+	res := Result{Image: j.name, Ref: j.ref, Archive: filepath.Join(o.OutDir, j.archive)}
 
-	t := time.Now()
-	bin := filepath.Join(o.OutDir, ".bin", s.binary)
-	if err := goBuild(ctx, o, s.binary, bin); err != nil {
-		return res, err
+	var bin string
+	if j.binary != "" {
+		t := time.Now()
+		bin = filepath.Join(o.OutDir, ".bin", j.binary)
+		if err := goBuild(ctx, o, j.binary, bin); err != nil {
+			return res, err
+		}
+		o.logf("%s: go build %s: %s", j.archive, j.binary, since(t))
 	}
-	o.logf("%s: go build %s: %s", name, s.binary, since(t))
 
-	in, err := collectInputs(ctx, o, s, builder, ref, bin)
+	in, err := collectInputs(ctx, o, j, builder, bin)
 	if err != nil {
 		return res, err
 	}
 	res.Packages = in.packages
 
-	if st, ok := readStamp(o.OutDir, s.image); ok && st.Inputs == in.hash && archiveMatches(res.Archive, st.Size) {
-		res.Cached, res.Digest, res.Size, res.Python = true, st.Digest, st.Size, st.Python
-		o.logf("%s: up to date: %s %s (%s)%s", name, ref, mb(st.Size), shortDigest(st.Digest), pythonNote(st.Python))
+	if st, ok := readStamp(o.OutDir, j.archive); ok && st.Inputs == in.hash && archiveMatches(res.Archive, st.Size) {
+		res.Cached, res.Digest, res.Size, res.RootSize, res.Python = true, st.Digest, st.Size, st.RootSize, st.Python
+		o.logf("%s: up to date: %s %s, root %s (%s)%s", j.archive, j.ref, mb(st.Size), mb(st.RootSize), shortDigest(st.Digest), pythonNote(st.Python))
 		return res, nil
 	}
 
-	t = time.Now()
-	if err := writeImage(ctx, o, s, bin, in, &res); err != nil {
+	t := time.Now()
+	if err := writeImage(ctx, o, j, bin, in, &res); err != nil {
 		return res, err
 	}
-	o.logf("%s: wrote %s %s (%s)%s: %s (total %s)", name, ref, mb(res.Size), shortDigest(res.Digest), pythonNote(res.Python), since(t), since(start))
+	o.logf("%s: wrote %s %s, root %s (%s)%s: %s (total %s)", j.archive, j.ref, mb(res.Size), mb(res.RootSize), shortDigest(res.Digest), pythonNote(res.Python), since(t), since(start))
 	return res, nil
 }
 
@@ -260,20 +316,40 @@ type imageInputs struct {
 	hash string
 	// extra are the files beside the binary (the runsc installer's).
 	extra []ExtraFile
-	// pkgs are the sandbox's Debian packages, and packages their summary.
+	// plan is a Debian image's spec with its base applied; pkgs are its
+	// packages, and packages their summary.
+	plan     resolved
 	pkgs     []Package
 	packages []string
+	// aptSources is the image's apt sources file, when it holds apt.
+	aptSources string
 }
 
 // collectInputs gathers the inputs: what the image is made of, and the
 // builder itself, whose code decides the layout (hashing it spares a
 // version number someone has to remember to bump).
-func collectInputs(ctx context.Context, o Options, s spec, builder, ref, bin string) (*imageInputs, error) {
-	name := ArchiveName(s.image)
+func collectInputs(ctx context.Context, o Options, j job, builder, bin string) (*imageInputs, error) {
 	in := &imageInputs{}
-	inputs := []string{"builder " + builder, "ref " + ref}
-	hashed := []string{bin, o.CABundle}
-	if s.image == RunscInstaller {
+	inputs := []string{"builder " + builder, "ref " + j.ref}
+	var hashed []string
+	if j.spec != nil {
+		in.plan = j.spec.resolve()
+		if in.plan.sandboxFiles {
+			hashed = append(hashed, o.CABundle)
+		}
+		for _, f := range in.plan.files {
+			hashed = append(hashed, f.From)
+		}
+		// The spec in full: the config, where files go, the links.
+		b, err := json.Marshal(j.spec)
+		if err != nil {
+			return nil, err
+		}
+		inputs = append(inputs, "spec "+string(b))
+	} else {
+		hashed = append(hashed, bin, o.CABundle)
+	}
+	if j.name == RunscInstaller {
 		files, extra, err := runscFiles(o.RunscDir)
 		if err != nil {
 			return nil, err
@@ -286,23 +362,33 @@ func collectInputs(ctx context.Context, o Options, s spec, builder, ref, bin str
 		if err != nil {
 			return nil, err
 		}
-		inputs = append(inputs, "file "+filepath.Base(f)+" "+h)
+		inputs = append(inputs, "file "+f+" "+h)
 	}
-	if s.image == Sandbox {
+	if j.spec != nil {
 		t := time.Now()
-		d := o.Sandbox
-		d.Logf = func(f string, a ...any) { o.logf(name+": "+f, a...) }
+		d := o.debian(j, in.plan)
 		pkgs, err := d.Resolve(ctx)
 		if err != nil {
 			return nil, err
 		}
 		in.pkgs, in.packages = pkgs, PackageSummary(pkgs)
 		inputs = append(inputs, "packages "+strings.Join(in.packages, " "))
-		o.logf("%s: %d Debian packages resolved with apt-cache: %s", name, len(pkgs), since(t))
+		o.logf("%s: %d Debian packages resolved with apt-cache: %s", j.archive, len(pkgs), since(t))
+		if slices.ContainsFunc(pkgs, func(p Package) bool { return p.Name == "apt" }) {
+			if in.aptSources, err = aptSources(ctx); err != nil {
+				return nil, err
+			}
+			inputs = append(inputs, "apt-sources "+in.aptSources)
+		}
 	}
 	sum := sha256.Sum256([]byte(strings.Join(inputs, "\n")))
 	in.hash = hex.EncodeToString(sum[:])
 	return in, nil
+}
+
+func (o *Options) debian(j job, plan resolved) *Debian {
+	return &Debian{Packages: plan.packages, Exclude: plan.exclude, CacheDir: o.DebCache,
+		Logf: func(f string, a ...any) { o.logf(j.archive+": "+f, a...) }}
 }
 
 // runscFiles are the gVisor binaries the runsc installer image carries:
@@ -325,22 +411,14 @@ func runscFiles(runscDir string) ([]string, []ExtraFile, error) {
 }
 
 // writeImage writes the archive and the stamp that records its inputs,
-// filling in res's digest, size and Python version.
-func writeImage(ctx context.Context, o Options, s spec, bin string, in *imageInputs, res *Result) error {
-	name := ArchiveName(s.image)
-	labels := map[string]string{
-		"org.opencontainers.image.title":   "agentbox-" + s.image,
-		"org.opencontainers.image.version": o.Tag,
-	}
+// filling in res's digest, sizes and Python version.
+func writeImage(ctx context.Context, o Options, j job, bin string, in *imageInputs, res *Result) error {
 	var digest v1.Hash
 	var err error
-	if s.image == Sandbox {
-		logf := func(f string, a ...any) { o.logf(name+": "+f, a...) }
-		d := o.Sandbox
-		d.Logf = logf
-		digest, res.Python, err = writeSandbox(ctx, &d, in.pkgs, res.Ref, bin, o.CABundle, res.Archive, labels, logf)
+	if j.spec != nil {
+		digest, err = writeDebian(ctx, o, j, in, res)
 	} else {
-		digest, err = StaticImage{Ref: res.Ref, Name: s.binary, Binary: bin, CABundle: o.CABundle, Labels: labels, Extra: in.extra}.Write(res.Archive)
+		digest, res.RootSize, err = StaticImage{Ref: j.ref, Name: j.binary, Binary: bin, CABundle: o.CABundle, Labels: j.labels, Extra: in.extra}.write(res.Archive)
 	}
 	if err != nil {
 		return err
@@ -350,77 +428,93 @@ func writeImage(ctx context.Context, o Options, s spec, bin string, in *imageInp
 		return err
 	}
 	res.Digest, res.Size = digest.String(), fi.Size()
-	return writeStamp(o.OutDir, s.image, stamp{Inputs: in.hash, Ref: res.Ref, Digest: res.Digest, Size: res.Size, Python: res.Python, Packages: res.Packages})
+	return writeStamp(o.OutDir, j.archive, stamp{Inputs: in.hash, Ref: res.Ref, Digest: res.Digest, Size: res.Size,
+		RootSize: res.RootSize, Python: res.Python, Packages: res.Packages})
 }
 
-func writeSandbox(ctx context.Context, d *Debian, pkgs []Package, ref, supervisor, ca, out string, labels map[string]string, logf func(string, ...any)) (digest v1.Hash, python string, err error) {
+// writeDebian builds an image from Debian packages, the one path of the
+// sandbox images and of every spec: unpack the packages, add the base's
+// files and the spec's, run the checks, write the archive.
+func writeDebian(ctx context.Context, o Options, j job, in *imageInputs, res *Result) (v1.Hash, error) {
+	logf := func(f string, a ...any) { o.logf(j.archive+": "+f, a...) }
+	d := o.debian(j, in.plan)
 	t := time.Now()
-	debs, err := d.Fetch(ctx, pkgs)
+	debs, err := d.Fetch(ctx, in.pkgs)
 	if err != nil {
-		return v1.Hash{}, "", err
+		return v1.Hash{}, err
 	}
 	logf("packages in the cache (%s): %s", d.cacheDirOrDefault(), since(t))
-	dir, err := os.MkdirTemp(filepath.Dir(out), ".rootfs-sandbox-")
+	dir, err := os.MkdirTemp(filepath.Dir(res.Archive), ".rootfs-"+j.name+"-")
 	if err != nil {
-		return v1.Hash{}, "", err
+		return v1.Hash{}, err
 	}
 	defer os.RemoveAll(dir)
 	t = time.Now()
 	step := progress.Start(logf, "root filesystem", fmt.Sprintf("unpacking %d packages", len(debs)), 0)
-	err = Unpack(ctx, debs, dir)
+	lists, err := unpack(ctx, debs, dir)
 	step.Stop()
 	if err != nil {
-		return v1.Hash{}, "", err
+		return v1.Hash{}, err
 	}
-	if err := SandboxFiles(dir, supervisor, ca); err != nil {
-		return v1.Hash{}, "", err
+	names := make([]string, len(in.pkgs))
+	for i, p := range in.pkgs {
+		names[i] = p.Name
 	}
-	size, err := dirSize(dir)
-	if err != nil {
-		return v1.Hash{}, "", err
-	}
-	logf("root filesystem unpacked (%s uncompressed): %s", mb(size), since(t))
-	if os.Geteuid() == 0 {
-		if python, err = PythonVersion(ctx, dir); err != nil {
-			return v1.Hash{}, "", err
+	if slices.Contains(names, "dpkg") {
+		if err := writeDpkgDatabase(ctx, dir, debs, lists); err != nil {
+			return v1.Hash{}, fmt.Errorf("dpkg's database: %w", err)
 		}
+	}
+	if in.aptSources != "" {
+		if _, err := os.Stat(filepath.Join(dir, debianKeyring)); err != nil {
+			return v1.Hash{}, fmt.Errorf("apt's sources name %s, which the image lacks: %w", debianKeyring, err)
+		}
+		if err := writeFile(filepath.Join(dir, aptSourcesFile), in.aptSources, 0o644); err != nil {
+			return v1.Hash{}, err
+		}
+	}
+	if in.plan.sandboxFiles {
+		err = SandboxFiles(dir, o.CABundle)
 	} else {
-		python = pythonFromPackages(pkgs)
-		logf("not root: Python not run in a chroot; version from its package")
+		// Every image has a /tmp anyone may write to; nothing else is
+		// added to an image on base none.
+		err = mkdirMode(filepath.Join(dir, "tmp"), 0o777|fs.ModeSticky)
+	}
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	if err := addFiles(dir, in.plan.files, in.plan.links); err != nil {
+		return v1.Hash{}, err
+	}
+	if res.RootSize, err = dirSize(dir); err != nil {
+		return v1.Hash{}, err
+	}
+	logf("root filesystem unpacked (%s uncompressed): %s", mb(res.RootSize), since(t))
+	if os.Geteuid() == 0 {
+		t = time.Now()
+		if res.Python, err = CheckRootfs(ctx, dir, names, logf); err != nil {
+			return v1.Hash{}, err
+		}
+		logf("checks: %s", since(t))
+	} else {
+		res.Python = pythonFromPackages(in.pkgs)
+		logf("not root: the image's programs not run in a chroot; Python's version from its package")
 	}
 	// Compressing a few hundred megabytes takes a while on a small machine.
 	step = progress.Start(logf, "image archive", "writing and compressing the layer", 0)
 	defer step.Stop()
-	h, err := ociimage.WriteArchive(ociimage.Image{
-		Ref:        ref,
+	c := in.plan.config
+	return ociimage.WriteArchive(ociimage.Image{
+		Ref:        j.ref,
 		Rootfs:     dir,
-		Entrypoint: []string{"/usr/local/bin/agentbox-supervisor"},
-		Env: []string{
-			ociimage.DefaultPath,
-			"HOME=/workspace",
-			"LANG=C.UTF-8",
-			// The root file system is read-only; Python would try and
-			// fail to write __pycache__ next to every module it imports.
-			"PYTHONDONTWRITEBYTECODE=1",
-			supervisorGODEBUG,
-		},
-		WorkingDir: "/workspace",
-		User:       fmt.Sprintf("%d:%d", NonRootUID, NonRootUID),
-		Labels:     labels,
-	}, out)
-	return h, python, err
+		Entrypoint: c.Entrypoint,
+		Cmd:        c.Cmd,
+		Env:        c.Env,
+		WorkingDir: c.WorkingDir,
+		User:       c.User,
+		Labels:     j.labels,
+	}, res.Archive)
 }
-
-// supervisorGODEBUG is the Go runtime setting the sandbox image gives the
-// supervisor (commands do not inherit it: they get a minimal environment).
-// The supervisor links no memory profiler, so the runtime turns memory
-// profiling off at start, but still records the one allocation it samples
-// while doing so, and that sample allocates the profiler's 1.4 MiB hash
-// table. Under gVisor the table, touched in scattered places, counts
-// whole in the pod's RSS. With no profile stacks there is no sample to
-// record (runtime.mProf_Malloc returns first) and no table. No profile is
-// ever read from the supervisor, so nothing else changes.
-const supervisorGODEBUG = "GODEBUG=profstackdepth=0"
 
 func (d *Debian) cacheDirOrDefault() string {
 	if d.CacheDir != "" {
@@ -484,21 +578,21 @@ func fileHash(p string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-func readStamp(outDir, image string) (stamp, bool) {
+func readStamp(outDir, archive string) (stamp, bool) {
 	var st stamp
-	b, err := os.ReadFile(stampPath(outDir, image))
+	b, err := os.ReadFile(stampPath(outDir, archive))
 	if err != nil || json.Unmarshal(b, &st) != nil {
 		return stamp{}, false
 	}
 	return st, true
 }
 
-func writeStamp(outDir, image string, st stamp) error {
+func writeStamp(outDir, archive string, st stamp) error {
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(stampPath(outDir, image), append(b, '\n'), 0o644)
+	return os.WriteFile(stampPath(outDir, archive), append(b, '\n'), 0o644)
 }
 
 // archiveMatches is a cheap check that the archive is the one the stamp

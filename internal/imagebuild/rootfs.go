@@ -1,16 +1,18 @@
 package imagebuild
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
-	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/ociimage"
@@ -45,26 +47,37 @@ type ExtraFile struct {
 
 // Write builds the image into the OCI archive out.
 func (s StaticImage) Write(out string) (v1.Hash, error) {
+	h, _, err := s.write(out)
+	return h, err
+}
+
+// write is Write, also returning the size of the root filesystem.
+func (s StaticImage) write(out string) (v1.Hash, int64, error) {
 	dir, err := os.MkdirTemp(filepath.Dir(out), ".rootfs-"+s.Name+"-")
 	if err != nil {
-		return v1.Hash{}, err
+		return v1.Hash{}, 0, err
 	}
 	defer os.RemoveAll(dir)
 	if err := StaticRootfs(dir, s.Name, s.Binary, s.CABundle); err != nil {
-		return v1.Hash{}, err
+		return v1.Hash{}, 0, err
 	}
 	for _, f := range s.Extra {
 		if err := copyFile(f.From, filepath.Join(dir, filepath.FromSlash(f.Path)), 0o755); err != nil {
-			return v1.Hash{}, err
+			return v1.Hash{}, 0, err
 		}
 	}
-	return ociimage.WriteArchive(ociimage.Image{
+	size, err := dirSize(dir)
+	if err != nil {
+		return v1.Hash{}, 0, err
+	}
+	h, err := ociimage.WriteArchive(ociimage.Image{
 		Ref:        s.Ref,
 		Rootfs:     dir,
 		Entrypoint: []string{"/usr/local/bin/" + s.Name},
 		User:       fmt.Sprintf("%d:%d", NonRootUID, NonRootUID),
 		Labels:     s.Labels,
 	}, out)
+	return h, size, err
 }
 
 // StaticRootfs lays out dir for a static binary: the binary, the CA bundle
@@ -108,17 +121,15 @@ func StaticRootfs(dir, name, binary, caBundle string) error {
 	return ownedDir(filepath.Join(dir, "home", "nonroot"), 0o700)
 }
 
-// SandboxFiles adds to a Debian root filesystem what makes it the sandbox:
-// the supervisor, the sandbox user with /workspace as home, /tmp, and the
-// host's CA bundle where OpenSSL (and so Python's ssl) looks by default, so
-// HTTPS through the egress proxy verifies without the ca-certificates
-// package and the perl-based tooling it drags in.
-func SandboxFiles(dir, supervisor, caBundle string) error {
+// SandboxFiles adds to a Debian root filesystem what makes it a sandbox
+// image: the sandbox user with /workspace as home, /tmp, and the host's CA
+// bundle where OpenSSL (and so Python's ssl, curl and git) looks by
+// default, so HTTPS through the egress proxy verifies although no
+// maintainer script (ca-certificates' would build the bundle) ever runs.
+// The supervisor is not among them: the platform injects it into the pod.
+func SandboxFiles(dir, caBundle string) error {
 	if caBundle == "" {
 		caBundle = HostCABundle
-	}
-	if err := copyFile(supervisor, filepath.Join(dir, "usr/local/bin/agentbox-supervisor"), 0o755); err != nil {
-		return err
 	}
 	if err := copyFile(caBundle, filepath.Join(dir, "etc/ssl/certs/ca-certificates.crt"), 0o644); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -145,6 +156,8 @@ func SandboxFiles(dir, supervisor, caBundle string) error {
 	if err := writeFile(filepath.Join(dir, "etc/passwd"),
 		"root:x:0:0:root:/root:/bin/sh\n"+
 			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"+
+			// apt downloads as _apt where it can.
+			"_apt:x:42:65534::/nonexistent:/usr/sbin/nologin\n"+
 			"sandbox:x:65532:65532:sandbox:/workspace:/bin/sh\n", 0o644); err != nil {
 		return err
 	}
@@ -160,21 +173,6 @@ func SandboxFiles(dir, supervisor, caBundle string) error {
 		return mkdirMode(filepath.Join(dir, "workspace"), 0o777|fs.ModeSticky)
 	}
 	return ownedDir(filepath.Join(dir, "workspace"), 0o755)
-}
-
-// PythonVersion runs the rootfs's python3 under chroot, which needs root,
-// and checks that the modules the sandbox promises import.
-func PythonVersion(ctx context.Context, rootfs string) (string, error) {
-	cmd := exec.CommandContext(ctx, "chroot", rootfs, "/usr/bin/python3", "-c",
-		"import json, platform, venv, ssl, sqlite3; print(platform.python_version())")
-	// A clean environment: the host's PYTHON* variables mean nothing in
-	// the chroot.
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1"}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("chroot %s python3: %w: %s", rootfs, err, strings.TrimSpace(string(out)))
-	}
-	return strings.TrimSpace(string(out)), nil
 }
 
 func writeFile(p, content string, mode fs.FileMode) error {
@@ -230,4 +228,91 @@ func ownedDir(p string, mode fs.FileMode) error {
 		return os.Lchown(p, NonRootUID, NonRootUID)
 	}
 	return nil
+}
+
+// addFiles copies a spec's host files into the root filesystem and makes
+// its links; each lands where the package layout puts it (/bin/sh in
+// /usr/bin, as a merged /usr has it) and replaces what a package left
+// there. A link whose target the image lacks is an error: it would only
+// fail once the image runs.
+func addFiles(dir string, files []SpecFile, links map[string]string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	place := func(p string) (string, error) {
+		name := usrPath(strings.TrimPrefix(p, "/"))
+		if parent := path.Dir(name); parent != "." {
+			if err := root.MkdirAll(parent, 0o755); err != nil {
+				return "", err
+			}
+		}
+		return name, removeNonDir(root, name)
+	}
+	for _, f := range files {
+		name, err := place(f.Path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.Path, err)
+		}
+		mode, err := fileMode(f)
+		if err != nil {
+			return err
+		}
+		if err := copyInto(root, f.From, name, mode); err != nil {
+			return fmt.Errorf("%s: %w", f.Path, err)
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(links)) {
+		name, err := place(p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if err := root.Symlink(links[p], name); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(links)) {
+		// Resolved as the image will see it, absolute targets from its
+		// root.
+		target, err := securejoin.SecureJoin(dir, p)
+		if err != nil {
+			return fmt.Errorf("link %s: %w", p, err)
+		}
+		if _, err := os.Stat(target); err != nil {
+			return fmt.Errorf("link %s -> %s: the target is not in the image", p, links[p])
+		}
+	}
+	return nil
+}
+
+func fileMode(f SpecFile) (fs.FileMode, error) {
+	if f.Mode != "" {
+		return parseMode(f.Mode)
+	}
+	fi, err := os.Stat(f.From)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Mode().Perm(), nil
+}
+
+func copyInto(root *os.Root, src, name string, mode fs.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return root.Chmod(name, mode)
 }
