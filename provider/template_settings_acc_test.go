@@ -314,13 +314,18 @@ func (r *settingsRun) checkEnv(ctx context.Context) error {
 	return nil
 }
 
-// mcpGetenv calls the stdio MCP server's getenv tool through mcp_request,
-// again while the server is not up yet: the supervisor's bridge starts it
-// with a backoff that grows to 30 s.
 func (r *settingsRun) mcpGetenv(ctx context.Context, names ...string) (map[string]string, error) {
+	return mcpGetenv(ctx, r.api, settingsAgent, names...)
+}
+
+// mcpGetenv calls the agent's stdio MCP server "calc" (the mcpcalc test
+// server) and its getenv tool through mcp_request, again while the server
+// is not up yet: the supervisor's bridge starts it with a backoff that
+// grows to 30 s.
+func mcpGetenv(ctx context.Context, api *client.Client, agent string, names ...string) (map[string]string, error) {
 	var last error
 	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); {
-		raw, err := r.api.MCPRequest(ctx, settingsAgent, "calc", map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+		raw, err := api.MCPRequest(ctx, agent, "calc", map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
 			"params": map[string]any{"name": "getenv", "arguments": map[string]any{"names": names}}})
 		if err == nil {
 			var resp struct {

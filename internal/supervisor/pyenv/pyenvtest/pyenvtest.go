@@ -149,13 +149,8 @@ func (ix *Index) serve(w http.ResponseWriter, r *http.Request) {
 		for n := range ix.projects {
 			names = append(names, n)
 		}
-		slices.Sort(names)
 		w.Header().Set("Content-Type", "text/html")
-		fmt.Fprint(w, "<!DOCTYPE html><html><body>\n")
-		for _, n := range names {
-			fmt.Fprintf(w, "<a href=\"%s/\">%s</a>\n", html.EscapeString(n), html.EscapeString(n))
-		}
-		fmt.Fprint(w, "</body></html>\n")
+		fmt.Fprint(w, rootPage(names))
 	case strings.HasPrefix(p, "/simple/"):
 		name := Normalize(strings.Trim(strings.TrimPrefix(p, "/simple/"), "/"))
 		ix.mu.Lock()
@@ -171,13 +166,7 @@ func (ix *Index) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.Header().Set("Content-Type", "text/html")
-		fmt.Fprintf(w, "<!DOCTYPE html><html><body><h1>Links for %s</h1>\n", html.EscapeString(name))
-		for _, v := range versions {
-			file := v.WheelName()
-			sum := sha256.Sum256(ix.wheels[file])
-			fmt.Fprintf(w, "<a href=\"../../files/%s#sha256=%s\">%s</a>\n", html.EscapeString(file), hex.EncodeToString(sum[:]), html.EscapeString(file))
-		}
-		fmt.Fprint(w, "</body></html>\n")
+		fmt.Fprint(w, projectPage(name, versions, ix.wheels))
 	case strings.HasPrefix(p, "/files/"):
 		file := strings.TrimPrefix(p, "/files/")
 		data, ok := ix.wheels[file]
@@ -200,6 +189,58 @@ func (ix *Index) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.NotFound(w, r)
 	}
+}
+
+// rootPage is the index's /simple/ page, listing the projects.
+func rootPage(names []string) string {
+	slices.Sort(names)
+	var b strings.Builder
+	b.WriteString("<!DOCTYPE html><html><body>\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "<a href=\"%s/\">%s</a>\n", html.EscapeString(n), html.EscapeString(n))
+	}
+	b.WriteString("</body></html>\n")
+	return b.String()
+}
+
+// projectPage is a project's /simple/<name>/ page: a link to each wheel
+// under /files/, with its hash.
+func projectPage(name string, versions []Package, wheels map[string][]byte) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "<!DOCTYPE html><html><body><h1>Links for %s</h1>\n", html.EscapeString(name))
+	for _, v := range versions {
+		file := v.WheelName()
+		sum := sha256.Sum256(wheels[file])
+		fmt.Fprintf(&b, "<a href=\"../../files/%s#sha256=%s\">%s</a>\n", html.EscapeString(file), hex.EncodeToString(sum[:]), html.EscapeString(file))
+	}
+	b.WriteString("</body></html>\n")
+	return b.String()
+}
+
+// StaticTree is the index as files, for a plain web server that serves a
+// folder's index.html for the folder (busybox httpd in a test pod): path
+// under the server's root -> content.
+func StaticTree(pkgs ...Package) (map[string][]byte, error) {
+	projects := map[string][]Package{}
+	wheels := map[string][]byte{}
+	tree := map[string][]byte{}
+	for _, p := range pkgs {
+		data, err := p.Wheel()
+		if err != nil {
+			return nil, fmt.Errorf("build wheel %s: %w", p.WheelName(), err)
+		}
+		wheels[p.WheelName()] = data
+		tree["files/"+p.WheelName()] = data
+		n := Normalize(p.Name)
+		projects[n] = append(projects[n], p)
+	}
+	names := make([]string, 0, len(projects))
+	for n, versions := range projects {
+		names = append(names, n)
+		tree["simple/"+n+"/index.html"] = []byte(projectPage(n, versions, wheels))
+	}
+	tree["simple/index.html"] = []byte(rootPage(names))
+	return tree, nil
 }
 
 // Downloads counts the GETs of the project's wheels, all versions.
