@@ -155,6 +155,12 @@ var sandboxEnv = []string{
 	// The root file system is read-only; Python would try and fail to
 	// write __pycache__ next to every module it imports.
 	"PYTHONDONTWRITEBYTECODE=1",
+	// An agent's first `pip install` works, as in a Python image: the
+	// root file system is read-only, so pip installs for the user, into
+	// ~/.local in the workspace, where it survives idle stops. Debian's
+	// "externally managed" guard protects a system's apt-installed
+	// Python, which here nothing can change anyway.
+	"PIP_BREAK_SYSTEM_PACKAGES=1",
 }
 
 // base is what a Spec.Base stands for.

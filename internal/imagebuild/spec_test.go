@@ -124,7 +124,7 @@ func TestBuiltinSpecs(t *testing.T) {
 		if c.User != "65532:65532" || c.WorkingDir != "/workspace" || c.Entrypoint != nil {
 			t.Errorf("%s: config %+v", name, c)
 		}
-		for _, e := range []string{"HOME=/workspace", "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1"} {
+		for _, e := range []string{"HOME=/workspace", "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "PIP_BREAK_SYSTEM_PACKAGES=1"} {
 			if !slices.Contains(c.Env, e) {
 				t.Errorf("%s: env %v lacks %s", name, c.Env, e)
 			}
@@ -176,7 +176,7 @@ func TestResolveOnBase(t *testing.T) {
 	if r := withDpkg.resolve(); slices.Contains(r.exclude, "dpkg") || !slices.Contains(r.packages, "dpkg") {
 		t.Errorf("minimal with dpkg: packages %v, exclude %v", r.packages, r.exclude)
 	}
-	wantEnv := []string{StandardSpec("").resolve().config.Env[0], "HOME=/workspace", "LANG=de_DE.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "EDITOR=vi"}
+	wantEnv := []string{StandardSpec("").resolve().config.Env[0], "HOME=/workspace", "LANG=de_DE.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "PIP_BREAK_SYSTEM_PACKAGES=1", "EDITOR=vi"}
 	if !slices.Equal(r.config.Env, wantEnv) {
 		t.Errorf("env %v, want %v", r.config.Env, wantEnv)
 	}
