@@ -27,6 +27,12 @@
 //	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
 //	-health-listen       AGENTBOX_HEALTH_LISTEN       off (plain HTTP, /livez and /healthz only; the controller sets 127.0.0.1:8444)
 //
+// "agentbox-supervisor -install DIR" serves nothing: it copies its own
+// executable into DIR/agentbox-supervisor and exits 0 (1 with the reason
+// on stderr if it cannot). Every sandbox pod's init container runs it from
+// the supervisor image into a volume, and the sandbox container runs the
+// copy, so the sandbox image itself needs no supervisor.
+//
 // "agentbox-supervisor -probe" serves nothing: it calls GET /livez on
 // -health-listen and exits 0 if the supervisor answered, 1 if not. It is
 // the sandbox pod's liveness probe, run by kubelet inside the pod with
@@ -96,6 +102,15 @@ func main() {
 	}
 	if opts.showVersion {
 		fmt.Println(version)
+		return
+	}
+	if opts.install != "" {
+		path, err := install(opts.install)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "agentbox-supervisor -install:", err)
+			os.Exit(1)
+		}
+		fmt.Println("installed", path)
 		return
 	}
 	if opts.probe {

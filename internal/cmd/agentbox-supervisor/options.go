@@ -59,6 +59,7 @@ type options struct {
 	showVersion      bool
 	probe            bool
 	probeTimeout     time.Duration
+	install          string
 }
 
 // rawFlags are the flags whose values are parsed after the flag set has
@@ -142,6 +143,7 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&raw.logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.install, "install", "", "instead of serving, copy this executable into DIR/agentbox-supervisor (mode 0755, complete or not at all) and exit: how a sandbox pod's init container gives an image without the supervisor one")
 }
 
 // parseLimits checks the graces and the log level, and parses the sizes
