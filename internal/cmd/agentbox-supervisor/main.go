@@ -12,7 +12,7 @@
 //	-workdir             AGENTBOX_WORKDIR             the workspace if there is one, else the current directory
 //	-workspace           AGENTBOX_WORKSPACE           -workdir if set, else /workspace (file endpoints are off if it does not exist)
 //	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB (the controller sets the template's workspace size)
-//	-pass-env            AGENTBOX_PASS_ENV            the proxy variables (the controller adds the template's env)
+//	-pass-env            AGENTBOX_PASS_ENV            the proxy variables; * for all but the supervisor's own (the controller sets *)
 //	-audit-log           AGENTBOX_AUDIT_LOG           off
 //	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
 //	-mcp-servers         AGENTBOX_MCP_SERVERS         none (a JSON file: [{"name", "command", "args", "env", "dir"}])
@@ -411,8 +411,8 @@ func newMCPManager(o *options, log *slog.Logger) (*mcpbridge.Manager, error) {
 		return nil, err
 	}
 	env := map[string]string{"PATH": supervisor.DefaultPath, "LANG": "C.UTF-8"}
-	for _, k := range o.passEnv {
-		if v, ok := os.LookupEnv(k); ok {
+	for k, v := range supervisor.PassedEnv(o.passEnv, os.Environ()) {
+		if k != "PATH" || v != "" {
 			env[k] = v
 		}
 	}
