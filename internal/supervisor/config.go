@@ -70,7 +70,7 @@ var DefaultPassEnv = []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_pro
 // image's tools) reaches commands: the image's ENV is in the environment
 // the container runtime gives the supervisor, beside the template's env
 // and the platform's variables.
-const PassAllEnv = "*"
+const PassAllEnv = api.PassAllEnv
 
 // NotPassed reports whether PassAllEnv leaves the variable name out: the
 // supervisor's own configuration (api.ReservedEnvPrefix), its Go runtime
