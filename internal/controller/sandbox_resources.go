@@ -104,9 +104,8 @@ var supervisorVolumeSize = resource.MustParse("64Mi")
 
 // livenessProbe restarts a sandbox whose supervisor no longer serves: it
 // runs the supervisor's own binary in probe mode inside the pod, which
-// calls GET /livez on the loopback health listener. (Not /proc/1/exe,
-// which would find the binary wherever it is: gVisor refuses to execute
-// it.) That request goes through the supervisor's request
+// calls GET /livez on the loopback health listener. (Not /proc/1/exe:
+// gVisor refuses to execute it.) That request goes through the supervisor's request
 // handling, so a stopped or deadlocked supervisor fails it, where the
 // readiness probe's TCP connect would still succeed. An exec probe, rather
 // than an HTTP one: kubelet's HTTP probes come from the node to the pod's
