@@ -308,7 +308,7 @@ func (t *Terminals) prepare(req *ptyRequest) (*runner.Spec, *api.Error) {
 				break
 			}
 		}
-		if command == nil {
+		if len(command) == 0 {
 			// Any image can be a sandbox, a shell-less one too; then a
 			// terminal runs only what it is told to.
 			return nil, api.Errorf(api.CodeNotFound, "a terminal without a command runs a shell, and the sandbox image has none: neither bash nor sh is on its PATH (%s); give the command to run", pathEnv)
