@@ -75,7 +75,7 @@ func (d *platformDataSource) Schema(ctx context.Context, _ datasource.SchemaRequ
 		Validators: []validator.String{releaseNameCheck},
 	}
 	attrs["chart_version"] = computed("Version of the agentbox chart the release runs.")
-	attrs["image_tag"] = computed("Tag of the platform images (control plane, sandbox, egress proxy) the release runs.")
+	attrs["image_tag"] = computed("Tag of the platform images (control plane, sandbox, supervisor, egress proxy) the release runs.")
 	attrs["image_registry"] = computed("Registry and path in front of the platform images' repositories; null means Docker Hub.")
 	attrs["image_pull_policy"] = computed("Pull policy of the platform images; null means the chart's `IfNotPresent`.")
 	attrs["replicas"] = schema.Int64Attribute{Computed: true, MarkdownDescription: "Control plane replicas."}

@@ -130,7 +130,7 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 			},
 			"image_tag": schema.StringAttribute{
 				Optional: true, Computed: true, Default: stringdefault.StaticString(appVersion),
-				MarkdownDescription: "Tag of all three platform images (control plane, sandbox, egress proxy), which are " +
+				MarkdownDescription: "Tag of all four platform images (control plane, sandbox, supervisor, egress proxy), which are " +
 					"built together. Defaults to the chart's appVersion, `" + appVersion + "`.",
 				Validators: []validator.String{stringvalidator.RegexMatches(regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`),
 					"must be an image tag")},

@@ -128,9 +128,12 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 			"namespace": namespaceAttribute(templateKind),
 			"image": schema.StringAttribute{
 				Optional: true,
-				MarkdownDescription: "Container image of the sandbox: it must run the agentbox supervisor, installed at `/usr/local/bin/agentbox-supervisor` " +
-					"(where the liveness probe runs it), as its entrypoint. " +
-					"Unset means the platform's default sandbox image (Python 3 and the supervisor).",
+				MarkdownDescription: "Container image of the sandbox: any Linux image (amd64), such as `python:3.12`, `node:22` or a company " +
+					"base image. The platform injects its supervisor, which replaces the image's entrypoint and command; the image's " +
+					"environment and working directory are kept, and every process the sandbox runs gets the image's environment. It runs " +
+					"as user 65532 on a read-only root file system, with `HOME` the workspace unless `env` sets it. `python_exec` and " +
+					"`execute` need `python3` on the image's `PATH`, and a terminal opened without a command needs `bash` or `sh`. " +
+					"Unset means the platform's default sandbox image (Python 3).",
 			},
 			"image_pull_policy": schema.StringAttribute{
 				Optional:            true,
@@ -141,7 +144,7 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 				Optional: true, Computed: true, Default: stringdefault.StaticString(defaultRuntimeClass),
 				MarkdownDescription: "RuntimeClass of the sandbox pods; it should select gVisor. Defaults to `" + defaultRuntimeClass + "`.",
 			},
-			"env": optionalMap("Environment variables of the sandbox (plain values; put secrets in `secret_files`). Every process the sandbox runs gets them: commands, `python_exec` and `execute` runs, terminals and MCP servers. Names starting with `AGENTBOX_` configure the sandbox's supervisor and are not passed on."),
+			"env": optionalMap("Environment variables of the sandbox (plain values; put secrets in `secret_files`). Every process the sandbox runs gets them: commands, `python_exec` and `execute` runs, terminals and MCP servers. Names starting with `AGENTBOX_` configure the sandbox's supervisor, and `GODEBUG` is the supervisor's own: they are not passed on."),
 			"resources": schema.SingleNestedAttribute{
 				Optional:            true,
 				MarkdownDescription: "CPU and memory of each sandbox pod, as Kubernetes quantities (`cpu = \"500m\"`, `memory = \"1Gi\"`).",

@@ -203,6 +203,8 @@ func TestDeploymentArgs(t *testing.T) {
 		"--health-listen=:8081",
 		"--api-service=agentbox-api",
 		"--sandbox-image=agentbox/agentbox-sandbox:dev",
+		"--supervisor-image=agentbox/agentbox-supervisor:dev",
+		"--supervisor-image-pull-policy=IfNotPresent",
 		"--egress-proxy-image=agentbox/agentbox-egress-proxy:dev",
 		"--trust-domain=agentbox.local",
 		"--leader-elect=false",
@@ -785,19 +787,22 @@ func TestInstallReusesGeneratedSecrets(t *testing.T) {
 
 func TestImageReferences(t *testing.T) {
 	cases := []struct {
-		name                      string
-		values                    Values
-		controlPlane, sandbox, ep string
+		name                                  string
+		values                                Values
+		controlPlane, sandbox, supervisor, ep string
 	}{
-		{"defaults", Values{}, "agentbox/agentbox-controlplane:dev", "agentbox/agentbox-sandbox:dev", "agentbox/agentbox-egress-proxy:dev"},
+		{"defaults", Values{}, "agentbox/agentbox-controlplane:dev", "agentbox/agentbox-sandbox:dev",
+			"agentbox/agentbox-supervisor:dev", "agentbox/agentbox-egress-proxy:dev"},
 		{"registry and tag", Values{ImageRegistry: "registry.example.com/mirror", ImageTag: "v1.2.3"},
 			"registry.example.com/mirror/agentbox/agentbox-controlplane:v1.2.3",
 			"registry.example.com/mirror/agentbox/agentbox-sandbox:v1.2.3",
+			"registry.example.com/mirror/agentbox/agentbox-supervisor:v1.2.3",
 			"registry.example.com/mirror/agentbox/agentbox-egress-proxy:v1.2.3"},
 		{"trailing slash", Values{ImageRegistry: "localhost:5000/"}, "localhost:5000/agentbox/agentbox-controlplane:dev",
-			"localhost:5000/agentbox/agentbox-sandbox:dev", "localhost:5000/agentbox/agentbox-egress-proxy:dev"},
-		{"raw wins", Values{ImageTag: "v1", Raw: "image: {controlPlane: {repository: me/cp, tag: v2}}"},
-			"me/cp:v2", "agentbox/agentbox-sandbox:v1", "agentbox/agentbox-egress-proxy:v1"},
+			"localhost:5000/agentbox/agentbox-sandbox:dev", "localhost:5000/agentbox/agentbox-supervisor:dev",
+			"localhost:5000/agentbox/agentbox-egress-proxy:dev"},
+		{"raw wins", Values{ImageTag: "v1", Raw: "image: {controlPlane: {repository: me/cp, tag: v2}, supervisor: {repository: me/sup}}"},
+			"me/cp:v2", "agentbox/agentbox-sandbox:v1", "me/sup:v1", "agentbox/agentbox-egress-proxy:v1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -805,11 +810,10 @@ func TestImageReferences(t *testing.T) {
 			if c.Image != tc.controlPlane {
 				t.Errorf("control plane image %q, want %q", c.Image, tc.controlPlane)
 			}
-			if !slices.Contains(c.Args, "--sandbox-image="+tc.sandbox) {
-				t.Errorf("args %q lack --sandbox-image=%s", c.Args, tc.sandbox)
-			}
-			if !slices.Contains(c.Args, "--egress-proxy-image="+tc.ep) {
-				t.Errorf("args %q lack --egress-proxy-image=%s", c.Args, tc.ep)
+			for flag, want := range map[string]string{"sandbox-image": tc.sandbox, "supervisor-image": tc.supervisor, "egress-proxy-image": tc.ep} {
+				if !slices.Contains(c.Args, "--"+flag+"="+want) {
+					t.Errorf("args %q lack --%s=%s", c.Args, flag, want)
+				}
 			}
 		})
 	}
@@ -819,6 +823,13 @@ func TestImageReferences(t *testing.T) {
 	}
 	if e, _ := envValue(c, "AGENTBOX_SANDBOX_IMAGE_PULL_POLICY"); e.Value != "Never" {
 		t.Errorf("sandbox pull policy %q", e.Value)
+	}
+	if !slices.Contains(c.Args, "--supervisor-image-pull-policy=Never") {
+		t.Errorf("args %q lack --supervisor-image-pull-policy=Never", c.Args)
+	}
+	c = container(t, render(t, Values{Raw: "image: {supervisor: {pullPolicy: Always}}"}).deployment())
+	if !slices.Contains(c.Args, "--supervisor-image-pull-policy=Always") {
+		t.Errorf("args %q lack the supervisor's own --supervisor-image-pull-policy=Always", c.Args)
 	}
 }
 

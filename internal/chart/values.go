@@ -10,7 +10,7 @@ import (
 
 // imageKeys are the images under `image` in values.yaml. ImageTag and
 // ImagePullPolicy apply to all of them: they are built from one commit.
-var imageKeys = []string{"controlPlane", "sandbox", "egressProxy"}
+var imageKeys = []string{"controlPlane", "sandbox", "supervisor", "egressProxy"}
 
 // Values are the chart values a typed caller (the Terraform resource) sets.
 // Zero fields are left to the chart's defaults. Raw is YAML merged on top,

@@ -21,6 +21,7 @@ func TestValuesMap(t *testing.T) {
 		"image": map[string]any{
 			"controlPlane": map[string]any{"tag": "v1", "pullPolicy": "Always"},
 			"sandbox":      map[string]any{"tag": "v2", "pullPolicy": "Always"},
+			"supervisor":   map[string]any{"tag": "v1", "pullPolicy": "Always"},
 			"egressProxy":  map[string]any{"tag": "v1", "pullPolicy": "Always"},
 		},
 		"metrics": map[string]any{"enabled": false},

@@ -82,6 +82,14 @@ type SandboxReconciler struct {
 	TrustDomain string
 	// DefaultImage is the sandbox image of templates that name none.
 	DefaultImage string
+	// SupervisorImage holds the supervisor at
+	// /usr/local/bin/agentbox-supervisor; every sandbox pod's init
+	// container installs it from there, so that the sandbox image needs
+	// none. Empty means DefaultSupervisorImage.
+	SupervisorImage string
+	// SupervisorImagePullPolicy is the init container's pull policy;
+	// empty means IfNotPresent.
+	SupervisorImagePullPolicy corev1.PullPolicy
 	// CA issues the sandboxes' serving certificates.
 	CA *pki.CA
 	// Clock is the controller's notion of now (conditions, holds,

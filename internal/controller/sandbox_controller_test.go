@@ -49,6 +49,24 @@ import (
 // without it, the tests that need a ready pod are skipped.
 const EnvSandboxImage = "AGENTBOX_TEST_SANDBOX_IMAGE"
 
+// EnvSupervisorImage names the supervisor image imported into the test
+// node, which every sandbox pod's init container installs the supervisor
+// from. Unset, it is agentbox/agentbox-supervisor with the tag of
+// EnvImageTag (the image `make test` builds beside the others).
+const EnvSupervisorImage = "AGENTBOX_TEST_SUPERVISOR_IMAGE"
+
+// testSupervisorImage is the supervisor image the tests' control planes
+// inject into sandbox pods.
+func testSupervisorImage() string {
+	if img := os.Getenv(EnvSupervisorImage); img != "" {
+		return img
+	}
+	if tag := os.Getenv(EnvImageTag); tag != "" {
+		return "agentbox/agentbox-supervisor:" + tag
+	}
+	return DefaultSupervisorImage
+}
+
 const (
 	testPlatformNamespace = "agentbox-system"
 	testTrustDomain       = "agentbox.test"
@@ -168,7 +186,11 @@ func (e *clusterEnv) startManager(configure ...func(*SandboxReconciler)) (stop f
 		Namespace:    testPlatformNamespace,
 		TrustDomain:  testTrustDomain,
 		DefaultImage: toolchain.BusyboxImage,
-		CA:           e.ca,
+		// Imported into the node, never pulled: the tests reach no
+		// registry.
+		SupervisorImage:           testSupervisorImage(),
+		SupervisorImagePullPolicy: corev1.PullNever,
+		CA:                        e.ca,
 	}
 	for _, f := range configure {
 		f(r)
@@ -488,9 +510,7 @@ func checkPodSpec(t *testing.T, pod *corev1.Pod, ns, name string, tpl *v1alpha1.
 		t.Errorf("tolerations %v lack the template's", spec.Tolerations)
 	}
 
-	if len(spec.Containers) != 1 {
-		t.Fatalf("%d containers, want 1", len(spec.Containers))
-	}
+	checkSupervisorInjected(t, &spec, testSupervisorImage())
 	ctr := spec.Containers[0]
 	if ctr.Image != tpl.Spec.Image || ctr.ImagePullPolicy != tpl.Spec.ImagePullPolicy {
 		t.Errorf("image %s (%s), want %s (%s)", ctr.Image, ctr.ImagePullPolicy, tpl.Spec.Image, tpl.Spec.ImagePullPolicy)
@@ -581,9 +601,12 @@ func TestSandboxPodFailure(t *testing.T) {
 	e := newClusterEnv(t)
 
 	t.Run("container exits", func(t *testing.T) {
-		// busybox's entrypoint is a shell, which exits at once without a
-		// terminal: kubelet restarts it into CrashLoopBackOff.
-		tpl := e.template("busybox", nil)
+		// A supervisor knob the template may set, set to nonsense: the
+		// supervisor exits at start, and kubelet restarts it into
+		// CrashLoopBackOff.
+		tpl := e.template("bad-knob", func(tpl *v1alpha1.SandboxTemplate) {
+			tpl.Spec.Env = []corev1.EnvVar{{Name: "AGENTBOX_LOG_LEVEL", Value: "loudest"}}
+		})
 		e.sandbox("crash", tpl.Name)
 		sbx := e.waitReason("crash", v1alpha1.ReasonPodFailed)
 		c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady)

@@ -52,8 +52,15 @@ func TLSSecretName(sandbox string) string { return sandbox + "-tls" }
 func WorkspaceClaimName(sandbox string) string { return sandbox + "-workspace" }
 
 const (
-	// ContainerName is the sandbox pod's only container.
+	// ContainerName is the sandbox pod's container, which runs the
+	// supervisor in the template's image.
 	ContainerName = "sandbox"
+	// InstallContainerName is the sandbox pod's init container, which
+	// installs the supervisor for the sandbox container to run.
+	InstallContainerName = "install-supervisor"
+	// DefaultSupervisorImage is the supervisor image when the reconciler
+	// is given none.
+	DefaultSupervisorImage = "agentbox/agentbox-supervisor:dev"
 	// SupervisorPortName names the supervisor's container port.
 	SupervisorPortName = "supervisor"
 	// TLSMountPath is where the serving certificate Secret is mounted; the
@@ -64,9 +71,10 @@ const (
 	// than trusted from the image so that runAsNonRoot holds for any image.
 	sandboxUID int64 = 65532
 
-	volumeWorkspace = "workspace"
-	volumeTmp       = "tmp"
-	volumeTLS       = "tls"
+	volumeWorkspace  = "workspace"
+	volumeTmp        = "tmp"
+	volumeTLS        = "tls"
+	volumeSupervisor = "supervisor"
 
 	defaultWorkspaceMountPath = "/workspace"
 
@@ -77,16 +85,27 @@ const (
 	supervisorHealthListen = "127.0.0.1:8444"
 )
 
-// supervisorBinary is where a sandbox image has the supervisor (see the
-// SandboxTemplate's image).
-const supervisorBinary = "/usr/local/bin/agentbox-supervisor"
+// Any Linux image can be a sandbox: the image need not hold the
+// supervisor. The pod's init container runs the supervisor image's binary
+// (supervisorImageBinary) with -install, which copies it into an emptyDir
+// at supervisorDir, and the sandbox container runs the copy
+// (supervisorBinary) as its command. The sandbox container mounts the
+// directory read-only: the code the supervisor runs, as the same user,
+// cannot replace the binary the liveness probe runs.
+const (
+	supervisorImageBinary = "/usr/local/bin/agentbox-supervisor"
+	supervisorDir         = "/agentbox/bin"
+	supervisorBinary      = supervisorDir + "/agentbox-supervisor"
+)
+
+// supervisorVolumeSize bounds the supervisor's emptyDir: the static binary
+// is about 16 MiB.
+var supervisorVolumeSize = resource.MustParse("64Mi")
 
 // livenessProbe restarts a sandbox whose supervisor no longer serves: it
 // runs the supervisor's own binary in probe mode inside the pod, which
-// calls GET /livez on the loopback health listener. (Not /proc/1/exe,
-// which would find the binary wherever an image put it: gVisor refuses to
-// execute it. An image without the binary at supervisorBinary gets probes
-// that fail to start, which kubelet counts as unknown, not as failures.) That request goes through the supervisor's request
+// calls GET /livez on the loopback health listener. (Not /proc/1/exe:
+// gVisor refuses to execute it.) That request goes through the supervisor's request
 // handling, so a stopped or deadlocked supervisor fails it, where the
 // readiness probe's TCP connect would still succeed. An exec probe, rather
 // than an HTTP one: kubelet's HTTP probes come from the node to the pod's
@@ -105,6 +124,18 @@ var livenessProbe = corev1.Probe{
 	TimeoutSeconds:   10,
 	FailureThreshold: 3,
 }
+
+// supervisorGODEBUG is the Go runtime setting the supervisor runs with
+// (the supervisor never passes GODEBUG on to what it starts). The
+// supervisor links no memory profiler, so the runtime turns memory
+// profiling off at start, but still records the one allocation it samples
+// while doing so, and that sample allocates the profiler's 1.4 MiB hash
+// table. Under gVisor the table, touched in scattered places, counts whole
+// in the pod's RSS. With no profile stacks there is no sample to record
+// (runtime.mProf_Malloc returns first) and no table. No profile is ever
+// read from the supervisor, so nothing else changes. The runtime reads it
+// only at start, so it has to be in the container's environment.
+const supervisorGODEBUG = "profstackdepth=0"
 
 // defaultWorkspaceSize applies when a template was stored without the CRD's
 // default (clients that bypass the API server's defaulting, such as fakes).
@@ -164,6 +195,7 @@ func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.San
 		// the node's allocatable memory, which leaves the guard idle.
 		{Name: "AGENTBOX_MEMORY_LIMIT", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
 			ContainerName: ContainerName, Resource: "limits.memory"}}},
+		{Name: "GODEBUG", Value: supervisorGODEBUG},
 	}, supervisorEnv(tpl)...)
 }
 
@@ -171,17 +203,29 @@ func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.San
 // appended; the template's entries of the same name are dropped, so a
 // template cannot redirect the supervisor (the SandboxTemplate API promises
 // that the platform's variables win).
+//
+// HOME is the workspace unless the template sets it: the sandbox user
+// (sandboxUID) has no entry in a foreign image's /etc/passwd, and an
+// image's own HOME (/root, say) is not writable on the read-only root
+// file system, where tools that keep caches and settings in HOME would
+// fail. It is the container's, so the supervisor passes it on with the
+// rest of its environment.
 func (r *SandboxReconciler) podEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 	platform := r.platformEnv(sbx, tpl)
 	reserved := make(map[string]bool, len(platform))
 	for _, e := range platform {
 		reserved[e.Name] = true
 	}
-	env := make([]corev1.EnvVar, 0, len(tpl.Spec.Env)+len(platform))
+	env := make([]corev1.EnvVar, 0, len(tpl.Spec.Env)+len(platform)+1)
+	home := false
 	for _, e := range tpl.Spec.Env {
 		if !reserved[e.Name] {
 			env = append(env, *e.DeepCopy())
+			home = home || e.Name == "HOME"
 		}
+	}
+	if !home {
+		env = append(env, corev1.EnvVar{Name: "HOME", Value: workspaceMountPath(tpl)})
 	}
 	return append(env, platform...)
 }
@@ -219,10 +263,11 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 				FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
 				SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
-			NodeSelector: maps.Clone(tpl.Spec.NodeSelector),
-			Tolerations:  copyTolerations(tpl.Spec.Tolerations),
-			Volumes:      volumes,
-			Containers:   []corev1.Container{r.sandboxContainer(sbx, tpl, mounts)},
+			NodeSelector:   maps.Clone(tpl.Spec.NodeSelector),
+			Tolerations:    copyTolerations(tpl.Spec.Tolerations),
+			Volumes:        volumes,
+			InitContainers: []corev1.Container{r.installContainer(tpl)},
+			Containers:     []corev1.Container{r.sandboxContainer(sbx, tpl, mounts)},
 		},
 	}
 }
@@ -240,8 +285,8 @@ func podLabels(sbx *v1alpha1.Sandbox) map[string]string {
 }
 
 // podVolumes are the pod's volumes and the sandbox container's mounts of
-// them: the workspace, a writable /tmp, the serving certificate and the
-// template's secret files.
+// them: the workspace, a writable /tmp, the serving certificate, the
+// installed supervisor and the template's secret files.
 func podVolumes(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) ([]corev1.Volume, []corev1.VolumeMount) {
 	volumes := []corev1.Volume{
 		{Name: volumeWorkspace, VolumeSource: corev1.VolumeSource{
@@ -255,11 +300,13 @@ func podVolumes(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) ([]corev1.
 			// fsGroup (65532), the supervisor's group.
 			DefaultMode: ptr.To[int32](0o440),
 		}}},
+		{Name: volumeSupervisor, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &supervisorVolumeSize}}},
 	}
 	mounts := []corev1.VolumeMount{
 		{Name: volumeWorkspace, MountPath: workspaceMountPath(tpl)},
 		{Name: volumeTmp, MountPath: "/tmp"},
 		{Name: volumeTLS, MountPath: TLSMountPath, ReadOnly: true},
+		{Name: volumeSupervisor, MountPath: supervisorDir, ReadOnly: true},
 	}
 	for i, sf := range tpl.Spec.SecretFiles {
 		name := "secret-files-" + strconv.Itoa(i)
@@ -272,7 +319,55 @@ func podVolumes(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) ([]corev1.
 	return volumes, mounts
 }
 
-// sandboxContainer is the pod's only container, which runs the supervisor.
+// installContainer is the pod's init container: from the supervisor
+// image, it installs the supervisor into the volume the sandbox container
+// runs it from. It runs as confined as the sandbox container, and asks
+// for the same resources: a namespace's LimitRange and ResourceQuota then
+// admit it whenever they admit the sandbox container, the pod's QoS class
+// stays the template's, and the pod's effective requests (the larger of
+// the init container's and the sandbox container's) do not grow.
+func (r *SandboxReconciler) installContainer(tpl *v1alpha1.SandboxTemplate) corev1.Container {
+	image := r.SupervisorImage
+	if image == "" {
+		image = DefaultSupervisorImage
+	}
+	pullPolicy := r.SupervisorImagePullPolicy
+	if pullPolicy == "" {
+		pullPolicy = corev1.PullIfNotPresent
+	}
+	res := tpl.Spec.Resources.DeepCopy()
+	// Claims name the pod's resource claims; the install needs none.
+	res.Claims = nil
+	return corev1.Container{
+		Name:                     InstallContainerName,
+		Image:                    image,
+		ImagePullPolicy:          pullPolicy,
+		Command:                  []string{supervisorImageBinary, "-install", supervisorDir},
+		Resources:                *res,
+		VolumeMounts:             []corev1.VolumeMount{{Name: volumeSupervisor, MountPath: supervisorDir}},
+		SecurityContext:          restrictedSecurityContext(),
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
+}
+
+// restrictedSecurityContext is the sandbox pod's containers' security
+// context: the restricted Pod Security Standard, whatever the image says.
+func restrictedSecurityContext() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		RunAsNonRoot:             ptr.To(true),
+		RunAsUser:                ptr.To(sandboxUID),
+		RunAsGroup:               ptr.To(sandboxUID),
+		AllowPrivilegeEscalation: ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// sandboxContainer is the pod's container: the template's image running
+// the installed supervisor. The command replaces the image's entrypoint
+// and, with no args, its command too, so neither runs; the image's
+// environment and working directory stay.
 func (r *SandboxReconciler) sandboxContainer(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate, mounts []corev1.VolumeMount) corev1.Container {
 	image := tpl.Spec.Image
 	if image == "" {
@@ -286,6 +381,7 @@ func (r *SandboxReconciler) sandboxContainer(sbx *v1alpha1.Sandbox, tpl *v1alpha
 		Name:            ContainerName,
 		Image:           image,
 		ImagePullPolicy: pullPolicy,
+		Command:         []string{supervisorBinary},
 		Env:             r.podEnv(sbx, tpl),
 		Ports: []corev1.ContainerPort{{
 			Name:          SupervisorPortName,
@@ -309,18 +405,10 @@ func (r *SandboxReconciler) sandboxContainer(sbx *v1alpha1.Sandbox, tpl *v1alpha
 			TimeoutSeconds:   1,
 			FailureThreshold: 3,
 		},
-		LivenessProbe: livenessProbe.DeepCopy(),
-		Resources:     *tpl.Spec.Resources.DeepCopy(),
-		VolumeMounts:  mounts,
-		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             ptr.To(true),
-			RunAsUser:                ptr.To(sandboxUID),
-			RunAsGroup:               ptr.To(sandboxUID),
-			AllowPrivilegeEscalation: ptr.To(false),
-			ReadOnlyRootFilesystem:   ptr.To(true),
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
+		LivenessProbe:            livenessProbe.DeepCopy(),
+		Resources:                *tpl.Spec.Resources.DeepCopy(),
+		VolumeMounts:             mounts,
+		SecurityContext:          restrictedSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
 }

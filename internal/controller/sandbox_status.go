@@ -176,31 +176,46 @@ var benignWaiting = map[string]bool{"": true, "ContainerCreating": true, "PodIni
 
 // containerProblem explains why the sandbox container cannot run, if it
 // cannot: kubelet's waiting reason, or the last exit of a container that
-// has stopped or is being restarted.
+// has stopped or is being restarted; the init container that installs the
+// supervisor first (a supervisor image that cannot be pulled, say).
 func containerProblem(pod *corev1.Pod) (string, bool) {
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name != ContainerName {
-			continue
-		}
-		last := ""
-		if t := cs.LastTerminationState.Terminated; t != nil {
-			last = "; it last " + describeExit(t)
-		}
-		switch {
-		case cs.State.Waiting != nil && !benignWaiting[cs.State.Waiting.Reason]:
-			w := cs.State.Waiting
-			msg := fmt.Sprintf("container %s is waiting: %s", cs.Name, w.Reason)
-			if w.Message != "" {
-				msg += ": " + w.Message
+	for _, cs := range pod.Status.InitContainerStatuses {
+		if cs.Name == InstallContainerName {
+			if msg, ok := statusProblem(cs); ok {
+				return "the supervisor cannot be installed: " + msg, true
 			}
-			return msg + last, true
-		case cs.State.Terminated != nil:
-			return fmt.Sprintf("container %s %s", cs.Name, describeExit(cs.State.Terminated)), true
-		case !cs.Ready && cs.RestartCount > 0 && last != "":
-			// Running again after a crash but not ready: report the crash
-			// rather than flip to Creating between restarts.
-			return fmt.Sprintf("container %s restarted %d times%s", cs.Name, cs.RestartCount, last), true
 		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == ContainerName {
+			return statusProblem(cs)
+		}
+	}
+	return "", false
+}
+
+// statusProblem explains why one container cannot run, if it cannot. A
+// terminated container is a problem unless it exited 0, which is how an
+// init container ends.
+func statusProblem(cs corev1.ContainerStatus) (string, bool) {
+	last := ""
+	if t := cs.LastTerminationState.Terminated; t != nil {
+		last = "; it last " + describeExit(t)
+	}
+	switch {
+	case cs.State.Waiting != nil && !benignWaiting[cs.State.Waiting.Reason]:
+		w := cs.State.Waiting
+		msg := fmt.Sprintf("container %s is waiting: %s", cs.Name, w.Reason)
+		if w.Message != "" {
+			msg += ": " + w.Message
+		}
+		return msg + last, true
+	case cs.State.Terminated != nil && (cs.Name == ContainerName || cs.State.Terminated.ExitCode != 0):
+		return fmt.Sprintf("container %s %s", cs.Name, describeExit(cs.State.Terminated)), true
+	case cs.State.Terminated == nil && !cs.Ready && cs.RestartCount > 0 && last != "":
+		// Running again after a crash but not ready: report the crash
+		// rather than flip to Creating between restarts.
+		return fmt.Sprintf("container %s restarted %d times%s", cs.Name, cs.RestartCount, last), true
 	}
 	return "", false
 }

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"encoding/json"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -26,10 +25,13 @@ func supervisorEnv(tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 		// files past this, and the filespace syncs (the idle stop's among
 		// them) take it as the workspace's cap: the volume's size.
 		{Name: "AGENTBOX_WORKSPACE_CAP", Value: strconv.FormatInt(size.Value(), 10)},
-		// The supervisor passes only the variables named here from its
-		// own environment to the processes it starts; the rest of it
-		// (its AGENTBOX_ configuration) stays its own.
-		{Name: "AGENTBOX_PASS_ENV", Value: passEnvNames(tpl)},
+		// The supervisor passes its whole environment to the processes
+		// it starts, but for its own configuration (AGENTBOX_*, GODEBUG)
+		// and the API server's address kubelet injects: the image's ENV
+		// (a PATH with its tools, JAVA_HOME, NODE_VERSION), the
+		// template's env (literal or from Secrets and ConfigMaps, which
+		// only the pod resolves), the proxy's variables and HOME.
+		{Name: "AGENTBOX_PASS_ENV", Value: supervisorapi.PassAllEnv},
 	}
 	add := func(name, value string) {
 		if value != "" {
@@ -63,23 +65,4 @@ func workspaceSize(tpl *v1alpha1.SandboxTemplate) resource.Quantity {
 		return size
 	}
 	return defaultWorkspaceSize
-}
-
-// passEnvNames is the supervisor's AGENTBOX_PASS_ENV: the egress proxy's
-// variables and the names of the template's env, whose values the pod has
-// (literal or from Secrets and ConfigMaps), so that every process the agent
-// starts sees the template's environment. Names starting with AGENTBOX_ are
-// left out: they configure the supervisor (a template may set the knobs it
-// does not reserve), and the supervisor refuses to pass them. The list is
-// JSON, since a variable name may hold a comma.
-func passEnvNames(tpl *v1alpha1.SandboxTemplate) string {
-	names := slices.Clone(egressEnvNames)
-	for _, e := range tpl.Spec.Env {
-		if !strings.HasPrefix(e.Name, supervisorapi.ReservedEnvPrefix) && !slices.Contains(names, e.Name) {
-			names = append(names, e.Name)
-		}
-	}
-	// Plain strings: a marshal error cannot happen.
-	b, _ := json.Marshal(names)
-	return string(b)
 }

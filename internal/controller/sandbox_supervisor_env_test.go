@@ -2,7 +2,6 @@ package controller
 
 import (
 	"reflect"
-	"slices"
 	"testing"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
-	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 )
 
@@ -79,40 +77,5 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		if e.Name == "AGENTBOX_MCP_SERVERS_JSON" {
 			t.Errorf("empty template sets MCP servers %q", e.Value)
 		}
-	}
-}
-
-// TestUnitSupervisorPassEnv checks that the supervisor is told to pass the
-// template's variables (literal and from Secrets, which only the pod
-// resolves) and the proxy's to what it starts, in the form its own parser
-// reads, and never a variable of its own configuration.
-func TestUnitSupervisorPassEnv(t *testing.T) {
-	r := &SandboxReconciler{Namespace: "platform", TrustDomain: "td.example"}
-	tpl := unitTemplate("t")
-	tpl.Spec.Env = []corev1.EnvVar{
-		{Name: "GREETING", Value: "hello"},
-		{Name: "API_KEY", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-			LocalObjectReference: corev1.LocalObjectReference{Name: "keys"}, Key: "api"}}},
-		{Name: "ODD,NAME", Value: "commas are legal in names"},
-		{Name: "PATH", Value: "/opt/tools/bin:/usr/bin:/bin"},
-		{Name: "HTTP_PROXY", Value: "http://template.example:3128"},
-		{Name: "AGENTBOX_LOG_LEVEL", Value: "debug"},
-	}
-	var raw string
-	for _, e := range r.podEnv(unitSandbox("s", "t"), tpl) {
-		if e.Name == "AGENTBOX_PASS_ENV" {
-			raw = e.Value
-		}
-	}
-	names, err := supervisor.ParseEnvNames(raw)
-	if err != nil {
-		t.Fatalf("the supervisor cannot read AGENTBOX_PASS_ENV %q: %v", raw, err)
-	}
-	if err := supervisor.CheckPassEnv(names); err != nil {
-		t.Errorf("the supervisor refuses AGENTBOX_PASS_ENV %q: %v", raw, err)
-	}
-	want := append(slices.Clone(egressEnvNames), "GREETING", "API_KEY", "ODD,NAME", "PATH")
-	if !slices.Equal(names, want) {
-		t.Errorf("AGENTBOX_PASS_ENV names %q, want %q", names, want)
 	}
 }

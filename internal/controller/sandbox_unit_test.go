@@ -290,6 +290,16 @@ func TestUnitContainerProblem(t *testing.T) {
 		return &corev1.Pod{Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{cs}}}
 	}
 	exited := &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}
+	// installing is a pod whose init container has status init, and whose
+	// sandbox container, if given, has status sandbox.
+	installing := func(init corev1.ContainerStatus, sandbox *corev1.ContainerStatus) *corev1.Pod {
+		init.Name = InstallContainerName
+		pod := &corev1.Pod{Status: corev1.PodStatus{InitContainerStatuses: []corev1.ContainerStatus{init}}}
+		if sandbox != nil {
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{*sandbox}
+		}
+		return pod
+	}
 	for _, tc := range []struct {
 		name    string
 		pod     *corev1.Pod
@@ -308,6 +318,19 @@ func TestUnitContainerProblem(t *testing.T) {
 			RestartCount: 1, LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, Message: "bad flag"}},
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
 		}), true, "exited with code 2: bad flag"},
+		{"supervisor image missing", installing(corev1.ContainerStatus{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+			Reason: "ErrImageNeverPull", Message: `Container image "agentbox/agentbox-supervisor:dev" is not present`,
+		}}}, nil), true, "the supervisor cannot be installed: container install-supervisor is waiting: ErrImageNeverPull: Container image \"agentbox/agentbox-supervisor:dev\""},
+		{"install failed", installing(corev1.ContainerStatus{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: 1, Message: "agentbox-supervisor -install: no space left on device",
+		}}}, nil), true, "the supervisor cannot be installed: container install-supervisor exited with code 1: agentbox-supervisor -install: no space left on device"},
+		{"installing", installing(corev1.ContainerStatus{State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+			&corev1.ContainerStatus{Name: ContainerName, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "PodInitializing"}}}), false, ""},
+		{"installed", installing(corev1.ContainerStatus{Ready: true, State: corev1.ContainerState{Terminated: exited}},
+			&corev1.ContainerStatus{Name: ContainerName, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}), false, ""},
+		{"installed, then the sandbox crashed", installing(corev1.ContainerStatus{Ready: true, State: corev1.ContainerState{Terminated: exited}},
+			&corev1.ContainerStatus{Name: ContainerName, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}), true,
+			"container sandbox is waiting: CrashLoopBackOff"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg, failed := containerProblem(tc.pod)
@@ -342,7 +365,7 @@ func TestUnitPodEnvPrecedence(t *testing.T) {
 }
 
 // The sandbox's container gets a liveness probe that runs the supervisor's
-// own binary in probe mode against its loopback health listener, whose
+// own binary (the one the init container installed) in probe mode against its loopback health listener, whose
 // address the pod's environment gives both; the probe's own timeout is
 // within kubelet's, so that it reports a failure rather than being killed.
 func TestUnitLivenessProbe(t *testing.T) {
@@ -350,7 +373,7 @@ func TestUnitLivenessProbe(t *testing.T) {
 	pod := r.desiredPod(unitSandbox("s", "t"), unitTemplate("t"))
 	ctr := pod.Spec.Containers[0]
 	p := ctr.LivenessProbe
-	if p == nil || p.Exec == nil || len(p.Exec.Command) < 2 || p.Exec.Command[0] != "/usr/local/bin/agentbox-supervisor" || p.Exec.Command[1] != "-probe" {
+	if p == nil || p.Exec == nil || len(p.Exec.Command) < 2 || p.Exec.Command[0] != "/agentbox/bin/agentbox-supervisor" || p.Exec.Command[1] != "-probe" {
 		t.Fatalf("liveness probe %+v, want an exec of the supervisor with -probe", p)
 	}
 	timeout := 5 * time.Second // the supervisor's default -probe-timeout

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -57,10 +58,54 @@ type ExecuteConfig = execute.Config
 // environment into every command's when none are configured. Sandbox pods
 // reach the network only through the egress proxy, so commands need the
 // proxy settings; nothing else of the supervisor's environment is passed
-// on unless named (the controller names the template's variables), so
+// on unless named or PassAllEnv is configured (as the controller does), so
 // that whatever configures the supervisor does not leak to the code it
 // runs.
 var DefaultPassEnv = []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"}
+
+// PassAllEnv, as the only entry of PassEnv (AGENTBOX_PASS_ENV=*), passes
+// the supervisor's whole environment to the processes it starts, except
+// what is the supervisor's own (see NotPassed). It is how a sandbox
+// image's own environment (NODE_VERSION, JAVA_HOME, a PATH with the
+// image's tools) reaches commands: the image's ENV is in the environment
+// the container runtime gives the supervisor, beside the template's env
+// and the platform's variables.
+const PassAllEnv = api.PassAllEnv
+
+// NotPassed reports whether PassAllEnv leaves the variable name out: the
+// supervisor's own configuration (api.ReservedEnvPrefix), its Go runtime
+// setting GODEBUG (set for the supervisor alone; a Go program the agent
+// runs would silently inherit it), and the Kubernetes API server's address
+// that kubelet puts into every container (KUBERNETES_SERVICE_*,
+// KUBERNETES_PORT*): the sandbox holds no credentials for it, and its
+// code has no business being pointed at it.
+func NotPassed(name string) bool {
+	return strings.HasPrefix(name, api.ReservedEnvPrefix) || name == "GODEBUG" ||
+		strings.HasPrefix(name, "KUBERNETES_SERVICE_") || strings.HasPrefix(name, "KUBERNETES_PORT")
+}
+
+// PassedEnv is the part of environ (KEY=value entries, as os.Environ
+// gives them) that passes to the processes the supervisor starts: the
+// variables names lists (CheckPassEnv has checked them), or, when names is
+// PassAllEnv alone, every variable NotPassed does not leave out.
+func PassedEnv(names, environ []string) map[string]string {
+	all := len(names) == 1 && names[0] == PassAllEnv
+	listed := make(map[string]bool, len(names))
+	for _, n := range names {
+		listed[n] = true
+	}
+	out := map[string]string{}
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			continue
+		}
+		if (all && !NotPassed(k)) || (!all && listed[k]) {
+			out[k] = v
+		}
+	}
+	return out
+}
 
 // Config configures a Server. Zero values mean the defaults above.
 type Config struct {
@@ -114,10 +159,12 @@ type Config struct {
 	// PATH=DefaultPath, HOME=the default cwd, LANG=C.UTF-8.
 	BaseEnv map[string]string
 	// PassEnv names variables copied from the supervisor's environment
-	// into BaseEnv when set there, over BaseEnv's values. Nil means
+	// into BaseEnv when set there, over BaseEnv's values; PassAllEnv
+	// alone copies all of it but what NotPassed leaves out. Nil means
 	// DefaultPassEnv; use an empty slice to pass nothing. Names starting
-	// with api.ReservedEnvPrefix are refused: they are the supervisor's
-	// own configuration.
+	// with api.ReservedEnvPrefix, and GODEBUG, are refused: they are the
+	// supervisor's own configuration. An empty PATH counts as none:
+	// BaseEnv's (DefaultPath by default) stays.
 	PassEnv []string
 	// Python is the interpreter python_exec runs: a name looked up in the
 	// command's PATH, as a shell would, or a path. Empty means
@@ -303,11 +350,17 @@ func resolveDefaultCwd(dir string) (string, error) {
 }
 
 // CheckPassEnv refuses a list of variables to pass to commands that names
-// one of the supervisor's own (api.ReservedEnvPrefix).
+// one of the supervisor's own (api.ReservedEnvPrefix, GODEBUG), or that
+// has PassAllEnv beside other names.
 func CheckPassEnv(names []string) error {
 	for _, k := range names {
-		if strings.HasPrefix(k, api.ReservedEnvPrefix) {
+		switch {
+		case strings.HasPrefix(k, api.ReservedEnvPrefix):
 			return fmt.Errorf("pass env: %s is the supervisor's own configuration (%s...), never passed to commands", k, api.ReservedEnvPrefix)
+		case k == "GODEBUG":
+			return errors.New("pass env: GODEBUG is the supervisor's own Go runtime setting, never passed to commands")
+		case k == PassAllEnv && len(names) > 1:
+			return fmt.Errorf("pass env: %s passes the whole environment and stands alone, not beside other names", PassAllEnv)
 		}
 	}
 	return nil
@@ -353,10 +406,11 @@ func (cfg *Config) baseEnvironment(cwd string) (map[string]string, error) {
 	for k, v := range base {
 		env[k] = v
 	}
-	for _, k := range cfg.PassEnv {
-		if v, ok := os.LookupEnv(k); ok {
-			env[k] = v
+	for k, v := range PassedEnv(cfg.PassEnv, os.Environ()) {
+		if k == "PATH" && v == "" {
+			continue
 		}
+		env[k] = v
 	}
 	if err := procenv.Validate(env); err != nil {
 		return nil, fmt.Errorf("base environment: %w", err)

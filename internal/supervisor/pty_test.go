@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -163,6 +165,43 @@ func TestPTYRefusals(t *testing.T) {
 	if err == nil || resp == nil || resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("dial without the subprotocol: %v", err)
 	}
+}
+
+// TestPTYShellOfTheImage opens terminals without a command in images
+// with fewer shells: with sh but no bash the session runs sh, and with no
+// shell at all (a distroless image) the terminal is refused at once with
+// an error that says so, rather than a session that fails to start.
+func TestPTYShellOfTheImage(t *testing.T) {
+	shOnly := t.TempDir()
+	hostSh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh on this host")
+	}
+	if err := os.Symlink(hostSh, filepath.Join(shOnly, "sh")); err != nil {
+		t.Fatal(err)
+	}
+	_, c, _, _ := ptyServer(t, Config{BaseEnv: map[string]string{"PATH": shOnly, "HOME": t.TempDir()}, PassEnv: []string{}})
+	tm := openTerm(t, c, api.PTYRequest{})
+	tm.send(t, "echo shell=$0\n")
+	tm.expect(t, "shell=sh")
+	tm.send(t, "exit 3\n")
+	if exit := tm.wait(t); exit.ExitCode != 3 {
+		t.Errorf("exit %+v, want 3", exit)
+	}
+
+	bare := t.TempDir()
+	_, c, _, _ = ptyServer(t, Config{BaseEnv: map[string]string{"PATH": bare, "HOME": t.TempDir()}, PassEnv: []string{}})
+	_, err = c.OpenPTY(context.Background(), api.PTYRequest{})
+	var e *api.Error
+	if !errors.As(err, &e) || e.Code != api.CodeNotFound || !strings.Contains(e.Message, "neither bash nor sh is on its PATH ("+bare+")") {
+		t.Errorf("a terminal in an image without a shell: %v, want not_found saying neither bash nor sh is there", err)
+	}
+	// A command of its own still runs there.
+	p, err := c.OpenPTY(context.Background(), api.PTYRequest{Command: []string{hostSh, "-c", "exit 0"}})
+	if err != nil {
+		t.Fatalf("a terminal with a command in an image without a shell: %v", err)
+	}
+	p.Close()
 }
 
 // A session counts against the concurrent-command limit for as long as

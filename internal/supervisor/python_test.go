@@ -1,14 +1,18 @@
 package supervisor
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/pyenv"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -183,5 +187,53 @@ func TestPythonSharesCommandSlots(t *testing.T) {
 	<-done
 	if e == nil || e.Code != api.CodeResourceExhausted {
 		t.Fatalf("python_exec while the only slot is taken: %v, want resource_exhausted", e)
+	}
+}
+
+// TestPythonWithoutInterpreter runs python_exec and /v1/execute in a
+// sandbox whose image has no python3 (node, busybox): each answers at once
+// with an error that names the missing interpreter and the PATH searched,
+// never an internal error, and an environment is not even begun without
+// the base interpreter pip builds it from. A call that brings its own PATH
+// with a python3 on it is served.
+func TestPythonWithoutInterpreter(t *testing.T) {
+	bare := t.TempDir()
+	f := newFileServer(t, Config{
+		BaseEnv: map[string]string{"PATH": bare, "LANG": "C.UTF-8"}, PassEnv: []string{},
+		Execute: ExecuteConfig{RunDir: t.TempDir(), Envs: &pyenv.Config{Dir: t.TempDir()}},
+	})
+	check := func(how string, e *api.Error, status int, tool string) {
+		t.Helper()
+		want := tool + " needs python3 on the sandbox image's PATH (" + bare + "), and the image has none"
+		if e == nil || e.Code != api.CodeNotFound || !strings.Contains(e.Message, want) {
+			t.Errorf("%s: %v, want not_found saying %q", how, e, want)
+		}
+		if status != 0 && status != http.StatusNotFound {
+			t.Errorf("%s: status %d, want 404", how, status)
+		}
+	}
+	status, _, e := postPython(t, f.s, api.PythonRequest{Code: "print(1)"})
+	check("python_exec", e, status, api.ToolPythonExec)
+	check("tool python_exec", call(t, f.client, api.ToolPythonExec, api.PythonRequest{Code: "print(1)"}, nil), 0, api.ToolPythonExec)
+	status, _, e = postExecute(t, f.s, api.ExecuteRequest{Code: "print(1)"})
+	check("execute", e, status, api.ToolPythonExecute)
+	status, _, e = postExecute(t, f.s, api.ExecuteRequest{Code: "print(1)", Requirements: []string{"agentbox-greet"}})
+	check("execute in an environment", e, status, api.ToolPythonExecute)
+	_, err := f.client.EnsureEnv(context.Background(), api.EnvRequest{Requirements: []string{"agentbox-greet"}})
+	var ee *api.Error
+	if !errors.As(err, &ee) {
+		t.Fatalf("EnsureEnv without an interpreter: %v", err)
+	}
+	check("building an environment", ee, 0, "building a Python environment")
+	// The code is still checked first.
+	if _, _, e := postPython(t, f.s, api.PythonRequest{Code: " "}); e == nil || e.Code != api.CodeInvalidArgument {
+		t.Errorf("empty code without an interpreter: %v, want invalid_argument", e)
+	}
+
+	py := pythonInterpreter(t)
+	path := filepath.Dir(py) + ":" + bare
+	_, res, e := postPython(t, f.s, api.PythonRequest{Code: "print(6 * 7)", Env: map[string]string{"PATH": path}})
+	if e != nil || res.Stdout != "42\n" {
+		t.Errorf("python_exec with a PATH of its own: %+v, %v", res, e)
 	}
 }

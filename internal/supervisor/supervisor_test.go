@@ -171,6 +171,69 @@ func TestEnvIsolation(t *testing.T) {
 	}
 }
 
+// With PassAllEnv (what the controller configures) a command gets the
+// supervisor's whole environment, the image's ENV among it, but never the
+// supervisor's configuration, its GODEBUG or the API server's address that
+// kubelet injects; an explicit list may name neither, nor PassAllEnv
+// beside other names.
+func TestEnvPassAll(t *testing.T) {
+	path := "/opt/java/bin:" + os.Getenv("PATH")
+	for k, v := range map[string]string{
+		"NODE_VERSION": "22.11.0", "JAVA_HOME": "/opt/java", "HOME": "/home/app", "HTTPS_PROXY": "http://egress:3128",
+		"AGENTBOX_TEST_SECRET": "s3cret", "GODEBUG": "profstackdepth=0",
+		"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+		"KUBERNETES_PORT": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
+		"PATH": path,
+	} {
+		t.Setenv(k, v)
+	}
+	s := newServer(t, Config{PassEnv: []string{PassAllEnv}})
+	res := mustRun(t, s, api.CommandRequest{Command: []string{"env"}})
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(res.Stdout), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		got[k] = v
+	}
+	for k, v := range map[string]string{
+		"NODE_VERSION": "22.11.0", "JAVA_HOME": "/opt/java", "HOME": "/home/app", "HTTPS_PROXY": "http://egress:3128",
+		"PATH": path, "LANG": "C.UTF-8",
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	for k := range got {
+		if NotPassed(k) {
+			t.Errorf("%s=%s reached the command", k, got[k])
+		}
+	}
+	for _, k := range []string{"AGENTBOX_TEST_SECRET", "GODEBUG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT", "KUBERNETES_PORT_443_TCP_ADDR"} {
+		if !NotPassed(k) {
+			t.Errorf("NotPassed(%s) = false", k)
+		}
+	}
+
+	// An environment without PATH, or with an empty one, leaves the
+	// default.
+	t.Setenv("PATH", "")
+	s = newServer(t, Config{PassEnv: []string{PassAllEnv}})
+	if got := s.runner.BaseEnv()["PATH"]; got != DefaultPath {
+		t.Errorf("with an empty PATH: %q, want the default %q", got, DefaultPath)
+	}
+
+	for _, names := range [][]string{{"GODEBUG"}, {"AGENTBOX_TLS_DIR"}, {PassAllEnv, "FOO"}} {
+		if err := CheckPassEnv(names); err == nil {
+			t.Errorf("CheckPassEnv(%q) accepted it", names)
+		}
+		if _, err := New(Config{PassEnv: names}); err == nil {
+			t.Errorf("New with PassEnv %q accepted it", names)
+		}
+	}
+	if got := PassedEnv([]string{"A", "C"}, []string{"A=1", "B=2", "C=", "=x", "junk"}); len(got) != 2 || got["A"] != "1" || got["C"] != "" {
+		t.Errorf("PassedEnv of a list: %v, want A=1 and C empty", got)
+	}
+}
+
 // The executable is looked up in the command's PATH, not the supervisor's.
 func TestLookupUsesRequestPath(t *testing.T) {
 	bin := t.TempDir()

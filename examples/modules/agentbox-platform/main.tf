@@ -8,6 +8,7 @@ locals {
     for key, repository in {
       controlPlane = var.image_repositories.control_plane
       sandbox      = var.image_repositories.sandbox
+      supervisor   = var.image_repositories.supervisor
       egressProxy  = var.image_repositories.egress_proxy
     } : key => { repository = repository } if repository != null
   }

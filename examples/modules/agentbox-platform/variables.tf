@@ -31,7 +31,7 @@ variable "image_registry" {
 }
 
 variable "image_tag" {
-  description = "Tag of the three platform images (control plane, sandbox, egress proxy), which are built together. Null means the chart's appVersion."
+  description = "Tag of the four platform images (control plane, sandbox, supervisor, egress proxy), which are built together. Null means the chart's appVersion."
   type        = string
   default     = null
 
@@ -42,10 +42,11 @@ variable "image_tag" {
 }
 
 variable "image_repositories" {
-  description = "Repositories of the platform images, for mirrors that rename them. Each is put after image_registry; unset ones keep the chart's (agentbox/agentbox-controlplane, agentbox/agentbox-sandbox, agentbox/agentbox-egress-proxy)."
+  description = "Repositories of the platform images, for mirrors that rename them. Each is put after image_registry; unset ones keep the chart's (agentbox/agentbox-controlplane, agentbox/agentbox-sandbox, agentbox/agentbox-supervisor, agentbox/agentbox-egress-proxy)."
   type = object({
     control_plane = optional(string)
     sandbox       = optional(string)
+    supervisor    = optional(string)
     egress_proxy  = optional(string)
   })
   default  = {}
@@ -157,7 +158,7 @@ variable "template_name" {
 }
 
 variable "template_image" {
-  description = "Container image of the sandboxes; it must run the agentbox supervisor. Null means the platform's default sandbox image (Python 3)."
+  description = "Container image of the sandboxes: any Linux image (amd64); the platform injects its supervisor, which replaces the image's entrypoint and command. Null means the platform's default sandbox image (Python 3)."
   type        = string
   default     = null
 }

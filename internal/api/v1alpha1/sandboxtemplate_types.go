@@ -11,8 +11,14 @@ import (
 // Changing a template affects sandboxes started (or resumed) afterwards; a
 // running sandbox keeps the pod it has.
 type SandboxTemplateSpec struct {
-	// image is the sandbox container image. It must contain the agentbox
-	// supervisor at /usr/local/bin/agentbox-supervisor. Empty means the
+	// image is the sandbox container image: any Linux image (amd64). The
+	// platform injects its supervisor, which replaces the image's
+	// entrypoint and command; the image's environment and working
+	// directory are kept, and the processes the supervisor starts get the
+	// image's environment. The container runs as user 65532 on a read-only
+	// root file system, with HOME the workspace unless env sets it.
+	// python_exec and execute need python3 on the image's PATH, and a
+	// terminal opened without a command needs bash or sh. Empty means the
 	// platform's default sandbox image, as configured in the chart.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
@@ -34,16 +40,20 @@ type SandboxTemplateSpec struct {
 
 	// resources are the compute requests and limits of the sandbox container.
 	// Everything in the sandbox, including python_exec and MCP servers, shares
-	// them.
+	// them. The init container that installs the supervisor asks for the same,
+	// so that quotas and LimitRanges admit it whenever they admit the sandbox
+	// container and the pod's requests stay these.
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 
 	// env is added to the sandbox container's environment, and every process
 	// the sandbox's supervisor starts gets it: commands, python_exec and
 	// execute runs, terminals and stdio MCP servers (each with its own env on
-	// top). The platform's own variables (such as HTTP_PROXY) take precedence
-	// over entries with the same name. Names starting with AGENTBOX_ configure
-	// the supervisor and are not passed to the processes it starts.
+	// top), as they get the image's own environment. The platform's own
+	// variables (such as HTTP_PROXY and GODEBUG) take precedence over entries
+	// with the same name. Names starting with AGENTBOX_ configure the
+	// supervisor, and GODEBUG is the supervisor's Go runtime setting: neither
+	// is passed to the processes it starts.
 	// +optional
 	// +listType=map
 	// +listMapKey=name

@@ -72,17 +72,21 @@ type options struct {
 	apiService     string
 	deployment     string
 	sandboxImage   string
-	egressImage    string
-	trustDomain    string
-	leaderElect    bool
-	pprof          bool
-	kubeQPS        float64
-	kubeBurst      int
-	pushDelay      time.Duration
-	purgeInterval  time.Duration
-	showVersion    bool
-	storeDSN       string
-	dataDir        string
+	// supervisorImage holds the supervisor that every sandbox pod's init
+	// container installs, with its pull policy.
+	supervisorImage      string
+	supervisorPullPolicy corev1.PullPolicy
+	egressImage          string
+	trustDomain          string
+	leaderElect          bool
+	pprof                bool
+	kubeQPS              float64
+	kubeBurst            int
+	pushDelay            time.Duration
+	purgeInterval        time.Duration
+	showVersion          bool
+	storeDSN             string
+	dataDir              string
 	// defaultTemplate is what deploy_or_resume creates a missing sandbox
 	// from when the call names no template; zero if not configured.
 	defaultTemplate types.NamespacedName
@@ -132,6 +136,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.apiService, "api-service", "agentbox-api", "name of the API's Service in the platform namespace; its DNS names and ClusterIP go into the serving certificate")
 	fs.StringVar(&o.deployment, "deployment", "agentbox-controlplane", "name of the control plane's Deployment in the platform namespace; it owns the status ConfigMap and carries the snapshot check's events")
 	fs.StringVar(&o.sandboxImage, "sandbox-image", "", "sandbox image for templates that name none")
+	fs.StringVar(&o.supervisorImage, "supervisor-image", controller.DefaultSupervisorImage,
+		"image holding the supervisor at /usr/local/bin/agentbox-supervisor; every sandbox pod's init container installs it from there, so that any image can be a sandbox")
+	supervisorPull := fs.String("supervisor-image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of -supervisor-image: Always, IfNotPresent or Never")
 	fs.StringVar(&o.egressImage, "egress-proxy-image", controller.DefaultEgressProxyImage, "image of the egress proxy pods EgressProxies run")
 	fs.StringVar(&o.trustDomain, "trust-domain", pki.DefaultTrustDomain, "SPIFFE trust domain of the platform's identities")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader to run the controllers (needed with more than one replica); the API serves on every replica")
@@ -159,6 +166,15 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.namespace == "" {
 		return nil, errors.New("--namespace must not be empty")
+	}
+	if o.supervisorImage == "" {
+		return nil, errors.New("--supervisor-image must not be empty: sandbox pods install the supervisor from it")
+	}
+	switch p := corev1.PullPolicy(*supervisorPull); p {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+		o.supervisorPullPolicy = p
+	default:
+		return nil, fmt.Errorf("--supervisor-image-pull-policy %q: want Always, IfNotPresent or Never", *supervisorPull)
 	}
 	if o.purgeInterval <= 0 {
 		return nil, fmt.Errorf("--filespace-purge-interval %s must be positive", o.purgeInterval)
@@ -365,12 +381,14 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 		return fmt.Errorf("add the snapshot check: %w", err)
 	}
 	sandboxes := &controller.SandboxReconciler{
-		Namespace:    o.namespace,
-		TrustDomain:  o.trustDomain,
-		DefaultImage: o.sandboxImage,
-		CA:           in.ca,
-		Supervisors:  pool,
-		Snapshots:    snapshots,
+		Namespace:                 o.namespace,
+		TrustDomain:               o.trustDomain,
+		DefaultImage:              o.sandboxImage,
+		SupervisorImage:           o.supervisorImage,
+		SupervisorImagePullPolicy: o.supervisorPullPolicy,
+		CA:                        in.ca,
+		Supervisors:               pool,
+		Snapshots:                 snapshots,
 		// The interface must stay nil without a check.
 		SnapshotHealth: snapshotCheck,
 	}

@@ -80,7 +80,7 @@ func TestHelpListsTheFlags(t *testing.T) {
 		t.Errorf("-h exited %d", code)
 	}
 	for _, f := range []string{"-namespace", "-ca-dir", "-admin-token-file", "-api-listen", "-metrics-listen",
-		"-health-listen", "-api-service", "-sandbox-image", "-trust-domain", "-leader-elect", "-kubeconfig"} {
+		"-health-listen", "-api-service", "-sandbox-image", "-supervisor-image", "-supervisor-image-pull-policy", "-trust-domain", "-leader-elect", "-kubeconfig"} {
 		if !strings.Contains(out, f+" ") && !strings.Contains(out, f+"\n") {
 			t.Errorf("-h does not list %s:\n%s", f, out)
 		}
@@ -114,6 +114,26 @@ func TestUnexpectedArgumentsAreRefused(t *testing.T) {
 	out, code := runBinary(t, nil, "serve")
 	if code != 2 || !strings.Contains(out, "unexpected arguments") {
 		t.Errorf("exit %d:\n%s", code, out)
+	}
+}
+
+// The supervisor image defaults to the one built with the control plane,
+// and a pull policy Kubernetes does not know, or no image, is refused at
+// start rather than at the first sandbox.
+func TestParseOptionsSupervisorImage(t *testing.T) {
+	none := func(string) string { return "" }
+	o, err := parseOptions(nil, none, io.Discard)
+	if err != nil || o.supervisorImage != "agentbox/agentbox-supervisor:dev" || o.supervisorPullPolicy != "IfNotPresent" {
+		t.Errorf("defaults: %q %q, %v", o.supervisorImage, o.supervisorPullPolicy, err)
+	}
+	o, err = parseOptions([]string{"--supervisor-image=mirror.example/sup:1", "--supervisor-image-pull-policy=Always"}, none, io.Discard)
+	if err != nil || o.supervisorImage != "mirror.example/sup:1" || o.supervisorPullPolicy != "Always" {
+		t.Errorf("set: %q %q, %v", o.supervisorImage, o.supervisorPullPolicy, err)
+	}
+	for _, args := range [][]string{{"--supervisor-image="}, {"--supervisor-image-pull-policy=Sometimes"}} {
+		if _, err := parseOptions(args, none, io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(args[0], "=", 2)[0]) {
+			t.Errorf("%q: %v, want a refusal naming the flag", args, err)
+		}
 	}
 }
 

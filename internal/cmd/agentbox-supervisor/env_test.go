@@ -159,19 +159,23 @@ func TestSupervisorProcessPassesTheTemplateEnv(t *testing.T) {
 	check("execute", parse(ex.Output))
 }
 
-// A list that names one of the supervisor's own variables is refused at
-// start, whichever way it is given.
+// A list that names one of the supervisor's own variables, or * beside
+// other names, is refused at start, whichever way it is given.
 func TestPassEnvRefusesTheSupervisorsOwn(t *testing.T) {
-	for _, env := range []map[string]string{
-		{"AGENTBOX_PASS_ENV": "HOME,AGENTBOX_TLS_DIR"},
-		{"AGENTBOX_PASS_ENV": `["HOME","AGENTBOX_TLS_DIR"]`},
+	for value, named := range map[string]string{
+		"HOME,AGENTBOX_TLS_DIR":       "AGENTBOX_TLS_DIR",
+		`["HOME","AGENTBOX_TLS_DIR"]`: "AGENTBOX_TLS_DIR",
+		"HOME,GODEBUG":                "GODEBUG",
+		"*,HOME":                      "*",
 	} {
-		_, err := parseOptions(nil, func(k string) string { return env[k] }, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "AGENTBOX_TLS_DIR") {
-			t.Errorf("AGENTBOX_PASS_ENV=%s: %v, want a refusal naming AGENTBOX_TLS_DIR", env["AGENTBOX_PASS_ENV"], err)
+		_, err := parseOptions(nil, func(k string) string { return map[string]string{"AGENTBOX_PASS_ENV": value}[k] }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), named) {
+			t.Errorf("AGENTBOX_PASS_ENV=%s: %v, want a refusal naming %s", value, err, named)
 		}
 	}
 	for in, want := range map[string][]string{
+		"*":           {"*"},
+		`["*"]`:       {"*"},
 		`["A","B,C"]`: {"A", "B,C"},
 		"A, B":        {"A", "B"},
 		"":            {},
@@ -189,4 +193,91 @@ func TestPassEnvRefusesTheSupervisorsOwn(t *testing.T) {
 	if _, err := parseOptions([]string{"-pass-env", `["A","B=C"]`}, func(string) string { return "" }, io.Discard); err == nil {
 		t.Error(`-pass-env ["A","B=C"] was accepted`)
 	}
+}
+
+// TestSupervisorProcessPassesTheImageEnv runs the real binary as the
+// controller configures it for any image: AGENTBOX_PASS_ENV=* passes the
+// whole environment (the image's ENV, the template's env, the platform's
+// HOME) to a command, a terminal and a stdio MCP server, but not the
+// supervisor's own configuration, its GODEBUG or the API server's address
+// kubelet injects.
+func TestSupervisorProcessPassesTheImageEnv(t *testing.T) {
+	bin := buildSupervisor(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	workdir := t.TempDir()
+	servers, _ := json.Marshal([]api.MCPServerConfig{{Name: "envsrv", Command: self, Env: map[string]string{envServerVar: "1"}}})
+	path := "/usr/local/node/bin:" + os.Getenv("PATH")
+	p := startSupervisor(t, bin, []string{"-insecure-listen", "127.0.0.1:0", "-workdir", workdir}, []string{
+		"PATH=" + path,
+		"NODE_VERSION=22.11.0",
+		"JAVA_HOME=/opt/java",
+		"HOME=" + workdir,
+		"GREETING=hello from the template",
+		"GODEBUG=profstackdepth=0",
+		"KUBERNETES_SERVICE_HOST=10.96.0.1",
+		"KUBERNETES_SERVICE_PORT=443",
+		"KUBERNETES_PORT=tcp://10.96.0.1:443",
+		"KUBERNETES_PORT_443_TCP=tcp://10.96.0.1:443",
+		"AGENTBOX_PASS_ENV=*",
+		"AGENTBOX_MCP_SERVERS_JSON=" + string(servers),
+		"AGENTBOX_TEST_CONFIG=the supervisor's own",
+	})
+	client := api.NewClient("http://"+p.addr, &http.Client{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	want := map[string]string{"PATH": path, "NODE_VERSION": "22.11.0", "JAVA_HOME": "/opt/java", "HOME": workdir, "GREETING": "hello from the template"}
+	check := func(how string, env map[string]string) {
+		t.Helper()
+		for k, v := range want {
+			if env[k] != v {
+				t.Errorf("%s: %s = %q, want %q", how, k, env[k], v)
+			}
+		}
+		for k := range env {
+			if strings.HasPrefix(k, api.ReservedEnvPrefix) || k == "GODEBUG" || strings.HasPrefix(k, "KUBERNETES_") {
+				t.Errorf("%s: %s=%q reached it", how, k, env[k])
+			}
+		}
+	}
+	parse := func(out string) map[string]string {
+		env := map[string]string{}
+		for _, line := range strings.Split(out, "\n") {
+			if k, v, ok := strings.Cut(strings.TrimRight(line, "\r"), "="); ok {
+				env[k] = v
+			}
+		}
+		return env
+	}
+	res, err := client.RunCommand(ctx, api.CommandRequest{Command: []string{"env"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("env: %+v, %v", res, err)
+	}
+	check("run_command", parse(res.Stdout))
+	c := openConsole(t, client, api.PTYRequest{Command: []string{"env"}})
+	c.exit(t)
+	check("pty", parse(c.output()))
+	var srv map[string]string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		raw, err := client.MCPRequest(ctx, "envsrv", json.RawMessage(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"environ","arguments":{}}}`))
+		if err == nil {
+			var resp struct {
+				Result struct {
+					StructuredContent environOut `json:"structuredContent"`
+				} `json:"result"`
+			}
+			if err = json.Unmarshal(raw, &resp); err == nil {
+				srv = resp.Result.StructuredContent.Env
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the MCP server did not answer: %v", err)
+		}
+	}
+	delete(srv, envServerVar)
+	check("MCP server", srv)
 }

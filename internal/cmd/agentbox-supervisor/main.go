@@ -12,7 +12,7 @@
 //	-workdir             AGENTBOX_WORKDIR             the workspace if there is one, else the current directory
 //	-workspace           AGENTBOX_WORKSPACE           -workdir if set, else /workspace (file endpoints are off if it does not exist)
 //	-workspace-cap       AGENTBOX_WORKSPACE_CAP       1GiB (the controller sets the template's workspace size)
-//	-pass-env            AGENTBOX_PASS_ENV            the proxy variables (the controller adds the template's env)
+//	-pass-env            AGENTBOX_PASS_ENV            the proxy variables; * for all but the supervisor's own (the controller sets *)
 //	-audit-log           AGENTBOX_AUDIT_LOG           off
 //	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
 //	-mcp-servers         AGENTBOX_MCP_SERVERS         none (a JSON file: [{"name", "command", "args", "env", "dir"}])
@@ -26,6 +26,12 @@
 //	-memory-limit        AGENTBOX_MEMORY_LIMIT        off (the pod's memory limit; the controller sets it)
 //	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
 //	-health-listen       AGENTBOX_HEALTH_LISTEN       off (plain HTTP, /livez and /healthz only; the controller sets 127.0.0.1:8444)
+//
+// "agentbox-supervisor -install DIR" serves nothing: it copies its own
+// executable into DIR/agentbox-supervisor and exits 0 (1 with the reason
+// on stderr if it cannot). Every sandbox pod's init container runs it from
+// the supervisor image into a volume, and the sandbox container runs the
+// copy, so the sandbox image itself needs no supervisor.
 //
 // "agentbox-supervisor -probe" serves nothing: it calls GET /livez on
 // -health-listen and exits 0 if the supervisor answered, 1 if not. It is
@@ -96,6 +102,15 @@ func main() {
 	}
 	if opts.showVersion {
 		fmt.Println(version)
+		return
+	}
+	if opts.install != "" {
+		path, err := install(opts.install)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "agentbox-supervisor -install:", err)
+			os.Exit(1)
+		}
+		fmt.Println("installed", path)
 		return
 	}
 	if opts.probe {
@@ -396,8 +411,8 @@ func newMCPManager(o *options, log *slog.Logger) (*mcpbridge.Manager, error) {
 		return nil, err
 	}
 	env := map[string]string{"PATH": supervisor.DefaultPath, "LANG": "C.UTF-8"}
-	for _, k := range o.passEnv {
-		if v, ok := os.LookupEnv(k); ok {
+	for k, v := range supervisor.PassedEnv(o.passEnv, os.Environ()) {
+		if k != "PATH" || v != "" {
 			env[k] = v
 		}
 	}

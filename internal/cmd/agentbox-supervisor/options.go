@@ -59,6 +59,7 @@ type options struct {
 	showVersion      bool
 	probe            bool
 	probeTimeout     time.Duration
+	install          string
 }
 
 // rawFlags are the flags whose values are parsed after the flag set has
@@ -119,7 +120,7 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.IntVar(&o.maxQueued, "max-queued", supervisor.DefaultMaxQueuedCommands, "commands that may wait for one of the -max-concurrent slots; negative: none wait")
 	fs.DurationVar(&o.queueWait, "queue-wait", supervisor.DefaultCommandQueueWait, "how long a command waits for a slot before it is refused")
 	fs.IntVar(&o.maxProcesses, "max-processes", supervisor.DefaultMaxProcesses, "background processes allowed to exist at once")
-	fs.StringVar(&raw.passEnv, "pass-env", env("AGENTBOX_PASS_ENV", strings.Join(supervisor.DefaultPassEnv, ",")), "variables passed from this process's environment to every process it starts (commands, python_exec, execute, terminals, MCP servers): comma-separated, or a JSON array of names; none may start with "+supervisorapi.ReservedEnvPrefix)
+	fs.StringVar(&raw.passEnv, "pass-env", env("AGENTBOX_PASS_ENV", strings.Join(supervisor.DefaultPassEnv, ",")), "variables passed from this process's environment to every process it starts (commands, python_exec, execute, terminals, MCP servers): comma-separated, or a JSON array of names, none of them GODEBUG or starting with "+supervisorapi.ReservedEnvPrefix+"; or "+supervisor.PassAllEnv+" alone for the whole environment except GODEBUG, "+supervisorapi.ReservedEnvPrefix+"*, KUBERNETES_SERVICE_* and KUBERNETES_PORT* (an image's own ENV reaches commands so); PATH falls back to the default when the environment has none")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
 	fs.StringVar(&raw.pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", strconv.Itoa(supervisor.DefaultCommandPidsLimit)), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none")
@@ -142,6 +143,7 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&raw.logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.install, "install", "", "instead of serving, copy this executable into DIR/agentbox-supervisor (mode 0755, complete or not at all) and exit: how a sandbox pod's init container gives an image without the supervisor one")
 }
 
 // parseLimits checks the graces and the log level, and parses the sizes

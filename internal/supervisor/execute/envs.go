@@ -37,6 +37,13 @@ func (x *Service) ServeEnvs(w http.ResponseWriter, r *http.Request, info *httpca
 		if !info.Decode(w, r, x.opts.MaxRequestBytes, &req) {
 			return
 		}
+		if x.uv == "" {
+			// pip builds from the base interpreter.
+			if e := x.needPython("building a Python environment", nil); e != nil {
+				info.Fail(w, e)
+				return
+			}
+		}
 		start := time.Now()
 		pin, created, err := m.Ensure(r.Context(), pyenv.Request{Name: req.Name, Requirements: req.Requirements, IndexURL: req.PythonIndex, CreateEmpty: true})
 		if err != nil {

@@ -106,7 +106,9 @@ type Service struct {
 	envs *pyenv.Manager
 	// envsOff says why envs is nil.
 	envsOff string
-	runDir  string
+	// uv is the uv environments are built with, "" if pip builds them.
+	uv     string
+	runDir string
 }
 
 // New sets up the run directory and the environment cache. A cache that
@@ -138,7 +140,7 @@ func New(c Config, opts Options) *Service {
 	}
 	if c.UV != "" {
 		if p, err := procenv.LookPath(c.UV, rn.BaseEnv()["PATH"], rn.DefaultCwd()); err == nil {
-			pc.UV = p
+			pc.UV, x.uv = p, p
 		} else {
 			opts.Log.Info("uv not found; Python environments are built with venv and pip", "uv", c.UV)
 		}
@@ -353,14 +355,24 @@ func (x *Service) checkExecute(req *api.ExecuteRequest) *api.Error {
 	if _, err := pyenv.ParseRequirements(req.Requirements); err != nil {
 		return api.Errorf(api.CodeInvalidArgument, "requirements: %v", err)
 	}
-	// The code, timeout, output cap and environment, as python_exec takes
-	// them; the interpreter is resolved again for the real run.
-	_, e := x.PreparePython(&api.PythonRequest{
+	if e := checkCode(req.Code); e != nil {
+		return e
+	}
+	// An environment is built from the base interpreter too, unless uv
+	// builds it, which can find or fetch a Python of its own.
+	if (len(req.Requirements) == 0 && req.EnvName == "") || x.uv == "" {
+		if e := x.needPython(api.ToolPythonExecute, req.Env); e != nil {
+			return e
+		}
+	}
+	// The timeout, output cap and environment, as python_exec takes them;
+	// the interpreter is resolved again for the real run.
+	_, e := x.preparePython(x.opts.Python, &api.PythonRequest{
 		Code: req.Code, Stdin: req.Stdin, Env: req.Env, TimeoutSeconds: req.TimeoutSeconds, MaxOutputBytes: req.MaxOutputBytes,
 	})
-	if e != nil && e.Code == api.CodeNotFound && strings.HasPrefix(e.Message, "executable ") {
-		// A missing base interpreter matters only without an environment,
-		// and then the run itself says so.
+	if e != nil && e.Code == api.CodeNotFound {
+		// The interpreter, whose absence needPython has ruled on: a run
+		// in an environment built by uv does not need it.
 		return nil
 	}
 	return e

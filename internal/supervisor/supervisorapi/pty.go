@@ -25,7 +25,7 @@ import (
 // hung up). The query says what to run (see PTYRequest.Query):
 //
 //	command  repeated, the argv; default an interactive shell (bash if the
-//	         commands' PATH has it, else sh)
+//	         commands' PATH has it, else sh; not_found if it has neither)
 //	cwd      as for CommandRequest
 //	env      repeated KEY=VALUE, merged over the commands' base environment
 //	         (TERM defaults to xterm-256color)

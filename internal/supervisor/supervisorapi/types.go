@@ -89,6 +89,11 @@ const (
 	// the supervisor (AGENTBOX_WORKSPACE_CAP, AGENTBOX_TLS_DIR, ...). The
 	// supervisor never passes them to the processes it starts.
 	ReservedEnvPrefix = "AGENTBOX_"
+	// PassAllEnv, as the supervisor's whole AGENTBOX_PASS_ENV, has it pass
+	// its whole environment to the processes it starts, except its own
+	// configuration (ReservedEnvPrefix), GODEBUG and the API server's
+	// address kubelet injects (KUBERNETES_SERVICE_*, KUBERNETES_PORT*).
+	PassAllEnv = "*"
 	// DefaultWorkspaceCapBytes is the workspace cap when none is configured
 	// (the design's 1 GB).
 	DefaultWorkspaceCapBytes = 1 << 30

@@ -297,14 +297,21 @@ func (t *Terminals) prepare(req *ptyRequest) (*runner.Spec, *api.Error) {
 	command := req.command
 	if len(command) == 0 {
 		// A shell, looked for where the session will look: bash for its
-		// line editing, else the POSIX sh every image has.
+		// line editing, else the POSIX sh most images have.
 		pathEnv := t.cfg.Runner.BaseEnv()["PATH"]
 		if p, ok := env["PATH"]; ok {
 			pathEnv = p
 		}
-		command = []string{"sh"}
-		if _, err := procenv.LookPath("bash", pathEnv, t.cfg.Runner.DefaultCwd()); err == nil {
-			command = []string{"bash"}
+		for _, sh := range []string{"bash", "sh"} {
+			if _, err := procenv.LookPath(sh, pathEnv, t.cfg.Runner.DefaultCwd()); err == nil {
+				command = []string{sh}
+				break
+			}
+		}
+		if len(command) == 0 {
+			// Any image can be a sandbox, a shell-less one too; then a
+			// terminal runs only what it is told to.
+			return nil, api.Errorf(api.CodeNotFound, "a terminal without a command runs a shell, and the sandbox image has none: neither bash nor sh is on its PATH (%s); give the command to run", pathEnv)
 		}
 	}
 	// The timeout and output cap prepare checks do not apply: the session

@@ -65,14 +65,14 @@ run "chart_values" {
   command = plan
 
   variables {
-    image_repositories = { sandbox = "mirror/agentbox-sandbox" }
+    image_repositories = { sandbox = "mirror/agentbox-sandbox", supervisor = "mirror/agentbox-supervisor" }
     install_runsc      = true
     platform_values    = "metrics:\n  enabled: false\n"
   }
 
   assert {
     condition = yamldecode(agentbox_platform.this.values) == {
-      image          = { sandbox = { repository = "mirror/agentbox-sandbox" } }
+      image          = { sandbox = { repository = "mirror/agentbox-sandbox" }, supervisor = { repository = "mirror/agentbox-supervisor" } }
       runscInstaller = { enabled = true }
       metrics        = { enabled = false }
     }
