@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -127,6 +128,9 @@ resource "agentbox_sandbox_template" "t" {
   name         = each.key
   image        = "agentbox-test/${each.key}:%[3]s"
   idle_timeout = %[4]q
+  env = {
+    GREETING = "hello from the template"
+  }
   mcp_servers = [{
     name    = "calc"
     command = %[5]q
@@ -215,13 +219,14 @@ func (r *foreignRun) run(ctx context.Context, command ...string) (*client.Comman
 }
 
 // checkCommands: a shell command as the platform's non-root user in the
-// workspace, the image's own tool, and the image's environment.
+// workspace, with the workspace as HOME, the image's own environment and
+// the template's, and the image's own tool.
 func (r *foreignRun) checkCommands(ctx context.Context) error {
-	res, err := r.run(ctx, "sh", "-c", `echo "uid=$(id -u) pwd=$(pwd) home=$HOME image=$FOREIGN_IMAGE"`)
+	res, err := r.run(ctx, "sh", "-c", `echo "uid=$(id -u) pwd=$(pwd) home=$HOME image=$FOREIGN_IMAGE template=$GREETING"`)
 	if err != nil {
 		return err
 	}
-	want := fmt.Sprintf("uid=65532 pwd=/workspace home=/workspace image=%s\n", r.im.name)
+	want := fmt.Sprintf("uid=65532 pwd=/workspace home=/workspace image=%s template=hello from the template\n", r.im.name)
 	if res.ExitCode != 0 || res.Stdout != want {
 		return fmt.Errorf("sh -c: %+v; want stdout %q", res, want)
 	}
@@ -312,8 +317,9 @@ func (r *foreignRun) checkPython(ctx context.Context) error {
 		if err == nil {
 			return fmt.Errorf("python_exec in an image without Python answered %s; want an error", raw)
 		}
-		if !strings.Contains(err.Error(), "python3") {
-			return fmt.Errorf("python_exec in an image without Python: %v; want the error to name python3", err)
+		var apiErr *client.Error
+		if !errors.As(err, &apiErr) || apiErr.Code != client.CodeInvalidArgument || !strings.Contains(apiErr.Message, "python3") {
+			return fmt.Errorf("python_exec in an image without Python: %v; want invalid_argument naming python3", err)
 		}
 		r.t.Logf("%s: python_exec without Python: %v", r.im.name, err)
 		return nil
