@@ -65,9 +65,9 @@ func TestAccForeignImages(t *testing.T) {
 	}
 	for _, im := range foreignImages {
 		checks = append(checks,
-			statecheck.ExpectKnownValue("agentbox_sandbox_template.t[\""+im.name+"\"]", tfjsonpath.New("image"),
+			statecheck.ExpectKnownValue("agentbox_sandbox_template."+foreignResource(im.name), tfjsonpath.New("image"),
 				knownvalue.StringExact("agentbox-test/"+im.name+":"+tag)),
-			statecheck.ExpectKnownValue("agentbox_sandbox.s[\""+im.name+"\"]", tfjsonpath.New("agent_id"),
+			statecheck.ExpectKnownValue("agentbox_sandbox."+foreignResource(im.name), tfjsonpath.New("agent_id"),
 				knownvalue.StringExact(foreignAgent(im.name))))
 	}
 	resource.Test(t, resource.TestCase{
@@ -94,7 +94,7 @@ func TestAccForeignImages(t *testing.T) {
 			},
 			{
 				Config:            cfg,
-				ResourceName:      "agentbox_sandbox_template.t[\"busybox\"]",
+				ResourceName:      "agentbox_sandbox_template.busybox",
 				ImportState:       true,
 				ImportStateId:     ns + "/busybox",
 				ImportStateVerify: true,
@@ -119,34 +119,43 @@ resource "agentbox_platform" "this" {
   image_tag = %[3]q
 }
 
-locals {
-  images = toset(["debian-python", "node", "busybox"])
+%[4]s`, os.Getenv(testAccKubeconfigEnv), ns, tag, foreignBlocks(tag))
 }
 
-resource "agentbox_sandbox_template" "t" {
-  for_each     = local.images
-  name         = each.key
-  image        = "agentbox-test/${each.key}:%[3]s"
-  idle_timeout = %[4]q
+// foreignBlocks declares a template and a sandbox per foreign image, as
+// separate blocks: the test framework's state checks and import steps
+// name resources without for_each keys.
+func foreignBlocks(tag string) string {
+	var b strings.Builder
+	for _, im := range foreignImages {
+		fmt.Fprintf(&b, `
+resource "agentbox_sandbox_template" %[6]q {
+  name         = %[1]q
+  image        = "agentbox-test/%[1]s:%[2]s"
+  idle_timeout = %[3]q
   env = {
     GREETING = "hello from the template"
   }
   mcp_servers = [{
     name    = "calc"
-    command = %[5]q
+    command = %[4]q
   }]
 
   depends_on = [agentbox_platform.this]
 }
 
-resource "agentbox_sandbox" "s" {
-  for_each = local.images
-  name     = each.key
-  agent_id = "foreign-${each.key}"
-  template = agentbox_sandbox_template.t[each.key].name
+resource "agentbox_sandbox" %[6]q {
+  name     = %[1]q
+  agent_id = %[5]q
+  template = agentbox_sandbox_template.%[6]s.name
 }
-`, os.Getenv(testAccKubeconfigEnv), ns, tag, foreignIdle.String(), settingsMCPPath)
+`, im.name, tag, foreignIdle.String(), settingsMCPPath, foreignAgent(im.name), foreignResource(im.name))
+	}
+	return b.String()
 }
+
+// foreignResource is the resource name of an image's template and sandbox.
+func foreignResource(image string) string { return strings.ReplaceAll(image, "-", "_") }
 
 // checkForeignImages runs the operations on every image's sandbox side by
 // side (they are independent, and the idle stops overlap), and reports

@@ -93,7 +93,7 @@ resource "agentbox_sandbox" "agent" {
 		{"git", `git init -q repo && cd repo && git config user.email agent@example.invalid && git config user.name agent &&
 echo first > f && git add f && git commit -qm first && git log --format=%s`, "first\n"},
 		{"curl through the egress proxy", `curl -fsS ` + base + `index.html`, "hello-through-the-proxy\n"},
-		{"pip install from the index", `pip install -q --disable-pip-version-check --no-cache-dir --index-url ` + base + `simple/ agentbox-greet >/dev/null &&
+		{"pip install from the index", `pip install -q --disable-pip-version-check --no-cache-dir --index-url ` + base + `simple/ --trusted-host ` + web + ` agentbox-greet >/dev/null &&
 python3 -c 'import agentbox_greet; print(agentbox_greet.hi())'`, "hi from the test index\n"},
 		{"the rest of the standard tools", `for t in diff patch less ps jq zip unzip xz ssh gcc make python3; do command -v $t >/dev/null || echo "missing $t"; done; echo checked`, "checked\n"},
 	}
