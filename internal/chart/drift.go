@@ -231,24 +231,41 @@ func changedFields(ctx context.Context, ri dynamic.ResourceInterface, cl *cluste
 	for _, p := range ignored {
 		removeField(want.Object, p)
 	}
-	body, err := want.MarshalJSON()
-	if err != nil {
-		return nil, fmt.Errorf("encoding %s %s: %w", want.GetKind(), want.GetName(), err)
+	for attempt := 1; ; attempt++ {
+		// The dry run must start from the very object it is compared with:
+		// a controller writing in between (the volume binder filling a new
+		// claim in) would otherwise show its own fields as the release's.
+		// The resourceVersion makes the apply a precondition on live.
+		want.SetResourceVersion(live.GetResourceVersion())
+		body, err := want.MarshalJSON()
+		if err != nil {
+			return nil, fmt.Errorf("encoding %s %s: %w", want.GetKind(), want.GetName(), err)
+		}
+		// Helm writes these objects with patches, not with server-side
+		// apply, so the manager's name does not matter: it owns nothing, and
+		// forcing makes the dry run take every field the manifest sets and
+		// leave every other field alone.
+		applied, err := ri.Patch(ctx, want.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
+			DryRun:       []string{metav1.DryRunAll},
+			FieldManager: driftFieldManager,
+			Force:        ptr.To(true),
+		})
+		if apierrors.IsConflict(err) && attempt < maxDryRunAttempts {
+			if live, err = ri.Get(ctx, want.GetName(), metav1.GetOptions{}); err != nil {
+				return nil, fmt.Errorf("reading %s %s again: %w", want.GetKind(), want.GetName(), err)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return diffObjects(live.Object, applied.Object, ignored), nil
 	}
-	// Helm writes these objects with patches, not with server-side apply,
-	// so the manager's name does not matter: it owns nothing, and forcing
-	// makes the dry run take every field the manifest sets and leave every
-	// other field alone.
-	applied, err := ri.Patch(ctx, want.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
-		DryRun:       []string{metav1.DryRunAll},
-		FieldManager: driftFieldManager,
-		Force:        ptr.To(true),
-	})
-	if err != nil {
-		return nil, err
-	}
-	return diffObjects(live.Object, applied.Object, ignored), nil
 }
+
+// maxDryRunAttempts bounds how often changedFields reads an object that
+// keeps changing under it before it gives up with the conflict.
+const maxDryRunAttempts = 5
 
 // dryRunRefused reports whether err means the API server did not do the
 // dry run, as opposed to finding the object invalid. Server-side apply
