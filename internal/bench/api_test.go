@@ -128,7 +128,7 @@ func TestBenchComputeAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := p.admin(t)
-	b := &apiBench{p: p, api: api, dir: dir}
+	b := &apiBench{p: p, api: api, dir: dir, ns: benchNamespace, pool: "warm"}
 
 	// The burst first, while nothing else holds sandboxes: it needs the
 	// most of them at once.
@@ -143,6 +143,8 @@ type apiBench struct {
 	p   *platformEnv
 	api *apiclient.Client
 	dir string
+	// ns and pool are where the sandboxes are made and claimed from.
+	ns, pool string
 }
 
 // setReplicas sizes the warm pool through Terraform, then waits until n
@@ -168,7 +170,7 @@ func (b *apiBench) waitQuiet(t *testing.T) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		var sandboxes v1alpha1.SandboxList
-		if err := b.p.kube.List(ctx, &sandboxes, client.InNamespace(benchNamespace)); err != nil {
+		if err := b.p.kube.List(ctx, &sandboxes, client.InNamespace(b.ns)); err != nil {
 			return false, err
 		}
 		for i := range sandboxes.Items {
@@ -177,7 +179,7 @@ func (b *apiBench) waitQuiet(t *testing.T) {
 			}
 		}
 		var pods corev1.PodList
-		if err := b.p.kube.List(ctx, &pods, client.InNamespace(benchNamespace)); err != nil {
+		if err := b.p.kube.List(ctx, &pods, client.InNamespace(b.ns)); err != nil {
 			return false, err
 		}
 		for i := range pods.Items {
@@ -197,7 +199,7 @@ func (b *apiBench) waitClaimable(t *testing.T, n int) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 15*time.Minute, true, func(ctx context.Context) (bool, error) {
 		var list v1alpha1.SandboxList
-		if err := b.p.kube.List(ctx, &list, client.InNamespace(benchNamespace), client.MatchingLabels{v1alpha1.LabelWarmPool: "warm"}); err != nil {
+		if err := b.p.kube.List(ctx, &list, client.InNamespace(b.ns), client.MatchingLabels{v1alpha1.LabelWarmPool: b.pool}); err != nil {
 			return false, err
 		}
 		free := 0
@@ -232,7 +234,7 @@ func requestID() string {
 func (b *apiBench) acquire(ctx context.Context) (*apiclient.PoolLease, time.Time, error) {
 	for {
 		start := time.Now()
-		l, err := b.api.AcquirePoolLease(ctx, benchNamespace, "warm", apiclient.AcquireLeaseRequest{Holder: "bench", RequestID: requestID(), TTLSeconds: 300})
+		l, err := b.api.AcquirePoolLease(ctx, b.ns, b.pool, apiclient.AcquireLeaseRequest{Holder: "bench", RequestID: requestID(), TTLSeconds: 300})
 		if apiclient.CodeOf(err) == apiclient.CodePoolExhausted {
 			select {
 			case <-ctx.Done():
@@ -346,7 +348,7 @@ func (b *apiBench) burst(t *testing.T) {
 				s := time.Now()
 				// No waiting on exhaustion here: every claim must find a
 				// ready sandbox, or the burst was not "enough warm".
-				leases[i], errs[i] = b.api.AcquirePoolLease(t.Context(), benchNamespace, "warm",
+				leases[i], errs[i] = b.api.AcquirePoolLease(t.Context(), b.ns, b.pool,
 					apiclient.AcquireLeaseRequest{Holder: "bench", RequestID: requestID(), TTLSeconds: 300})
 				lat[i] = time.Since(s)
 			})
@@ -391,37 +393,12 @@ func (b *apiBench) cold(t *testing.T) {
 	b.setReplicas(t, 2)
 	measure := func(template string) []time.Duration {
 		var out []time.Duration
-		for i := range runs {
+		for range runs {
 			if template == "warm" {
 				// Adoption, not a cold start behind an empty pool.
 				b.waitClaimable(t, 1)
 			}
-			agent := fmt.Sprintf("bench-%s-%d-%d", template, time.Now().Unix(), i)
-			sb := &v1alpha1.Sandbox{
-				ObjectMeta: metav1.ObjectMeta{Namespace: benchNamespace, Name: agent},
-				Spec:       v1alpha1.SandboxSpec{AgentID: agent, TemplateRef: v1alpha1.LocalObjectReference{Name: template}},
-			}
-			start := time.Now()
-			if err := b.p.kube.Create(t.Context(), sb); err != nil {
-				t.Fatal(err)
-			}
-			err := wait.PollUntilContextTimeout(t.Context(), 25*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-				err := b.echo(ctx, agent)
-				switch apiclient.CodeOf(err) {
-				case "":
-					return err == nil, err
-				case apiclient.CodeSandboxNotFound, apiclient.CodeSandboxNotReady, apiclient.CodeSupervisorUnavailable:
-					return false, nil
-				}
-				return false, err
-			})
-			if err != nil {
-				t.Fatalf("%s sandbox %s: %v", template, agent, err)
-			}
-			out = append(out, time.Since(start))
-			if err := b.p.kube.Delete(t.Context(), sb); err != nil {
-				t.Fatal(err)
-			}
+			out = append(out, b.createToFirstOutput(t, template))
 		}
 		return out
 	}
@@ -439,6 +416,40 @@ func (b *apiBench) cold(t *testing.T) {
 		Name: "Sandbox create adopting a warm one, to first output", Unit: "ms", Values: adopt,
 		Note: "the same, for a template with a ready warm pool (the controller adopts)",
 	})
+}
+
+// createToFirstOutput creates a Sandbox of template through the Kubernetes
+// API, polls echo through the Compute API every 25 ms until it answers,
+// deletes the Sandbox, and returns the time from the create to the answer.
+func (b *apiBench) createToFirstOutput(t *testing.T, template string) time.Duration {
+	t.Helper()
+	agent := fmt.Sprintf("bench-%s-%d", template, time.Now().UnixNano())
+	sb := &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Namespace: b.ns, Name: agent},
+		Spec:       v1alpha1.SandboxSpec{AgentID: agent, TemplateRef: v1alpha1.LocalObjectReference{Name: template}},
+	}
+	start := time.Now()
+	if err := b.p.kube.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 25*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := b.echo(ctx, agent)
+		switch apiclient.CodeOf(err) {
+		case "":
+			return err == nil, err
+		case apiclient.CodeSandboxNotFound, apiclient.CodeSandboxNotReady, apiclient.CodeSupervisorUnavailable:
+			return false, nil
+		}
+		return false, err
+	})
+	if err != nil {
+		t.Fatalf("%s sandbox %s: %v", template, agent, err)
+	}
+	took := time.Since(start)
+	if err := b.p.kube.Delete(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	return took
 }
 
 // runTrue: `true` through the API against a raw spawn timed inside the
