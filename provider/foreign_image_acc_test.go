@@ -37,11 +37,15 @@ type foreignImage struct {
 	// own is a command only this image has, and what it prints.
 	own     []string
 	ownWant string
+	// uid is the image's own user, which its template runs the sandbox as
+	// (run_as_image_user); zero for an image whose user is root, whose
+	// template keeps the platform's user 65532.
+	uid int
 }
 
 var foreignImages = []foreignImage{
 	{name: "debian-python", python: true, own: []string{"python3", "-c", "print(6*7)"}, ownWant: "42\n"},
-	{name: "node", own: []string{"node", "-e", "console.log(6*7)"}, ownWant: "42\n"},
+	{name: "node", own: []string{"node", "-e", "console.log(6*7)"}, ownWant: "42\n", uid: 1000},
 	{name: "busybox", own: []string{"sh", "-c", "busybox true && echo 42"}, ownWant: "42\n"},
 }
 
@@ -54,7 +58,9 @@ const foreignIdle = 30 * time.Second
 // command (with the image's own tool and environment), a file round trip,
 // a terminal, python_exec where the image has Python (a clear error naming
 // the interpreter where it has not), the stdio MCP server the template
-// runs, and an idle stop and resume that keep the workspace.
+// runs, and an idle stop and resume that keep the workspace. The node
+// image's template runs it as the image's own user 1000
+// (run_as_image_user), the others as the platform's user.
 func TestAccForeignImages(t *testing.T) {
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
@@ -130,9 +136,10 @@ func foreignBlocks(tag string) string {
 	for _, im := range foreignImages {
 		fmt.Fprintf(&b, `
 resource "agentbox_sandbox_template" %[6]q {
-  name         = %[1]q
-  image        = "agentbox-test/%[1]s:%[2]s"
-  idle_timeout = %[3]q
+  name              = %[1]q
+  image             = "agentbox-test/%[1]s:%[2]s"
+  run_as_image_user = %[7]t
+  idle_timeout      = %[3]q
   env = {
     GREETING = "hello from the template"
   }
@@ -149,7 +156,7 @@ resource "agentbox_sandbox" %[6]q {
   agent_id = %[5]q
   template = agentbox_sandbox_template.%[6]s.name
 }
-`, im.name, tag, foreignIdle.String(), settingsMCPPath, foreignAgent(im.name), foreignResource(im.name))
+`, im.name, tag, foreignIdle.String(), settingsMCPPath, foreignAgent(im.name), foreignResource(im.name), im.uid != 0)
 	}
 	return b.String()
 }
@@ -227,15 +234,19 @@ func (r *foreignRun) run(ctx context.Context, command ...string) (*client.Comman
 	return res, nil
 }
 
-// checkCommands: a shell command as the platform's non-root user in the
-// workspace, with the workspace as HOME, the image's own environment and
+// checkCommands: a shell command as the platform's non-root user (or the
+// image's own, where its template says so) in the workspace, with the workspace as HOME, the image's own environment and
 // the template's, and the image's own tool.
 func (r *foreignRun) checkCommands(ctx context.Context) error {
 	res, err := r.run(ctx, "sh", "-c", `echo "uid=$(id -u) pwd=$(pwd) home=$HOME image=$FOREIGN_IMAGE template=$GREETING"`)
 	if err != nil {
 		return err
 	}
-	want := fmt.Sprintf("uid=65532 pwd=/workspace home=/workspace image=%s template=hello from the template\n", r.im.name)
+	uid := 65532
+	if r.im.uid != 0 {
+		uid = r.im.uid
+	}
+	want := fmt.Sprintf("uid=%d pwd=/workspace home=/workspace image=%s template=hello from the template\n", uid, r.im.name)
 	if res.ExitCode != 0 || res.Stdout != want {
 		return fmt.Errorf("sh -c: %+v; want stdout %q", res, want)
 	}

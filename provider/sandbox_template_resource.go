@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/objectdefault"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
@@ -36,6 +37,7 @@ type sandboxTemplateModel struct {
 	Namespace        types.String `tfsdk:"namespace"`
 	Image            types.String `tfsdk:"image"`
 	ImagePullPolicy  types.String `tfsdk:"image_pull_policy"`
+	RunAsImageUser   types.Bool   `tfsdk:"run_as_image_user"`
 	RuntimeClassName types.String `tfsdk:"runtime_class_name"`
 	Env              types.Map    `tfsdk:"env"`
 	Resources        types.Object `tfsdk:"resources"`
@@ -131,14 +133,23 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 				MarkdownDescription: "Container image of the sandbox: any Linux image (amd64), such as `python:3.12`, `node:22` or a company " +
 					"base image. The platform injects its supervisor, which replaces the image's entrypoint and command; the image's " +
 					"environment and working directory are kept, and every process the sandbox runs gets the image's environment. It runs " +
-					"as user 65532 on a read-only root file system, with `HOME` the workspace unless `env` sets it. `python_exec` and " +
+					"as user 65532 (or the image's own, with `run_as_image_user`) on a read-only root file system, with `HOME` the workspace unless `env` sets it. `python_exec` and " +
 					"`execute` need `python3` on the image's `PATH`, and a terminal opened without a command needs `bash` or `sh`. " +
 					"Unset means the platform's default sandbox image (Python 3).",
 			},
 			"image_pull_policy": schema.StringAttribute{
-				Optional:            true,
-				MarkdownDescription: "When the node pulls the image: " + codeList(pullPolicies) + ". Unset means `IfNotPresent`.",
-				Validators:          []validator.String{stringvalidator.OneOf(pullPolicies...)},
+				Optional: true,
+				MarkdownDescription: "When the node pulls the image: " + codeList(pullPolicies) + ". Unset means `IfNotPresent` for an `image` the template names, and the platform's " +
+					"`image_pull_policy` for its default image.",
+				Validators: []validator.String{stringvalidator.OneOf(pullPolicies...)},
+			},
+			"run_as_image_user": schema.BoolAttribute{
+				Optional: true, Computed: true, Default: booldefault.StaticBool(false),
+				MarkdownDescription: "Run the sandbox as the user its image sets (`USER` in a Dockerfile) instead of user 65532, for " +
+					"an image whose files belong to a user of its own. The image's user must be a number and not root: a sandbox never " +
+					"runs as root, and Kubernetes cannot check a user name. An image whose user is root, unset or a name does not " +
+					"start: its sandboxes report the reason `ImageRunsAsRoot`. The sandbox keeps group 65532 for its workspace. " +
+					"Defaults to `false`.",
 			},
 			"runtime_class_name": schema.StringAttribute{
 				Optional: true, Computed: true, Default: stringdefault.StaticString(defaultRuntimeClass),
@@ -175,6 +186,7 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 					"mount_path": schema.StringAttribute{
 						Optional: true, Computed: true, Default: stringdefault.StaticString(defaultMountPath),
 						MarkdownDescription: "Where the workspace is mounted. Defaults to `" + defaultMountPath + "`.",
+						Validators:          []validator.String{mountPathCheck},
 					},
 				},
 			},
@@ -222,7 +234,10 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 				MarkdownDescription: "Kubernetes Secrets mounted read-only as files into the sandbox.",
 				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
 					"secret_name": schema.StringAttribute{Required: true, MarkdownDescription: "Secret in the template's namespace."},
-					"mount_path":  schema.StringAttribute{Required: true, MarkdownDescription: "Folder its keys appear in as files."},
+					"mount_path": schema.StringAttribute{
+						Required: true, Validators: []validator.String{mountPathCheck},
+						MarkdownDescription: "Folder its keys appear in as files. It may not be in the workspace, whose snapshots would carry the Secret.",
+					},
 				}},
 			},
 			"egress_proxy": schema.StringAttribute{
@@ -326,6 +341,7 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 	s := agentboxv1alpha1.SandboxTemplateSpec{
 		Image:            m.Image.ValueString(),
 		ImagePullPolicy:  corev1.PullPolicy(m.ImagePullPolicy.ValueString()),
+		RunAsImageUser:   m.RunAsImageUser.ValueBool(),
 		RuntimeClassName: m.RuntimeClassName.ValueString(),
 		IdleTimeout:      parseDuration(m.IdleTimeout, "idle_timeout", diags),
 		NodeSelector:     goMap(ctx, m.NodeSelector, diags),
@@ -391,6 +407,7 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 func (m *sandboxTemplateModel) fromSpec(ctx context.Context, s *agentboxv1alpha1.SandboxTemplateSpec, diags *diag.Diagnostics) {
 	m.Image = stringOrNull(s.Image)
 	m.ImagePullPolicy = stringOrNull(string(s.ImagePullPolicy))
+	m.RunAsImageUser = types.BoolValue(s.RunAsImageUser)
 	m.RuntimeClassName = types.StringValue(s.RuntimeClassName)
 	m.IdleTimeout = keepDuration(m.IdleTimeout, s.IdleTimeout.Duration)
 	m.NodeSelector = mapValue(ctx, m.NodeSelector, s.NodeSelector, diags)

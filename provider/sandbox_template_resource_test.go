@@ -3,12 +3,14 @@ package provider
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"testing"
 
 	"github.com/hashicorp/terraform-plugin-testing/helper/resource"
 	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
 	"github.com/hashicorp/terraform-plugin-testing/plancheck"
 	"github.com/hashicorp/terraform-plugin-testing/statecheck"
+	"github.com/hashicorp/terraform-plugin-testing/terraform"
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -51,6 +53,7 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 				ConfigStateChecks: []statecheck.StateCheck{
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("id"), knownvalue.StringExact(ns+"/python")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("runtime_class_name"), knownvalue.StringExact("gvisor")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("run_as_image_user"), knownvalue.Bool(false)),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("idle_timeout"), knownvalue.StringExact("45m")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("workspace").AtMapKey("mount_path"), knownvalue.StringExact("/workspace")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("resources").AtMapKey("requests").AtMapKey("cpu"), knownvalue.StringExact("0.5")),
@@ -113,6 +116,65 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 				ConfigPlanChecks: resource.ConfigPlanChecks{
 					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionCreate)},
 				},
+			},
+		},
+	})
+}
+
+// TestAccSandboxTemplate_mountPathsAndUser: a workspace or secret files on
+// a folder the platform mounts is refused by the plan, secret files inside
+// the workspace by the API server at apply, and run_as_image_user reaches
+// the template.
+func TestAccSandboxTemplate_mountPathsAndUser(t *testing.T) {
+	c, ns := testAccCluster(t)
+	config := func(body string) string {
+		return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_sandbox_template" "test" {
+  name      = "paths"
+  namespace = %q
+  %s
+}
+`, ns, body)
+	}
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []resource.TestStep{
+			{
+				Config:      config(`workspace = { mount_path = "/tmp" }`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`/tmp is the platform's`),
+			},
+			{
+				Config:      config(`secret_files = [{ secret_name = "keys", mount_path = "/etc/agentbox/tls/mine" }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`/etc/agentbox/tls is the platform's`),
+			},
+			{
+				Config:      config(`secret_files = [{ secret_name = "keys", mount_path = "/workspace/.keys" }]`),
+				ExpectError: regexp.MustCompile(`secretFiles may not be mounted in the workspace`),
+			},
+			{
+				Config: config(`run_as_image_user = true
+  secret_files = [{ secret_name = "keys", mount_path = "/etc/keys" }]`),
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue("agentbox_sandbox_template.test", tfjsonpath.New("run_as_image_user"), knownvalue.Bool(true)),
+				},
+				Check: func(*terraform.State) error {
+					var tpl agentboxv1alpha1.SandboxTemplate
+					if err := c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "paths"}, &tpl); err != nil {
+						return err
+					}
+					if !tpl.Spec.RunAsImageUser {
+						return fmt.Errorf("the SandboxTemplate's runAsImageUser is false")
+					}
+					return nil
+				},
+			},
+			{
+				ResourceName:      "agentbox_sandbox_template.test",
+				ImportState:       true,
+				ImportStateId:     ns + "/paths",
+				ImportStateVerify: true,
 			},
 		},
 	})

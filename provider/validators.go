@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 )
 
 // The provider's validators. Each rule is one value that carries both its
@@ -110,6 +112,22 @@ var (
 		check: func(s string) error {
 			if errs := validation.IsValidLabelValue(s); len(errs) > 0 {
 				return fmt.Errorf("%s", errs[0])
+			}
+			return nil
+		},
+	}
+	// mountPathCheck refuses, at plan time, what the CRD refuses at apply:
+	// the folders the platform mounts itself.
+	mountPathCheck = stringCheck{
+		description: "an absolute folder other than " + codeList(agentboxv1alpha1.ReservedMountPaths) + " and not inside them (the platform mounts its own volumes there)",
+		check: func(s string) error {
+			if !strings.HasPrefix(s, "/") || s == "/" {
+				return errors.New("not an absolute folder below /")
+			}
+			for _, p := range agentboxv1alpha1.ReservedMountPaths {
+				if s == p || strings.HasPrefix(s, p+"/") {
+					return fmt.Errorf("%s is the platform's", p)
+				}
 			}
 			return nil
 		},

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
@@ -40,14 +43,19 @@ func TestAnyImageIsASandbox(t *testing.T) {
 	api := e.computeAPI(pool)
 	ctx := e.ctx
 
-	start := func(name, image string) string {
+	create := func(name, image string, imageUser bool) {
 		t.Helper()
 		e.template(name, func(tpl *v1alpha1.SandboxTemplate) {
 			tpl.Spec.Image = image
+			tpl.Spec.RunAsImageUser = imageUser
 			// Longer than the test: only setActivity makes it idle.
 			tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
 		})
 		e.sandbox(name, name)
+	}
+	start := func(name, image string) string {
+		t.Helper()
+		create(name, image, false)
 		sbx, took := e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 		t.Logf("%s: Running %s after creation", image, took.Round(time.Millisecond))
 		return sbx.Spec.AgentID
@@ -138,6 +146,42 @@ func TestAnyImageIsASandbox(t *testing.T) {
 				t.Fatalf("a command on the stopped sandbox: %+v, %v", res, err)
 			}
 		})
+	})
+
+	// The image's own user: busybox's is root, which kubelet refuses under
+	// runAsNonRoot, and the sandbox says so; the pause image's is
+	// 65535:65535, which runs and reaches the workspace through the
+	// platform's group.
+	t.Run("image user root", func(t *testing.T) {
+		create("imageuser-root", toolchain.BusyboxImage, true)
+		sbx, _ := e.waitPhase("imageuser-root", v1alpha1.SandboxPhaseError, v1alpha1.ReasonImageRunsAsRoot)
+		c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || !strings.Contains(c.Message, "image will run as root") {
+			t.Errorf("Ready condition %+v does not carry kubelet's words", c)
+		}
+		t.Logf("%s: %s", c.Reason, c.Message)
+	})
+	t.Run("image user", func(t *testing.T) {
+		create("imageuser", toolchain.PauseImage, true)
+		sbx, _ := e.waitPhase("imageuser", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+		agent := sbx.Spec.AgentID
+		if _, err := api.PutFile(ctx, agent, "mine.txt", strings.NewReader("written as 65535\n"), 0o644); err != nil {
+			t.Fatalf("put a file as the image's user: %v", err)
+		}
+		rc, err := api.GetFile(ctx, agent, "mine.txt")
+		if err != nil {
+			t.Fatalf("get it back: %v", err)
+		}
+		got, _ := io.ReadAll(rc)
+		rc.Close()
+		if string(got) != "written as 65535\n" {
+			t.Errorf("read back %q", got)
+		}
+		var pod corev1.Pod
+		must(t, e.c.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: sbx.Status.PodName}, &pod))
+		if sc := pod.Spec.Containers[0].SecurityContext; sc.RunAsUser != nil {
+			t.Errorf("the sandbox container runs as %d, not the image's user", *sc.RunAsUser)
+		}
 	})
 
 	t.Run("no shell", func(t *testing.T) {

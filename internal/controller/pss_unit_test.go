@@ -77,9 +77,9 @@ func checkCreatedPods(t *testing.T, c client.Client, wantPods, wantDeployments [
 	}
 }
 
-// TestUnitSandboxPodRestricted covers the sandbox pod of a bare template
-// and of one that uses every option adding volumes, variables and
-// scheduling to the pod.
+// TestUnitSandboxPodRestricted covers the sandbox pod of a bare template,
+// of one that uses every option adding volumes, variables and scheduling
+// to the pod, and of one that runs as its image's user.
 func TestUnitSandboxPodRestricted(t *testing.T) {
 	full := unitTemplate("full")
 	full.Spec.Image = "registry.example.com/team/python:3.13"
@@ -95,10 +95,16 @@ func TestUnitSandboxPodRestricted(t *testing.T) {
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
 	}
 
-	f := newFakeEnv(t, unitTemplate("bare"), full, unitSandbox("plain", "bare"), unitSandbox("rich", "full"))
+	// The image's own user: restricted still, since runAsNonRoot stays.
+	own := unitTemplate("own")
+	own.Spec.Image = "node:22"
+	own.Spec.RunAsImageUser = true
+
+	f := newFakeEnv(t, unitTemplate("bare"), full, own, unitSandbox("plain", "bare"), unitSandbox("rich", "full"), unitSandbox("mine", "own"))
 	f.reconcile("plain")
 	f.reconcile("rich")
-	checkCreatedPods(t, f.c, []string{PodName("plain"), PodName("rich")}, nil)
+	f.reconcile("mine")
+	checkCreatedPods(t, f.c, []string{PodName("plain"), PodName("rich"), PodName("mine")}, nil)
 }
 
 // TestUnitEgressProxyPodsRestricted covers both proxy modes: the PerAgent

@@ -82,6 +82,9 @@ type SandboxReconciler struct {
 	TrustDomain string
 	// DefaultImage is the sandbox image of templates that name none.
 	DefaultImage string
+	// DefaultImagePullPolicy is DefaultImage's pull policy, unless the
+	// template sets one; empty means IfNotPresent.
+	DefaultImagePullPolicy corev1.PullPolicy
 	// SupervisorImage holds the supervisor at
 	// /usr/local/bin/agentbox-supervisor; every sandbox pod's init
 	// container installs it from there, so that the sandbox image needs

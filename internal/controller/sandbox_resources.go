@@ -241,7 +241,7 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 		runtimeClass = v1alpha1.DefaultRuntimeClassName
 	}
 	volumes, mounts := podVolumes(sbx, tpl)
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      PodName(workloadName(sbx)),
 			Namespace: sbx.Namespace,
@@ -257,7 +257,10 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 				RunAsNonRoot: ptr.To(true),
 				RunAsUser:    ptr.To(sandboxUID),
 				RunAsGroup:   ptr.To(sandboxUID),
-				FSGroup:      ptr.To(sandboxUID),
+				// Also with runAsImageUser: the image's user then gets the
+				// group as a supplementary one, and with it the workspace,
+				// the certificate and the installed supervisor.
+				FSGroup: ptr.To(sandboxUID),
 				// A restored workspace is already owned by fsGroup; walking it
 				// on every start would slow resumes of large workspaces.
 				FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
@@ -270,6 +273,12 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 			Containers:     []corev1.Container{r.sandboxContainer(sbx, tpl, mounts)},
 		},
 	}
+	if tpl.Spec.RunAsImageUser {
+		// The pod's user would apply to the sandbox container, which sets
+		// none of its own; the init container sets its own.
+		pod.Spec.SecurityContext.RunAsUser, pod.Spec.SecurityContext.RunAsGroup = nil, nil
+	}
+	return pod
 }
 
 // podLabels are the labels of the sandbox's pod.
@@ -374,6 +383,9 @@ func (r *SandboxReconciler) sandboxContainer(sbx *v1alpha1.Sandbox, tpl *v1alpha
 		image = r.DefaultImage
 	}
 	pullPolicy := tpl.Spec.ImagePullPolicy
+	if pullPolicy == "" && tpl.Spec.Image == "" {
+		pullPolicy = r.DefaultImagePullPolicy
+	}
 	if pullPolicy == "" {
 		pullPolicy = corev1.PullIfNotPresent
 	}
@@ -408,9 +420,21 @@ func (r *SandboxReconciler) sandboxContainer(sbx *v1alpha1.Sandbox, tpl *v1alpha
 		LivenessProbe:            livenessProbe.DeepCopy(),
 		Resources:                *tpl.Spec.Resources.DeepCopy(),
 		VolumeMounts:             mounts,
-		SecurityContext:          restrictedSecurityContext(),
+		SecurityContext:          sandboxSecurityContext(tpl),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
+}
+
+// sandboxSecurityContext is the sandbox container's security context: the
+// restricted one, and with runAsImageUser, no user or group of its own, so
+// that the image's user applies. runAsNonRoot stays: kubelet refuses to
+// start an image whose user is root or cannot be checked.
+func sandboxSecurityContext(tpl *v1alpha1.SandboxTemplate) *corev1.SecurityContext {
+	sc := restrictedSecurityContext()
+	if tpl.Spec.RunAsImageUser {
+		sc.RunAsUser, sc.RunAsGroup = nil, nil
+	}
+	return sc
 }
 
 // desiredWorkspaceClaim is the sandbox's workspace volume claim.

@@ -48,6 +48,11 @@ func (r *SandboxReconciler) observePod(ctx context.Context, prevReason string, s
 	if podReady(pod) {
 		return r.observeReadyPod(ctx, prevReason, sbx, pod, claim, act)
 	}
+	if msg, root := imageRunsAsRoot(pod); root {
+		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonImageRunsAsRoot, msg)
+		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeWarning, v1alpha1.ReasonImageRunsAsRoot, "Start", msg)
+		return nil
+	}
 	if msg, failed := containerProblem(pod); failed {
 		r.setPhase(sbx, v1alpha1.SandboxPhaseError, metav1.ConditionFalse, v1alpha1.ReasonPodFailed, msg)
 		r.eventOnNewReason(prevReason, sbx, pod, corev1.EventTypeWarning, EventPodFailed, "Start", msg)
@@ -166,6 +171,23 @@ func podReady(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// imageRunsAsRoot explains kubelet's refusal to start the sandbox container
+// of a template with runAsImageUser whose image's user is root, unset, or a
+// name kubelet cannot check (it says "container has runAsNonRoot and image
+// will run as root" or "... has non-numeric user").
+func imageRunsAsRoot(pod *corev1.Pod) (string, bool) {
+	for _, cs := range pod.Status.ContainerStatuses {
+		w := cs.State.Waiting
+		if cs.Name != ContainerName || w == nil || w.Reason != "CreateContainerConfigError" || !strings.Contains(w.Message, "runAsNonRoot") {
+			continue
+		}
+		return fmt.Sprintf("the template runs the sandbox as its image's user (runAsImageUser), and kubelet will not start it: %s. "+
+			"A sandbox never runs as root: give the image a numeric non-root USER, or turn runAsImageUser off to run it as user %d",
+			strings.TrimSpace(w.Message), sandboxUID), true
+	}
+	return "", false
 }
 
 // benignWaiting are the waiting reasons of a container that is on its way

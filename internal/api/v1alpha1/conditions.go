@@ -173,6 +173,14 @@ const (
 	// turns Running as soon as the pod is ready.
 	ReasonPodFailed = "PodFailed"
 
+	// ReasonImageRunsAsRoot (phase Error): the template runs the sandbox as
+	// its image's user (runAsImageUser), and kubelet refused to start the
+	// container because that user is root, is unset (so root), or is a name
+	// it cannot check is not root. A sandbox never runs as root: give the
+	// image a numeric non-root USER, or turn runAsImageUser off to run it
+	// as user 65532. The message carries kubelet's words.
+	ReasonImageRunsAsRoot = "ImageRunsAsRoot"
+
 	// ReasonNodeLost (phase Error): the node the sandbox ran on no longer
 	// exists (its Node object was deleted). It is the same whether the
 	// controller sees the pod on the deleted node, or finds the pod already

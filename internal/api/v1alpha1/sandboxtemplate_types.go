@@ -6,10 +6,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// ReservedMountPaths are the folders the platform mounts into every sandbox
+// container: the writable /tmp, the installed supervisor and the
+// supervisor's serving certificate. A template's workspace and secret
+// files may not be mounted at or inside them. The mountPath validation
+// rules below repeat the list (a marker cannot name a Go value);
+// TestReservedMountPathsInCRD keeps them the same.
+var ReservedMountPaths = []string{"/tmp", "/agentbox/bin", "/etc/agentbox/tls"}
+
 // SandboxTemplateSpec describes the sandboxes created from a template: what
 // runs in the pod, where it is scheduled, its workspace and its policies.
 // Changing a template affects sandboxes started (or resumed) afterwards; a
 // running sandbox keeps the pod it has.
+// +kubebuilder:validation:XValidation:rule="!has(self.secretFiles) || !has(self.workspace) || !has(self.workspace.mountPath) || !self.secretFiles.exists(f, f.mountPath == self.workspace.mountPath || f.mountPath.startsWith(self.workspace.mountPath + '/'))",message="secretFiles may not be mounted in the workspace: its snapshots would carry the Secrets' contents"
 type SandboxTemplateSpec struct {
 	// image is the sandbox container image: any Linux image (amd64). The
 	// platform injects its supervisor, which replaces the image's
@@ -24,11 +33,23 @@ type SandboxTemplateSpec struct {
 	// +kubebuilder:validation:MaxLength=1024
 	Image string `json:"image,omitempty"`
 
-	// imagePullPolicy of the sandbox container. Empty means the Kubernetes
-	// default for the image's tag.
+	// imagePullPolicy of the sandbox container. Empty means IfNotPresent
+	// for an image the template names, and the pull policy the platform
+	// was installed with (the chart's image.sandbox.pullPolicy) for its
+	// default image.
 	// +optional
 	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// runAsImageUser runs the sandbox as the user its image sets (USER in a
+	// Dockerfile) instead of the platform's user 65532, for an image whose
+	// files belong to a user of its own. That user must be given as a
+	// number and must not be root: a sandbox never runs as root, and
+	// Kubernetes cannot check a user name. An image whose user is root,
+	// unset or a name stops the sandbox with reason ImageRunsAsRoot. The
+	// sandbox keeps group 65532 for its workspace, /tmp and certificate.
+	// +optional
+	RunAsImageUser bool `json:"runAsImageUser,omitempty"`
 
 	// runtimeClassName is the RuntimeClass the sandbox pods run with. It should
 	// name a gVisor runtime; nodePoolRef, when set, takes precedence.
@@ -61,7 +82,8 @@ type SandboxTemplateSpec struct {
 	Env []corev1.EnvVar `json:"env,omitempty"`
 
 	// secretFiles mounts Secrets into the sandbox as read-only files, one file
-	// per key of the Secret under mountPath.
+	// per key of the Secret under mountPath. None may be in the workspace,
+	// whose snapshots would otherwise carry the Secrets' contents.
 	// +optional
 	// +listType=map
 	// +listMapKey=mountPath
@@ -134,11 +156,13 @@ type SecretFile struct {
 	SecretName string `json:"secretName"`
 
 	// mountPath is the absolute directory the Secret's keys appear in, one
-	// file per key.
+	// file per key. It may not be, or be inside, a folder the platform
+	// mounts (/tmp, /agentbox/bin, /etc/agentbox/tls) or the workspace.
 	// +required
 	// +kubebuilder:validation:MinLength=2
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:Pattern=`^/[^:]*[^/:]$`
+	// +kubebuilder:validation:XValidation:rule="!['/tmp', '/agentbox/bin', '/etc/agentbox/tls'].exists(p, self == p || self.startsWith(p + '/'))",message="mountPath must not be /tmp, /agentbox/bin or /etc/agentbox/tls, or inside them: the platform mounts its own volumes there"
 	MountPath string `json:"mountPath"`
 }
 
@@ -165,12 +189,14 @@ type WorkspaceSpec struct {
 	VolumeSnapshotClassName *string `json:"volumeSnapshotClassName,omitempty"`
 
 	// mountPath is where the workspace is mounted in the sandbox, and the root
-	// that file operations are confined to.
+	// that file operations are confined to. It may not be, or be inside, a
+	// folder the platform mounts (/tmp, /agentbox/bin, /etc/agentbox/tls).
 	// +optional
 	// +kubebuilder:default="/workspace"
 	// +kubebuilder:validation:MinLength=2
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:Pattern=`^/[^:]*[^/:]$`
+	// +kubebuilder:validation:XValidation:rule="!['/tmp', '/agentbox/bin', '/etc/agentbox/tls'].exists(p, self == p || self.startsWith(p + '/'))",message="mountPath must not be /tmp, /agentbox/bin or /etc/agentbox/tls, or inside them: the platform mounts its own volumes there"
 	MountPath string `json:"mountPath,omitempty"`
 }
 

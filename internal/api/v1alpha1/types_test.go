@@ -369,7 +369,7 @@ func TestHelpers(t *testing.T) {
 		v1alpha1.ReasonNodePoolNotFound, v1alpha1.ReasonTemplateResolved, v1alpha1.ReasonCreating,
 		v1alpha1.ReasonAdoptedFromWarmPool, v1alpha1.ReasonRunning, v1alpha1.ReasonIdleTimeout,
 		v1alpha1.ReasonStopped, v1alpha1.ReasonResuming, v1alpha1.ReasonSnapshotFailed,
-		v1alpha1.ReasonRestoreFailed, v1alpha1.ReasonSyncFailed, v1alpha1.ReasonPodFailed,
+		v1alpha1.ReasonRestoreFailed, v1alpha1.ReasonSyncFailed, v1alpha1.ReasonPodFailed, v1alpha1.ReasonImageRunsAsRoot,
 		v1alpha1.ReasonPoolFull, v1alpha1.ReasonScaling, v1alpha1.ReasonProxyAvailable,
 		v1alpha1.ReasonProxyProgressing, v1alpha1.ReasonUpstreamSecretNotFound, v1alpha1.ReasonNodesReady,
 		v1alpha1.ReasonInstalling, v1alpha1.ReasonNoMatchingNodes, v1alpha1.ReasonRuntimeClassNotFound,
@@ -753,6 +753,18 @@ func TestCRDsOnAPIServer(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "w", Namespace: ns.Name},
 				Spec:       v1alpha1.SandboxTemplateSpec{Workspace: v1alpha1.WorkspaceSpec{Size: resource.MustParse("-1Gi")}},
 			}, "size must be positive"},
+			{"workspace on /tmp", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "wt", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{Workspace: v1alpha1.WorkspaceSpec{MountPath: "/tmp"}},
+			}, "the platform mounts its own volumes there"},
+			{"secret files over the supervisor", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "sb", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{SecretFiles: []v1alpha1.SecretFile{{SecretName: "s", MountPath: "/agentbox/bin/x"}}},
+			}, "the platform mounts its own volumes there"},
+			{"secret files in the workspace", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "sw", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{SecretFiles: []v1alpha1.SecretFile{{SecretName: "s", MountPath: "/workspace/.keys"}}},
+			}, "secretFiles may not be mounted in the workspace"},
 			{"Managed pool without nodeSelector", &v1alpha1.GVisorNodePool{
 				ObjectMeta: metav1.ObjectMeta{Name: "gvnp-" + randSuffix(t)},
 				Spec:       v1alpha1.GVisorNodePoolSpec{Mode: v1alpha1.GVisorNodePoolModeManaged},
@@ -856,4 +868,24 @@ func randSuffix(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
+}
+
+// TestReservedMountPathsInCRD checks that both mountPath rules of the
+// SandboxTemplate CRD refuse exactly ReservedMountPaths, which the
+// controller mounts and the provider checks before apply.
+func TestReservedMountPathsInCRD(t *testing.T) {
+	quoted := make([]string, len(v1alpha1.ReservedMountPaths))
+	for i, p := range v1alpha1.ReservedMountPaths {
+		quoted[i] = "'" + p + "'"
+	}
+	want := "![" + strings.Join(quoted, ", ") + "].exists(p, self == p || self.startsWith(p + '/'))"
+	spec := loadCRDs(t)["SandboxTemplate"].Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
+	for name, prop := range map[string]apiextensionsv1.JSONSchemaProps{
+		"workspace.mountPath":   spec.Properties["workspace"].Properties["mountPath"],
+		"secretFiles.mountPath": spec.Properties["secretFiles"].Items.Schema.Properties["mountPath"],
+	} {
+		if len(prop.XValidations) != 1 || prop.XValidations[0].Rule != want {
+			t.Errorf("%s rules %+v, want the one rule %s", name, prop.XValidations, want)
+		}
+	}
 }

@@ -11,6 +11,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -76,6 +77,7 @@ type options struct {
 	// container installs, with its pull policy.
 	supervisorImage      string
 	supervisorPullPolicy corev1.PullPolicy
+	sandboxPullPolicy    corev1.PullPolicy
 	egressImage          string
 	trustDomain          string
 	leaderElect          bool
@@ -119,6 +121,15 @@ func main() {
 	}
 }
 
+// parsePullPolicy checks the value of a pull policy flag.
+func parsePullPolicy(flagName, v string) (corev1.PullPolicy, error) {
+	switch p := corev1.PullPolicy(v); p {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+		return p, nil
+	}
+	return "", fmt.Errorf("%s %q: want Always, IfNotPresent or Never", flagName, v)
+}
+
 func parseOptions(args []string, getenv func(string) string, out io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("agentbox-controlplane", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -136,6 +147,8 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.StringVar(&o.apiService, "api-service", "agentbox-api", "name of the API's Service in the platform namespace; its DNS names and ClusterIP go into the serving certificate")
 	fs.StringVar(&o.deployment, "deployment", "agentbox-controlplane", "name of the control plane's Deployment in the platform namespace; it owns the status ConfigMap and carries the snapshot check's events")
 	fs.StringVar(&o.sandboxImage, "sandbox-image", "", "sandbox image for templates that name none")
+	sandboxPull := fs.String("sandbox-image-pull-policy", cmp.Or(getenv("AGENTBOX_SANDBOX_IMAGE_PULL_POLICY"), string(corev1.PullIfNotPresent)),
+		"pull policy of -sandbox-image for templates that set none: Always, IfNotPresent or Never [AGENTBOX_SANDBOX_IMAGE_PULL_POLICY]")
 	fs.StringVar(&o.supervisorImage, "supervisor-image", controller.DefaultSupervisorImage,
 		"image holding the supervisor at /usr/local/bin/agentbox-supervisor; every sandbox pod's init container installs it from there, so that any image can be a sandbox")
 	supervisorPull := fs.String("supervisor-image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of -supervisor-image: Always, IfNotPresent or Never")
@@ -170,11 +183,12 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	if o.supervisorImage == "" {
 		return nil, errors.New("--supervisor-image must not be empty: sandbox pods install the supervisor from it")
 	}
-	switch p := corev1.PullPolicy(*supervisorPull); p {
-	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
-		o.supervisorPullPolicy = p
-	default:
-		return nil, fmt.Errorf("--supervisor-image-pull-policy %q: want Always, IfNotPresent or Never", *supervisorPull)
+	var err error
+	if o.supervisorPullPolicy, err = parsePullPolicy("--supervisor-image-pull-policy", *supervisorPull); err != nil {
+		return nil, err
+	}
+	if o.sandboxPullPolicy, err = parsePullPolicy("--sandbox-image-pull-policy", *sandboxPull); err != nil {
+		return nil, err
 	}
 	if o.purgeInterval <= 0 {
 		return nil, fmt.Errorf("--filespace-purge-interval %s must be positive", o.purgeInterval)
@@ -384,6 +398,7 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 		Namespace:                 o.namespace,
 		TrustDomain:               o.trustDomain,
 		DefaultImage:              o.sandboxImage,
+		DefaultImagePullPolicy:    o.sandboxPullPolicy,
 		SupervisorImage:           o.supervisorImage,
 		SupervisorImagePullPolicy: o.supervisorPullPolicy,
 		CA:                        in.ca,

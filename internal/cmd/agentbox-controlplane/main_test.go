@@ -137,6 +137,29 @@ func TestParseOptionsSupervisorImage(t *testing.T) {
 	}
 }
 
+// The chart's image.sandbox.pullPolicy arrives as a variable; the flag
+// wins over it, and a policy Kubernetes does not know is refused at start.
+func TestParseOptionsSandboxPullPolicy(t *testing.T) {
+	env := func(k string) string {
+		if k == "AGENTBOX_SANDBOX_IMAGE_PULL_POLICY" {
+			return "Never"
+		}
+		return ""
+	}
+	if o, err := parseOptions(nil, func(string) string { return "" }, io.Discard); err != nil || o.sandboxPullPolicy != "IfNotPresent" {
+		t.Errorf("default: %v, %v", o, err)
+	}
+	if o, err := parseOptions(nil, env, io.Discard); err != nil || o.sandboxPullPolicy != "Never" {
+		t.Errorf("from the variable: %v, %v", o, err)
+	}
+	if o, err := parseOptions([]string{"--sandbox-image-pull-policy=Always"}, env, io.Discard); err != nil || o.sandboxPullPolicy != "Always" {
+		t.Errorf("flag over variable: %v, %v", o, err)
+	}
+	if _, err := parseOptions([]string{"--sandbox-image-pull-policy=Sometimes"}, env, io.Discard); err == nil || !strings.Contains(err.Error(), "--sandbox-image-pull-policy") {
+		t.Errorf("unknown policy: %v", err)
+	}
+}
+
 func TestParseOptionsNamespaceFromEnvironment(t *testing.T) {
 	env := map[string]string{"POD_NAMESPACE": "platform"}
 	o, err := parseOptions(nil, func(k string) string { return env[k] }, io.Discard)
