@@ -60,7 +60,47 @@ func (r *SandboxReconciler) wireEgress(ctx context.Context, sbx *v1alpha1.Sandbo
 		return fmt.Errorf("proxy Service %s has no ClusterIP yet", svc.Name)
 	}
 	setEgressEnv(pod, "http://"+net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(EgressProxyPort)), nil)
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	// The proxy pod is named like its Service (desiredPerAgentProxyPod).
+	pod.Annotations[annotationEgressProxyPod] = svc.Name
 	return nil
+}
+
+// annotationEgressProxyPod on a sandbox pod names the PerAgent egress proxy
+// pod its HTTP_PROXY leads to. A sandbox does not serve before that proxy
+// is ready: a Service without a ready endpoint refuses connections, and the
+// agent's first fetch would fail although the sandbox said it was ready.
+const annotationEgressProxyPod = v1alpha1.GroupName + "/egress-proxy-pod"
+
+// egressProxyPending says what a sandbox whose pod is ready still waits for
+// before it first serves: its PerAgent egress proxy pod, ready. Empty when
+// it waits for nothing. The proxy pod is the Sandbox's, so its changes
+// bring the sandbox back here.
+func (r *SandboxReconciler) egressProxyPending(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod) (string, error) {
+	name := pod.Annotations[annotationEgressProxyPod]
+	if name == "" {
+		return "", nil
+	}
+	var proxy corev1.Pod
+	err := r.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: name}, &proxy)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("pod %s is ready; waiting for its egress proxy pod %s to be created", pod.Name, name), nil
+	case err != nil:
+		return "", fmt.Errorf("get egress proxy pod %s: %w", name, err)
+	case !podReady(&proxy):
+		why := ""
+		for _, cs := range proxy.Status.ContainerStatuses {
+			if msg, failed := statusProblem(cs); failed {
+				why = ": " + msg
+				break
+			}
+		}
+		return fmt.Sprintf("pod %s is ready; waiting for its egress proxy pod %s to become ready%s", pod.Name, name, why), nil
+	}
+	return "", nil
 }
 
 // wireSharedEgress points the sandbox at its Shared proxy with its own

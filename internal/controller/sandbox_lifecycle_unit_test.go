@@ -113,6 +113,19 @@ func (f *fakeEnv) podReady(name string) {
 		}},
 	}
 	must(f.t, f.c.Status().Update(ctx, &pod))
+	// A sandbox behind a PerAgent proxy serves once its proxy pod is
+	// ready: stand in for the EgressProxy controller, which these tests
+	// do not run.
+	if name := pod.Annotations[annotationEgressProxyPod]; name != "" {
+		proxy := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: unitNS}}
+		if err := f.c.Create(ctx, proxy); err != nil && !apierrors.IsAlreadyExists(err) {
+			f.t.Fatal(err)
+		}
+		must(f.t, f.c.Get(ctx, client.ObjectKeyFromObject(proxy), proxy))
+		proxy.Status = corev1.PodStatus{Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+		must(f.t, f.c.Status().Update(ctx, proxy))
+	}
 }
 
 // renew does what the Compute API does on a call: move renewTime to now.

@@ -90,6 +90,23 @@ func (r *SandboxReconciler) dropStoppedPod(ctx context.Context, sbx *v1alpha1.Sa
 // workspace that was not serving yet, and sets the sandbox Running.
 func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod, claim *corev1.PersistentVolumeClaim, act activity) error {
 	snap := restoring(claim)
+	if !serving(prevReason) {
+		// Once serving, a proxy pod being replaced (its EgressProxy
+		// changed) does not take the sandbox out of service: the Service
+		// keeps its address and the new pod answers in seconds.
+		wait, err := r.egressProxyPending(ctx, sbx, pod)
+		if err != nil {
+			return err
+		}
+		if wait != "" {
+			phase, reason := v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating
+			if snap != "" {
+				phase, reason = v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming
+			}
+			r.setPhase(sbx, phase, metav1.ConditionFalse, reason, wait)
+			return nil
+		}
+	}
 	if snap != "" {
 		ok, err := r.finishRestore(ctx, sbx, pod, claim)
 		if err != nil || !ok {

@@ -100,7 +100,9 @@ const (
 // the condition tells the same story as status.phase, in more detail.
 const (
 	// ReasonCreating (phase Pending): the pod and workspace are being created,
-	// or the pod is not ready yet.
+	// or the pod is not ready yet, or (behind a PerAgent egress proxy) the
+	// sandbox's proxy pod is not: a sandbox serves once the proxy its
+	// HTTP_PROXY names answers.
 	ReasonCreating = "Creating"
 
 	// ReasonAdoptedFromWarmPool (phase Pending or Running): the sandbox took
