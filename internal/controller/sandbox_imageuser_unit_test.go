@@ -114,4 +114,3 @@ func TestUnitReservedMountPaths(t *testing.T) {
 		t.Errorf("the pod mounts %v, the template refuses %v", platform, reserved)
 	}
 }
-
