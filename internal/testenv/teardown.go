@@ -260,9 +260,9 @@ func unescapeMount(s string) string {
 	return r.Replace(s)
 }
 
-// cleanNetwork removes the bridge and the iptables chains that kubelet,
-// kube-proxy and the CNI plugins made. Only chains with their prefixes are
-// touched.
+// cleanNetwork removes the bridge, the iptables chains that kubelet,
+// kube-proxy, the CNI plugins and the NetworkPolicy enforcer made, and the
+// enforcer's ipsets. Only chains and sets with their prefixes are touched.
 func cleanNetwork(ctx context.Context, st *state, logf func(string, ...any)) error {
 	var errs []error
 	if exec.CommandContext(ctx, "ip", "link", "show", Bridge).Run() == nil {
@@ -288,6 +288,15 @@ func cleanNetwork(ctx context.Context, st *state, logf func(string, ...any)) err
 		if n > 0 {
 			logf("removed %d %s chains", n, ipt)
 		}
+	}
+	// A stale cluster's state may predate its enforcer's start, so the
+	// sets are looked for on every node cluster, not only enforcing ones.
+	n, err := removeIPSets(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if n > 0 {
+		logf("removed %d ipsets", n)
 	}
 	return errors.Join(errs...)
 }
