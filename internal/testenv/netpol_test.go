@@ -71,6 +71,27 @@ func TestNetworkPolicyEnforced(t *testing.T) {
 	a := runPod(ctx, t, cs, allowed)
 	runPod(ctx, t, cs, busyboxPod("client-b", clientNS, "sleep 3600"))
 	probe := prober{ctx: ctx, cfg: c.Config, cs: cs, server: srv.Status.PodIP}
+	// The proof is about gVisor pods, as the sandboxes are.
+	if out, errOut, err := execIn(ctx, c.Config, cs, clientNS, "client-a", "uname", "-r"); err != nil || !strings.Contains(out, "gvisor") {
+		t.Fatalf("client-a does not run in gVisor: uname -r = %q, %v (stderr %q)", out, err, errOut)
+	}
+
+	t.Run("EgressFenceAheadOfEnforcer", func(t *testing.T) {
+		// kube-router ACCEPTs allowed traffic in its filter FORWARD chain,
+		// which comes first; the fence that keeps pods inside the test
+		// range must come before that, in mangle FORWARD. Checked by its
+		// rules only: no test sends traffic outside the range.
+		if first := firstRule(t, "filter", "FORWARD"); !strings.Contains(first, "-j KUBE-ROUTER-FORWARD") {
+			t.Errorf("first filter FORWARD rule is %q, want the jump to KUBE-ROUTER-FORWARD (is the enforcer running?)", first)
+		}
+		if first := firstRule(t, "mangle", "FORWARD"); first != "-A FORWARD -j AGENTBOX-FENCE" {
+			t.Errorf("first mangle FORWARD rule is %q, want the jump to the fence", first)
+		}
+		out, err := exec.Command("iptables", "-w", "-t", "mangle", "-S", "AGENTBOX-FENCE").Output()
+		if want := fmt.Sprintf("-A AGENTBOX-FENCE -s %s ! -d %s -j DROP", testenv.PodCIDR, testenv.TestRange); err != nil || !strings.Contains(string(out), want) {
+			t.Errorf("mangle AGENTBOX-FENCE = %q (%v), want %q", out, err, want)
+		}
+	})
 
 	// Without a policy every pod reaches the server.
 	eventually(t, time.Minute, func() error { return probe.reach("client-a") })
@@ -274,6 +295,21 @@ func deletePolicy(ctx context.Context, t *testing.T, cs kubernetes.Interface, np
 	if err := cs.NetworkingV1().NetworkPolicies(np.Namespace).Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// firstRule is the first rule of a chain as `iptables -S` prints it.
+func firstRule(t *testing.T, table, chain string) string {
+	t.Helper()
+	out, err := exec.Command("iptables", "-w", "-t", table, "-S", chain).Output()
+	if err != nil {
+		t.Fatalf("iptables -t %s -S %s: %v", table, chain, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "-A ") {
+			return line
+		}
+	}
+	return ""
 }
 
 func netpolChains(t *testing.T) []string {
