@@ -289,8 +289,9 @@ func cleanNetwork(ctx context.Context, st *state, logf func(string, ...any)) err
 			logf("removed %d %s chains", n, ipt)
 		}
 	}
-	// A stale cluster's state may predate its enforcer's start, so the
-	// sets are looked for on every node cluster, not only enforcing ones.
+	// The sets go with every node cluster, enforcing or not: only
+	// kube-router makes sets of these names, and a stale run whose state
+	// lost track of its enforcer still gets them removed.
 	n, err := removeIPSets(ctx)
 	if err != nil {
 		errs = append(errs, err)
