@@ -1,8 +1,9 @@
 // Package testenv starts and stops a real local Kubernetes cluster for tests
 // and the quickstart: etcd, kube-apiserver, kube-controller-manager and
 // kube-scheduler, and on request one real node (containerd with runc and
-// gVisor, kubelet and kube-proxy). The binaries come from the toolchain
-// cache that `make testenv` fills.
+// gVisor, kubelet and kube-proxy), which on request also enforces
+// NetworkPolicies (kube-router's firewall). The binaries come from the
+// toolchain cache that `make testenv` fills.
 //
 // Addresses come from the 198.18.0.0/15 benchmarking range, which no real
 // network uses, so test traffic can only ever reach this host and the pods
@@ -63,6 +64,10 @@ type Options struct {
 	Dir string
 	// Node adds a real node with containerd, kubelet and kube-proxy.
 	Node bool
+	// NetworkPolicy runs a NetworkPolicy enforcer on the node (kube-router's
+	// firewall alone); it needs Node and the enforcer from a full `make
+	// testenv`. Off, NetworkPolicies are stored and never enforced.
+	NetworkPolicy bool
 	// Images are OCI archives to import into the node.
 	Images []string
 	// Log receives progress lines; nil discards them.
@@ -97,6 +102,14 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if missing := toolchain.Missing(opts.Dir); len(missing) > 0 {
 		return nil, fmt.Errorf("test cluster binaries missing from %s (%s): run `make testenv`", toolchain.BinDir(opts.Dir), strings.Join(missing, ", "))
 	}
+	if opts.NetworkPolicy {
+		if !opts.Node {
+			return nil, fmt.Errorf("NetworkPolicy enforcement needs a node")
+		}
+		if bin := filepath.Join(toolchain.BinDir(opts.Dir), toolchain.KubeRouter); !fileExists(bin) {
+			return nil, fmt.Errorf("the NetworkPolicy enforcer %s is missing: run `make testenv`", bin)
+		}
+	}
 	if opts.Node && os.Geteuid() != 0 {
 		return nil, fmt.Errorf("a test node needs root (containerd, kubelet, iptables)")
 	}
@@ -120,7 +133,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	st := &state{Dir: dir, BinDir: toolchain.BinDir(opts.Dir), Node: opts.Node, Kubeconfig: filepath.Join(dir, "kubeconfig")}
+	st := &state{Dir: dir, BinDir: toolchain.BinDir(opts.Dir), Node: opts.Node, NetworkPolicy: opts.NetworkPolicy, Kubeconfig: filepath.Join(dir, "kubeconfig")}
 	if err := st.save(); err != nil {
 		return nil, err
 	}
@@ -442,6 +455,9 @@ func Attach(dir string, log io.Writer) (*Cluster, error) {
 
 // HasNode reports whether the cluster runs a real node.
 func (c *Cluster) HasNode() bool { return c.st.Node }
+
+// EnforcesNetworkPolicy reports whether the node enforces NetworkPolicies.
+func (c *Cluster) EnforcesNetworkPolicy() bool { return c.st.NetworkPolicy }
 
 // LogDir is where the components write their logs.
 func (c *Cluster) LogDir() string { return c.st.Dir }

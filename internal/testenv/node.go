@@ -79,7 +79,8 @@ const fenceChain = "AGENTBOX-FENCE"
 func (c *Cluster) sock() string { return filepath.Join(c.st.Dir, "containerd", "containerd.sock") }
 
 // startNode starts the node's processes in the order they need each
-// other: containerd, the base images, kubelet, then kube-proxy.
+// other: containerd, the base images, kubelet, kube-proxy, then the
+// NetworkPolicy enforcer if asked for.
 func (c *Cluster) startNode(ctx context.Context, images []string) error {
 	t0 := time.Now()
 	// containerd finds its shims, and the runc shim finds runc, on PATH.
@@ -107,6 +108,14 @@ func (c *Cluster) startNode(ctx context.Context, images []string) error {
 		return err
 	}
 	c.logf("kube-proxy ready (%s)", time.Since(t2).Round(time.Millisecond))
+
+	if c.st.NetworkPolicy {
+		t3 := time.Now()
+		if err := c.startNetworkPolicy(ctx); err != nil {
+			return err
+		}
+		c.logf("NetworkPolicy enforcer (kube-router %s) ready (%s)", toolchain.KubeRouterVersion, time.Since(t3).Round(time.Millisecond))
+	}
 
 	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: RuntimeClass}, Handler: "runsc"}
 	if _, err := cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

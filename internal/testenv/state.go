@@ -17,13 +17,15 @@ type state struct {
 	BinDir string `json:"binDir"`
 	Procs  []proc `json:"procs"`
 	// Host changes to undo. Each is recorded before it is made.
-	NodeIP     string `json:"nodeIP,omitempty"`
-	LoAddr     bool   `json:"loAddr,omitempty"`
-	Fence      bool   `json:"fence,omitempty"`
-	IPForward  string `json:"ipForward,omitempty"`
-	Node       bool   `json:"node,omitempty"`
-	Cgroups    bool   `json:"cgroups,omitempty"`
-	Kubeconfig string `json:"kubeconfig"`
+	NodeIP    string `json:"nodeIP,omitempty"`
+	LoAddr    bool   `json:"loAddr,omitempty"`
+	Fence     bool   `json:"fence,omitempty"`
+	IPForward string `json:"ipForward,omitempty"`
+	Node      bool   `json:"node,omitempty"`
+	Cgroups   bool   `json:"cgroups,omitempty"`
+	// NetworkPolicy: kube-router enforces NetworkPolicies on the node.
+	NetworkPolicy bool   `json:"networkPolicy,omitempty"`
+	Kubeconfig    string `json:"kubeconfig"`
 }
 
 type proc struct {

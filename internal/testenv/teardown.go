@@ -260,9 +260,9 @@ func unescapeMount(s string) string {
 	return r.Replace(s)
 }
 
-// cleanNetwork removes the bridge and the iptables chains that kubelet,
-// kube-proxy and the CNI plugins made. Only chains with their prefixes are
-// touched.
+// cleanNetwork removes the bridge, the iptables chains that kubelet,
+// kube-proxy, the CNI plugins and the NetworkPolicy enforcer made, and the
+// enforcer's ipsets. Only chains and sets with their prefixes are touched.
 func cleanNetwork(ctx context.Context, st *state, logf func(string, ...any)) error {
 	var errs []error
 	if exec.CommandContext(ctx, "ip", "link", "show", Bridge).Run() == nil {
@@ -288,6 +288,16 @@ func cleanNetwork(ctx context.Context, st *state, logf func(string, ...any)) err
 		if n > 0 {
 			logf("removed %d %s chains", n, ipt)
 		}
+	}
+	// The sets go with every node cluster, enforcing or not: only
+	// kube-router makes sets of these names, and a stale run whose state
+	// lost track of its enforcer still gets them removed.
+	n, err := removeIPSets(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if n > 0 {
+		logf("removed %d ipsets", n)
 	}
 	return errors.Join(errs...)
 }

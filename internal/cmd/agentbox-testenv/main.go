@@ -4,9 +4,11 @@
 //	agentbox-testenv build [-cluster-only]
 //	                                  build the toolchain into the cache (make testenv);
 //	                                  -cluster-only leaves out what only tests start
-//	agentbox-testenv up [-node]       start a cluster; print its kubeconfig path
+//	agentbox-testenv up [-node] [-netpol]
+//	                                  start a cluster; print its kubeconfig path;
+//	                                  -netpol enforces NetworkPolicies on the node
 //	agentbox-testenv import FILE...   import OCI archives into the running node
-//	agentbox-testenv exec [-node] -- CMD...
+//	agentbox-testenv exec [-node] [-netpol] -- CMD...
 //	                                  run CMD with a cluster up (its kubeconfig in
 //	                                  AGENTBOX_TEST_KUBECONFIG), then tear it down
 //	agentbox-testenv down             stop it and undo every host change
@@ -36,7 +38,7 @@ func main() {
 	}
 }
 
-const usage = "usage: agentbox-testenv build [-cluster-only]|up [-node] [-reuse] [-image FILE]...|exec [-node] [-image FILE]... -- CMD...|import FILE...|down|dir"
+const usage = "usage: agentbox-testenv build [-cluster-only]|up [-node] [-netpol] [-reuse] [-image FILE]...|exec [-node] [-netpol] [-image FILE]... -- CMD...|import FILE...|down|dir"
 
 type files []string
 
@@ -84,16 +86,19 @@ func buildCommand(ctx context.Context, dir string, args []string) error {
 	return b.Build(ctx)
 }
 
+const netpolUsage = "enforce NetworkPolicies on the node (kube-router's firewall; needs -node and a full build)"
+
 // upCommand: agentbox-testenv up, which prints the kubeconfig's path.
 func upCommand(ctx context.Context, dir string, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
 	node := fs.Bool("node", false, "start a real node (containerd, kubelet, kube-proxy, gVisor)")
+	netpol := fs.Bool("netpol", false, netpolUsage)
 	reuse := fs.Bool("reuse", false, "if a cluster is already running, import the images into it instead of failing")
 	var images files
 	fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
 	_ = fs.Parse(args)
 	if *reuse {
-		if c, err := testenv.Attach(dir, os.Stderr); err == nil && c.HasNode() == *node {
+		if c, err := testenv.Attach(dir, os.Stderr); err == nil && c.HasNode() == *node && c.EnforcesNetworkPolicy() == *netpol {
 			fmt.Fprintf(os.Stderr, "testenv: reusing the running cluster; logs in %s\n", c.LogDir())
 			if len(images) > 0 {
 				if err := c.ImportImages(ctx, images...); err != nil {
@@ -105,7 +110,7 @@ func upCommand(ctx context.Context, dir string, args []string) error {
 		}
 	}
 	t := time.Now()
-	c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: *node, Images: images, Log: os.Stderr})
+	c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: *node, NetworkPolicy: *netpol, Images: images, Log: os.Stderr})
 	if err != nil {
 		return err
 	}
@@ -119,21 +124,22 @@ func upCommand(ctx context.Context, dir string, args []string) error {
 func execCommand(ctx context.Context, dir string, args []string) error {
 	fs := flag.NewFlagSet("exec", flag.ExitOnError)
 	node := fs.Bool("node", false, "start a real node")
+	netpol := fs.Bool("netpol", false, netpolUsage)
 	var images files
 	fs.Var(&images, "image", "OCI archive to import into the node (repeatable)")
 	_ = fs.Parse(args)
 	if fs.NArg() == 0 {
 		return fmt.Errorf(usage)
 	}
-	return execWithCluster(ctx, dir, *node, images, fs.Args())
+	return execWithCluster(ctx, testenv.Options{Dir: dir, Node: *node, NetworkPolicy: *netpol, Images: images, Log: os.Stderr}, fs.Args())
 }
 
 // execWithCluster runs a command against a fresh cluster and always tears
 // the cluster down, also when the command fails or is interrupted, so a
 // red test run leaves the machine as clean as a green one.
-func execWithCluster(ctx context.Context, dir string, node bool, images, argv []string) error {
+func execWithCluster(ctx context.Context, opts testenv.Options, argv []string) error {
 	t := time.Now()
-	c, err := testenv.Start(ctx, testenv.Options{Dir: dir, Node: node, Images: images, Log: os.Stderr})
+	c, err := testenv.Start(ctx, opts)
 	if err != nil {
 		return err
 	}

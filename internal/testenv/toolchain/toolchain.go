@@ -46,8 +46,9 @@ const (
 var ClusterPackages = []string{"runc", "iptables", "containernetworking-plugins", "busybox-static", "e2fsprogs", "mount"}
 
 // TestPackages are needed by the tests alone: PostgreSQL, which the store's
-// tests start as a real server (internal/testenv/postgres).
-var TestPackages = []string{"postgresql"}
+// tests start as a real server (internal/testenv/postgres), and ipset,
+// through which the NetworkPolicy enforcer (kube-router) matches pods.
+var TestPackages = []string{"postgresql", "ipset"}
 
 //go:embed wrappers
 var wrappers embed.FS
@@ -110,6 +111,7 @@ func components() []component {
 		}, ldflags: "-s -w"},
 		snapshotController(),
 		csiProvisioner(),
+		kubeRouter(),
 	}
 }
 

@@ -22,7 +22,7 @@ func TestClusterOnlyLeavesOutWhatOnlyTestsStart(t *testing.T) {
 			t.Errorf("%s is not built for a cluster (cluster components: %v)", want, cluster)
 		}
 	}
-	for _, want := range []string{"versitygw", "snapshot-controller", "csi-provisioner"} {
+	for _, want := range []string{"versitygw", "snapshot-controller", "csi-provisioner", "kube-router"} {
 		if !slices.Contains(tests, want) {
 			t.Errorf("%s is built for a cluster, though only tests start it (test-only: %v)", want, tests)
 		}
