@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -235,6 +236,21 @@ func TestNetworkPolicy(t *testing.T) {
 	if m := rules[2]; m.port != 8080 || len(m.peers) != 1 || m.peers[0].NamespaceSelector == nil || m.peers[0].PodSelector == nil ||
 		m.peers[0].PodSelector.MatchLabels["app"] != "prometheus" {
 		t.Errorf("metrics rule %+v", m)
+	}
+
+	// The notes say how to open the metrics port, and only while it is closed.
+	notes := func(raw string) string {
+		rel, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: raw})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rel.Notes
+	}
+	if n := notes(""); !strings.Contains(n, "networkPolicy.metrics.from") || !strings.Contains(n, "\n\nCRDs:") {
+		t.Errorf("NOTES do not say how to open the metrics port:\n%s", n)
+	}
+	if n := notes("networkPolicy: {metrics: {from: [{podSelector: {}}]}}"); strings.Contains(n, "networkPolicy.metrics.from") || !strings.Contains(n, "\n\nCRDs:") {
+		t.Errorf("NOTES with metrics.from set:\n%s", n)
 	}
 
 	if _, ok := find[*networkingv1.NetworkPolicy](renderRaw(t, "networkPolicy: {enabled: false}\nrunscInstaller: {enabled: true}"), "agentbox-controlplane"); ok {
