@@ -105,6 +105,10 @@ func TestPodDisruptionBudget(t *testing.T) {
 			t.Errorf("%s: maxUnavailable %v minAvailable %v, want maxUnavailable 50%% alone", raw, pdb.Spec.MaxUnavailable, pdb.Spec.MinAvailable)
 		}
 	}
+	if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: haValues + "podDisruptionBudget: {maxUnavailable: null}"}); err == nil ||
+		!strings.Contains(err.Error(), "podDisruptionBudget needs maxUnavailable or minAvailable") {
+		t.Errorf("a budget with neither maxUnavailable nor minAvailable: %v", err)
+	}
 	if _, ok := find[*policyv1.PodDisruptionBudget](renderRaw(t, haValues+"podDisruptionBudget: {enabled: false}"), "agentbox-controlplane"); ok {
 		t.Error("a PodDisruptionBudget with podDisruptionBudget.enabled false")
 	}
