@@ -509,3 +509,47 @@ func waitGone(t *testing.T, ctx context.Context, get func() error) {
 		}
 	}
 }
+
+// TestHAWithoutWait installs a highly available release (two replicas on
+// PostgreSQL, without waiting for them) and checks that the API server
+// takes its PodDisruptionBudget, pod anti-affinity and NetworkPolicy as
+// rendered: no drift, and the budget counts the control plane pods.
+func TestHAWithoutWait(t *testing.T) {
+	cfg, cs := clusterClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ns := testNamespaceFor(t, cs, "chart-ha")
+	c := testClient(t, cfg)
+	// Never: nothing may be pulled from the internet by a test.
+	opts := Options{Namespace: ns, ReleaseName: DefaultReleaseName, Values: Values{ImageTag: "absent", ImagePullPolicy: "Never", Raw: haValues}}
+	rel, err := c.Install(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if drift, err := LiveDrift(ctx, cfg, rel); err != nil || len(drift) != 0 {
+		t.Errorf("drift right after install: %v %v", drift, err)
+	}
+	if _, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "agentbox-controlplane", metav1.GetOptions{}); err != nil {
+		t.Errorf("network policy: %v", err)
+	}
+	// The disruption controller finds the Deployment's pods through the
+	// budget's selector (they exist, Pending or not, once the ReplicaSet
+	// made them).
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pdb, err := cs.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "agentbox-controlplane", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pdb.Status.ExpectedPods == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("budget status %+v, want 2 expected pods", pdb.Status)
+		}
+		time.Sleep(time.Second)
+	}
+	if err := c.Uninstall(ctx, ns, DefaultReleaseName, time.Minute, true); err != nil {
+		t.Fatal(err)
+	}
+}

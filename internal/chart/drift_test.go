@@ -286,8 +286,8 @@ func TestIgnoredPaths(t *testing.T) {
 // longer renders.
 func TestDriftReviewedKinds(t *testing.T) {
 	reviewed := []string{
-		"ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment", "Namespace",
-		"PersistentVolumeClaim", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
+		"ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment", "Namespace", "NetworkPolicy",
+		"PersistentVolumeClaim", "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
 	}
 	kinds := map[string]bool{}
 	objects := map[string]*unstructured.Unstructured{}

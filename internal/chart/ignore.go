@@ -42,6 +42,8 @@ type ignoredField struct {
 //     kubernetes.io/metadata.name label and the kubernetes finalizer where
 //     the manifest sets nothing. Its Pod Security labels are the chart's:
 //     a change to them is drift.
+//   - PodDisruptionBudget: the disruption controller writes status only.
+//   - NetworkPolicy: nothing writes it.
 //   - Secret, PersistentVolumeClaim: below.
 //
 // The chart's CRDs are left out altogether (presence is still checked):

@@ -63,6 +63,13 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 		"installer":        {Raw: "runscInstaller: {enabled: true, hostBinDir: /opt/bin, priorityClassName: system-node-critical, seLinuxOptions: {type: spc_t}}"},
 		"node port":        {Raw: "service: {type: NodePort, port: 8443}"},
 		"default template": {Raw: "computeApi: {defaultTemplate: agents/python.v3}"},
+		"BestEffort":       {Raw: "resources: null\nrunscInstaller: {resources: null}"},
+		"empty resources":  {Raw: "resources: {}\nrunscInstaller: {resources: {}}"},
+		"budget and spread": {Raw: "replicaCount: 3\nstore: {existingSecret: pg}\nsnapshot: {driver: volumesnapshot}\n" +
+			"podDisruptionBudget: {minAvailable: '50%'}\npodAntiAffinityPreset: hard\n" +
+			"topologySpreadConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]"},
+		"network policy peers": {Raw: "networkPolicy: {api: {from: [{ipBlock: {cidr: 10.0.0.0/8}}]}, " +
+			"metrics: {from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}, podSelector: {}}]}}"},
 	}
 	for _, policy := range []corev1.PullPolicy{corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever} {
 		cases["pull policy "+string(policy)] = Values{ImagePullPolicy: string(policy)}
@@ -123,6 +130,12 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"relative host folder", "runscInstaller: {hostBinDir: usr/local/bin}", "/runscInstaller/hostBinDir", ""},
 		{"archive endpoint without scheme", "snapshot: {archive: {endpoint: s3.example.com}}", "/snapshot/archive/endpoint", ""},
 		{"extra env without name", "extraEnv: [{value: x}]", "/extraEnv/0", "name"},
+		{"bad budget", "podDisruptionBudget: {maxUnavailable: one}", "/podDisruptionBudget/maxUnavailable", ""},
+		{"bad anti-affinity preset", "podAntiAffinityPreset: preferred", "/podAntiAffinityPreset", ""},
+		{"spread without topology key", "topologySpreadConstraints: [{maxSkew: 1, whenUnsatisfiable: ScheduleAnyway}]", "/topologySpreadConstraints/0", "topologyKey"},
+		{"empty network policy peer", "networkPolicy: {api: {from: [{}]}}", "/networkPolicy/api/from/0", ""},
+		{"unknown network policy peer key", "networkPolicy: {metrics: {from: [{namespace: monitoring}]}}", "/networkPolicy/metrics/from/0", "namespace"},
+		{"unknown network policy key", "networkPolicy: {egress: {to: []}}", "/networkPolicy", "egress"},
 		{"required map dropped", "service: null", "", "service"},
 		{"required value dropped", "image: {controlPlane: {pullPolicy: null}}", "/image/controlPlane", "pullPolicy"},
 	}

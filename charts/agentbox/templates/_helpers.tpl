@@ -188,3 +188,25 @@ Usage: include "agentbox.claimSize" (dict "name" "agentbox-store" "size" .Values
 {{- end -}}
 {{- $size -}}
 {{- end }}
+
+{{/*
+agentbox.affinity is the control plane pods' affinity: the user's, plus a
+pod anti-affinity on the node (podAntiAffinityPreset) when there is more
+than one replica and the user's affinity has none, so that one node's loss
+does not take every replica with it. Empty when there is nothing to set.
+*/}}
+{{- define "agentbox.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) }}
+{{- $preset := .Values.podAntiAffinityPreset }}
+{{- if and (gt (int .Values.replicaCount) 1) (ne $preset "none") (not $affinity.podAntiAffinity) }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "agentbox.selectorLabels" . | fromYaml)) }}
+{{- if eq $preset "hard" }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) }}
+{{- else }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) }}
+{{- end }}
+{{- end }}
+{{- with $affinity }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
