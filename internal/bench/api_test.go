@@ -41,23 +41,10 @@ const benchNamespace = "agentbox-bench"
 // with a warm pool, and a second template without one for cold starts.
 // Requests are tiny so that a burst's worth of warm sandboxes fits on the
 // two-core test node; the memory limit leaves room for 100 MiB transfers.
-const apiConfig = `
-terraform {
-  required_providers {
-    agentbox = { source = "agentbox/agentbox" }
-  }
-}
-
-variable "kubeconfig" { type = string }
-variable "image_tag" { type = string }
+const apiConfig = configHeader + `
 variable "replicas" {
   type    = number
   default = 4
-}
-
-provider "agentbox" {
-  kubernetes = { config_path = var.kubeconfig }
-  namespace  = "` + platformNamespace + `"
 }
 
 locals {

@@ -46,21 +46,7 @@ func benchImages(tag string) []benchImage {
 // template with a warm pool of one.
 func imagesConfig(images []benchImage) string {
 	var b strings.Builder
-	b.WriteString(`
-terraform {
-  required_providers {
-    agentbox = { source = "agentbox/agentbox" }
-  }
-}
-
-variable "kubeconfig" { type = string }
-variable "image_tag" { type = string }
-
-provider "agentbox" {
-  kubernetes = { config_path = var.kubeconfig }
-  namespace  = "` + platformNamespace + `"
-}
-`)
+	b.WriteString(configHeader)
 	for _, im := range images {
 		image := ""
 		if im.ref != "" {

@@ -101,7 +101,9 @@ func platform(t *testing.T) *platformEnv {
 	return shared
 }
 
-const platformConfig = `
+// configHeader starts every configuration of the package: the provider,
+// and the variables applyArgs sets.
+const configHeader = `
 terraform {
   required_providers {
     agentbox = { source = "agentbox/agentbox" }
@@ -115,7 +117,9 @@ provider "agentbox" {
   kubernetes = { config_path = var.kubeconfig }
   namespace  = "` + platformNamespace + `"
 }
+`
 
+const platformConfig = configHeader + `
 # --pprof lets the benchmarks profile the control plane while they run.
 resource "agentbox_platform" "this" {
   image_tag = var.image_tag

@@ -256,23 +256,10 @@ const scaleTFNamespace = "agentbox-bench-tfscale"
 const scaleRuntimeClass = "agentbox-bench-kwok"
 
 // scaleTFConfig is var.n sandboxes of one template on the fake node.
-const scaleTFConfig = `
-terraform {
-  required_providers {
-    agentbox = { source = "agentbox/agentbox" }
-  }
-}
-
-variable "kubeconfig" { type = string }
-variable "image_tag" { type = string }
+const scaleTFConfig = configHeader + `
 variable "n" {
   type    = number
   default = 0
-}
-
-provider "agentbox" {
-  kubernetes = { config_path = var.kubeconfig }
-  namespace  = "` + platformNamespace + `"
 }
 
 resource "agentbox_sandbox_template" "kwok" {

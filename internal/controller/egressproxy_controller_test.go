@@ -37,6 +37,22 @@ import (
 // node; it defaults to the one `make images` builds.
 const EnvEgressProxyImage = "AGENTBOX_TEST_EGRESS_PROXY_IMAGE"
 
+// testEgressReconciler is the EgressProxy reconciler of the tests whose
+// proxy pods serve: the proxy image under test (the default one when
+// EnvEgressProxyImage is unset), loopback and link-local denied, gVisor.
+func testEgressReconciler() *EgressProxyReconciler {
+	image := os.Getenv(EnvEgressProxyImage)
+	if image == "" {
+		image = DefaultEgressProxyImage
+	}
+	return &EgressProxyReconciler{
+		Namespace:        testPlatformNamespace,
+		Image:            image,
+		BaseDeniedCIDRs:  []string{"127.0.0.0/8", "169.254.0.0/16", "::1/128"},
+		RuntimeClassName: testenv.RuntimeClass,
+	}
+}
+
 // startEgressManager runs an EgressProxyReconciler for the test's
 // namespace beside the Sandbox controller's manager, as the control plane
 // runs both.
@@ -134,17 +150,8 @@ func TestEgressProxyPerAgent(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: the test runs commands through the real sandbox image's supervisor", EnvSandboxImage)
 	}
-	proxyImage := os.Getenv(EnvEgressProxyImage)
-	if proxyImage == "" {
-		proxyImage = DefaultEgressProxyImage
-	}
 	e := newClusterEnv(t)
-	e.startEgressManager(&EgressProxyReconciler{
-		Namespace:        testPlatformNamespace,
-		Image:            proxyImage,
-		BaseDeniedCIDRs:  []string{"127.0.0.0/8", "169.254.0.0/16", "::1/128"},
-		RuntimeClassName: testenv.RuntimeClass,
-	})
+	e.startEgressManager(testEgressReconciler())
 	cs, err := kubernetes.NewForConfig(e.cfg)
 	must(t, err)
 
@@ -269,17 +276,8 @@ func TestEgressProxyShared(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: the test runs commands through the real sandbox image's supervisor", EnvSandboxImage)
 	}
-	proxyImage := os.Getenv(EnvEgressProxyImage)
-	if proxyImage == "" {
-		proxyImage = DefaultEgressProxyImage
-	}
 	e := newClusterEnv(t)
-	e.startEgressManager(&EgressProxyReconciler{
-		Namespace:        testPlatformNamespace,
-		Image:            proxyImage,
-		BaseDeniedCIDRs:  []string{"127.0.0.0/8", "169.254.0.0/16", "::1/128"},
-		RuntimeClassName: testenv.RuntimeClass,
-	})
+	e.startEgressManager(testEgressReconciler())
 	cs, err := kubernetes.NewForConfig(e.cfg)
 	must(t, err)
 	targetIP := e.startEgressTarget()

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
-	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
 
 // TestSandboxWaitsForItsEgressProxy, on the real cluster: a sandbox behind
@@ -25,10 +24,6 @@ func TestSandboxWaitsForItsEgressProxy(t *testing.T) {
 	image := os.Getenv(EnvSandboxImage)
 	if image == "" {
 		t.Skipf("%s is not set: the test runs the real sandbox image", EnvSandboxImage)
-	}
-	proxyImage := os.Getenv(EnvEgressProxyImage)
-	if proxyImage == "" {
-		proxyImage = DefaultEgressProxyImage
 	}
 	e := newClusterEnv(t)
 	must(t, e.c.Create(e.ctx, &v1alpha1.EgressProxy{
@@ -63,12 +58,7 @@ func TestSandboxWaitsForItsEgressProxy(t *testing.T) {
 	t.Logf("waiting as it should: %s: %s", c.Reason, c.Message)
 
 	start := time.Now()
-	e.startEgressManager(&EgressProxyReconciler{
-		Namespace:        testPlatformNamespace,
-		Image:            proxyImage,
-		BaseDeniedCIDRs:  []string{"127.0.0.0/8", "169.254.0.0/16", "::1/128"},
-		RuntimeClassName: testenv.RuntimeClass,
-	})
+	e.startEgressManager(testEgressReconciler())
 	e.waitReason("agent", v1alpha1.ReasonRunning)
 	var proxyPod corev1.Pod
 	must(t, e.get(EgressServiceName("agent"), &proxyPod))
