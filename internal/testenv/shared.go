@@ -36,6 +36,25 @@ func Shared(t testing.TB) (*rest.Config, string) {
 	return cfg, path
 }
 
+// EnvNetworkPolicy is set to "1" in the environment of a command that
+// `agentbox-testenv exec -netpol` runs: the shared cluster's node enforces
+// NetworkPolicies.
+const EnvNetworkPolicy = "AGENTBOX_TEST_NETWORK_POLICY"
+
+// RequireNetworkPolicy skips a test that proves a NetworkPolicy holds when
+// the shared cluster does not enforce them, except in CI, where `make test`
+// always starts the cluster with the enforcer: there it is a failure.
+func RequireNetworkPolicy(t testing.TB) {
+	t.Helper()
+	if os.Getenv(EnvNetworkPolicy) == "1" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("the shared cluster does not enforce NetworkPolicies (%s is not 1); `make test` starts it with -netpol", EnvNetworkPolicy)
+	}
+	t.Skipf("the shared cluster does not enforce NetworkPolicies: start it with `agentbox-testenv up -node -netpol` and set %s=1", EnvNetworkPolicy)
+}
+
 // EnvtestAssets returns the folder holding the kube-apiserver and etcd that
 // envtest runs: KUBEBUILDER_ASSETS when set, else the toolchain `make
 // testenv` builds. It skips the test when they are missing, except in CI.

@@ -147,6 +147,9 @@ func execWithCluster(ctx context.Context, opts testenv.Options, argv []string) e
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), testenv.EnvKubeconfig+"="+c.Kubeconfig)
+	if opts.NetworkPolicy {
+		cmd.Env = append(cmd.Env, testenv.EnvNetworkPolicy+"=1")
+	}
 	runErr := cmd.Run()
 	t = time.Now()
 	stopErr := c.Stop(context.Background())
