@@ -90,6 +90,11 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 	})
 	t.Logf("checkpoint %s ready %s after the write (%s, driver %s)", ck.Name, ck.ReadyTime.Sub(wroteAt).Round(time.Second), formatBytes(ck.SizeBytes), ck.Driver)
 	e.wantEvent(EventCheckpointed, ck.Name)
+	st, err := api.Status(e.ctx, agent)
+	must(t, err)
+	if st.Snapshot == nil || st.Snapshot.Name != ck.Name || !st.Snapshot.Checkpoint {
+		t.Errorf("the Compute API's status shows snapshot %+v; want checkpoint %s", st.Snapshot, ck.Name)
+	}
 
 	// No further checkpoint may take what comes next.
 	must(t, e.c.Get(e.ctx, client.ObjectKeyFromObject(tpl), tpl))
