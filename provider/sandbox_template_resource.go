@@ -2,13 +2,16 @@ package provider
 
 import (
 	"context"
+	"fmt"
 
+	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
 	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
 	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/int64default"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/objectdefault"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
@@ -32,24 +35,26 @@ func NewSandboxTemplateResource() resource.Resource { return &sandboxTemplateRes
 type sandboxTemplateResource struct{ data *providerData }
 
 type sandboxTemplateModel struct {
-	ID               types.String `tfsdk:"id"`
-	Name             types.String `tfsdk:"name"`
-	Namespace        types.String `tfsdk:"namespace"`
-	Image            types.String `tfsdk:"image"`
-	ImagePullPolicy  types.String `tfsdk:"image_pull_policy"`
-	RunAsImageUser   types.Bool   `tfsdk:"run_as_image_user"`
-	RuntimeClassName types.String `tfsdk:"runtime_class_name"`
-	Env              types.Map    `tfsdk:"env"`
-	Resources        types.Object `tfsdk:"resources"`
-	Workspace        types.Object `tfsdk:"workspace"`
-	IdleTimeout      types.String `tfsdk:"idle_timeout"`
-	Python           types.Object `tfsdk:"python"`
-	MCPServers       types.List   `tfsdk:"mcp_servers"`
-	SecretFiles      types.List   `tfsdk:"secret_files"`
-	EgressProxy      types.String `tfsdk:"egress_proxy"`
-	NodePool         types.String `tfsdk:"node_pool"`
-	NodeSelector     types.Map    `tfsdk:"node_selector"`
-	Tolerations      types.List   `tfsdk:"tolerations"`
+	ID                 types.String `tfsdk:"id"`
+	Name               types.String `tfsdk:"name"`
+	Namespace          types.String `tfsdk:"namespace"`
+	Image              types.String `tfsdk:"image"`
+	ImagePullPolicy    types.String `tfsdk:"image_pull_policy"`
+	RunAsImageUser     types.Bool   `tfsdk:"run_as_image_user"`
+	RuntimeClassName   types.String `tfsdk:"runtime_class_name"`
+	Env                types.Map    `tfsdk:"env"`
+	Resources          types.Object `tfsdk:"resources"`
+	Workspace          types.Object `tfsdk:"workspace"`
+	IdleTimeout        types.String `tfsdk:"idle_timeout"`
+	CheckpointInterval types.String `tfsdk:"checkpoint_interval"`
+	CheckpointsKept    types.Int64  `tfsdk:"checkpoints_kept"`
+	Python             types.Object `tfsdk:"python"`
+	MCPServers         types.List   `tfsdk:"mcp_servers"`
+	SecretFiles        types.List   `tfsdk:"secret_files"`
+	EgressProxy        types.String `tfsdk:"egress_proxy"`
+	NodePool           types.String `tfsdk:"node_pool"`
+	NodeSelector       types.Map    `tfsdk:"node_selector"`
+	Tolerations        types.List   `tfsdk:"tolerations"`
 }
 
 type resourcesModel struct {
@@ -87,16 +92,20 @@ type secretFileModel struct {
 // Defaults mirror the CRD's, so that a template that leaves them out plans
 // the values the API server will store.
 const (
-	defaultWorkspaceSize  = "1Gi"
-	defaultMountPath      = "/workspace"
-	defaultIdleTimeout    = "1h"
-	defaultPythonTimeout  = "30s"
-	defaultPythonMax      = "2m"
-	templateKind          = "SandboxTemplate"
-	sandboxTemplateTFType = "sandbox_template"
+	defaultWorkspaceSize   = "1Gi"
+	defaultMountPath       = "/workspace"
+	defaultIdleTimeout     = "1h"
+	defaultCheckpointsKept = 3
+	defaultPythonTimeout   = "30s"
+	defaultPythonMax       = "2m"
+	templateKind           = "SandboxTemplate"
+	sandboxTemplateTFType  = "sandbox_template"
 )
 
 var templateCR = crKind{kind: templateKind, tfType: sandboxTemplateTFType}
+
+// checkpointsKeptRange is the CRD's bound on checkpointsKept.
+var checkpointsKeptRange = int64validator.Between(1, 10)
 
 var (
 	resourcesAttrTypes = map[string]attr.Type{"requests": types.MapType{ElemType: types.StringType}, "limits": types.MapType{ElemType: types.StringType}}
@@ -111,7 +120,7 @@ func (r *sandboxTemplateResource) Metadata(_ context.Context, req resource.Metad
 	resp.TypeName = req.ProviderTypeName + "_" + sandboxTemplateTFType
 }
 
-func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
+func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
 	optionalMap := func(desc string) schema.MapAttribute {
 		return schema.MapAttribute{ElementType: types.StringType, Optional: true, MarkdownDescription: desc}
 	}
@@ -195,6 +204,21 @@ func (r *sandboxTemplateResource) Schema(_ context.Context, _ resource.SchemaReq
 				MarkdownDescription: "How long a sandbox may go without API activity before it is snapshotted and stopped; only " +
 					"idle time counts. A Go duration such as `30m` or `1h`. Defaults to `" + defaultIdleTimeout + "`.",
 				Validators: []validator.String{durationCheck},
+			},
+			"checkpoint_interval": schema.StringAttribute{
+				Optional: true,
+				MarkdownDescription: "How often a running sandbox's workspace is checkpointed, in the background and with the platform's " +
+					"snapshot driver, without pausing the agent; unset means never. A sandbox whose node is lost resumes from its newest " +
+					"checkpoint and loses only the changes made after it. A sandbox with no API call since its newest checkpoint is not " +
+					"checkpointed again. Must be " + checkpointIntervalCheck.description + ".",
+				Validators: []validator.String{checkpointIntervalCheck},
+			},
+			"checkpoints_kept": schema.Int64Attribute{
+				Optional: true, Computed: true, Default: int64default.StaticInt64(defaultCheckpointsKept),
+				MarkdownDescription: "How many checkpoints a running sandbox keeps, the newest included; an idle stop's snapshot " +
+					"supersedes them all. The " + checkpointsKeptRange.MarkdownDescription(ctx) + "; defaults to `" +
+					fmt.Sprint(defaultCheckpointsKept) + "`.",
+				Validators: []validator.Int64{checkpointsKeptRange},
 			},
 			"python": schema.SingleNestedAttribute{
 				Optional: true, Computed: true,
@@ -344,8 +368,13 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 		RunAsImageUser:   m.RunAsImageUser.ValueBool(),
 		RuntimeClassName: m.RuntimeClassName.ValueString(),
 		IdleTimeout:      parseDuration(m.IdleTimeout, "idle_timeout", diags),
+		CheckpointsKept:  int32(m.CheckpointsKept.ValueInt64()),
 		NodeSelector:     goMap(ctx, m.NodeSelector, diags),
 		Tolerations:      tolerationsSpec(ctx, m.Tolerations, diags),
+	}
+	if !m.CheckpointInterval.IsNull() && !m.CheckpointInterval.IsUnknown() {
+		d := parseDuration(m.CheckpointInterval, "checkpoint_interval", diags)
+		s.CheckpointInterval = &d
 	}
 	env := goMap(ctx, m.Env, diags)
 	for _, k := range sortedKeys(env) {
@@ -410,6 +439,11 @@ func (m *sandboxTemplateModel) fromSpec(ctx context.Context, s *agentboxv1alpha1
 	m.RunAsImageUser = types.BoolValue(s.RunAsImageUser)
 	m.RuntimeClassName = types.StringValue(s.RuntimeClassName)
 	m.IdleTimeout = keepDuration(m.IdleTimeout, s.IdleTimeout.Duration)
+	m.CheckpointInterval = types.StringNull()
+	if s.CheckpointInterval != nil {
+		m.CheckpointInterval = keepDuration(m.CheckpointInterval, s.CheckpointInterval.Duration)
+	}
+	m.CheckpointsKept = types.Int64Value(int64(s.CheckpointsKept))
 	m.NodeSelector = mapValue(ctx, m.NodeSelector, s.NodeSelector, diags)
 	m.Tolerations = tolerationsValue(ctx, m.Tolerations, s.Tolerations, diags)
 	env := map[string]string{}

@@ -25,6 +25,7 @@ resource "agentbox_sandbox_template" "test" {
   namespace    = %q
   image        = %q
   idle_timeout = "45m"
+  checkpoint_interval = "5m"
   env          = { GREETING = "hello" }
   resources = {
     requests = { cpu = "0.5", memory = "256Mi" }
@@ -55,6 +56,8 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("runtime_class_name"), knownvalue.StringExact("gvisor")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("run_as_image_user"), knownvalue.Bool(false)),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("idle_timeout"), knownvalue.StringExact("45m")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("checkpoint_interval"), knownvalue.StringExact("5m")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("checkpoints_kept"), knownvalue.Int64Exact(3)),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("workspace").AtMapKey("mount_path"), knownvalue.StringExact("/workspace")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("resources").AtMapKey("requests").AtMapKey("cpu"), knownvalue.StringExact("0.5")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("default_timeout"), knownvalue.StringExact("30s")),
@@ -148,6 +151,16 @@ resource "agentbox_sandbox_template" "test" {
 				Config:      config(`secret_files = [{ secret_name = "keys", mount_path = "/etc/agentbox/tls/mine" }]`),
 				PlanOnly:    true,
 				ExpectError: regexp.MustCompile(`/etc/agentbox/tls is the platform's`),
+			},
+			{
+				Config:      config(`checkpoint_interval = "5s"`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`shorter than 10s`),
+			},
+			{
+				Config:      config(`checkpoints_kept = 11`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`(?s)checkpoints_kept.*between 1 and 10`),
 			},
 			{
 				Config:      config(`secret_files = [{ secret_name = "keys", mount_path = "/workspace/.keys" }]`),

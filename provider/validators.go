@@ -60,6 +60,20 @@ var (
 			return nil
 		},
 	}
+	// checkpointIntervalCheck is the CRD's floor on checkpointInterval.
+	checkpointIntervalCheck = stringCheck{
+		description: "a Go duration of at least `10s`, such as `5m`",
+		check: func(s string) error {
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return err
+			}
+			if d < 10*time.Second {
+				return fmt.Errorf("shorter than 10s")
+			}
+			return nil
+		},
+	}
 	dnsSubdomainCheck = stringCheck{
 		description: "a Kubernetes object name: at most 253 lower-case letters, digits, `-` and `.`, starting and ending with a letter or digit",
 		check: func(s string) error {

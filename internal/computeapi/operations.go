@@ -63,7 +63,7 @@ func statusView(sb *v1alpha1.Sandbox) api.SandboxStatus {
 		v.Ready, v.Reason, v.Message = c.Status == "True", c.Reason, c.Message
 	}
 	if snap := sb.Status.Snapshot; snap != nil {
-		v.Snapshot = &api.SnapshotInfo{Name: snap.Name, SizeBytes: snap.SizeBytes, Driver: snap.Driver}
+		v.Snapshot = &api.SnapshotInfo{Name: snap.Name, SizeBytes: snap.SizeBytes, Driver: snap.Driver, Checkpoint: snap.Checkpoint}
 		if snap.ReadyTime != nil {
 			v.Snapshot.ReadyAt = snap.ReadyTime.UTC()
 		}

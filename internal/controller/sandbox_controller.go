@@ -456,6 +456,11 @@ func (r *SandboxReconciler) runWorkload(ctx context.Context, prevReason string, 
 	if err := r.observePod(ctx, prevReason, sbx, pod, claim, act); err != nil {
 		return ctrl.Result{}, err
 	}
+	next, err := r.checkpoint(ctx, sbx, tpl, pod, act)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	requeueWithin(&result, next)
 	return result, nil
 }
 

@@ -37,6 +37,12 @@ func snapshotName(sandbox string, last time.Time, attempt int32) string {
 	if attempt > 0 {
 		suffix += "-" + strconv.FormatInt(int64(attempt), 10)
 	}
+	return boundedSnapshotName(sandbox, suffix)
+}
+
+// boundedSnapshotName is sandbox followed by suffix, with the sandbox's
+// name shortened and hashed when the whole would be too long.
+func boundedSnapshotName(sandbox, suffix string) string {
 	// VolumeSnapshot names are DNS subdomains of at most 253 characters.
 	const maxName = 253
 	if len(sandbox)+len(suffix) <= maxName {
@@ -105,6 +111,10 @@ func (r *SandboxReconciler) beginStop(ctx context.Context, prevReason string, sb
 	// (SyncFailed, say): to it the sandbox still looks Running and idle,
 	// and it would stop it again.
 	if err := r.confirmStored(ctx, sbx); err != nil {
+		return "", err
+	}
+	// The stop's snapshot supersedes a checkpoint under way.
+	if err := r.dropPendingCheckpoint(ctx, sbx); err != nil {
 		return "", err
 	}
 	if name != "" && r.Snapshots != nil {
@@ -241,7 +251,8 @@ func (r *SandboxReconciler) completeStop(ctx context.Context, sbx *v1alpha1.Sand
 	sbx.Status.PendingSnapshot = ""
 	sbx.Status.IdleStopRetry = nil
 	meta.RemoveStatusCondition(&sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
-	if prev != nil && prev.Name != name {
+	r.dropCheckpoints(ctx, sbx, name)
+	if prev != nil && prev.Name != name && !prev.Checkpoint {
 		// Only after the new one is ready, so a stop never leaves the
 		// sandbox without a snapshot. A failure here leaks storage, not
 		// data, so it does not hold the stop up.

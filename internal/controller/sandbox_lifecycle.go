@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -275,17 +276,22 @@ func (r *SandboxReconciler) ensureFinalizer(ctx context.Context, sbx *v1alpha1.S
 	return nil
 }
 
-// finalize deletes a deleted sandbox's snapshots, the last good one and one
-// an interrupted stop may have left, and then lets the sandbox go.
+// finalize deletes a deleted sandbox's snapshots, the last good one, its
+// checkpoints and one an interrupted stop or checkpoint may have left, and
+// then lets the sandbox go.
 func (r *SandboxReconciler) finalize(ctx context.Context, sbx *v1alpha1.Sandbox) error {
 	if !controllerutil.ContainsFinalizer(sbx, v1alpha1.Finalizer) {
 		return nil
 	}
-	names := []string{sbx.Status.PendingSnapshot}
+	names := []string{sbx.Status.PendingSnapshot, sbx.Status.PendingCheckpoint}
 	if sbx.Status.Snapshot != nil {
 		names = append(names, sbx.Status.Snapshot.Name)
 	}
-	for _, name := range names {
+	for _, c := range sbx.Status.Checkpoints {
+		names = append(names, c.Name)
+	}
+	slices.Sort(names)
+	for _, name := range slices.Compact(names) {
 		if name == "" {
 			continue
 		}

@@ -117,6 +117,11 @@ func (r *SandboxReconciler) handleNodeLoss(ctx context.Context, sbx *v1alpha1.Sa
 	if sbx.Status.Phase == v1alpha1.SandboxPhaseIdleStopping {
 		r.endStopOfLostNode(ctx, sbx, tpl)
 	}
+	// A checkpoint under way read from the lost node; the newest ready
+	// one is what the sandbox resumes from.
+	if err := r.dropPendingCheckpoint(ctx, sbx); err != nil {
+		return false, err
+	}
 	if err := r.dropLostWorkload(ctx, sbx, pod, claim, false); err != nil {
 		return false, err
 	}
@@ -347,7 +352,8 @@ func (r *SandboxReconciler) endStopOfLostNode(ctx context.Context, sbx *v1alpha1
 			readyAt = metav1.NewTime(state.ReadyTime.Truncate(time.Second))
 		}
 		sbx.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: name, SizeBytes: state.SizeBytes, ReadyTime: &readyAt, Driver: snapshot.ID(r.Snapshots)}
-		if prev != nil && prev.Name != name {
+		r.dropCheckpoints(ctx, sbx, name)
+		if prev != nil && prev.Name != name && !prev.Checkpoint {
 			if err := r.Snapshots.Delete(ctx, sbx, prev.Name); err != nil {
 				log.Error(err, "delete superseded snapshot", "snapshot", prev.Name)
 			}
@@ -368,6 +374,9 @@ func resumeSource(sbx *v1alpha1.Sandbox, loss *v1alpha1.SandboxNodeLoss, haveDri
 		taken := ""
 		if snap.ReadyTime != nil {
 			taken = ", taken " + snap.ReadyTime.UTC().Format(time.RFC3339)
+		}
+		if snap.Checkpoint {
+			return fmt.Sprintf("the workspace restored from its newest checkpoint %s%s", snap.Name, taken)
 		}
 		return fmt.Sprintf("the workspace restored from its last snapshot %s%s", snap.Name, taken)
 	}
@@ -398,8 +407,12 @@ func nodeLossMessage(sbx *v1alpha1.Sandbox, loss *v1alpha1.SandboxNodeLoss, have
 		msg += ", and so is its workspace, which was on that node's local storage. The sandbox has no snapshot, so its files are lost: " +
 			next + "an empty workspace"
 	default:
+		what := "snapshot"
+		if sbx.Status.Snapshot.Checkpoint {
+			what = "checkpoint"
+		}
 		msg += ", and so is its workspace, which was on that node's local storage: " + next +
-			resumeSource(sbx, loss, haveDriver) + "; changes made after that snapshot are lost"
+			resumeSource(sbx, loss, haveDriver) + "; changes made after that " + what + " are lost"
 	}
 	return msg
 }

@@ -1,5 +1,7 @@
 # A Python sandbox: gVisor, restricted pod security, a 1Gi workspace at
-# /workspace, stopped to a snapshot after an hour without activity.
+# /workspace, stopped to a snapshot after an hour without activity, and
+# checkpointed every five minutes while it runs, so that a lost node costs
+# at most the last five minutes of work.
 resource "agentbox_sandbox_template" "python" {
   name      = "python"
   namespace = "agents"
@@ -13,7 +15,8 @@ resource "agentbox_sandbox_template" "python" {
     size = "1Gi"
   }
 
-  idle_timeout = "1h"
+  idle_timeout        = "1h"
+  checkpoint_interval = "5m"
 
   python = {
     default_timeout = "30s"

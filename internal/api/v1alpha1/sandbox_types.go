@@ -93,6 +93,12 @@ type SandboxSnapshot struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	Driver string `json:"driver,omitempty"`
+
+	// checkpoint says the snapshot was taken by a periodic checkpoint of
+	// the running sandbox (the template's checkpointInterval), not by an
+	// idle stop: changes made after its readyTime are not in it.
+	// +optional
+	Checkpoint bool `json:"checkpoint,omitempty"`
 }
 
 // IdleStopRetry is the backoff of idle stops that could not be taken: each
@@ -181,9 +187,10 @@ type SandboxStatus struct {
 	// +optional
 	LastActivityTime *metav1.Time `json:"lastActivityTime,omitempty"`
 
-	// snapshot is the latest good snapshot of the workspace, if any. A
-	// stopped sandbox resumes from it; it is replaced only once a newer one
-	// is ready.
+	// snapshot is the latest good snapshot of the workspace, if any: an
+	// idle stop's, or the newest periodic checkpoint of a running sandbox.
+	// A stopped sandbox resumes from it, and so does one whose workspace
+	// went with a lost node; it is replaced only once a newer one is ready.
 	// +optional
 	Snapshot *SandboxSnapshot `json:"snapshot,omitempty"`
 
@@ -194,6 +201,23 @@ type SandboxStatus struct {
 	// sandbox's own name.
 	// +optional
 	Workload string `json:"workload,omitempty"`
+
+	// checkpoints are the periodic checkpoints kept, oldest first, at most
+	// the template's checkpointsKept. The newest is also status.snapshot
+	// until an idle stop's snapshot supersedes them all.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=10
+	Checkpoints []SandboxSnapshot `json:"checkpoints,omitempty"`
+
+	// pendingCheckpoint names the checkpoint being taken, if any.
+	// +optional
+	PendingCheckpoint string `json:"pendingCheckpoint,omitempty"`
+
+	// lastCheckpointTime is when the newest checkpoint attempt began; the
+	// next is due a checkpointInterval later.
+	// +optional
+	LastCheckpointTime *metav1.Time `json:"lastCheckpointTime,omitempty"`
 
 	// pendingSnapshot names the snapshot the idle stop in progress is
 	// taking. It becomes status.snapshot when ready, and is cleared if it

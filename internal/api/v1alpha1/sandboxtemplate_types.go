@@ -106,6 +106,30 @@ type SandboxTemplateSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="idleTimeout must be positive"
 	IdleTimeout metav1.Duration `json:"idleTimeout,omitzero"`
 
+	// checkpointInterval, when set, saves the workspace of a running
+	// sandbox this often, in the background and with the platform's
+	// snapshot driver, without pausing the agent. Idle stops save it
+	// anyway; checkpoints bound what a lost node costs: a sandbox whose
+	// node is lost resumes from its newest checkpoint, and only the
+	// changes made after it are lost. A sandbox with no API activity since
+	// its newest checkpoint is not checkpointed again. Ephemeral sandboxes
+	// and warm sandboxes waiting for an agent are never checkpointed. At
+	// least 10s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="checkpointInterval must be at least 10s"
+	CheckpointInterval *metav1.Duration `json:"checkpointInterval,omitempty"`
+
+	// checkpointsKept is how many checkpoints a running sandbox keeps, the
+	// newest included; older ones are deleted as new ones become ready.
+	// An idle stop's snapshot supersedes them all.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10
+	CheckpointsKept int32 `json:"checkpointsKept,omitempty"`
+
 	// python is the policy of the python_exec tool.
 	// +optional
 	// +kubebuilder:default={}

@@ -765,6 +765,14 @@ func TestCRDsOnAPIServer(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "sw", Namespace: ns.Name},
 				Spec:       v1alpha1.SandboxTemplateSpec{SecretFiles: []v1alpha1.SecretFile{{SecretName: "s", MountPath: "/workspace/.keys"}}},
 			}, "secretFiles may not be mounted in the workspace"},
+			{"checkpoints too often", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "ck", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{CheckpointInterval: &metav1.Duration{Duration: 5 * time.Second}},
+			}, "checkpointInterval must be at least 10s"},
+			{"too many checkpoints kept", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "ck", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{CheckpointsKept: 11},
+			}, "spec.checkpointsKept"},
 			{"Managed pool without nodeSelector", &v1alpha1.GVisorNodePool{
 				ObjectMeta: metav1.ObjectMeta{Name: "gvnp-" + randSuffix(t)},
 				Spec:       v1alpha1.GVisorNodePoolSpec{Mode: v1alpha1.GVisorNodePoolModeManaged},

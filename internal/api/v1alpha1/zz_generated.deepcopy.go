@@ -509,6 +509,17 @@ func (in *SandboxStatus) DeepCopyInto(out *SandboxStatus) {
 		*out = new(SandboxSnapshot)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.Checkpoints != nil {
+		in, out := &in.Checkpoints, &out.Checkpoints
+		*out = make([]SandboxSnapshot, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+	if in.LastCheckpointTime != nil {
+		in, out := &in.LastCheckpointTime, &out.LastCheckpointTime
+		*out = (*in).DeepCopy()
+	}
 	if in.IdleStopRetry != nil {
 		in, out := &in.IdleStopRetry, &out.IdleStopRetry
 		*out = new(IdleStopRetry)
@@ -610,6 +621,11 @@ func (in *SandboxTemplateSpec) DeepCopyInto(out *SandboxTemplateSpec) {
 	}
 	in.Workspace.DeepCopyInto(&out.Workspace)
 	out.IdleTimeout = in.IdleTimeout
+	if in.CheckpointInterval != nil {
+		in, out := &in.CheckpointInterval, &out.CheckpointInterval
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	in.Python.DeepCopyInto(&out.Python)
 	if in.MCPServers != nil {
 		in, out := &in.MCPServers, &out.MCPServers

@@ -232,6 +232,9 @@ type SnapshotInfo struct {
 	// Driver took the snapshot: "volumesnapshot", "archive/s3" or
 	// "archive/embedded"; empty for snapshots from before it was recorded.
 	Driver string `json:"driver,omitempty"`
+	// Checkpoint: a periodic checkpoint of the running sandbox, not an
+	// idle stop's snapshot; changes made after ReadyAt are not in it.
+	Checkpoint bool `json:"checkpoint,omitempty"`
 }
 
 // IdleStopBlocked says why idle stops of a sandbox do not happen: the
