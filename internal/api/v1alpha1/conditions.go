@@ -88,6 +88,18 @@ const (
 	// ReasonNodePoolNotFound: the template's nodePoolRef names no
 	// GVisorNodePool (SandboxTemplate, Sandbox).
 	ReasonNodePoolNotFound = "NodePoolNotFound"
+
+	// ReasonNamespaceNotServed (Sandbox, SandboxWarmPool, EgressProxy):
+	// the object is in a namespace the platform does not serve. The
+	// control plane's rights over pods, Secrets and the sandboxes' other
+	// children reach only the namespaces the platform lists (the chart's
+	// sandboxNamespaces, agentbox_platform's sandbox_namespaces, and always
+	// the platform's own namespace), so it makes nothing here: a Sandbox
+	// stays Pending without a pod, a warm pool makes no sandboxes, a proxy
+	// runs no pods. The message names the served namespaces; the fix is to
+	// add this one to the list, or to create the object in a served
+	// namespace. A NamespaceNotServed event goes with it.
+	ReasonNamespaceNotServed = "NamespaceNotServed"
 )
 
 // Reasons of a SandboxTemplate's Ready condition.

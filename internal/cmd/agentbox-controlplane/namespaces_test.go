@@ -1,0 +1,70 @@
+package main
+
+import (
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
+	corev1 "k8s.io/api/core/v1"
+)
+
+func TestSandboxNamespacesFlag(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+	// Unset: every namespace, the in-process test setup.
+	o, err := parseOptions(nil, env(nil), io.Discard)
+	if err != nil || o.sandboxNamespaces != nil {
+		t.Fatalf("unset: %v, %v; want every namespace (nil)", o.sandboxNamespaces, err)
+	}
+	// The chart's env: the platform namespace is always added, duplicates go.
+	o, err = parseOptions(nil, env(map[string]string{"POD_NAMESPACE": "agentbox-system", "AGENTBOX_SANDBOX_NAMESPACES": "team-b, agents,agentbox-system,agents"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (controller.ServedNamespaces{"agentbox-system", "agents", "team-b"}); !reflect.DeepEqual(o.sandboxNamespaces, want) {
+		t.Fatalf("served %v, want %v", o.sandboxNamespaces, want)
+	}
+	if !o.sandboxNamespaces.Serves("agents") || o.sandboxNamespaces.Serves("default") {
+		t.Fatalf("Serves is wrong for %v", o.sandboxNamespaces)
+	}
+	// The flag wins over the env.
+	o, err = parseOptions([]string{"--sandbox-namespaces=x"}, env(map[string]string{"AGENTBOX_SANDBOX_NAMESPACES": "agents"}), io.Discard)
+	if err != nil || !reflect.DeepEqual(o.sandboxNamespaces, controller.ServedNamespaces{"agentbox-system", "x"}) {
+		t.Fatalf("flag: %v, %v", o.sandboxNamespaces, err)
+	}
+	if _, err := parseOptions([]string{"--sandbox-namespaces=agents,Not_A_Namespace"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "Not_A_Namespace") {
+		t.Fatalf("invalid name: %v", err)
+	}
+}
+
+func TestCacheOptions(t *testing.T) {
+	if o := cacheOptions(nil); o.DefaultNamespaces != nil || o.ByObject != nil {
+		t.Fatalf("every namespace must leave the cache alone: %+v", o)
+	}
+	o := cacheOptions(controller.ServedNamespaces{"agentbox-system", "agents"})
+	if len(o.DefaultNamespaces) != 2 {
+		t.Fatalf("default namespaces %v", o.DefaultNamespaces)
+	}
+	// The agentbox kinds are watched everywhere, so that one in a namespace
+	// not served is told so; everything else only in the served ones.
+	kinds := map[string]bool{}
+	for obj, by := range o.ByObject {
+		if by.Namespaces == nil || len(by.Namespaces) != 0 {
+			t.Errorf("%T: namespaces %v, want every namespace (empty map)", obj, by.Namespaces)
+		}
+		kinds[reflect.TypeOf(obj).Elem().Name()] = true
+	}
+	for _, k := range []string{"Sandbox", "SandboxTemplate", "SandboxWarmPool", "EgressProxy"} {
+		if !kinds[k] {
+			t.Errorf("%s is not watched in every namespace", k)
+		}
+	}
+	for obj := range o.ByObject {
+		switch obj.(type) {
+		case *corev1.Secret, *corev1.Pod:
+			t.Errorf("%T must not be watched cluster-wide", obj)
+		}
+	}
+}
