@@ -233,6 +233,30 @@ func TestRBACSandboxNamespaces(t *testing.T) {
 	}
 }
 
+// TestRBACManagedNodePools checks that the right to patch nodes and write
+// RuntimeClasses goes with managedNodePools, and the control plane is told.
+func TestRBACManagedNodePools(t *testing.T) {
+	r := renderRaw(t, "managedNodePools: false")
+	a := controlPlaneRBAC(r)
+	if a.clusterGrants("", "nodes", "patch") || a.clusterGrants("node.k8s.io", "runtimeclasses", "create") ||
+		a.clusterGrants("node.k8s.io", "runtimeclasses", "delete") || a.clusterGrants("node.k8s.io", "runtimeclasses", "patch") {
+		t.Error("managedNodePools false still grants node patches or RuntimeClass writes")
+	}
+	if !a.clusterGrants("", "nodes", "watch") || !a.clusterGrants("node.k8s.io", "runtimeclasses", "watch") {
+		t.Error("nodes and RuntimeClasses must stay readable (node loss, GKE pools)")
+	}
+	if v, _ := envValue(container(t, r.deployment()), "AGENTBOX_MANAGED_NODE_POOLS"); v.Value != "false" {
+		t.Errorf("AGENTBOX_MANAGED_NODE_POOLS %q", v.Value)
+	}
+	if v, _ := envValue(container(t, render(t, Values{}).deployment()), "AGENTBOX_MANAGED_NODE_POOLS"); v.Value != "true" {
+		t.Errorf("default AGENTBOX_MANAGED_NODE_POOLS %q", v.Value)
+	}
+	if _, err := RenderInstall(testNamespace, DefaultReleaseName, Values{Raw: "managedNodePools: false\nrunscInstaller: {enabled: true}"}); err == nil ||
+		!strings.Contains(err.Error(), "managedNodePools") {
+		t.Errorf("the runsc installer without Managed pools: %v, want a render error", err)
+	}
+}
+
 // rbacReviewed is an entry of testdata/rbac-reviewed.yaml.
 type rbacReviewed struct {
 	ClusterRole string   `json:"clusterRole"`
@@ -289,6 +313,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		"volumesnapshot":    "snapshot: {driver: volumesnapshot}\nsandboxNamespaces: [agents]",
 		"runsc installer":   "runscInstaller: {enabled: true}",
 		"network policy on": "networkPolicy: {enabled: true}",
+		"no managed pools":  "managedNodePools: false",
 	}
 	for _, name := range sortedKeys(renders) {
 		r := renderRaw(t, renders[name])

@@ -324,6 +324,13 @@ const (
 	// ReasonNodesNotReady: the pool selects nodes, but none of them is Ready
 	// (kubelet reports the node NotReady or has stopped reporting).
 	ReasonNodesNotReady = "NodesNotReady"
+
+	// ReasonManagedModeDisabled (Managed mode): the platform was installed
+	// without the rights Managed pools need (the chart's managedNodePools
+	// is false): it may not label or taint nodes, nor create RuntimeClasses.
+	// The pool touches nothing; the fix is managedNodePools: true, or mode
+	// GKE where GKE Sandbox provides gVisor.
+	ReasonManagedModeDisabled = "ManagedModeDisabled"
 )
 
 // ErrorResumesOnActivity reports whether a Sandbox in phase Error whose

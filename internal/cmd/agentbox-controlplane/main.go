@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,7 +98,10 @@ type options struct {
 	// sandboxNamespaces are the namespaces served besides the platform
 	// namespace (which is always served); nil serves every namespace.
 	sandboxNamespaces controller.ServedNamespaces
-	zap               zap.Options
+	// managedNodePools is whether Managed GVisorNodePools may label and
+	// taint nodes and write RuntimeClasses (the chart grants the rights).
+	managedNodePools bool
+	zap              zap.Options
 	// snapshot selects the snapshot driver; see snapshot_flags.go.
 	snapshot *snapshotFlags
 }
@@ -176,6 +180,17 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 		"comma-separated namespaces whose sandboxes, warm pools and egress proxies the control plane runs, besides --namespace, which is always served; "+
 			"it watches pods, Secrets and their other children only there (its RBAC Roles grant no more), and objects elsewhere get the NamespaceNotServed condition. "+
 			"Empty serves every namespace, which needs cluster-wide rights [AGENTBOX_SANDBOX_NAMESPACES]")
+	managedDefault := true
+	if v := getenv("AGENTBOX_MANAGED_NODE_POOLS"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("AGENTBOX_MANAGED_NODE_POOLS %q: want true or false", v)
+		}
+		managedDefault = b
+	}
+	fs.BoolVar(&o.managedNodePools, "managed-node-pools", managedDefault,
+		"run Managed GVisorNodePools: label and taint their nodes and write their RuntimeClasses, which needs the right to patch nodes; "+
+			"false leaves such pools with the ManagedModeDisabled condition [AGENTBOX_MANAGED_NODE_POOLS]")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -501,7 +516,7 @@ func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.Sandbo
 	if err := warmPools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the warm pool controller: %w", err)
 	}
-	if err := (&controller.GVisorNodePoolReconciler{}).SetupWithManager(mgr); err != nil {
+	if err := (&controller.GVisorNodePoolReconciler{ManagedModeDisabled: !o.managedNodePools}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the node pool controller: %w", err)
 	}
 	return nil

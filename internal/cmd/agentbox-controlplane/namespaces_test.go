@@ -68,3 +68,26 @@ func TestCacheOptions(t *testing.T) {
 		}
 	}
 }
+
+func TestManagedNodePoolsFlag(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "AGENTBOX_MANAGED_NODE_POOLS" {
+				return v
+			}
+			return ""
+		}
+	}
+	for v, want := range map[string]bool{"": true, "true": true, "false": false} {
+		o, err := parseOptions(nil, env(v), io.Discard)
+		if err != nil || o.managedNodePools != want {
+			t.Errorf("AGENTBOX_MANAGED_NODE_POOLS=%q: %v, %v; want %v", v, o, err, want)
+		}
+	}
+	if o, err := parseOptions([]string{"--managed-node-pools=false"}, env("true"), io.Discard); err != nil || o.managedNodePools {
+		t.Errorf("the flag must win over the environment: %v", err)
+	}
+	if _, err := parseOptions(nil, env("maybe"), io.Discard); err == nil || !strings.Contains(err.Error(), "AGENTBOX_MANAGED_NODE_POOLS") {
+		t.Errorf("a bad value: %v", err)
+	}
+}
