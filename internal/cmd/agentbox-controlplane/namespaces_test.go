@@ -6,8 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
 )
 
 func TestSandboxNamespacesFlag(t *testing.T) {
