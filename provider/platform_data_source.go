@@ -36,15 +36,17 @@ type platformDataSourceModel struct {
 	ImageRegistry   types.String `tfsdk:"image_registry"`
 	ImagePullPolicy types.String `tfsdk:"image_pull_policy"`
 	Replicas        types.Int64  `tfsdk:"replicas"`
-	Values          types.String `tfsdk:"values"`
-	Revision        types.Int64  `tfsdk:"revision"`
-	Status          types.String `tfsdk:"status"`
-	APIEndpoint     types.String `tfsdk:"api_endpoint"`
-	APIServiceDNS   types.String `tfsdk:"api_service_dns"`
-	CACertificate   types.String `tfsdk:"ca_certificate"`
-	AdminToken      types.String `tfsdk:"admin_token"`
-	Drift           types.List   `tfsdk:"drift"`
-	SnapshotDriver  types.String `tfsdk:"snapshot_driver"`
+	// SandboxNamespaces are the namespaces served besides Namespace.
+	SandboxNamespaces types.Set    `tfsdk:"sandbox_namespaces"`
+	Values            types.String `tfsdk:"values"`
+	Revision          types.Int64  `tfsdk:"revision"`
+	Status            types.String `tfsdk:"status"`
+	APIEndpoint       types.String `tfsdk:"api_endpoint"`
+	APIServiceDNS     types.String `tfsdk:"api_service_dns"`
+	CACertificate     types.String `tfsdk:"ca_certificate"`
+	AdminToken        types.String `tfsdk:"admin_token"`
+	Drift             types.List   `tfsdk:"drift"`
+	SnapshotDriver    types.String `tfsdk:"snapshot_driver"`
 }
 
 func (d *platformDataSource) Metadata(_ context.Context, req datasource.MetadataRequest, resp *datasource.MetadataResponse) {
@@ -57,7 +59,7 @@ func (d *platformDataSource) Schema(ctx context.Context, _ datasource.SchemaRequ
 	// described here as what was found, since nothing is configured.
 	attrs := computedAttributes(resourceAttributes(ctx, NewPlatformResource(), &resp.Diagnostics),
 		[]string{"id", "namespace", "release_name", "chart_version", "image_tag", "image_registry", "image_pull_policy",
-			"replicas", "values", "drift"}, &resp.Diagnostics)
+			"replicas", "sandbox_namespaces", "values", "drift"}, &resp.Diagnostics)
 	computed := func(desc string) schema.StringAttribute {
 		return schema.StringAttribute{Computed: true, MarkdownDescription: desc}
 	}
@@ -79,8 +81,13 @@ func (d *platformDataSource) Schema(ctx context.Context, _ datasource.SchemaRequ
 	attrs["image_registry"] = computed("Registry and path in front of the platform images' repositories; null means Docker Hub.")
 	attrs["image_pull_policy"] = computed("Pull policy of the platform images; null means the chart's `IfNotPresent`.")
 	attrs["replicas"] = schema.Int64Attribute{Computed: true, MarkdownDescription: "Control plane replicas."}
+	attrs["sandbox_namespaces"] = schema.SetAttribute{
+		Computed: true, ElementType: types.StringType,
+		MarkdownDescription: "Namespaces, besides `namespace` (always served), whose sandboxes, warm pools and egress proxies " +
+			"the platform runs; objects elsewhere get the reason `NamespaceNotServed`. Null means `namespace` only.",
+	}
 	attrs["values"] = computed("The release's other chart values, as YAML: those that `image_tag`, `image_registry`, " +
-		"`image_pull_policy` and `replicas` do not describe. Null when there are none.")
+		"`image_pull_policy`, `replicas` and `sandbox_namespaces` do not describe. Null when there are none.")
 	attrs["drift"] = schema.ListAttribute{
 		Computed: true, ElementType: types.StringType,
 		MarkdownDescription: "What is wrong with the release in the cluster: objects of the release that are missing or " +
@@ -134,7 +141,7 @@ func (d *platformDataSource) Read(ctx context.Context, req datasource.ReadReques
 	resp.Diagnostics.Append(resp.State.Set(ctx, &platformDataSourceModel{
 		ID: m.ID, Namespace: m.Namespace, ReleaseName: m.ReleaseName, ChartVersion: m.ChartVersion,
 		ImageTag: m.ImageTag, ImageRegistry: m.ImageRegistry, ImagePullPolicy: m.ImagePullPolicy, Replicas: m.Replicas,
-		Values: m.Values, Revision: m.Revision, Status: m.Status, APIEndpoint: m.APIEndpoint, APIServiceDNS: m.APIServiceDNS,
+		SandboxNamespaces: m.SandboxNamespaces, Values: m.Values, Revision: m.Revision, Status: m.Status, APIEndpoint: m.APIEndpoint, APIServiceDNS: m.APIServiceDNS,
 		CACertificate: m.CACertificate, AdminToken: m.AdminToken, Drift: m.Drift, SnapshotDriver: m.SnapshotDriver,
 	})...)
 }

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
 	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/setvalidator"
 	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
+	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
@@ -40,28 +43,33 @@ func NewPlatformResource() resource.Resource { return &platformResource{} }
 type platformResource struct{ data *providerData }
 
 type platformModel struct {
-	ID              types.String   `tfsdk:"id"`
-	Namespace       types.String   `tfsdk:"namespace"`
-	ReleaseName     types.String   `tfsdk:"release_name"`
-	ChartVersion    types.String   `tfsdk:"chart_version"`
-	ImageTag        types.String   `tfsdk:"image_tag"`
-	ImageRegistry   types.String   `tfsdk:"image_registry"`
-	ImagePullPolicy types.String   `tfsdk:"image_pull_policy"`
-	Replicas        types.Int64    `tfsdk:"replicas"`
-	Values          types.String   `tfsdk:"values"`
-	Wait            types.Bool     `tfsdk:"wait"`
-	Timeouts        timeouts.Value `tfsdk:"timeouts"`
-	Revision        types.Int64    `tfsdk:"revision"`
-	Status          types.String   `tfsdk:"status"`
-	APIEndpoint     types.String   `tfsdk:"api_endpoint"`
-	APIServiceDNS   types.String   `tfsdk:"api_service_dns"`
-	CACertificate   types.String   `tfsdk:"ca_certificate"`
-	AdminToken      types.String   `tfsdk:"admin_token"`
-	Drift           types.List     `tfsdk:"drift"`
-	SnapshotDriver  types.String   `tfsdk:"snapshot_driver"`
+	ID              types.String `tfsdk:"id"`
+	Namespace       types.String `tfsdk:"namespace"`
+	ReleaseName     types.String `tfsdk:"release_name"`
+	ChartVersion    types.String `tfsdk:"chart_version"`
+	ImageTag        types.String `tfsdk:"image_tag"`
+	ImageRegistry   types.String `tfsdk:"image_registry"`
+	ImagePullPolicy types.String `tfsdk:"image_pull_policy"`
+	Replicas        types.Int64  `tfsdk:"replicas"`
+	// SandboxNamespaces are the namespaces served besides Namespace.
+	SandboxNamespaces types.Set      `tfsdk:"sandbox_namespaces"`
+	Values            types.String   `tfsdk:"values"`
+	Wait              types.Bool     `tfsdk:"wait"`
+	Timeouts          timeouts.Value `tfsdk:"timeouts"`
+	Revision          types.Int64    `tfsdk:"revision"`
+	Status            types.String   `tfsdk:"status"`
+	APIEndpoint       types.String   `tfsdk:"api_endpoint"`
+	APIServiceDNS     types.String   `tfsdk:"api_service_dns"`
+	CACertificate     types.String   `tfsdk:"ca_certificate"`
+	AdminToken        types.String   `tfsdk:"admin_token"`
+	Drift             types.List     `tfsdk:"drift"`
+	SnapshotDriver    types.String   `tfsdk:"snapshot_driver"`
 }
 
 const (
+	// maxSandboxNamespaces bounds sandbox_namespaces as the chart's
+	// values.schema.json does.
+	maxSandboxNamespaces   = 100
 	platformDefaultTimeout = 5 * time.Minute
 	statusDeployed         = "deployed"
 )
@@ -152,6 +160,19 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 				MarkdownDescription: "Control plane replicas. Defaults to `1`. More than one needs a PostgreSQL store " +
 					"(`store.dsn` in `values`) and turns on leader election.",
 				Validators: []validator.Int64{int64validator.AtLeast(0)},
+			},
+			"sandbox_namespaces": schema.SetAttribute{
+				Optional: true, ElementType: types.StringType,
+				MarkdownDescription: "Namespaces, besides `namespace` (always served), whose sandboxes, warm pools and " +
+					"egress proxies the platform runs. The control plane's Kubernetes rights over what a sandbox is made of " +
+					"(pods, Secrets, workspace claims, Leases, Services, ConfigMaps, NetworkPolicies, Deployments) are " +
+					"granted only in these namespaces, by a Role in each, so a leaked control plane token reads no Secret " +
+					"and starts no pod anywhere else. An `agentbox_sandbox`, `agentbox_warm_pool` or `agentbox_egress_proxy` " +
+					"in another namespace is not run: it gets the condition `Ready=False` with reason `NamespaceNotServed` " +
+					"and an event saying to add its namespace here. Each namespace must exist before apply (the platform " +
+					"creates its Roles there, not the namespace). At most " + fmt.Sprint(maxSandboxNamespaces) + ", each " +
+					namespaceCheck.description + ". Unset serves `namespace` only. The chart value `sandboxNamespaces`.",
+				Validators: []validator.Set{setvalidator.SizeAtMost(maxSandboxNamespaces), setvalidator.ValueStringsAre(namespaceCheck)},
 			},
 			"values": schema.StringAttribute{
 				Optional: true,
@@ -383,7 +404,7 @@ func (r *platformResource) ValidateConfig(ctx context.Context, req resource.Vali
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	for _, v := range []interface{ IsUnknown() bool }{m.Namespace, m.ReleaseName, m.ImageTag, m.ImageRegistry, m.ImagePullPolicy, m.Replicas, m.Values} {
+	for _, v := range []interface{ IsUnknown() bool }{m.Namespace, m.ReleaseName, m.ImageTag, m.ImageRegistry, m.ImagePullPolicy, m.Replicas, m.SandboxNamespaces, m.Values} {
 		if v.IsUnknown() {
 			return
 		}
@@ -610,6 +631,17 @@ func (m *platformModel) chartValues() chart.Values {
 		n := int(m.Replicas.ValueInt64())
 		v.Replicas = &n
 	}
+	if !m.SandboxNamespaces.IsNull() && !m.SandboxNamespaces.IsUnknown() {
+		v.SandboxNamespaces = []string{}
+		for _, e := range m.SandboxNamespaces.Elements() {
+			if s, ok := e.(types.String); ok && !s.IsUnknown() {
+				v.SandboxNamespaces = append(v.SandboxNamespaces, s.ValueString())
+			}
+		}
+		// A set has no order; the release's values get one, so that an
+		// unchanged set never plans an upgrade.
+		slices.Sort(v.SandboxNamespaces)
+	}
 	return v
 }
 
@@ -661,6 +693,16 @@ func (m *platformModel) fromReleaseConfig(rel *chart.Release, diags *diag.Diagno
 	m.Replicas = types.Int64Value(1)
 	if v.Replicas != nil {
 		m.Replicas = types.Int64Value(int64(*v.Replicas))
+	}
+	m.SandboxNamespaces = types.SetNull(types.StringType)
+	if v.SandboxNamespaces != nil {
+		elems := make([]attr.Value, len(v.SandboxNamespaces))
+		for i, ns := range v.SandboxNamespaces {
+			elems[i] = types.StringValue(ns)
+		}
+		set, d := types.SetValue(types.StringType, elems)
+		diags.Append(d...)
+		m.SandboxNamespaces = set
 	}
 	m.Values = stringOrNull(v.Raw)
 }

@@ -23,7 +23,10 @@ type Values struct {
 	// Replicas is the control plane's replicaCount; nil means the chart
 	// default, so that 0 (stopped) can be asked for.
 	Replicas *int
-	Raw      string
+	// SandboxNamespaces are the namespaces served besides the release
+	// namespace (sandboxNamespaces); nil leaves the chart's default.
+	SandboxNamespaces []string
+	Raw               string
 }
 
 // Map returns the values to give Helm: the typed fields, then Raw merged on
@@ -35,6 +38,13 @@ func (v Values) Map() (map[string]any, error) {
 	}
 	if v.Replicas != nil {
 		out["replicaCount"] = *v.Replicas
+	}
+	if v.SandboxNamespaces != nil {
+		list := make([]any, len(v.SandboxNamespaces))
+		for i, ns := range v.SandboxNamespaces {
+			list[i] = ns
+		}
+		out["sandboxNamespaces"] = list
 	}
 	if v.ImageTag != "" || v.ImagePullPolicy != "" {
 		images := map[string]any{}
@@ -91,6 +101,18 @@ func ValuesFromConfig(config map[string]any) (Values, error) {
 		r := int(n)
 		v.Replicas = &r
 		delete(rest, "replicaCount")
+	}
+	if list, ok := rest["sandboxNamespaces"].([]any); ok && len(list) > 0 {
+		var names []string
+		for _, e := range list {
+			if s, ok := e.(string); ok {
+				names = append(names, s)
+			}
+		}
+		if len(names) == len(list) {
+			v.SandboxNamespaces = names
+			delete(rest, "sandboxNamespaces")
+		}
 	}
 	v.ImageTag = takeCommon(rest, "tag")
 	v.ImagePullPolicy = takeCommon(rest, "pullPolicy")

@@ -10,14 +10,16 @@ func intPtr(i int) *int { return &i }
 func TestValuesMap(t *testing.T) {
 	got, err := Values{
 		ImageRegistry: "reg.example.com", ImageTag: "v1", ImagePullPolicy: "Always", Replicas: intPtr(0),
-		Raw: "image:\n  sandbox:\n    tag: v2\nmetrics:\n  enabled: false\n",
+		SandboxNamespaces: []string{"agents"},
+		Raw:               "image:\n  sandbox:\n    tag: v2\nmetrics:\n  enabled: false\n",
 	}.Map()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]any{
-		"imageRegistry": "reg.example.com",
-		"replicaCount":  float64(0),
+		"imageRegistry":     "reg.example.com",
+		"replicaCount":      float64(0),
+		"sandboxNamespaces": []any{"agents"},
 		"image": map[string]any{
 			"controlPlane": map[string]any{"tag": "v1", "pullPolicy": "Always"},
 			"sandbox":      map[string]any{"tag": "v2", "pullPolicy": "Always"},
@@ -47,6 +49,7 @@ func TestValuesFromConfigRoundTrip(t *testing.T) {
 		// A tag that differs per image stays in Raw.
 		{ImageTag: "v1", Raw: "image:\n  sandbox:\n    tag: v2\n"},
 		{Replicas: intPtr(0)},
+		{SandboxNamespaces: []string{"agents", "team-b"}},
 	}
 	for _, v := range cases {
 		m, err := v.Map()
@@ -70,7 +73,8 @@ func TestValuesFromConfigRoundTrip(t *testing.T) {
 	}
 
 	// Typed fields are recovered exactly where they are unambiguous.
-	v := Values{ImageRegistry: "r.example.com", ImageTag: "v1", ImagePullPolicy: "Never", Replicas: intPtr(2), Raw: "metrics:\n  enabled: false\n"}
+	v := Values{ImageRegistry: "r.example.com", ImageTag: "v1", ImagePullPolicy: "Never", Replicas: intPtr(2),
+		SandboxNamespaces: []string{"agents"}, Raw: "metrics:\n  enabled: false\n"}
 	m, _ := v.Map()
 	back, err := ValuesFromConfig(m)
 	if err != nil {

@@ -80,6 +80,10 @@ type EgressProxyReconciler struct {
 	ClusterDomain string
 	// Clock is the controller's notion of now; nil means the real clock.
 	Clock clock.PassiveClock
+	// Namespaces are the namespaces the platform serves; a proxy elsewhere
+	// runs nothing and only gets the NamespaceNotServed condition. Empty
+	// serves every namespace.
+	Namespaces ServedNamespaces
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -173,6 +177,14 @@ func (r *EgressProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	base := ep.DeepCopy()
 	ep.Status.ObservedGeneration = ep.Generation
+	if !r.Namespaces.Serves(ep.Namespace) {
+		// No policy, Secret check or proxy pod: none is allowed there.
+		msg := r.Namespaces.notServedMessage("EgressProxy", ep.Namespace)
+		ep.Status.ReadyEndpoints = nil
+		r.setReady(&ep, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotServed, msg)
+		r.eventOnNewReason(readyReasonOf(base.Status.Conditions), &ep, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
+		return ctrl.Result{}, patchStatusIfChanged(ctx, r.Client, base, &ep, base.Status, ep.Status, "EgressProxy")
+	}
 	result, err := r.reconcileProxy(ctx, readyReasonOf(base.Status.Conditions), &ep)
 	if cacheBehind(ctx, err) {
 		return ctrl.Result{RequeueAfter: cacheRetry}, nil

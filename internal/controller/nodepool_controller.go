@@ -100,6 +100,10 @@ type GVisorNodePoolReconciler struct {
 	Recorder events.EventRecorder
 	// Clock stamps conditions; nil means the real clock.
 	Clock clock.PassiveClock
+	// ManagedModeDisabled says the control plane has no right to patch
+	// nodes or write RuntimeClasses (the chart's managedNodePools: false):
+	// Managed pools then only get the ManagedModeDisabled condition.
+	ManagedModeDisabled bool
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -192,6 +196,9 @@ func (r *GVisorNodePoolReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	}
 	if !pool.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, &pool)
+	}
+	if r.ManagedModeDisabled && pool.Spec.Mode != v1alpha1.GVisorNodePoolModeGKE {
+		return ctrl.Result{}, r.refuseManaged(ctx, &pool)
 	}
 	if !controllerutil.ContainsFinalizer(&pool, v1alpha1.Finalizer) {
 		// Node labels and taints are not garbage-collected: only the
@@ -366,6 +373,20 @@ func (r *GVisorNodePoolReconciler) reconcileGKE(ctx context.Context, pool *v1alp
 	return nil
 }
 
+// refuseManaged reports a Managed pool on a platform without the rights
+// Managed mode needs. No finalizer is added: there is nothing on the nodes
+// for it to take off.
+func (r *GVisorNodePoolReconciler) refuseManaged(ctx context.Context, pool *v1alpha1.GVisorNodePool) error {
+	base := pool.DeepCopy()
+	pool.Status.ObservedGeneration = pool.Generation
+	pool.Status.Nodes, pool.Status.ReadyNodes = nil, 0
+	r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonManagedModeDisabled,
+		"the platform is installed without Managed node pools (chart value managedNodePools: false), so it may not label "+
+			"or taint nodes nor create RuntimeClasses; set managedNodePools: true, or use mode GKE where GKE Sandbox provides gVisor")
+	r.eventOnTransition(base, pool)
+	return r.writeStatus(ctx, base, pool)
+}
+
 // finalize releases every node of a pool that is being deleted and deletes
 // its RuntimeClass, then lets it go. The garbage collector would delete the
 // RuntimeClass too, but only after the pool is gone; deleting it first means
@@ -374,7 +395,13 @@ func (r *GVisorNodePoolReconciler) finalize(ctx context.Context, pool *v1alpha1.
 	if !controllerutil.ContainsFinalizer(pool, v1alpha1.Finalizer) {
 		return nil
 	}
-	if err := r.releaseAll(ctx, pool); err != nil {
+	if r.ManagedModeDisabled {
+		// Without the right to patch nodes, waiting would hold the pool
+		// forever: it goes, and says what it leaves behind.
+		r.event(pool, nil, corev1.EventTypeWarning, EventNodePoolNotReady, "Delete",
+			fmt.Sprintf("nodes labelled %s=%s keep the label and the pool's taint: the platform may no longer patch nodes (managedNodePools: false)",
+				v1alpha1.LabelNodePool, pool.Name))
+	} else if err := r.releaseAll(ctx, pool); err != nil {
 		return err
 	}
 	patch := client.MergeFrom(pool.DeepCopy())

@@ -1,7 +1,11 @@
 package controller
 
 // Every permission the controllers in this package use, in one place, so the
-// chart's ClusterRole can be checked against a single list. Controllers
+// chart's RBAC can be checked against a single list. The chart grants the
+// namespaced ones (pods, claims, Secrets, Leases, Services, ConfigMaps,
+// NetworkPolicies, Deployments) only in the namespaces the platform serves,
+// by a Role in each (see ServedNamespaces), and the rest cluster-wide.
+// Controllers
 // write status and metadata, never spec: the agentbox kinds get update and
 // patch only for their metadata (labels) and status.
 //

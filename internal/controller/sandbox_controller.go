@@ -123,6 +123,10 @@ type SandboxReconciler struct {
 	// sandbox serves. Nil leaves workspaces alone, as a control plane
 	// without a store must.
 	Filespaces FilespaceSyncer
+	// Namespaces are the namespaces the platform serves; a Sandbox
+	// elsewhere only gets the NamespaceNotServed condition. Empty serves
+	// every namespace.
+	Namespaces ServedNamespaces
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -241,6 +245,9 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err := r.ensureSandboxLabels(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
 	}
+	if !r.Namespaces.Serves(sbx.Namespace) {
+		return ctrl.Result{}, r.refuseNamespace(ctx, &sbx)
+	}
 	if err := r.ensureFinalizer(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -264,6 +271,23 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
+}
+
+// refuseNamespace reports a sandbox in a namespace the platform does not
+// serve. Nothing else is touched: the control plane has no rights over its
+// pods and Secrets there, and its cache does not watch them. The agent-ID
+// label is still set (a Sandbox write, allowed everywhere), so that the
+// Compute API finds the sandbox and answers with this reason at once. A
+// change of the served namespaces restarts the control plane, which then
+// reconciles every sandbox again.
+func (r *SandboxReconciler) refuseNamespace(ctx context.Context, sbx *v1alpha1.Sandbox) error {
+	base := sbx.DeepCopy()
+	prevReason := readyReason(base)
+	sbx.Status.ObservedGeneration = sbx.Generation
+	msg := r.Namespaces.notServedMessage("Sandbox", sbx.Namespace)
+	r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNamespaceNotServed, msg)
+	r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
+	return r.writeStatus(ctx, base, sbx)
 }
 
 // reportError sets the status from an error of the pass. The errors that

@@ -63,6 +63,10 @@ type SandboxWarmPoolReconciler struct {
 	Clock clock.PassiveClock
 	// WarmTakes decides who gets each ready warm sandbox; see WarmTakes.
 	WarmTakes WarmTakes
+	// Namespaces are the namespaces the platform serves; a pool elsewhere
+	// makes no sandboxes and only gets the NamespaceNotServed condition.
+	// Empty serves every namespace.
+	Namespaces ServedNamespaces
 
 	mu sync.Mutex
 	// created maps a pool's UID to the sandboxes it created that the cache
@@ -107,6 +111,16 @@ func (r *SandboxWarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, err
 	}
 	base := pool.DeepCopy()
+	if !r.Namespaces.Serves(pool.Namespace) {
+		// Its sandboxes could never run: none is made.
+		pool.Status.ObservedGeneration = pool.Generation
+		msg := r.Namespaces.notServedMessage("SandboxWarmPool", pool.Namespace)
+		r.setReady(&pool, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotServed, msg)
+		if readyReasonIsNew(pool.Status.Conditions, readyReasonOf(base.Status.Conditions)) {
+			r.event(&pool, nil, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
+		}
+		return ctrl.Result{}, patchStatusIfChanged(ctx, r.Client, base, &pool, base.Status, pool.Status, "warm pool")
+	}
 	result, err := r.reconcilePool(ctx, readyReasonOf(base.Status.Conditions), &pool)
 	if cacheBehind(ctx, err) {
 		// Unlike the other reconcilers, the status found so far is still

@@ -210,3 +210,24 @@ does not take every replica with it. Empty when there is nothing to set.
 {{- toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/*
+agentbox.servedNamespaces is the namespaces the platform runs sandboxes,
+warm pools and egress proxies in, comma-separated, sorted and without
+duplicates: the release namespace, always, and sandboxNamespaces. The control
+plane's namespaced rights (the Role agentbox.sandboxRoleName in each) and its
+cache (AGENTBOX_SANDBOX_NAMESPACES) reach only these.
+*/}}
+{{- define "agentbox.servedNamespaces" -}}
+{{- append (.Values.sandboxNamespaces | default list) .Release.Namespace | uniq | sortAlpha | join "," }}
+{{- end }}
+
+{{/*
+agentbox.sandboxRoleName names the Role, in each served namespace, that holds
+the control plane's rights over sandboxes' children there. The release
+namespace is in the name so that two platforms serving one namespace do not
+share (and overwrite) one Role.
+*/}}
+{{- define "agentbox.sandboxRoleName" -}}
+{{- printf "agentbox-controlplane-%s" .Release.Namespace }}
+{{- end }}

@@ -8,6 +8,11 @@ resource "agentbox_platform" "this" {
   image_registry = "registry.example.com"
   image_tag      = "v0.1.0"
 
+  # Sandboxes run in agentbox-system and in these namespaces (which must
+  # exist), and nowhere else: the control plane's rights over pods and
+  # Secrets reach only there.
+  sandbox_namespaces = ["agents"]
+
   # Any other chart value, as YAML; see the chart's values.yaml.
   values = yamlencode({
     resources = {

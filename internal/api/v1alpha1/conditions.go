@@ -88,6 +88,18 @@ const (
 	// ReasonNodePoolNotFound: the template's nodePoolRef names no
 	// GVisorNodePool (SandboxTemplate, Sandbox).
 	ReasonNodePoolNotFound = "NodePoolNotFound"
+
+	// ReasonNamespaceNotServed (Sandbox, SandboxWarmPool, EgressProxy):
+	// the object is in a namespace the platform does not serve. The
+	// control plane's rights over pods, Secrets and the sandboxes' other
+	// children reach only the namespaces the platform lists (the chart's
+	// sandboxNamespaces, agentbox_platform's sandbox_namespaces, and always
+	// the platform's own namespace), so it makes nothing here: a Sandbox
+	// stays Pending without a pod, a warm pool makes no sandboxes, a proxy
+	// runs no pods. The message names the served namespaces; the fix is to
+	// add this one to the list, or to create the object in a served
+	// namespace. A NamespaceNotServed event goes with it.
+	ReasonNamespaceNotServed = "NamespaceNotServed"
 )
 
 // Reasons of a SandboxTemplate's Ready condition.
@@ -312,6 +324,13 @@ const (
 	// ReasonNodesNotReady: the pool selects nodes, but none of them is Ready
 	// (kubelet reports the node NotReady or has stopped reporting).
 	ReasonNodesNotReady = "NodesNotReady"
+
+	// ReasonManagedModeDisabled (Managed mode): the platform was installed
+	// without the rights Managed pools need (the chart's managedNodePools
+	// is false): it may not label or taint nodes, nor create RuntimeClasses.
+	// The pool touches nothing; the fix is managedNodePools: true, or mode
+	// GKE where GKE Sandbox provides gVisor.
+	ReasonManagedModeDisabled = "ManagedModeDisabled"
 )
 
 // ErrorResumesOnActivity reports whether a Sandbox in phase Error whose

@@ -23,6 +23,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -92,7 +95,13 @@ type options struct {
 	// defaultTemplate is what deploy_or_resume creates a missing sandbox
 	// from when the call names no template; zero if not configured.
 	defaultTemplate types.NamespacedName
-	zap             zap.Options
+	// sandboxNamespaces are the namespaces served besides the platform
+	// namespace (which is always served); nil serves every namespace.
+	sandboxNamespaces controller.ServedNamespaces
+	// managedNodePools is whether Managed GVisorNodePools may label and
+	// taint nodes and write RuntimeClasses (the chart grants the rights).
+	managedNodePools bool
+	zap              zap.Options
 	// snapshot selects the snapshot driver; see snapshot_flags.go.
 	snapshot *snapshotFlags
 }
@@ -167,6 +176,21 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
 	defaultTemplate := fs.String("default-template", getenv("AGENTBOX_DEFAULT_TEMPLATE"),
 		"NAMESPACE/NAME of the SandboxTemplate the Compute API's deploy_or_resume creates an agent's missing sandbox from when the call names none; empty means such calls must name one [AGENTBOX_DEFAULT_TEMPLATE]")
+	sandboxNamespaces := fs.String("sandbox-namespaces", getenv("AGENTBOX_SANDBOX_NAMESPACES"),
+		"comma-separated namespaces whose sandboxes, warm pools and egress proxies the control plane runs, besides --namespace, which is always served; "+
+			"it watches pods, Secrets and their other children only there (its RBAC Roles grant no more), and objects elsewhere get the NamespaceNotServed condition. "+
+			"Empty serves every namespace, which needs cluster-wide rights [AGENTBOX_SANDBOX_NAMESPACES]")
+	managedDefault := true
+	if v := getenv("AGENTBOX_MANAGED_NODE_POOLS"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("AGENTBOX_MANAGED_NODE_POOLS %q: want true or false", v)
+		}
+		managedDefault = b
+	}
+	fs.BoolVar(&o.managedNodePools, "managed-node-pools", managedDefault,
+		"run Managed GVisorNodePools: label and taint their nodes and write their RuntimeClasses, which needs the right to patch nodes; "+
+			"false leaves such pools with the ManagedModeDisabled condition [AGENTBOX_MANAGED_NODE_POOLS]")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -203,7 +227,53 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 		}
 		o.defaultTemplate = types.NamespacedName{Namespace: ns, Name: name}
 	}
+	if o.sandboxNamespaces, err = parseSandboxNamespaces(*sandboxNamespaces, o.namespace); err != nil {
+		return nil, err
+	}
 	return o, nil
+}
+
+// parseSandboxNamespaces reads --sandbox-namespaces: nil when empty (every
+// namespace), else the namespaces named with the platform namespace added,
+// sorted and without duplicates.
+func parseSandboxNamespaces(v, platformNamespace string) (controller.ServedNamespaces, error) {
+	if strings.TrimSpace(v) == "" {
+		return nil, nil
+	}
+	served := controller.ServedNamespaces{platformNamespace}
+	for _, ns := range strings.Split(v, ",") {
+		ns = strings.TrimSpace(ns)
+		if ns == "" {
+			continue
+		}
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("--sandbox-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
+		served = append(served, ns)
+	}
+	slices.Sort(served)
+	return slices.Compact(served), nil
+}
+
+// cacheOptions confines the manager's cache to the served namespaces, so
+// that it never lists or watches pods, Secrets and the other children
+// cluster-wide, which the chart's Roles do not allow. The agentbox kinds
+// stay watched everywhere (the ClusterRole allows it), so that one made in
+// a namespace that is not served is told so. Cluster-scoped kinds (nodes,
+// namespaces, RuntimeClasses) are not namespaced and unaffected.
+func cacheOptions(served controller.ServedNamespaces) cache.Options {
+	if len(served) == 0 {
+		return cache.Options{}
+	}
+	opts := cache.Options{DefaultNamespaces: map[string]cache.Config{}, ByObject: map[client.Object]cache.ByObject{}}
+	for _, ns := range served {
+		opts.DefaultNamespaces[ns] = cache.Config{}
+	}
+	// An empty, non-nil map means every namespace.
+	for _, obj := range []client.Object{&v1alpha1.Sandbox{}, &v1alpha1.SandboxTemplate{}, &v1alpha1.SandboxWarmPool{}, &v1alpha1.EgressProxy{}} {
+		opts.ByObject[obj] = cache.ByObject{Namespaces: map[string]cache.Config{}}
+	}
+	return opts
 }
 
 // run starts the control plane and serves until ctx ends. The deferred
@@ -253,13 +323,20 @@ func run(ctx context.Context, o *options) error {
 	}
 	defer api.Close()
 
-	log.Info("starting", "version", version, "namespace", o.namespace, "identity", in.selfID.String(),
+	log.Info("starting", "version", version, "namespace", o.namespace, "sandboxNamespaces", servedOrAll(o.sandboxNamespaces), "identity", in.selfID.String(),
 		"api", o.apiListen, "snapshotDriver", snapshot.ID(snapshots), "apiCertificateIPs", fmt.Sprint(servingIPs), "leaderElection", o.leaderElect)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	log.Info("stopped")
 	return nil
+}
+
+func servedOrAll(s controller.ServedNamespaces) string {
+	if len(s) == 0 {
+		return "all"
+	}
+	return strings.Join(s, ",")
 }
 
 // inputs are what the control plane reads before it talks to the
@@ -322,6 +399,7 @@ func newManager(o *options) (ctrl.Manager, error) {
 	managerGrace := shutdownGrace + 5*time.Second
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                        scheme,
+		Cache:                         cacheOptions(o.sandboxNamespaces),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsListen, ExtraHandlers: profileHandlers(o.pprof)},
 		HealthProbeBindAddress:        o.healthListen,
 		LeaderElection:                o.leaderElect,
@@ -406,8 +484,9 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 		Snapshots:                 snapshots,
 		// The interface must stay nil without a check.
 		SnapshotHealth: snapshotCheck,
+		Namespaces:     o.sandboxNamespaces,
 	}
-	warmPools := &controller.SandboxWarmPoolReconciler{}
+	warmPools := &controller.SandboxWarmPoolReconciler{Namespaces: o.sandboxNamespaces}
 	if st := in.store; st != nil {
 		// Only with a store: the interfaces must stay nil without one.
 		sandboxes.Filespaces = filespace.Syncer{Store: st}
@@ -428,15 +507,16 @@ func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.Sandbo
 		return fmt.Errorf("set up the sandbox controller: %w", err)
 	}
 	if err := (&controller.EgressProxyReconciler{
-		Namespace: o.namespace,
-		Image:     o.egressImage,
+		Namespace:  o.namespace,
+		Image:      o.egressImage,
+		Namespaces: o.sandboxNamespaces,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the egress proxy controller: %w", err)
 	}
 	if err := warmPools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the warm pool controller: %w", err)
 	}
-	if err := (&controller.GVisorNodePoolReconciler{}).SetupWithManager(mgr); err != nil {
+	if err := (&controller.GVisorNodePoolReconciler{ManagedModeDisabled: !o.managedNodePools}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the node pool controller: %w", err)
 	}
 	return nil

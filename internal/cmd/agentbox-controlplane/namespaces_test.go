@@ -1,0 +1,94 @@
+package main
+
+import (
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
+)
+
+func TestSandboxNamespacesFlag(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+	// Unset: every namespace, the in-process test setup.
+	o, err := parseOptions(nil, env(nil), io.Discard)
+	if err != nil || o.sandboxNamespaces != nil {
+		t.Fatalf("unset: %v, %v; want every namespace (nil)", o.sandboxNamespaces, err)
+	}
+	// The chart's env: the platform namespace is always added, duplicates go.
+	o, err = parseOptions(nil, env(map[string]string{"POD_NAMESPACE": "agentbox-system", "AGENTBOX_SANDBOX_NAMESPACES": "team-b, agents,agentbox-system,agents"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (controller.ServedNamespaces{"agentbox-system", "agents", "team-b"}); !reflect.DeepEqual(o.sandboxNamespaces, want) {
+		t.Fatalf("served %v, want %v", o.sandboxNamespaces, want)
+	}
+	if !o.sandboxNamespaces.Serves("agents") || o.sandboxNamespaces.Serves("default") {
+		t.Fatalf("Serves is wrong for %v", o.sandboxNamespaces)
+	}
+	// The flag wins over the env.
+	o, err = parseOptions([]string{"--sandbox-namespaces=x"}, env(map[string]string{"AGENTBOX_SANDBOX_NAMESPACES": "agents"}), io.Discard)
+	if err != nil || !reflect.DeepEqual(o.sandboxNamespaces, controller.ServedNamespaces{"agentbox-system", "x"}) {
+		t.Fatalf("flag: %v, %v", o.sandboxNamespaces, err)
+	}
+	if _, err := parseOptions([]string{"--sandbox-namespaces=agents,Not_A_Namespace"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "Not_A_Namespace") {
+		t.Fatalf("invalid name: %v", err)
+	}
+}
+
+func TestCacheOptions(t *testing.T) {
+	if o := cacheOptions(nil); o.DefaultNamespaces != nil || o.ByObject != nil {
+		t.Fatalf("every namespace must leave the cache alone: %+v", o)
+	}
+	o := cacheOptions(controller.ServedNamespaces{"agentbox-system", "agents"})
+	if len(o.DefaultNamespaces) != 2 {
+		t.Fatalf("default namespaces %v", o.DefaultNamespaces)
+	}
+	// The agentbox kinds are watched everywhere, so that one in a namespace
+	// not served is told so; everything else only in the served ones.
+	kinds := map[string]bool{}
+	for obj, by := range o.ByObject {
+		if by.Namespaces == nil || len(by.Namespaces) != 0 {
+			t.Errorf("%T: namespaces %v, want every namespace (empty map)", obj, by.Namespaces)
+		}
+		kinds[reflect.TypeOf(obj).Elem().Name()] = true
+	}
+	for _, k := range []string{"Sandbox", "SandboxTemplate", "SandboxWarmPool", "EgressProxy"} {
+		if !kinds[k] {
+			t.Errorf("%s is not watched in every namespace", k)
+		}
+	}
+	for obj := range o.ByObject {
+		switch obj.(type) {
+		case *corev1.Secret, *corev1.Pod:
+			t.Errorf("%T must not be watched cluster-wide", obj)
+		}
+	}
+}
+
+func TestManagedNodePoolsFlag(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "AGENTBOX_MANAGED_NODE_POOLS" {
+				return v
+			}
+			return ""
+		}
+	}
+	for v, want := range map[string]bool{"": true, "true": true, "false": false} {
+		o, err := parseOptions(nil, env(v), io.Discard)
+		if err != nil || o.managedNodePools != want {
+			t.Errorf("AGENTBOX_MANAGED_NODE_POOLS=%q: %v, %v; want %v", v, o, err, want)
+		}
+	}
+	if o, err := parseOptions([]string{"--managed-node-pools=false"}, env("true"), io.Discard); err != nil || o.managedNodePools {
+		t.Errorf("the flag must win over the environment: %v", err)
+	}
+	if _, err := parseOptions(nil, env("maybe"), io.Discard); err == nil || !strings.Contains(err.Error(), "AGENTBOX_MANAGED_NODE_POOLS") {
+		t.Errorf("a bad value: %v", err)
+	}
+}
