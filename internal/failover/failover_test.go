@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
 	"github.com/agentbox/terraform-provider-agentbox/internal/chart"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
@@ -54,13 +55,28 @@ type env struct {
 	workN    string // templates, pool and sandboxes
 	api      *apiclient.Client
 	replicas int
+	// variant names the platform in the figures.
+	variant string
 }
 
-// TestFailoverHA runs a load on a highly available platform (two control
+// EnvBench turns the failover tests on; `make bench` sets it. They take
+// several minutes each (installs, idle stops, the waits for the platform to
+// come back), too long for `make test`.
+const EnvBench = "AGENTBOX_BENCH"
+
+func requireBench(t *testing.T) {
+	t.Helper()
+	if os.Getenv(EnvBench) == "" {
+		t.Skipf("%s is not set: the failover tests run with `make bench`", EnvBench)
+	}
+}
+
+// TestBenchFailoverHA runs a load on a highly available platform (two control
 // plane replicas on PostgreSQL, snapshots in S3) while it kills the
 // leader, restarts the kube-apiserver and pauses the database, then checks
 // the invariants.
-func TestFailoverHA(t *testing.T) {
+func TestBenchFailoverHA(t *testing.T) {
+	requireBench(t)
 	cluster := testenv.AttachShared(t)
 	if !cluster.HasNode() {
 		t.Skip("the failover tests need a cluster with a node")
@@ -79,7 +95,7 @@ func TestFailoverHA(t *testing.T) {
 	}
 	s3 := s3server.StartOn(t, testenv.NodeIP)
 
-	e := newEnv(t, "failover-ha", 2)
+	e := newEnv(t, "failover-ha", "HA, PostgreSQL", 2)
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "failover-s3", Namespace: e.releaseN},
 		StringData: map[string]string{"AWS_ACCESS_KEY_ID": s3.AccessKeyID, "AWS_SECRET_ACCESS_KEY": s3.SecretAccessKey}}
 	if err := e.kube.Create(ctx, secret); err != nil {
@@ -105,6 +121,8 @@ snapshot:
 			lease := e.waitNewLeader(old, 2*time.Minute)
 			observed := time.Since(killed)
 			took := lease.Spec.AcquireTime.Sub(killed)
+			benchreport.Record(t, benchreport.Figure{Name: "failover: new leader after the leader's kill (" + e.variant + ")", Unit: "s",
+				Values: []float64{took.Seconds()}, Note: "the leader election Lease's acquireTime after the pod's deletion (grace 0)"})
 			e.waitControlPlane(3 * time.Minute)
 			return fmt.Sprintf("leader %s killed; %s took over %s after the kill (Lease acquireTime; seen after %s), transitions %d",
 				podOf(old), podOf(ptr.Deref(lease.Spec.HolderIdentity, "")), took.Round(time.Millisecond), observed.Round(time.Millisecond),
@@ -134,27 +152,28 @@ snapshot:
 		}},
 	}
 	l := e.startLoad()
-	sleep(ctx, 20*time.Second)
+	sleep(ctx, 15*time.Second)
 	for _, f := range faults {
 		l.fault(f.name, func() string { return f.inject(l) })
-		sleep(ctx, 20*time.Second)
+		sleep(ctx, 15*time.Second)
 	}
 	e.finish(l)
 }
 
-// TestFailoverSQLite runs the load on a single-replica platform on SQLite
+// TestBenchFailoverSQLite runs the load on a single-replica platform on SQLite
 // and deletes its only control plane pod under it.
-func TestFailoverSQLite(t *testing.T) {
+func TestBenchFailoverSQLite(t *testing.T) {
+	requireBench(t)
 	cluster := testenv.AttachShared(t)
 	if !cluster.HasNode() {
 		t.Skip("the failover tests need a cluster with a node")
 	}
 	ctx := t.Context()
-	e := newEnv(t, "failover-sqlite", 1)
+	e := newEnv(t, "failover-sqlite", "SQLite", 1)
 	e.install("")
 	e.workload()
 	l := e.startLoad()
-	sleep(ctx, 20*time.Second)
+	sleep(ctx, 15*time.Second)
 	l.fault("control plane pod deleted", func() string {
 		pods := e.controlPlanePods()
 		if len(pods) != 1 {
@@ -167,11 +186,11 @@ func TestFailoverSQLite(t *testing.T) {
 		e.waitControlPlane(4 * time.Minute)
 		return fmt.Sprintf("pod %s deleted; a new one ready after %s", pods[0], time.Since(killed).Round(time.Millisecond))
 	})
-	sleep(ctx, 20*time.Second)
+	sleep(ctx, 15*time.Second)
 	e.finish(l)
 }
 
-func newEnv(t *testing.T, prefix string, replicas int) *env {
+func newEnv(t *testing.T, prefix, variant string, replicas int) *env {
 	cfg, _ := testenv.Shared(t)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -189,7 +208,7 @@ func newEnv(t *testing.T, prefix string, replicas int) *env {
 		t.Fatal(err)
 	}
 	suffix := newID("")[1:7]
-	e := &env{t: t, cs: cs, kube: kube, releaseN: prefix + "-" + suffix, workN: prefix + "-work-" + suffix, replicas: replicas}
+	e := &env{t: t, cs: cs, kube: kube, releaseN: prefix + "-" + suffix, workN: prefix + "-work-" + suffix, replicas: replicas, variant: variant}
 	labels := chart.RestrictedNamespaceLabels()
 	labels[chart.LabelManagedBy] = chart.ManagedByValue
 	for _, ns := range []*corev1.Namespace{
@@ -499,17 +518,19 @@ func (l *load) idler(ctx context.Context) {
 	e := l.e
 	want := 0
 	for ctx.Err() == nil {
+		stopped := false
 		deadline := time.Now().Add(2 * time.Minute)
-		for ctx.Err() == nil && time.Now().Before(deadline) {
+		for !stopped && ctx.Err() == nil && time.Now().Before(deadline) {
 			var sb v1alpha1.Sandbox
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := e.kube.Get(cctx, client.ObjectKey{Namespace: e.workN, Name: "idler"}, &sb)
 			cancel()
 			if err == nil && sb.Status.Phase == v1alpha1.SandboxPhaseStopped {
+				stopped = true
 				l.mu.Lock()
 				l.idleStops++
 				l.mu.Unlock()
-				break
+				continue
 			}
 			sleep(ctx, time.Second)
 		}
@@ -530,7 +551,9 @@ func (l *load) idler(ctx context.Context) {
 			l.lost = append(l.lost, fmt.Sprintf("idler: %d lines after a resume, want at least %d", n, want+1))
 		}
 		want = n
-		l.resumes = append(l.resumes, time.Now())
+		if stopped {
+			l.resumes = append(l.resumes, time.Now())
+		}
 		l.mu.Unlock()
 	}
 }
@@ -572,14 +595,12 @@ func (e *env) finish(l *load) {
 			to = l.faults[i+1].At
 		}
 		d, n := unavailability(calls, f.At, to)
-		switch {
-		case n == 0:
-			t.Logf("FIGURE API unavailable after %q: no failed call", f.Name)
-		case d < 0:
+		if d < 0 {
 			t.Errorf("INVARIANT the API never answered again after %q (%d failed calls)", f.Name, n)
-		default:
-			t.Logf("FIGURE API unavailable after %q: %s (first failure to first success; %d failed calls)", f.Name, d.Round(time.Millisecond), n)
+			continue
 		}
+		benchreport.Record(t, benchreport.Figure{Name: "failover: API unavailable after " + f.Name + " (" + e.variant + ")", Unit: "s",
+			Values: []float64{d.Seconds()}, Note: fmt.Sprintf("first failed call to the first success after it; %d calls failed", n)})
 	}
 	checkGrants(t, l.rec.grants, end)
 
