@@ -320,24 +320,59 @@ func (s *Server) TCPDSN(database string) string {
 		Path: "/" + database, RawQuery: "sslmode=disable"}).String()
 }
 
-// Pause stops every process of the server (SIGSTOP to its process group):
-// connections stay open and queries hang, as when the database's host
-// stalls or its network drops packets. Resume undoes it.
-func (s *Server) Pause() error { return s.signalGroup(syscall.SIGSTOP) }
+// Pause stops every process of the server (SIGSTOP to the postmaster and
+// its children): connections stay open and queries hang, as when the
+// database's host stalls or its network drops packets. Resume undoes it.
+func (s *Server) Pause() error { return s.signalAll(syscall.SIGSTOP) }
 
 // Resume continues a paused server.
-func (s *Server) Resume() error { return s.signalGroup(syscall.SIGCONT) }
+func (s *Server) Resume() error { return s.signalAll(syscall.SIGCONT) }
 
-func (s *Server) signalGroup(sig syscall.Signal) error {
+// signalAll signals the postmaster first (a stopped postmaster forks no
+// new backend), then its children: each backend and auxiliary process
+// makes a session of its own, so the process group does not reach them.
+func (s *Server) signalAll(sig syscall.Signal) error {
 	select {
 	case <-s.done:
 		return fmt.Errorf("postgres exited: %v", s.err)
 	default:
 	}
-	if err := syscall.Kill(-s.cmd.Process.Pid, sig); err != nil {
+	pid := s.cmd.Process.Pid
+	if err := syscall.Kill(pid, sig); err != nil {
 		return fmt.Errorf("signal postgres: %w", err)
 	}
+	for _, child := range childrenOf(pid) {
+		// A child may exit in between; that is not a failure.
+		_ = syscall.Kill(child, sig)
+	}
 	return nil
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var kids []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The parent's pid is the second field after the parenthesised
+		// command name, which may itself contain spaces.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			kids = append(kids, p)
+		}
+	}
+	return kids
 }
 
 func freePort(ip string) (int, error) {
@@ -378,7 +413,7 @@ func (s *Server) Stop() error {
 		case <-s.done:
 		default:
 			// A paused server must run to shut down.
-			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT)
+			_ = s.signalAll(syscall.SIGCONT)
 			_ = s.cmd.Process.Signal(syscall.SIGINT)
 			select {
 			case <-s.done:
