@@ -306,6 +306,24 @@ func checkCalls(t *testing.T, calls []call) {
 // checkGrants asserts that no pool sandbox was held by two leases at once.
 func checkGrants(t *testing.T, grants []grant, end time.Time) {
 	t.Helper()
+	for _, v := range grantViolations(grants, end) {
+		t.Errorf("INVARIANT %s", v)
+	}
+	released, sandboxes := 0, map[string]bool{}
+	for _, g := range grants {
+		sandboxes[g.Agent] = true
+		if g.ReleaseOK {
+			released++
+		}
+	}
+	t.Logf("FIGURE pool leases granted %d, released %d, sandboxes %d", len(grants), released, len(sandboxes))
+}
+
+// grantViolations lists the pool sandboxes held by two leases at once, and
+// those leased more than once at all: a released pool sandbox is deleted,
+// so a second lease on it is a second holder even without an overlap. A
+// lease whose release never succeeded counts as held until end.
+func grantViolations(grants []grant, end time.Time) []string {
 	bySandbox := map[string][]grant{}
 	for _, g := range grants {
 		if !g.ReleaseOK {
@@ -313,28 +331,27 @@ func checkGrants(t *testing.T, grants []grant, end time.Time) {
 		}
 		bySandbox[g.Agent] = append(bySandbox[g.Agent], g)
 	}
-	released := 0
-	for _, g := range grants {
-		if g.ReleaseOK {
-			released++
-		}
+	agents := make([]string, 0, len(bySandbox))
+	for a := range bySandbox {
+		agents = append(agents, a)
 	}
-	for agent, gs := range bySandbox {
+	sort.Strings(agents)
+	var out []string
+	for _, agent := range agents {
+		gs := bySandbox[agent]
 		sort.Slice(gs, func(i, j int) bool { return gs[i].Got.Before(gs[j].Got) })
 		for i := 1; i < len(gs); i++ {
 			if gs[i].Got.Before(gs[i-1].Released) {
-				t.Errorf("INVARIANT double pool lease: sandbox %s (%s) held by %s (lease %s, %s to %s) and %s (lease %s from %s)",
+				out = append(out, fmt.Sprintf("double pool lease: sandbox %s (%s) held by %s (lease %s, %s to %s) and %s (lease %s from %s)",
 					gs[i].Sandbox, agent, gs[i-1].Holder, gs[i-1].LeaseID, gs[i-1].Got.Format(time.RFC3339Nano), gs[i-1].Released.Format(time.RFC3339Nano),
-					gs[i].Holder, gs[i].LeaseID, gs[i].Got.Format(time.RFC3339Nano))
+					gs[i].Holder, gs[i].LeaseID, gs[i].Got.Format(time.RFC3339Nano)))
 			}
 		}
 		if len(gs) > 1 {
-			// A released pool sandbox is deleted; leasing it again is a
-			// second holder for the same sandbox even without an overlap.
-			t.Errorf("INVARIANT pool sandbox %s (%s) was leased %d times", gs[0].Sandbox, agent, len(gs))
+			out = append(out, fmt.Sprintf("pool sandbox %s (%s) was leased %d times", gs[0].Sandbox, agent, len(gs)))
 		}
 	}
-	t.Logf("FIGURE pool leases granted %d, released %d, sandboxes %d", len(grants), released, len(bySandbox))
+	return out
 }
 
 // checkAudit asserts that the audit chain verifies and that every succeeded
