@@ -321,7 +321,8 @@ func (e *env) workload() {
 	start := time.Now()
 	if msg := e.poll(5*time.Minute, func(ctx context.Context) string {
 		for _, name := range []string{"agent-a", "agent-b", "idler"} {
-			if msg := e.sandboxState(ctx, name, false); msg != "" {
+			// The idler may idle out before the others are ready.
+			if msg := e.sandboxState(ctx, name, name == "idler"); msg != "" {
 				return msg
 			}
 		}
