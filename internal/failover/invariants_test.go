@@ -37,11 +37,12 @@ func TestUnavailability(t *testing.T) {
 	c := func(start, end int, code string) call { return call{Start: at(start), End: at(end), Code: code} }
 	calls := []call{
 		c(0, 10, ""),
-		c(1000, 1200, "transport"),   // first failure after the fault at 900
-		c(1100, 5000, ""),            // started before the failure ended: does not count
-		c(1300, 1400, "unavailable"), // still failing
-		c(1500, 1600, ""),            // back
-		c(9000, 9100, "hung"),        // after the next fault: not this one's
+		c(950, 960, "pool_exhausted"), // an answer of a working API
+		c(1000, 1200, "transport"),    // first failure after the fault at 900
+		c(1100, 5000, ""),             // started before the failure ended: does not count
+		c(1300, 1400, "unavailable"),  // still failing
+		c(1500, 1600, ""),             // back
+		c(9000, 9100, "hung"),         // after the next fault: not this one's
 	}
 	d, n := unavailability(calls, at(900), at(8000))
 	if d != 600*time.Millisecond || n != 2 {
@@ -50,7 +51,7 @@ func TestUnavailability(t *testing.T) {
 	if d, n := unavailability(calls[:1], at(900), at(8000)); d != 0 || n != 0 {
 		t.Errorf("no failure: %s, %d", d, n)
 	}
-	if d, _ := unavailability(calls[5:], at(8000), at(10000)); d >= 0 {
+	if d, _ := unavailability(calls[6:], at(8000), at(10000)); d >= 0 {
 		t.Errorf("never back: %s, want negative", d)
 	}
 }

@@ -58,6 +58,13 @@ type call struct {
 
 func (c call) ok() bool { return c.Code == "" }
 
+// down reports whether the call failed for want of the API: a pool without
+// a free sandbox, or a sandbox busy with commands, are answers of an API
+// that works.
+func (c call) down() bool {
+	return !c.ok() && c.Code != string(apiclient.CodePoolExhausted) && c.Code != string(apiclient.CodeResourceExhausted)
+}
+
 // grant is one pool lease as its holder saw it: held for sure from the
 // acquire's answer (Got) to the sending of its release (Released), or to
 // the end of the load when the release never succeeded.
@@ -225,13 +232,14 @@ type fault struct {
 }
 
 // unavailability is, for the calls that started after the fault (and
-// before the next one), the time from the first failure's start to the
-// first success that started after that failure ended: how long callers saw
-// the API away. Zero when no call failed.
+// before the next one), the time from the first failure (see call.down)'s
+// start to the first success that started after that failure ended: how
+// long callers saw the API away. Zero when no call failed; negative when
+// none succeeded after.
 func unavailability(calls []call, from, to time.Time) (time.Duration, int) {
 	var failed []call
 	for _, c := range calls {
-		if !c.Start.Before(from) && c.Start.Before(to) && !c.ok() {
+		if !c.Start.Before(from) && c.Start.Before(to) && c.down() {
 			failed = append(failed, c)
 		}
 	}
