@@ -5,10 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
@@ -54,6 +60,7 @@ type env struct {
 	releaseN string // the release namespace
 	workN    string // templates, pool and sandboxes
 	api      *apiclient.Client
+	access   chart.Access
 	replicas int
 	// variant names the platform in the figures.
 	variant string
@@ -114,17 +121,18 @@ snapshot:
 	}{
 		{"leader killed", func(l *load) string {
 			old := e.leader()
-			if err := e.cs.CoreV1().Pods(e.releaseN).Delete(ctx, podOf(old), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-				t.Fatalf("delete the leader's pod: %v", err)
-			}
-			killed := time.Now()
+			// SIGKILL, not a pod deletion: a deleted pod's process gets
+			// SIGTERM first and hands the Lease over; a killed one cannot.
+			restarts := e.restarts(podOf(old))
+			killed := e.killControlPlane(podOf(old))
 			lease := e.waitNewLeader(old, 2*time.Minute)
 			observed := time.Since(killed)
 			took := lease.Spec.AcquireTime.Sub(killed)
+			e.waitRestarted(podOf(old), restarts, 3*time.Minute)
 			benchreport.Record(t, benchreport.Figure{Name: "failover: new leader after the leader's kill (" + e.variant + ")", Unit: "s",
 				Values: []float64{took.Seconds()}, Note: "the leader election Lease's acquireTime after the pod's deletion (grace 0)"})
 			e.waitControlPlane(3 * time.Minute)
-			return fmt.Sprintf("leader %s killed; %s took over %s after the kill (Lease acquireTime; seen after %s), transitions %d",
+			return fmt.Sprintf("leader %s's process killed (SIGKILL); %s took over %s after the kill (Lease acquireTime; seen after %s), transitions %d",
 				podOf(old), podOf(ptr.Deref(lease.Spec.HolderIdentity, "")), took.Round(time.Millisecond), observed.Round(time.Millisecond),
 				ptr.Deref(lease.Spec.LeaseTransitions, 0))
 		}},
@@ -183,14 +191,15 @@ func TestBenchFailoverSQLite(t *testing.T) {
 			t.Fatal(err)
 		}
 		killed := time.Now()
-		e.waitControlPlane(4 * time.Minute)
-		return fmt.Sprintf("pod %s deleted; a new one ready after %s", pods[0], time.Since(killed).Round(time.Millisecond))
+		e.waitReplaced(pods[0], 4*time.Minute)
+		return fmt.Sprintf("pod %s deleted (grace 0); a new one ready after %s", pods[0], time.Since(killed).Round(time.Millisecond))
 	})
 	sleep(ctx, 15*time.Second)
 	e.finish(l)
 }
 
 func newEnv(t *testing.T, prefix, variant string, replicas int) *env {
+	ctrllog.SetLogger(logr.Discard())
 	cfg, _ := testenv.Shared(t)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -267,15 +276,23 @@ func (e *env) install(raw string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, err := apiclient.New(access.Endpoint, access.AdminToken, []byte(access.CACertificate))
+	e.access = access
+	e.api = e.newClient()
+	t.Logf("platform installed in %s (%d replicas) after %s", e.releaseN, e.replicas, time.Since(start).Round(time.Second))
+}
+
+// newClient returns a Compute API client with connections of its own:
+// the Service spreads connections, not calls, over the replicas, so each
+// worker of the load has its own to reach either.
+func (e *env) newClient() *apiclient.Client {
+	api, err := apiclient.New(e.access.Endpoint, e.access.AdminToken, []byte(e.access.CACertificate))
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
 	hc := api.HTTPClient()
 	hc.Transport = idTransport{base: hc.Transport}
-	t.Cleanup(api.CloseIdleConnections)
-	e.api = api
-	t.Logf("platform installed in %s (%d replicas) after %s", e.releaseN, e.replicas, time.Since(start).Round(time.Second))
+	e.t.Cleanup(api.CloseIdleConnections)
+	return api
 }
 
 func (e *env) kubeConfig() *rest.Config {
@@ -459,6 +476,119 @@ func (e *env) controlPlanePods() []string {
 	return names
 }
 
+// restarts is the control plane container's restart count in pod.
+func (e *env) restarts(pod string) int32 {
+	p, err := e.cs.CoreV1().Pods(e.releaseN).Get(e.t.Context(), pod, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var n int32
+	for _, c := range p.Status.ContainerStatuses {
+		n += c.RestartCount
+	}
+	return n
+}
+
+// killControlPlane sends SIGKILL to the control plane process of pod: the
+// processes on this host whose cgroup is the pod's and whose command is the
+// control plane binary. It returns when.
+func (e *env) killControlPlane(pod string) time.Time {
+	p, err := e.cs.CoreV1().Pods(e.releaseN).Get(e.t.Context(), pod, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pids := podProcesses(string(p.UID), "agentbox-controlplane")
+	if len(pids) == 0 {
+		e.t.Fatalf("no control plane process of pod %s (uid %s) on this host", pod, p.UID)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			e.t.Fatalf("kill %d: %v", pid, err)
+		}
+	}
+	return time.Now()
+}
+
+// podProcesses lists the processes in the cgroup of the pod with uid whose
+// command line starts with a path ending in command.
+func podProcesses(uid, command string) []int {
+	forms := []string{"pod" + uid, "pod" + strings.ReplaceAll(uid, "-", "_")}
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cgroup"))
+		if err != nil || !(strings.Contains(string(cg), forms[0]) || strings.Contains(string(cg), forms[1])) {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		argv0, _, _ := strings.Cut(string(cmdline), "\x00")
+		if filepath.Base(argv0) == command {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// waitRestarted waits until pod's control plane container has restarted
+// (its count past before) and every replica is ready again.
+func (e *env) waitRestarted(pod string, before int32, bound time.Duration) {
+	if msg := e.poll(bound, func(ctx context.Context) string {
+		p, err := e.cs.CoreV1().Pods(e.releaseN).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		var n int32
+		for _, c := range p.Status.ContainerStatuses {
+			n += c.RestartCount
+		}
+		if n <= before {
+			return fmt.Sprintf("pod %s not restarted yet", pod)
+		}
+		return e.readyState(ctx, "")
+	}); msg != "" {
+		e.t.Fatalf("control plane not back within %s: %s", bound, msg)
+	}
+}
+
+// waitReplaced waits until pod is gone and the replicas are ready without it.
+func (e *env) waitReplaced(pod string, bound time.Duration) {
+	if msg := e.poll(bound, func(ctx context.Context) string { return e.readyState(ctx, pod) }); msg != "" {
+		e.t.Fatalf("control plane not back within %s: %s", bound, msg)
+	}
+}
+
+// readyState is "" when as many control plane pods as replicas are ready,
+// none of them gone.
+func (e *env) readyState(ctx context.Context, gone string) string {
+	var pods corev1.PodList
+	if err := e.kube.List(ctx, &pods, client.InNamespace(e.releaseN),
+		client.MatchingLabels{"app.kubernetes.io/component": "controlplane"}); err != nil {
+		return err.Error()
+	}
+	ready := 0
+	for _, p := range pods.Items {
+		if p.Name == gone {
+			return fmt.Sprintf("pod %s still there", gone)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.DeletionTimestamp.IsZero() {
+				ready++
+			}
+		}
+	}
+	if ready != e.replicas {
+		return fmt.Sprintf("%d of %d control plane pods ready", ready, e.replicas)
+	}
+	return ""
+}
+
 // waitControlPlane waits until the Deployment has all its replicas ready.
 func (e *env) waitControlPlane(bound time.Duration) {
 	if msg := e.poll(bound, func(ctx context.Context) string {
@@ -469,7 +599,7 @@ func (e *env) waitControlPlane(bound time.Duration) {
 		if int(d.Status.ReadyReplicas) != e.replicas || int(d.Status.Replicas) != e.replicas {
 			return fmt.Sprintf("%d of %d replicas ready (%d in all)", d.Status.ReadyReplicas, e.replicas, d.Status.Replicas)
 		}
-		return ""
+		return e.readyState(ctx, "")
 	}); msg != "" {
 		e.t.Fatalf("control plane not back within %s: %s", bound, msg)
 	}
@@ -502,20 +632,23 @@ func (e *env) startLoad() *load {
 		go func() { defer l.wg.Done(); fn() }()
 	}
 	for _, h := range []string{"holder-1", "holder-2"} {
-		run(func() { poolWorker(ctx, l.rec, e.api, e.workN, "warm", h) })
+		api := e.newClient()
+		run(func() { poolWorker(ctx, l.rec, api, e.workN, "warm", h) })
 	}
 	for _, name := range []string{"agent-a", "agent-b"} {
+		api := e.newClient()
 		run(func() {
-			agentWorker(ctx, l.rec, e.api, e.agent(name), 300*time.Millisecond, commandTimeout, &l.lost, &l.mu)
+			agentWorker(ctx, l.rec, api, e.agent(name), 300*time.Millisecond, commandTimeout, &l.lost, &l.mu)
 		})
 	}
-	run(func() { l.idler(ctx) })
+	idlerAPI := e.newClient()
+	run(func() { l.idler(ctx, idlerAPI) })
 	return l
 }
 
 // idler waits for the idler sandbox to be stopped, then resumes it with a
 // call that checks that its workspace kept what earlier calls wrote.
-func (l *load) idler(ctx context.Context) {
+func (l *load) idler(ctx context.Context, api *apiclient.Client) {
 	e := l.e
 	want := 0
 	for ctx.Err() == nil {
@@ -538,7 +671,7 @@ func (l *load) idler(ctx context.Context) {
 		var res *apiclient.CommandResult
 		err := l.rec.do(ctx, "idle_resume_command", e.agent("idler"), resumeTimeout, func(ctx context.Context) error {
 			var err error
-			res, err = e.api.RunCommand(ctx, e.agent("idler"), apiclient.RunCommandRequest{Command: []string{"sh", "-c", "echo x >> failover.log && wc -l < failover.log"}})
+			res, err = api.RunCommand(ctx, e.agent("idler"), apiclient.RunCommandRequest{Command: []string{"sh", "-c", "echo x >> failover.log && wc -l < failover.log"}})
 			return err
 		})
 		if err != nil {
