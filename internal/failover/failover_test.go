@@ -130,7 +130,7 @@ snapshot:
 			took := lease.Spec.AcquireTime.Sub(killed)
 			e.waitRestarted(podOf(old), restarts, 3*time.Minute)
 			benchreport.Record(t, benchreport.Figure{Name: "failover: new leader after the leader's kill (" + e.variant + ")", Unit: "s",
-				Values: []float64{took.Seconds()}, Note: "the leader election Lease's acquireTime after the pod's deletion (grace 0)"})
+				Values: []float64{took.Seconds()}, Note: "the leader election Lease's acquireTime after the SIGKILL of the leader's process"})
 			e.waitControlPlane(3 * time.Minute)
 			return fmt.Sprintf("leader %s's process killed (SIGKILL); %s took over %s after the kill (Lease acquireTime; seen after %s), transitions %d",
 				podOf(old), podOf(ptr.Deref(lease.Spec.HolderIdentity, "")), took.Round(time.Millisecond), observed.Round(time.Millisecond),
