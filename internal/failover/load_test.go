@@ -51,7 +51,8 @@ type call struct {
 	RequestID  string
 	// Code is "" for a success, the API's error code, "transport" for a
 	// connection that failed or broke (no answer from the API: a replica
-	// went away under it), or "hung" when the client's bound ran out.
+	// went away under it), "tls" for a serving certificate the client
+	// refused, or "hung" when the client's bound ran out.
 	Code string
 	Err  string
 }
@@ -115,6 +116,10 @@ func (r *recorder) do(ctx context.Context, op, agent string, timeout time.Durati
 		switch {
 		case errors.As(err, &apiErr):
 			c.Code = string(apiErr.Code)
+		case strings.Contains(err.Error(), "x509: "):
+			// A replica whose certificate the client refuses is not away:
+			// it answers, wrongly, and a retry may reach it again.
+			c.Code = "tls"
 		case cctx.Err() != nil && ctx.Err() == nil:
 			c.Code = "hung"
 		case ctx.Err() != nil:
@@ -276,7 +281,11 @@ func checkCalls(t *testing.T, calls []call) {
 		max   time.Duration
 	}
 	stats := map[string]*stat{}
+	transport := map[string]int{}
 	for _, c := range calls {
+		if c.Code == "transport" {
+			transport[c.Err]++
+		}
 		s := stats[c.Op]
 		if s == nil {
 			s = &stat{codes: map[string]int{}}
@@ -308,6 +317,9 @@ func checkCalls(t *testing.T, calls []call) {
 	for _, op := range ops {
 		s := stats[op]
 		t.Logf("FIGURE calls %-17s %5d, %5d ok, longest %8s, failures %v", op, s.n, s.ok, s.max.Round(time.Millisecond), s.codes)
+	}
+	for msg, n := range transport {
+		t.Logf("transport failure (%d): %s", n, msg)
 	}
 }
 
