@@ -318,7 +318,12 @@ func checkCalls(t *testing.T, calls []call) {
 		s := stats[op]
 		t.Logf("FIGURE calls %-17s %5d, %5d ok, longest %8s, failures %v", op, s.n, s.ok, s.max.Round(time.Millisecond), s.codes)
 	}
+	shown := 0
 	for msg, n := range transport {
+		if shown++; shown > 10 {
+			t.Logf("... and %d more transport failure messages", len(transport)-10)
+			break
+		}
 		t.Logf("transport failure (%d): %s", n, msg)
 	}
 }
