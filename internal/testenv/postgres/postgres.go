@@ -1,7 +1,8 @@
 // Package postgres starts a throwaway PostgreSQL server for tests, from the
 // server binaries of the host's Debian packages (make testenv installs
-// them). The server listens only on a Unix socket in its own temporary
-// folder, never on TCP, and Stop leaves no process and no files behind.
+// them). The server listens on a Unix socket in its own temporary folder,
+// and on TCP only at an address the caller names (StartWith), for pods of
+// the test cluster; Stop leaves no process and no files behind.
 //
 // PostgreSQL refuses to run as root, so when the tests are root the server
 // runs as the "postgres" user the Debian package creates, or "nobody".
