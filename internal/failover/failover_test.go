@@ -138,6 +138,7 @@ snapshot:
 		}},
 		{"kube-apiserver restarted", func(l *load) string {
 			before := e.leader()
+			start := time.Now()
 			down, err := cluster.RestartAPIServer(ctx)
 			if err != nil {
 				t.Fatalf("restart kube-apiserver: %v", err)
@@ -145,7 +146,13 @@ snapshot:
 			sleep(ctx, 15*time.Second)
 			after := e.leader()
 			e.waitControlPlane(3 * time.Minute)
-			return fmt.Sprintf("kube-apiserver down %s; leader before %s, after %s", down.Round(time.Millisecond), podOf(before), podOf(after))
+			change := "kept"
+			if after != before {
+				// The leader could not renew while the API server was away.
+				lease := e.waitNewLeader(before, time.Minute)
+				change = fmt.Sprintf("changed, the new one took over %s after the restart began", lease.Spec.AcquireTime.Sub(start).Round(time.Millisecond))
+			}
+			return fmt.Sprintf("kube-apiserver down %s; leader before %s, after %s (%s)", down.Round(time.Millisecond), podOf(before), podOf(after), change)
 		}},
 		{"PostgreSQL paused 10s", func(l *load) string {
 			if err := pg.Pause(); err != nil {
