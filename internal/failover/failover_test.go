@@ -766,6 +766,17 @@ func (e *env) finish(l *load) {
 			to = l.faults[i+1].At
 		}
 		d, n := unavailability(calls, f.At, to)
+		shown := 0
+		for _, c := range calls {
+			if c.Start.Before(f.At) || !c.Start.Before(to) || !c.down() {
+				continue
+			}
+			if shown++; shown > 10 {
+				break
+			}
+			t.Logf("after %q: %s %s started +%s, failed after %s: %s", f.Name, c.Op, c.Agent,
+				c.Start.Sub(f.At).Round(time.Millisecond), c.End.Sub(c.Start).Round(time.Millisecond), c.Code)
+		}
 		if d < 0 {
 			t.Errorf("INVARIANT the API never answered again after %q (%d failed calls)", f.Name, n)
 			continue
