@@ -38,20 +38,21 @@ func TestUnavailability(t *testing.T) {
 	calls := []call{
 		c(0, 10, ""),
 		c(950, 960, "pool_exhausted"), // an answer of a working API
-		c(1000, 1200, "transport"),    // first failure after the fault at 900
-		c(1100, 5000, ""),             // started before the failure ended: does not count
-		c(1300, 1400, "unavailable"),  // still failing
+		c(1000, 1200, "transport"),    // the first failure seen, at 1200, after the fault at 900
+		c(1100, 5000, ""),             // started before the failure was seen: does not count
+		c(1250, 1400, "unavailable"),  // still failing
 		c(1500, 1600, ""),             // back
+		c(920, 1300, "transport"),     // a wait cut later: its answer is not the first seen
 		c(9000, 9100, "hung"),         // after the next fault: not this one's
 	}
 	d, n := unavailability(calls, at(900), at(8000))
-	if d != 600*time.Millisecond || n != 2 {
-		t.Errorf("unavailability = %s over %d failures, want 600ms over 2", d, n)
+	if d != 400*time.Millisecond || n != 3 {
+		t.Errorf("unavailability = %s over %d failures, want 400ms over 3", d, n)
 	}
 	if d, n := unavailability(calls[:1], at(900), at(8000)); d != 0 || n != 0 {
 		t.Errorf("no failure: %s, %d", d, n)
 	}
-	if d, _ := unavailability(calls[6:], at(8000), at(10000)); d >= 0 {
+	if d, _ := unavailability(calls[7:], at(8000), at(10000)); d >= 0 {
 		t.Errorf("never back: %s, want negative", d)
 	}
 }

@@ -237,38 +237,36 @@ type fault struct {
 }
 
 // unavailability is, for the calls that started after the fault (and
-// before the next one), the time from the first failure (see call.down)'s
-// start to the first success that started after that failure ended: how
-// long callers saw the API away. Zero when no call failed; negative when
-// none succeeded after.
+// before the next one), the time from the first failure (see call.down) a
+// caller saw to the end of the first call that started after it and
+// succeeded: how long callers saw the API away. It counts from a failure's
+// answer, not its start, so that a pool lease that waited long and was
+// then cut does not count its wait. Zero when no call failed; negative
+// when none succeeded after.
 func unavailability(calls []call, from, to time.Time) (time.Duration, int) {
-	var failed []call
+	var seen time.Time
+	n := 0
 	for _, c := range calls {
 		if !c.Start.Before(from) && c.Start.Before(to) && c.down() {
-			failed = append(failed, c)
+			n++
+			if seen.IsZero() || c.End.Before(seen) {
+				seen = c.End
+			}
 		}
 	}
-	if len(failed) == 0 {
+	if n == 0 {
 		return 0, 0
 	}
-	sort.Slice(failed, func(i, j int) bool { return failed[i].Start.Before(failed[j].Start) })
-	first := failed[0]
-	var lastFailEnd time.Time
-	for _, c := range failed {
-		if c.End.After(lastFailEnd) {
-			lastFailEnd = c.End
-		}
-	}
-	back := time.Time{}
+	var back time.Time
 	for _, c := range calls {
-		if c.ok() && c.Start.After(first.End) && (back.IsZero() || c.End.Before(back)) {
+		if c.ok() && !c.Start.Before(seen) && (back.IsZero() || c.End.Before(back)) {
 			back = c.End
 		}
 	}
 	if back.IsZero() {
-		return -1, len(failed)
+		return -1, n
 	}
-	return back.Sub(first.Start), len(failed)
+	return back.Sub(seen), n
 }
 
 // checkCalls asserts that every call succeeded or failed with a retryable
