@@ -704,15 +704,23 @@ func (l *load) idler(ctx context.Context, api *apiclient.Client) {
 			}
 			sleep(ctx, time.Second)
 		}
+		// The call that wakes it is retried until it succeeds, so that
+		// each round is one stop and one resume.
 		var res *apiclient.CommandResult
-		err := l.rec.do(ctx, "idle_resume_command", e.agent("idler"), resumeTimeout, func(ctx context.Context) error {
-			var err error
-			res, err = api.RunCommand(ctx, e.agent("idler"), apiclient.RunCommandRequest{Command: []string{"sh", "-c", "echo x >> failover.log && wc -l < failover.log"}})
-			return err
-		})
-		if err != nil {
+		for ctx.Err() == nil {
+			err := l.rec.do(ctx, "idle_resume_command", e.agent("idler"), resumeTimeout, func(ctx context.Context) error {
+				var err error
+				res, err = api.RunCommand(ctx, e.agent("idler"), apiclient.RunCommandRequest{Command: []string{"sh", "-c", "echo x >> failover.log && wc -l < failover.log"}})
+				return err
+			})
+			if err == nil {
+				break
+			}
+			res = nil
 			sleep(ctx, 2*time.Second)
-			continue
+		}
+		if res == nil {
+			return
 		}
 		var n int
 		_, _ = fmt.Sscanf(res.Stdout, "%d", &n)
