@@ -687,6 +687,7 @@ func (e *env) startLoad() *load {
 func (l *load) idler(ctx context.Context, api *apiclient.Client) {
 	e := l.e
 	want := 0
+	var lastOK time.Time
 	for ctx.Err() == nil {
 		stopped := false
 		deadline := time.Now().Add(2 * time.Minute)
@@ -726,9 +727,10 @@ func (l *load) idler(ctx context.Context, api *apiclient.Client) {
 		_, _ = fmt.Sscanf(res.Stdout, "%d", &n)
 		l.mu.Lock()
 		if n < want+1 {
-			l.lost = append(l.lost, fmt.Sprintf("idler: %d lines after a resume, want at least %d", n, want+1))
+			l.lost = append(l.lost, fmt.Sprintf("idler: %d lines after the resume answered at %s, want at least %d (the last good call answered at %s)",
+				n, time.Now().UTC().Format(time.RFC3339Nano), want+1, lastOK.UTC().Format(time.RFC3339Nano)))
 		}
-		want = n
+		want, lastOK = n, time.Now()
 		if stopped {
 			l.resumes = append(l.resumes, time.Now())
 		}
