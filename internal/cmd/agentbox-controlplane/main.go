@@ -30,6 +30,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -627,14 +628,37 @@ func serviceDNSNames(service, ns string) []string {
 	}
 }
 
+// serviceLookupBound and serviceLookupInterval bound the retries of the
+// Service's lookup at start. A replica that restarts while the API server
+// does (one that lost its leader election Lease then exits) would
+// otherwise serve, until its next restart, a certificate without the
+// ClusterIP, which clients connecting to the Service's address refuse.
+var (
+	serviceLookupBound    = time.Minute
+	serviceLookupInterval = time.Second
+)
+
 // serviceClusterIPs reads the API Service's ClusterIPs directly from the API
-// server: the manager's cache has not started yet.
+// server (the manager's cache has not started yet), retrying while the API
+// server cannot be reached, for up to serviceLookupBound. A missing Service
+// is not retried.
 func serviceClusterIPs(ctx context.Context, r client.Reader, ns, name string) ([]net.IP, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, serviceLookupBound)
 	defer cancel()
 	var svc corev1.Service
-	if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &svc); err != nil {
-		return nil, fmt.Errorf("look up Service %s/%s: %w", ns, name, err)
+	for {
+		err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &svc)
+		if err == nil {
+			break
+		}
+		if apierrors.IsNotFound(err) || ctx.Err() != nil {
+			return nil, fmt.Errorf("look up Service %s/%s: %w", ns, name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("look up Service %s/%s: %w", ns, name, err)
+		case <-time.After(serviceLookupInterval):
+		}
 	}
 	addrs := svc.Spec.ClusterIPs
 	if len(addrs) == 0 && svc.Spec.ClusterIP != "" {

@@ -1,7 +1,8 @@
 // Package postgres starts a throwaway PostgreSQL server for tests, from the
 // server binaries of the host's Debian packages (make testenv installs
-// them). The server listens only on a Unix socket in its own temporary
-// folder, never on TCP, and Stop leaves no process and no files behind.
+// them). The server listens on a Unix socket in its own temporary folder,
+// and on TCP only at an address the caller names (StartWith), for pods of
+// the test cluster; Stop leaves no process and no files behind.
 //
 // PostgreSQL refuses to run as root, so when the tests are root the server
 // runs as the "postgres" user the Debian package creates, or "nobody".
@@ -13,6 +14,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -87,16 +89,39 @@ type Server struct {
 	Version string
 	// Dir holds the data folder, the socket and the server log.
 	Dir string
+	// Host and Port are the TCP address of Options.Listen; Host is empty
+	// without one.
+	Host string
+	Port int
 
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // the server's exit status, once done is closed
+	cmd      *exec.Cmd
+	sockPort int
+	done     chan struct{}
+	err      error // the server's exit status, once done is closed
 }
 
 // Start initialises a database cluster in a new temporary folder and
 // starts a server on it, returning once it accepts connections. Log lines
 // go to Dir/server.log.
-func Start(ctx context.Context) (*Server, error) {
+func Start(ctx context.Context) (*Server, error) { return StartWith(ctx, Options{}) }
+
+// Options configure StartWith.
+type Options struct {
+	// Listen, when set, is an IP address the server also listens on over
+	// TCP, on a free port (Server.Port), for clients that cannot reach
+	// its socket: pods of the test cluster reach the node's address
+	// (testenv.NodeIP). It must be an address of this host.
+	Listen string
+	// Trust is the network (CIDR) whose TCP clients are trusted without a
+	// password, e.g. the test cluster's pod range. Required with Listen.
+	Trust string
+}
+
+// StartWith is Start with options.
+func StartWith(ctx context.Context, opts Options) (*Server, error) {
+	if (opts.Listen == "") != (opts.Trust == "") {
+		return nil, errors.New("postgres: Listen and Trust go together")
+	}
 	bin, err := FindBinDir()
 	if err != nil {
 		return nil, err
@@ -142,6 +167,31 @@ func Start(ctx context.Context) (*Server, error) {
 		return fail(fmt.Errorf("initdb: %w\n%s", err, initOut.String()))
 	}
 
+	listen := ""
+	if opts.Listen != "" {
+		if s.Port, err = freePort(opts.Listen); err != nil {
+			return fail(fmt.Errorf("a port on %s: %w", opts.Listen, err))
+		}
+		s.Host, listen = opts.Listen, opts.Listen
+		hba, err := os.OpenFile(filepath.Join(data, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return fail(err)
+		}
+		_, err = fmt.Fprintf(hba, "host all all %s trust\n", opts.Trust)
+		if cerr := hba.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fail(fmt.Errorf("pg_hba.conf: %w", err))
+		}
+	}
+	sockPort := port
+	if s.Port != 0 {
+		// One port number names both the socket and the TCP port.
+		sockPort = s.Port
+	}
+	s.sockPort = sockPort
+
 	logPath := filepath.Join(dir, "server.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -149,10 +199,11 @@ func Start(ctx context.Context) (*Server, error) {
 	}
 	defer logFile.Close()
 	// The settings trade durability for speed (the data is thrown away)
-	// and keep the server off the network: listen_addresses is empty.
+	// and keep the server off the network unless asked: listen_addresses
+	// is empty then.
 	s.cmd = s.command(context.Background(), bin, "postgres", cred,
-		"-D", data, "-k", dir, "-p", strconv.Itoa(port),
-		"-c", "listen_addresses=",
+		"-D", data, "-k", dir, "-p", strconv.Itoa(sockPort),
+		"-c", "listen_addresses="+listen,
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB")
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
@@ -256,8 +307,82 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 
 // DSN returns a connection URL for the given database as the superuser.
 func (s *Server) DSN(database string) string {
-	q := url.Values{"host": {s.Dir}, "port": {strconv.Itoa(port)}, "sslmode": {"disable"}}
+	q := url.Values{"host": {s.Dir}, "port": {strconv.Itoa(s.sockPort)}, "sslmode": {"disable"}}
 	return (&url.URL{Scheme: "postgres", User: url.User("postgres"), Path: "/" + database, RawQuery: q.Encode()}).String()
+}
+
+// TCPDSN returns a connection URL for the given database over TCP, at
+// Options.Listen; "" without one.
+func (s *Server) TCPDSN(database string) string {
+	if s.Host == "" {
+		return ""
+	}
+	return (&url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort(s.Host, strconv.Itoa(s.Port)),
+		Path: "/" + database, RawQuery: "sslmode=disable"}).String()
+}
+
+// Pause stops every process of the server (SIGSTOP to the postmaster and
+// its children): connections stay open and queries hang, as when the
+// database's host stalls or its network drops packets. Resume undoes it.
+func (s *Server) Pause() error { return s.signalAll(syscall.SIGSTOP) }
+
+// Resume continues a paused server.
+func (s *Server) Resume() error { return s.signalAll(syscall.SIGCONT) }
+
+// signalAll signals the postmaster first (a stopped postmaster forks no
+// new backend), then its children: each backend and auxiliary process
+// makes a session of its own, so the process group does not reach them.
+func (s *Server) signalAll(sig syscall.Signal) error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("postgres exited: %v", s.err)
+	default:
+	}
+	pid := s.cmd.Process.Pid
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("signal postgres: %w", err)
+	}
+	for _, child := range childrenOf(pid) {
+		// A child may exit in between; that is not a failure.
+		_ = syscall.Kill(child, sig)
+	}
+	return nil
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var kids []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The parent's pid is the second field after the parenthesised
+		// command name, which may itself contain spaces.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			kids = append(kids, p)
+		}
+	}
+	return kids
+}
+
+func freePort(ip string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Pid is the postmaster's process id.
@@ -288,6 +413,8 @@ func (s *Server) Stop() error {
 		select {
 		case <-s.done:
 		default:
+			// A paused server must run to shut down.
+			_ = s.signalAll(syscall.SIGCONT)
 			_ = s.cmd.Process.Signal(syscall.SIGINT)
 			select {
 			case <-s.done:

@@ -84,3 +84,66 @@ func TestServerLifecycle(t *testing.T) {
 		t.Errorf("%s still exists after Stop: %v", srv.Dir, err)
 	}
 }
+
+// TestServerTCPAndPause serves over TCP to the trusted network only, and
+// checks that a paused server answers nothing until it is resumed, and
+// that Stop stops a paused server.
+func TestServerTCPAndPause(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := postgres.StartWith(ctx, postgres.Options{Listen: "127.0.0.1", Trust: "127.0.0.1/32"})
+	if errors.Is(err, postgres.ErrNotInstalled) {
+		t.Skipf("skipping: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := srv.Pid()
+	defer func() { _ = srv.Stop() }()
+	if _, err := srv.CreateDatabase(ctx, "tcp"); err != nil {
+		t.Fatal(err)
+	}
+	dsn := srv.TCPDSN("tcp")
+	if !strings.HasPrefix(dsn, "postgres://postgres@127.0.0.1:"+strconv.Itoa(srv.Port)+"/tcp?") {
+		t.Errorf("TCPDSN = %q", dsn)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	query := func(timeout time.Duration) error {
+		qctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		var addr string
+		return db.QueryRowContext(qctx, `SELECT coalesce(inet_server_addr()::text, '')`).Scan(&addr)
+	}
+	if err := query(10 * time.Second); err != nil {
+		t.Fatalf("query over TCP: %v", err)
+	}
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := query(time.Second); err == nil {
+		t.Error("a paused server answered")
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := query(10 * time.Second); err != nil {
+		t.Errorf("query after Resume: %v", err)
+	}
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Close()
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(-pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("processes of group %d still exist after stopping a paused server (kill 0: %v)", pid, err)
+	}
+}

@@ -67,6 +67,13 @@ func BinaryPath() (string, error) {
 // the test ends.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return StartOn(tb, "127.0.0.1")
+}
+
+// StartOn is Start on a free port of host, an address of this machine:
+// pods of the test cluster reach testenv.NodeIP, not the loopback address.
+func StartOn(tb testing.TB, host string) *Server {
+	tb.Helper()
 	bin, err := BinaryPath()
 	if err != nil {
 		tb.Skipf("no S3 server: %v", err)
@@ -91,7 +98,7 @@ func Start(tb testing.TB) *Server {
 	// The port is picked by the kernel and handed over; another process
 	// may take it in between, so a failed start is retried.
 	for attempt := 1; ; attempt++ {
-		addr := freeLoopbackAddr(tb)
+		addr := freeAddr(tb, host)
 		// The metadata goes to a sidecar directory rather than extended
 		// attributes, which not every test filesystem supports.
 		err := s.start(bin, addr, meta)
@@ -197,9 +204,9 @@ func (s *Server) output() string {
 	return s.log.String()
 }
 
-func freeLoopbackAddr(tb testing.TB) string {
+func freeAddr(tb testing.TB, host string) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		tb.Fatal(err)
 	}
