@@ -55,8 +55,9 @@ func testEgressReconciler() *EgressProxyReconciler {
 
 // startEgressManager runs an EgressProxyReconciler for the test's
 // namespace beside the Sandbox controller's manager, as the control plane
-// runs both.
-func (e *clusterEnv) startEgressManager(r *EgressProxyReconciler) {
+// runs both, until the test ends or the returned stop is called; stop
+// returns once the manager has.
+func (e *clusterEnv) startEgressManager(r *EgressProxyReconciler) (stop func()) {
 	t := e.t
 	var logMu sync.Mutex
 	var logBuf bytes.Buffer
@@ -78,17 +79,24 @@ func (e *clusterEnv) startEgressManager(r *EgressProxyReconciler) {
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("egress manager: %v", err)
+			}
+		})
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("egress manager: %v", err)
-		}
+		stop()
 		if t.Failed() {
 			logMu.Lock()
 			t.Logf("egress controller log:\n%s", logBuf.String())
 			logMu.Unlock()
 		}
 	})
+	return stop
 }
 
 // egressProbe runs inside the sandbox, through the supervisor. It uses
