@@ -147,11 +147,13 @@ type egressProbeResult struct {
 // cluster has no DNS). The proxy's built-in denial of private ranges would
 // refuse that IP, so the test replaces the base ranges with loopback and
 // link-local only; the name that is refused is under .invalid and is
-// refused by the allowlist before any lookup or connection.
+// refused by the allowlist before any lookup or connection. The pod's
+// address is also in allowedCIDRs: on a node that enforces NetworkPolicy
+// the proxy pods' policy keeps them out of the private ranges, the test
+// cluster's included, except for those.
 //
-// The NetworkPolicies the controller writes are not exercised here: the
-// local cluster does not enforce NetworkPolicy. egressproxy_unit_test.go
-// checks the policy objects against the pods they select.
+// TestSandboxFence shows, under enforcement, that the sandbox reaches
+// nothing but its proxy.
 func TestEgressProxyPerAgent(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -170,6 +172,7 @@ func TestEgressProxyPerAgent(t *testing.T) {
 		Spec: v1alpha1.EgressProxySpec{
 			Mode:           v1alpha1.EgressProxyModePerAgent,
 			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(targetIP)},
+			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(targetIP + "/32")},
 		},
 	}
 	must(t, e.c.Create(e.ctx, proxy))
@@ -295,6 +298,7 @@ func TestEgressProxyShared(t *testing.T) {
 		Spec: v1alpha1.EgressProxySpec{
 			Mode:           v1alpha1.EgressProxyModeShared,
 			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(targetIP)},
+			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(targetIP + "/32")},
 		},
 	}
 	must(t, e.c.Create(e.ctx, proxy))

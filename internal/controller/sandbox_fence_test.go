@@ -563,6 +563,9 @@ type fenceLine struct {
 func parseFenceLog(t *testing.T, log string) (lines []fenceLine, done bool) {
 	t.Helper()
 	for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
+		if l == "" {
+			continue
+		}
 		if l == "done" {
 			done = true
 			continue
@@ -641,7 +644,7 @@ func TestSandboxFenceWarmAdoption(t *testing.T) {
 	}
 	readLog := func() string {
 		t.Helper()
-		res, err := sup.RunCommand(e.ctx, supervisorapi.CommandRequest{Command: []string{"sh", "-c", "cat " + logFile + "; cat /tmp/fence-loop.err >&2"}, Cwd: "/tmp"})
+		res, err := sup.RunCommand(e.ctx, supervisorapi.CommandRequest{Command: []string{"sh", "-c", "touch " + logFile + " && cat " + logFile + " && cat /tmp/fence-loop.err >&2"}, Cwd: "/tmp"})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("read the probe loop's file: %v %+v", err, res)
 		}
