@@ -55,8 +55,9 @@ func testEgressReconciler() *EgressProxyReconciler {
 
 // startEgressManager runs an EgressProxyReconciler for the test's
 // namespace beside the Sandbox controller's manager, as the control plane
-// runs both.
-func (e *clusterEnv) startEgressManager(r *EgressProxyReconciler) {
+// runs both, until the test ends or the returned stop is called; stop
+// returns once the manager has.
+func (e *clusterEnv) startEgressManager(r *EgressProxyReconciler) (stop func()) {
 	t := e.t
 	var logMu sync.Mutex
 	var logBuf bytes.Buffer
@@ -78,17 +79,24 @@ func (e *clusterEnv) startEgressManager(r *EgressProxyReconciler) {
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("egress manager: %v", err)
+			}
+		})
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("egress manager: %v", err)
-		}
+		stop()
 		if t.Failed() {
 			logMu.Lock()
 			t.Logf("egress controller log:\n%s", logBuf.String())
 			logMu.Unlock()
 		}
 	})
+	return stop
 }
 
 // egressProbe runs inside the sandbox, through the supervisor. It uses
@@ -139,11 +147,13 @@ type egressProbeResult struct {
 // cluster has no DNS). The proxy's built-in denial of private ranges would
 // refuse that IP, so the test replaces the base ranges with loopback and
 // link-local only; the name that is refused is under .invalid and is
-// refused by the allowlist before any lookup or connection.
+// refused by the allowlist before any lookup or connection. The pod's
+// address is also in allowedCIDRs: on a node that enforces NetworkPolicy
+// the proxy pods' policy keeps them out of the private ranges, the test
+// cluster's included, except for those.
 //
-// The NetworkPolicies the controller writes are not exercised here: the
-// local cluster does not enforce NetworkPolicy. egressproxy_unit_test.go
-// checks the policy objects against the pods they select.
+// TestSandboxFence shows, under enforcement, that the sandbox reaches
+// nothing but its proxy.
 func TestEgressProxyPerAgent(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -162,6 +172,7 @@ func TestEgressProxyPerAgent(t *testing.T) {
 		Spec: v1alpha1.EgressProxySpec{
 			Mode:           v1alpha1.EgressProxyModePerAgent,
 			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(targetIP)},
+			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(targetIP + "/32")},
 		},
 	}
 	must(t, e.c.Create(e.ctx, proxy))
@@ -287,6 +298,7 @@ func TestEgressProxyShared(t *testing.T) {
 		Spec: v1alpha1.EgressProxySpec{
 			Mode:           v1alpha1.EgressProxyModeShared,
 			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(targetIP)},
+			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(targetIP + "/32")},
 		},
 	}
 	must(t, e.c.Create(e.ctx, proxy))

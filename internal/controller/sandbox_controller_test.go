@@ -666,7 +666,14 @@ func (e *clusterEnv) checkRunning(t *testing.T, sbx *v1alpha1.Sandbox) {
 // authenticates as the control plane, the way the Compute API will.
 func (e *clusterEnv) supervisor(t *testing.T, sbx *v1alpha1.Sandbox) *supervisorapi.Client {
 	t.Helper()
-	leaf, err := e.ca.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, testPlatformNamespace), Usage: pki.UsageClient})
+	return e.supervisorAs(t, sbx, testPlatformNamespace)
+}
+
+// supervisorAs is supervisor for a control plane whose namespace is
+// platformNS, for tests whose reconciler runs with its own.
+func (e *clusterEnv) supervisorAs(t *testing.T, sbx *v1alpha1.Sandbox, platformNS string) *supervisorapi.Client {
+	t.Helper()
+	leaf, err := e.ca.Issue(pki.LeafOptions{ID: pki.ControlPlaneID(testTrustDomain, platformNS), Usage: pki.UsageClient})
 	must(t, err)
 	cert, err := leaf.TLSCertificate()
 	must(t, err)
