@@ -23,8 +23,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -36,7 +34,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -144,11 +141,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs := flag.NewFlagSet("agentbox-controlplane", flag.ContinueOnError)
 	fs.SetOutput(out)
 	o := &options{}
-	ns := getenv("POD_NAMESPACE")
-	if ns == "" {
-		ns = defaultNamespace
-	}
-	fs.StringVar(&o.namespace, "namespace", ns, "platform namespace, where the CA, the API Service and the leader election Lease live [POD_NAMESPACE]")
+	fs.StringVar(&o.namespace, "namespace", cmp.Or(getenv("POD_NAMESPACE"), defaultNamespace), "platform namespace, where the CA, the API Service and the leader election Lease live [POD_NAMESPACE]")
 	fs.StringVar(&o.caDir, "ca-dir", "/etc/agentbox/ca", "directory holding the platform CA's tls.crt and tls.key (the mounted Secret agentbox-ca)")
 	fs.StringVar(&o.adminTokenFile, "admin-token-file", "/etc/agentbox/admin/token", "file holding the admin token (the mounted Secret agentbox-admin-token, key token); only its SHA-256 is kept")
 	fs.StringVar(&o.apiListen, "api-listen", ":8443", "HTTPS listen address of the Compute API")
@@ -177,21 +170,10 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
 	defaultTemplate := fs.String("default-template", getenv("AGENTBOX_DEFAULT_TEMPLATE"),
 		"NAMESPACE/NAME of the SandboxTemplate the Compute API's deploy_or_resume creates an agent's missing sandbox from when the call names none; empty means such calls must name one [AGENTBOX_DEFAULT_TEMPLATE]")
-	sandboxNamespaces := fs.String("sandbox-namespaces", getenv("AGENTBOX_SANDBOX_NAMESPACES"),
-		"comma-separated namespaces whose sandboxes, warm pools and egress proxies the control plane runs, besides --namespace, which is always served; "+
-			"it watches pods, Secrets and their other children only there (its RBAC Roles grant no more), and objects elsewhere get the NamespaceNotServed condition. "+
-			"Empty serves every namespace, which needs cluster-wide rights [AGENTBOX_SANDBOX_NAMESPACES]")
-	managedDefault := true
-	if v := getenv("AGENTBOX_MANAGED_NODE_POOLS"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, fmt.Errorf("AGENTBOX_MANAGED_NODE_POOLS %q: want true or false", v)
-		}
-		managedDefault = b
+	sandboxNamespaces, err := registerScopeFlags(fs, getenv, o)
+	if err != nil {
+		return nil, err
 	}
-	fs.BoolVar(&o.managedNodePools, "managed-node-pools", managedDefault,
-		"run Managed GVisorNodePools: label and taint their nodes and write their RuntimeClasses, which needs the right to patch nodes; "+
-			"false leaves such pools with the ManagedModeDisabled condition [AGENTBOX_MANAGED_NODE_POOLS]")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
 	config.RegisterFlags(fs)
@@ -208,7 +190,6 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	if o.supervisorImage == "" {
 		return nil, errors.New("--supervisor-image must not be empty: sandbox pods install the supervisor from it")
 	}
-	var err error
 	if o.supervisorPullPolicy, err = parsePullPolicy("--supervisor-image-pull-policy", *supervisorPull); err != nil {
 		return nil, err
 	}
@@ -232,49 +213,6 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 		return nil, err
 	}
 	return o, nil
-}
-
-// parseSandboxNamespaces reads --sandbox-namespaces: nil when empty (every
-// namespace), else the namespaces named with the platform namespace added,
-// sorted and without duplicates.
-func parseSandboxNamespaces(v, platformNamespace string) (controller.ServedNamespaces, error) {
-	if strings.TrimSpace(v) == "" {
-		return nil, nil
-	}
-	served := controller.ServedNamespaces{platformNamespace}
-	for _, ns := range strings.Split(v, ",") {
-		ns = strings.TrimSpace(ns)
-		if ns == "" {
-			continue
-		}
-		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return nil, fmt.Errorf("--sandbox-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
-		}
-		served = append(served, ns)
-	}
-	slices.Sort(served)
-	return slices.Compact(served), nil
-}
-
-// cacheOptions confines the manager's cache to the served namespaces, so
-// that it never lists or watches pods, Secrets and the other children
-// cluster-wide, which the chart's Roles do not allow. The agentbox kinds
-// stay watched everywhere (the ClusterRole allows it), so that one made in
-// a namespace that is not served is told so. Cluster-scoped kinds (nodes,
-// namespaces, RuntimeClasses) are not namespaced and unaffected.
-func cacheOptions(served controller.ServedNamespaces) cache.Options {
-	if len(served) == 0 {
-		return cache.Options{}
-	}
-	opts := cache.Options{DefaultNamespaces: map[string]cache.Config{}, ByObject: map[client.Object]cache.ByObject{}}
-	for _, ns := range served {
-		opts.DefaultNamespaces[ns] = cache.Config{}
-	}
-	// An empty, non-nil map means every namespace.
-	for _, obj := range []client.Object{&v1alpha1.Sandbox{}, &v1alpha1.SandboxTemplate{}, &v1alpha1.SandboxWarmPool{}, &v1alpha1.EgressProxy{}} {
-		opts.ByObject[obj] = cache.ByObject{Namespaces: map[string]cache.Config{}}
-	}
-	return opts
 }
 
 // run starts the control plane and serves until ctx ends. The deferred
@@ -331,13 +269,6 @@ func run(ctx context.Context, o *options) error {
 	}
 	log.Info("stopped")
 	return nil
-}
-
-func servedOrAll(s controller.ServedNamespaces) string {
-	if len(s) == 0 {
-		return "all"
-	}
-	return strings.Join(s, ",")
 }
 
 // inputs are what the control plane reads before it talks to the

@@ -167,42 +167,64 @@ func StartWith(ctx context.Context, opts Options) (*Server, error) {
 		return fail(fmt.Errorf("initdb: %w\n%s", err, initOut.String()))
 	}
 
-	listen := ""
-	if opts.Listen != "" {
-		if s.Port, err = freePort(opts.Listen); err != nil {
-			return fail(fmt.Errorf("a port on %s: %w", opts.Listen, err))
-		}
-		s.Host, listen = opts.Listen, opts.Listen
-		hba, err := os.OpenFile(filepath.Join(data, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
-		if err != nil {
-			return fail(err)
-		}
-		_, err = fmt.Fprintf(hba, "host all all %s trust\n", opts.Trust)
-		if cerr := hba.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fail(fmt.Errorf("pg_hba.conf: %w", err))
-		}
-	}
-	sockPort := port
-	if s.Port != 0 {
-		// One port number names both the socket and the TCP port.
-		sockPort = s.Port
-	}
-	s.sockPort = sockPort
-
-	logPath := filepath.Join(dir, "server.log")
-	logFile, err := os.Create(logPath)
+	listen, err := s.listenTCP(data, opts)
 	if err != nil {
 		return fail(err)
+	}
+	s.sockPort = port
+	if s.Port != 0 {
+		// One port number names both the socket and the TCP port.
+		s.sockPort = s.Port
+	}
+	if err := s.serve(ctx, bin, data, listen, cred); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// listenTCP sets the server up to listen on opts.Listen, on a free port,
+// trusting the clients of opts.Trust, and returns the listen_addresses
+// setting: empty, which keeps the server off the network, when opts.Listen
+// is.
+func (s *Server) listenTCP(data string, opts Options) (string, error) {
+	if opts.Listen == "" {
+		return "", nil
+	}
+	p, err := freePort(opts.Listen)
+	if err != nil {
+		return "", fmt.Errorf("a port on %s: %w", opts.Listen, err)
+	}
+	s.Port, s.Host = p, opts.Listen
+	hba, err := os.OpenFile(filepath.Join(data, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return "", err
+	}
+	_, err = fmt.Fprintf(hba, "host all all %s trust\n", opts.Trust)
+	if cerr := hba.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("pg_hba.conf: %w", err)
+	}
+	return opts.Listen, nil
+}
+
+// serve starts the server on data and returns once it accepts
+// connections. On failure nothing of the server is left: its folder is
+// removed.
+func (s *Server) serve(ctx context.Context, bin, data, listen string, cred *syscall.Credential) error {
+	logPath := filepath.Join(s.Dir, "server.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		_ = os.RemoveAll(s.Dir)
+		return err
 	}
 	defer logFile.Close()
 	// The settings trade durability for speed (the data is thrown away)
 	// and keep the server off the network unless asked: listen_addresses
 	// is empty then.
 	s.cmd = s.command(context.Background(), bin, "postgres", cred,
-		"-D", data, "-k", dir, "-p", strconv.Itoa(sockPort),
+		"-D", data, "-k", s.Dir, "-p", strconv.Itoa(s.sockPort),
 		"-c", "listen_addresses="+listen,
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB")
@@ -212,7 +234,8 @@ func StartWith(ctx context.Context, opts Options) (*Server, error) {
 	s.cmd.SysProcAttr.Setpgid = true
 	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
 	if err := s.cmd.Start(); err != nil {
-		return fail(fmt.Errorf("start postgres: %w", err))
+		_ = os.RemoveAll(s.Dir)
+		return fmt.Errorf("start postgres: %w", err)
 	}
 	go func() {
 		s.err = s.cmd.Wait()
@@ -221,9 +244,9 @@ func StartWith(ctx context.Context, opts Options) (*Server, error) {
 	if err := s.waitReady(ctx, 60*time.Second); err != nil {
 		_ = s.Stop()
 		log, _ := os.ReadFile(logPath)
-		return nil, fmt.Errorf("%w\nserver log:\n%s", err, log)
+		return fmt.Errorf("%w\nserver log:\n%s", err, log)
 	}
-	return s, nil
+	return nil
 }
 
 func (s *Server) command(ctx context.Context, bin, name string, cred *syscall.Credential, args ...string) *exec.Cmd {
