@@ -92,14 +92,13 @@ type secretFileModel struct {
 // Defaults mirror the CRD's, so that a template that leaves them out plans
 // the values the API server will store.
 const (
-	defaultWorkspaceSize   = "1Gi"
-	defaultMountPath       = "/workspace"
-	defaultIdleTimeout     = "1h"
-	defaultCheckpointsKept = 3
-	defaultPythonTimeout   = "30s"
-	defaultPythonMax       = "2m"
-	templateKind           = "SandboxTemplate"
-	sandboxTemplateTFType  = "sandbox_template"
+	defaultWorkspaceSize  = "1Gi"
+	defaultMountPath      = "/workspace"
+	defaultIdleTimeout    = "1h"
+	defaultPythonTimeout  = "30s"
+	defaultPythonMax      = "2m"
+	templateKind          = "SandboxTemplate"
+	sandboxTemplateTFType = "sandbox_template"
 )
 
 var templateCR = crKind{kind: templateKind, tfType: sandboxTemplateTFType}
@@ -214,10 +213,10 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 				Validators: []validator.String{checkpointIntervalCheck},
 			},
 			"checkpoints_kept": schema.Int64Attribute{
-				Optional: true, Computed: true, Default: int64default.StaticInt64(defaultCheckpointsKept),
+				Optional: true, Computed: true, Default: int64default.StaticInt64(agentboxv1alpha1.DefaultCheckpointsKept),
 				MarkdownDescription: "How many checkpoints a running sandbox keeps, the newest included; an idle stop's snapshot " +
 					"supersedes them all. The " + checkpointsKeptRange.MarkdownDescription(ctx) + "; defaults to `" +
-					fmt.Sprint(defaultCheckpointsKept) + "`.",
+					fmt.Sprint(agentboxv1alpha1.DefaultCheckpointsKept) + "`.",
 				Validators: []validator.Int64{checkpointsKeptRange},
 			},
 			"python": schema.SingleNestedAttribute{

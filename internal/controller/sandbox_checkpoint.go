@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
@@ -41,10 +40,6 @@ const (
 	EventCheckpointFailed = "CheckpointFailed"
 )
 
-// defaultCheckpointsKept applies when the template's checkpointsKept was
-// not defaulted by the API server (objects built in tests).
-const defaultCheckpointsKept = 3
-
 // checkpointPolicy returns the template's checkpoint interval, zero when
 // checkpoints are off, and how many to keep.
 func checkpointPolicy(tpl *v1alpha1.SandboxTemplate) (time.Duration, int) {
@@ -53,7 +48,8 @@ func checkpointPolicy(tpl *v1alpha1.SandboxTemplate) (time.Duration, int) {
 	}
 	kept := int(tpl.Spec.CheckpointsKept)
 	if kept <= 0 {
-		kept = defaultCheckpointsKept
+		// Not defaulted by the API server: objects built in tests.
+		kept = v1alpha1.DefaultCheckpointsKept
 	}
 	return tpl.Spec.CheckpointInterval.Duration, kept
 }
@@ -143,11 +139,8 @@ func (r *SandboxReconciler) takeCheckpoint(ctx context.Context, sbx *v1alpha1.Sa
 // beyond the kept number. A failed delete leaks storage, not data, so it
 // is logged and the checkpoint recorded all the same.
 func (r *SandboxReconciler) recordCheckpoint(ctx context.Context, sbx *v1alpha1.Sandbox, pod *corev1.Pod, name string, state snapshot.State, kept int) {
-	readyAt := metav1.NewTime(r.now().Truncate(time.Second))
-	if !state.ReadyTime.IsZero() {
-		readyAt = metav1.NewTime(state.ReadyTime.Truncate(time.Second))
-	}
-	ck := v1alpha1.SandboxSnapshot{Name: name, SizeBytes: state.SizeBytes, ReadyTime: &readyAt, Driver: snapshot.ID(r.Snapshots), Checkpoint: true}
+	ck := r.snapshotRecord(name, state)
+	ck.Checkpoint = true
 	var stale []string
 	if prev := sbx.Status.Snapshot; prev != nil && !prev.Checkpoint && prev.Name != name {
 		stale = append(stale, prev.Name)
@@ -160,7 +153,7 @@ func (r *SandboxReconciler) recordCheckpoint(ctx context.Context, sbx *v1alpha1.
 	sbx.Status.Checkpoints = list
 	sbx.Status.Snapshot = ck.DeepCopy()
 	sbx.Status.PendingCheckpoint = ""
-	r.deleteSnapshots(ctx, sbx, stale, "delete superseded snapshot")
+	r.deleteSnapshots(ctx, sbx, stale)
 	metricSnapshots.WithLabelValues(r.Snapshots.Name(), "ready").Inc()
 	began := ""
 	if t := sbx.Status.LastCheckpointTime; t != nil {
@@ -185,25 +178,4 @@ func (r *SandboxReconciler) dropPendingCheckpoint(ctx context.Context, sbx *v1al
 	}
 	sbx.Status.PendingCheckpoint = ""
 	return nil
-}
-
-// dropCheckpoints deletes every kept checkpoint except keep, once a
-// newer snapshot (an idle stop's) supersedes them.
-func (r *SandboxReconciler) dropCheckpoints(ctx context.Context, sbx *v1alpha1.Sandbox, keep string) {
-	var stale []string
-	for _, c := range sbx.Status.Checkpoints {
-		if c.Name != keep {
-			stale = append(stale, c.Name)
-		}
-	}
-	sbx.Status.Checkpoints = nil
-	r.deleteSnapshots(ctx, sbx, stale, "delete superseded checkpoint")
-}
-
-func (r *SandboxReconciler) deleteSnapshots(ctx context.Context, sbx *v1alpha1.Sandbox, names []string, what string) {
-	for _, n := range names {
-		if err := r.Snapshots.Delete(ctx, sbx, n); err != nil && !errors.Is(err, snapshot.ErrNotFound) {
-			logf.FromContext(ctx).Error(err, what, "snapshot", n)
-		}
-	}
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
-	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/archive"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/kwok"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
@@ -42,13 +41,7 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 		t.Skipf("%s is not set: checkpoints are read through the real sandbox image's supervisor", EnvSandboxImage)
 	}
 	nodes := startFakeNodes(t)
-	store := s3server.Start(t)
-	d, err := archive.New(archive.Config{
-		Endpoint: store.Endpoint, Bucket: store.Bucket, Region: store.Region,
-		AccessKeyID: store.AccessKeyID, SecretAccessKey: store.SecretAccessKey,
-	})
-	must(t, err)
-	t.Cleanup(d.Close)
+	d := s3Archive(t, s3server.Start(t))
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, d, &pool))
 	const name = "ckpt"

@@ -242,24 +242,10 @@ func (r *SandboxReconciler) completeStop(ctx context.Context, sbx *v1alpha1.Sand
 	if err := r.deleteWorkload(ctx, sbx, pod, true); err != nil {
 		return err
 	}
-	readyAt := metav1.NewTime(r.now().Truncate(time.Second))
-	if !state.ReadyTime.IsZero() {
-		readyAt = metav1.NewTime(state.ReadyTime.Truncate(time.Second))
-	}
-	prev := sbx.Status.Snapshot
-	sbx.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: name, SizeBytes: state.SizeBytes, ReadyTime: &readyAt, Driver: snapshot.ID(r.Snapshots)}
+	r.recordStopSnapshot(ctx, sbx, name, state)
 	sbx.Status.PendingSnapshot = ""
 	sbx.Status.IdleStopRetry = nil
 	meta.RemoveStatusCondition(&sbx.Status.Conditions, v1alpha1.ConditionIdleStopBlocked)
-	r.dropCheckpoints(ctx, sbx, name)
-	if prev != nil && prev.Name != name && !prev.Checkpoint {
-		// Only after the new one is ready, so a stop never leaves the
-		// sandbox without a snapshot. A failure here leaks storage, not
-		// data, so it does not hold the stop up.
-		if err := r.Snapshots.Delete(ctx, sbx, prev.Name); err != nil {
-			logf.FromContext(ctx).Error(err, "delete superseded snapshot", "snapshot", prev.Name)
-		}
-	}
 	metricSnapshots.WithLabelValues(r.Snapshots.Name(), "ready").Inc()
 	if !started.IsZero() {
 		metricSnapshotSeconds.WithLabelValues(r.Snapshots.Name()).Observe(r.now().Sub(started).Seconds())
@@ -267,6 +253,46 @@ func (r *SandboxReconciler) completeStop(ctx context.Context, sbx *v1alpha1.Sand
 	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s, %s driver); the next activity resumes the sandbox",
 		name, formatBytes(state.SizeBytes), snapshot.ID(r.Snapshots)))
 	return nil
+}
+
+// snapshotRecord is what status records of ready snapshot name.
+func (r *SandboxReconciler) snapshotRecord(name string, state snapshot.State) v1alpha1.SandboxSnapshot {
+	readyAt := metav1.NewTime(r.now().Truncate(time.Second))
+	if !state.ReadyTime.IsZero() {
+		readyAt = metav1.NewTime(state.ReadyTime.Truncate(time.Second))
+	}
+	return v1alpha1.SandboxSnapshot{Name: name, SizeBytes: state.SizeBytes, ReadyTime: &readyAt, Driver: snapshot.ID(r.Snapshots)}
+}
+
+// recordStopSnapshot makes a stop's ready snapshot the sandbox's, and
+// deletes what it supersedes: the previous snapshot and every checkpoint.
+// Only after the new one is ready, so a stop never leaves the sandbox
+// without a snapshot. A failed delete leaks storage, not data, so it is
+// logged and does not hold the stop up.
+func (r *SandboxReconciler) recordStopSnapshot(ctx context.Context, sbx *v1alpha1.Sandbox, name string, state snapshot.State) {
+	var stale []string
+	if prev := sbx.Status.Snapshot; prev != nil && prev.Name != name && !prev.Checkpoint {
+		// A checkpoint is in status.checkpoints too.
+		stale = append(stale, prev.Name)
+	}
+	for _, c := range sbx.Status.Checkpoints {
+		if c.Name != name {
+			stale = append(stale, c.Name)
+		}
+	}
+	rec := r.snapshotRecord(name, state)
+	sbx.Status.Snapshot = &rec
+	sbx.Status.Checkpoints = nil
+	r.deleteSnapshots(ctx, sbx, stale)
+}
+
+// deleteSnapshots deletes superseded snapshots, logging what fails.
+func (r *SandboxReconciler) deleteSnapshots(ctx context.Context, sbx *v1alpha1.Sandbox, names []string) {
+	for _, n := range names {
+		if err := r.Snapshots.Delete(ctx, sbx, n); err != nil && !errors.Is(err, snapshot.ErrNotFound) {
+			logf.FromContext(ctx).Error(err, "delete superseded snapshot", "snapshot", n)
+		}
+	}
 }
 
 // confirmStored returns a conflict, which sends the pass round again on a

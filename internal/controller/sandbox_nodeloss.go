@@ -346,18 +346,7 @@ func (r *SandboxReconciler) endStopOfLostNode(ctx context.Context, sbx *v1alpha1
 	// the driver only reports on what it has.
 	state, err := r.Snapshots.Take(ctx, snapshot.Request{Sandbox: sbx, Template: tpl, ClaimName: WorkspaceClaimName(workloadName(sbx)), Name: name})
 	if err == nil && state.Ready {
-		prev := sbx.Status.Snapshot
-		readyAt := metav1.NewTime(r.now().Truncate(time.Second))
-		if !state.ReadyTime.IsZero() {
-			readyAt = metav1.NewTime(state.ReadyTime.Truncate(time.Second))
-		}
-		sbx.Status.Snapshot = &v1alpha1.SandboxSnapshot{Name: name, SizeBytes: state.SizeBytes, ReadyTime: &readyAt, Driver: snapshot.ID(r.Snapshots)}
-		r.dropCheckpoints(ctx, sbx, name)
-		if prev != nil && prev.Name != name && !prev.Checkpoint {
-			if err := r.Snapshots.Delete(ctx, sbx, prev.Name); err != nil {
-				log.Error(err, "delete superseded snapshot", "snapshot", prev.Name)
-			}
-		}
+		r.recordStopSnapshot(ctx, sbx, name, state)
 		return
 	}
 	if err := r.Snapshots.Delete(ctx, sbx, name); err != nil && !errors.Is(err, snapshot.ErrNotFound) {

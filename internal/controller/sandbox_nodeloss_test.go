@@ -214,6 +214,19 @@ func readyMessage(sbx *v1alpha1.Sandbox) string {
 	return ""
 }
 
+// s3Archive is an archive snapshot driver on the test's S3 store, closed
+// when the test ends.
+func s3Archive(t *testing.T, store *s3server.Server) *archive.Driver {
+	t.Helper()
+	d, err := archive.New(archive.Config{
+		Endpoint: store.Endpoint, Bucket: store.Bucket, Region: store.Region,
+		AccessKeyID: store.AccessKeyID, SecretAccessKey: store.SecretAccessKey,
+	})
+	must(t, err)
+	t.Cleanup(d.Close)
+	return d
+}
+
 // TestNodeLossResumesOnAnotherNode loses, twice, the node a sandbox is
 // resuming on, with its workspace on that node's local storage: first
 // while the controller watches (it sees the pod on the deleted node), then
@@ -235,15 +248,7 @@ func TestNodeLossResumesOnAnotherNode(t *testing.T) {
 	}
 	nodes := startFakeNodes(t)
 	store := s3server.Start(t)
-	newArchive := func() *archive.Driver {
-		d, err := archive.New(archive.Config{
-			Endpoint: store.Endpoint, Bucket: store.Bucket, Region: store.Region,
-			AccessKeyID: store.AccessKeyID, SecretAccessKey: store.SecretAccessKey,
-		})
-		must(t, err)
-		t.Cleanup(d.Close)
-		return d
-	}
+	newArchive := func() *archive.Driver { return s3Archive(t, store) }
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, newArchive(), &pool))
 	const name = "lost"

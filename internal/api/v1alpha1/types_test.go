@@ -520,6 +520,7 @@ func TestCRDManifests(t *testing.T) {
 		}{
 			{"runtimeClassName", spec.Properties["runtimeClassName"], `"gvisor"`},
 			{"idleTimeout", spec.Properties["idleTimeout"], `"1h"`},
+			{"checkpointsKept", spec.Properties["checkpointsKept"], fmt.Sprint(v1alpha1.DefaultCheckpointsKept)},
 			{"workspace", ws, `{}`},
 			{"workspace.size", ws.Properties["size"], `"1Gi"`},
 			{"workspace.mountPath", ws.Properties["mountPath"], `"/workspace"`},

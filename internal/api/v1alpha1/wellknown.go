@@ -252,3 +252,7 @@ const (
 	// StatusKeyReportedBy names the control plane pod that wrote it.
 	StatusKeyReportedBy = "reportedBy"
 )
+
+// DefaultCheckpointsKept is how many checkpoints a running sandbox keeps
+// when its template does not say; the CRD's default for checkpointsKept.
+const DefaultCheckpointsKept = 3
