@@ -24,9 +24,10 @@ import (
 //
 // The manager does not always wait for it to stop: when the replica loses
 // its leader election Lease, controller-runtime sets its graceful shutdown
-// timeout to zero, cancels the runnables and returns from Start at once
-// ("leader election lost"). So the caller also calls drain once the
-// manager has returned, and closes what the handlers use only after it.
+// timeout to zero, so its stop procedure cancels the runnables from a
+// goroutine it does not wait for, and Start returns "leader election lost"
+// at once. So the caller also calls drain once the manager has returned,
+// and closes what the handlers use only after it.
 type apiServer struct {
 	addr    string
 	handler http.Handler

@@ -226,9 +226,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 //
 // On SIGTERM the manager itself waits for the API's graceful shutdown. On
 // leader loss it does not: controller-runtime zeroes its graceful shutdown
-// timeout, cancels the runnables without waiting for them and returns
-// "leader election lost" at once, so run waits for the API (drainAPI)
-// before it returns. The reconcilers, cancelled with it, are not waited
+// timeout, cancels the runnables without waiting for any of them and
+// returns "leader election lost" at once, so run waits for the API
+// (drainAPI) before it returns. The reconcilers, cancelled with it, are not waited
 // for: a replica that is no longer leader must stop acting as one, and
 // whatever they were doing the next leader redoes.
 func run(ctx context.Context, o *options) error {
