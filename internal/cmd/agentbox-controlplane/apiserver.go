@@ -8,6 +8,7 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +21,13 @@ import (
 
 // apiServer runs the Compute API as a manager runnable: it starts after the
 // manager's caches, stops with the manager, and reports readiness.
+//
+// The manager does not always wait for it to stop: when the replica loses
+// its leader election Lease, controller-runtime sets its graceful shutdown
+// timeout to zero, so its stop procedure cancels the runnables from a
+// goroutine it does not wait for, and Start returns "leader election lost"
+// at once. So the caller also calls drain once the manager has returned,
+// and closes what the handlers use only after it.
 type apiServer struct {
 	addr    string
 	handler http.Handler
@@ -29,19 +37,39 @@ type apiServer struct {
 	sandboxEvents toolscache.ResourceEventHandler
 	log           logr.Logger
 	listening     atomic.Bool
+
+	// mu orders Start against drain, so that neither can miss the other:
+	// either Start began first and drain stops it and waits for done, or
+	// drain came first and Start returns without serving.
+	mu       sync.Mutex
+	draining bool
+	// stop cancels Start's context; nil until Start has begun.
+	stop context.CancelFunc
+	// done is closed when a Start that began has returned.
+	done chan struct{}
 }
 
 func newAPIServer(addr string, h http.Handler, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), c cache.Cache, log logr.Logger) *apiServer {
-	return &apiServer{addr: addr, handler: h, getCert: getCert, cache: c, log: log}
+	return &apiServer{addr: addr, handler: h, getCert: getCert, cache: c, log: log, done: make(chan struct{})}
 }
 
 // NeedLeaderElection is false: every replica serves the API, only the
 // leader reconciles.
 func (a *apiServer) NeedLeaderElection() bool { return false }
 
-// Start serves until ctx ends, then drains calls in flight for up to
-// shutdownGrace.
+// Start serves until ctx ends or drain is called, then drains calls in
+// flight for up to shutdownGrace.
 func (a *apiServer) Start(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.mu.Lock()
+	if a.draining || a.stop != nil {
+		a.mu.Unlock()
+		return nil
+	}
+	a.stop = cancel
+	a.mu.Unlock()
+	defer close(a.done)
 	// Before the first call, the Sandbox informer must have synced: on an
 	// empty cache every agent would get sandbox_not_found.
 	inf, err := a.cache.GetInformer(ctx, &v1alpha1.Sandbox{})
@@ -87,15 +115,50 @@ func (a *apiServer) Start(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	// Unready first, so that load balancers stop sending new calls while
-	// the ones in flight finish.
+	// the ones in flight finish. Shutdown closes the listener at once, so
+	// new connections are refused rather than cut later.
 	a.listening.Store(false)
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
+	a.log.Info("stopping the Compute API: no new calls, draining the calls in flight", "graceSeconds", shutdownGrace.Seconds())
+	began := time.Now()
+	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancelShutdown()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		a.log.Info("calls still running after the grace period; closing them", "error", err.Error())
 		_ = srv.Close()
+		return nil
 	}
+	a.log.Info("drained the Compute API: every call in flight was answered", "seconds", roundSeconds(time.Since(began)))
 	return nil
+}
+
+// drain stops the server, if the manager has not already, and waits up to
+// bound for Start to return, that is for the calls in flight to be
+// answered (or cut at shutdownGrace). It returns at once if Start never
+// began (the manager failed before starting it), and a Start the manager
+// begins after drain returns without serving. started is whether Start
+// had begun; finished is false if bound ran out first.
+func (a *apiServer) drain(bound time.Duration) (started, finished bool) {
+	a.mu.Lock()
+	a.draining = true
+	stop := a.stop
+	a.mu.Unlock()
+	if stop == nil {
+		return false, true
+	}
+	stop()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-a.done:
+		return true, true
+	case <-t.C:
+		return true, false
+	}
+}
+
+// roundSeconds is d in seconds to a tenth, for logs.
+func roundSeconds(d time.Duration) float64 {
+	return d.Round(100 * time.Millisecond).Seconds()
 }
 
 // readyCheck is the /readyz check: ready once the caches have synced and

@@ -45,103 +45,16 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver")
 	}
-	bin := envtestAssets(t)
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: bin,
-		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(t), "charts", "agentbox", "crds")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("start envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	user, err := env.AddUser(envtest.User{Name: "controlplane", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	kubeconfigPath := filepath.Join(dir, "kubeconfig")
-	tokenPath := filepath.Join(dir, "token")
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(tokenPath, []byte("admin-token\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	scheme := kruntime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
-	kube, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	const ns = "agentbox-system"
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agentbox-api"},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443}}}}
-	for _, o := range []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
-		svc,
-	} {
-		if err := kube.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cp := startControlPlane(ctx, t)
+	kube, svc, exited := cp.kube, cp.svc, cp.exited
 
-	caDir := writeCA(t)
-	apiAddr, healthAddr := freeAddr(t), freeAddr(t)
-	cmd := exec.Command(buildBinary(t), "--kubeconfig", kubeconfigPath, "--namespace", ns, "--ca-dir", caDir,
-		"--admin-token-file", tokenPath, "--api-listen", apiAddr, "--health-listen", healthAddr,
-		"--metrics-listen", "0", "--sandbox-image", "example.invalid/sandbox:test")
-	// The store's directory comes from the variable the chart sets.
-	dataDir := t.TempDir()
-	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH"), "AGENTBOX_DATA_DIR=" + dataDir}
-	logs := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() || testing.Verbose() {
-			t.Logf("control plane output:\n%s", logs.String())
-		}
-	})
-
-	waitFor(t, exited, "/readyz to answer 200", func() bool {
-		resp, err := http.Get("http://" + healthAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-
-	caPEM, err := os.ReadFile(filepath.Join(caDir, "tls.crt"))
+	pool, err := pki.CertPoolFromPEM(cp.caPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pki.CertPoolFromPEM(caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := tls.Dial("tcp", apiAddr, &tls.Config{RootCAs: pool, ServerName: "agentbox-api.agentbox-system.svc"})
+	conn, err := tls.Dial("tcp", cp.apiAddr, &tls.Config{RootCAs: pool, ServerName: "agentbox-api.agentbox-system.svc"})
 	if err != nil {
 		t.Fatalf("the API's certificate is not valid for its Service name: %v", err)
 	}
@@ -154,17 +67,9 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 		t.Errorf("the API's certificate does not name the Service's ClusterIP: %v", err)
 	}
 
-	port := apiAddr[strings.LastIndexByte(apiAddr, ':')+1:]
-	endpoint := "https://127.0.0.1:" + port
-	c, err := apiclient.New(endpoint, "admin-token", caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := cp.client(t, "admin-token")
 	req := apiclient.RunCommandRequest{Command: []string{"true"}}
-	bad, err := apiclient.New(endpoint, "wrong", caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bad := cp.client(t, "wrong")
 	if _, err := bad.RunCommand(ctx, "agent-1", req); apiclient.CodeOf(err) != apiclient.CodeUnauthenticated {
 		t.Errorf("wrong token: %v", err)
 	}
@@ -239,10 +144,7 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agent, err := apiclient.New(endpoint, tok.Token, caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := cp.client(t, tok.Token)
 	if _, err := agent.AcquireLease(ctx, "agent-1", apiclient.AcquireLeaseRequest{Holder: "run-3", RequestID: "req-3"}); !errors.Is(err, apiclient.ErrLeaseHeld) {
 		t.Errorf("agent token on its own agent: %v, want lease_held (run-2 holds it)", err)
 	}
@@ -254,24 +156,20 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 		t.Errorf("audit verification through the API: %+v, %v", v, err)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := cp.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-exited:
-		if waitErr != nil {
-			t.Errorf("exit after SIGTERM: %v", waitErr)
+		if cp.waitErr != nil {
+			t.Errorf("exit after SIGTERM: %v", cp.waitErr)
 		}
 	case <-time.After(40 * time.Second):
 		t.Fatal("did not exit within 40s of SIGTERM")
 	}
 
 	// The calls made just before SIGTERM were written before the exit.
-	st, err := store.OpenSQLite(ctx, filepath.Join(dataDir, "agentbox.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := cp.openStore(ctx, t)
 	rep, err := st.VerifyAudit(ctx)
 	if err != nil || !rep.OK() {
 		t.Fatalf("audit chain after exit: %+v, %v", rep, err)
@@ -282,6 +180,147 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	}
 	t.Logf("audit chain after exit: %d records, head %s", rep.Records, rep.Head)
 }
+
+// controlPlane is the real binary running against a private kube-apiserver
+// (envtest: apiserver and etcd only, no node), with the chart's CRDs, the
+// platform namespace, a team namespace, the API's Service and a SQLite
+// store.
+type controlPlane struct {
+	// kube is an admin client of the apiserver.
+	kube client.Client
+	svc  *corev1.Service
+	cmd  *exec.Cmd
+	// exited is closed when the binary has exited; waitErr is then its
+	// exit.
+	exited  chan struct{}
+	waitErr error
+	logs    *lockedBuffer
+	caPEM   []byte
+	apiAddr string
+	// endpoint is the API's URL; the admin token is "admin-token".
+	endpoint string
+	dataDir  string
+}
+
+// startControlPlane starts envtest and the binary with extraArgs, and
+// returns once /readyz answers 200. The binary is killed at the test's
+// end if it is still running; its output is logged when the test fails
+// or runs verbose.
+func startControlPlane(ctx context.Context, t *testing.T, extraArgs ...string) *controlPlane {
+	t.Helper()
+	bin := envtestAssets(t)
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: bin,
+		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(t), "charts", "agentbox", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	user, err := env.AddUser(envtest.User{Name: "controlplane", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kubeconfigPath := filepath.Join(dir, "kubeconfig")
+	tokenPath := filepath.Join(dir, "token")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenPath, []byte("admin-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	scheme := kruntime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	cp := &controlPlane{exited: make(chan struct{}), logs: &lockedBuffer{}, dataDir: t.TempDir()}
+	if cp.kube, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		t.Fatal(err)
+	}
+	cp.svc = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: platformNamespace, Name: "agentbox-api"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443}}}}
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: platformNamespace}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
+		cp.svc,
+	} {
+		if err := cp.kube.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	caDir := writeCA(t)
+	if cp.caPEM, err = os.ReadFile(filepath.Join(caDir, "tls.crt")); err != nil {
+		t.Fatal(err)
+	}
+	cp.apiAddr = freeAddr(t)
+	cp.endpoint = "https://127.0.0.1:" + cp.apiAddr[strings.LastIndexByte(cp.apiAddr, ':')+1:]
+	healthAddr := freeAddr(t)
+	args := append([]string{"--kubeconfig", kubeconfigPath, "--namespace", platformNamespace, "--ca-dir", caDir,
+		"--admin-token-file", tokenPath, "--api-listen", cp.apiAddr, "--health-listen", healthAddr,
+		"--metrics-listen", "0", "--sandbox-image", "example.invalid/sandbox:test"}, extraArgs...)
+	cp.cmd = exec.Command(buildBinary(t), args...)
+	// The store's directory comes from the variable the chart sets.
+	cp.cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH"), "AGENTBOX_DATA_DIR=" + cp.dataDir}
+	cp.cmd.Stdout, cp.cmd.Stderr = cp.logs, cp.logs
+	if err := cp.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cp.waitErr = cp.cmd.Wait(); close(cp.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-cp.exited:
+		default:
+			_ = cp.cmd.Process.Kill()
+			<-cp.exited
+		}
+		if t.Failed() || testing.Verbose() {
+			t.Logf("control plane output:\n%s", cp.logs.String())
+		}
+	})
+
+	waitFor(t, cp.exited, "/readyz to answer 200", func() bool {
+		resp, err := http.Get("http://" + healthAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return cp
+}
+
+// client is an API client with token.
+func (cp *controlPlane) client(t *testing.T, token string) *apiclient.Client {
+	t.Helper()
+	c, err := apiclient.New(cp.endpoint, token, cp.caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// openStore opens the binary's SQLite store, once it has exited; the
+// test's end closes it.
+func (cp *controlPlane) openStore(ctx context.Context, t *testing.T) *store.Store {
+	t.Helper()
+	st, err := store.OpenSQLite(ctx, filepath.Join(cp.dataDir, "agentbox.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// platformNamespace is the platform namespace the tests run the binary in.
+const platformNamespace = "agentbox-system"
 
 // envtestAssets returns the folder holding kube-apiserver and etcd as built
 // by `make testenv`, or skips when they have not been built.

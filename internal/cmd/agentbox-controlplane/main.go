@@ -59,8 +59,9 @@ const (
 	// leaderElectionID names the Lease in the platform namespace that
 	// replicas compete for.
 	leaderElectionID = "agentbox-controlplane.agentbox.dev"
-	// shutdownGrace lets calls in flight finish after SIGTERM; it stays
-	// under Kubernetes' default 30 s termination grace period.
+	// shutdownGrace lets calls in flight finish after SIGTERM or the loss
+	// of the leader election Lease; it stays under Kubernetes' default
+	// 30 s termination grace period.
 	shutdownGrace = 25 * time.Second
 )
 
@@ -215,11 +216,21 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	return o, nil
 }
 
-// run starts the control plane and serves until ctx ends. The deferred
-// closes run in reverse: the Compute API first (after the manager, and
-// the API's HTTP server with it, has stopped, so that no call is still
-// recording), then the snapshot driver, the supervisor pool, and the store
+// run starts the control plane and serves until ctx ends or the replica
+// loses its leader election Lease. Then the Compute API's calls in flight
+// are drained before anything they use is closed: the deferred closes run
+// in reverse, the Compute API first (it writes the audit records still
+// queued), then the snapshot driver, the supervisor pool (which calls in
+// flight use to reach sandboxes), and the store (which they record in)
 // last.
+//
+// On SIGTERM the manager itself waits for the API's graceful shutdown. On
+// leader loss it does not: controller-runtime zeroes its graceful shutdown
+// timeout, cancels the runnables without waiting for any of them and
+// returns "leader election lost" at once, so run waits for the API
+// (drainAPI) before it returns. The reconcilers, cancelled with it, are not waited
+// for: a replica that is no longer leader must stop acting as one, and
+// whatever they were doing the next leader redoes.
 func run(ctx context.Context, o *options) error {
 	log := ctrl.Log.WithName("setup")
 	in, err := loadInputs(ctx, o, log)
@@ -256,7 +267,7 @@ func run(ctx context.Context, o *options) error {
 	if err := addControllers(mgr, o, in, pool, snapshots); err != nil {
 		return err
 	}
-	api, err := addComputeAPI(mgr, o, in, pool, servingCert)
+	api, apiRunnable, err := addComputeAPI(mgr, o, in, pool, servingCert)
 	if err != nil {
 		return err
 	}
@@ -264,11 +275,43 @@ func run(ctx context.Context, o *options) error {
 
 	log.Info("starting", "version", version, "namespace", o.namespace, "sandboxNamespaces", servedOrAll(o.sandboxNamespaces), "identity", in.selfID.String(),
 		"api", o.apiListen, "snapshotDriver", snapshot.ID(snapshots), "apiCertificateIPs", fmt.Sprint(servingIPs), "leaderElection", o.leaderElect)
-	if err := mgr.Start(ctx); err != nil {
-		return fmt.Errorf("run manager: %w", err)
+	err = mgr.Start(ctx)
+	drainAPI(apiRunnable, log)
+	switch {
+	case err == nil:
+		log.Info("stopped")
+		return nil
+	case o.leaderElect && ctx.Err() == nil && strings.Contains(err.Error(), leaderElectionLost):
+		// Exiting is how a replica rejoins: the restart campaigns again,
+		// and serves the API meanwhile.
+		return fmt.Errorf("lost the leader election Lease %s/%s (another replica holds it, or it could not be renewed within the renew deadline); exiting so that the restart rejoins the election: %w",
+			o.namespace, leaderElectionID, err)
 	}
-	log.Info("stopped")
-	return nil
+	return fmt.Errorf("run manager: %w", err)
+}
+
+// leaderElectionLost is the text of the error controller-runtime's manager
+// returns when the replica loses its Lease; it exports no value to match.
+const leaderElectionLost = "leader election lost"
+
+// apiDrainMargin is how much longer than shutdownGrace drainAPI waits: the
+// API closes the calls still running at shutdownGrace, which takes moments.
+const apiDrainMargin = 5 * time.Second
+
+// drainAPI waits, once the manager has returned, for the Compute API's
+// graceful shutdown, so that calls in flight get their answers before the
+// API and what it uses are closed.
+func drainAPI(a *apiServer, log logr.Logger) {
+	began := time.Now()
+	started, finished := a.drain(shutdownGrace + apiDrainMargin)
+	switch {
+	case !started:
+		log.Info("the Compute API had not started; nothing to drain")
+	case !finished:
+		log.Info("the Compute API did not stop in time; closing it with calls still running", "waitedSeconds", roundSeconds(time.Since(began)))
+	default:
+		log.Info("the Compute API has stopped", "waitedSeconds", roundSeconds(time.Since(began)))
+	}
 }
 
 // inputs are what the control plane reads before it talks to the
@@ -455,9 +498,9 @@ func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.Sandbo
 }
 
 // addComputeAPI makes the Compute API and adds its HTTPS server, on every
-// replica, and the health checks to mgr. The caller closes the API after
-// the manager has stopped.
-func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.SupervisorPool, servingCert *renewingCert) (*computeapi.Server, error) {
+// replica, and the health checks to mgr. The caller drains the server
+// (drainAPI) once the manager has returned, then closes the API.
+func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.SupervisorPool, servingCert *renewingCert) (*computeapi.Server, *apiServer, error) {
 	api, err := computeapi.NewServer(computeapi.Options{
 		Sandboxes:          mgr.GetCache(),
 		Leases:             mgr.GetClient(),
@@ -471,7 +514,7 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 		DefaultTemplate:    o.defaultTemplate,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	apiRunnable := newAPIServer(o.apiListen, api.Handler(), servingCert.getServing, mgr.GetCache(), ctrl.Log.WithName("computeapi"))
 	apiRunnable.sandboxEvents = api.WarmPoolEvents()
@@ -485,9 +528,9 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 	}
 	if err != nil {
 		api.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return api, nil
+	return api, apiRunnable, nil
 }
 
 // openStore opens the PostgreSQL store of --store-dsn, or the SQLite store
