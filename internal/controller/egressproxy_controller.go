@@ -425,11 +425,13 @@ func (r *EgressProxyReconciler) reconcilePerAgent(ctx context.Context, ep *v1alp
 	case err != nil:
 		return false, fmt.Errorf("get proxy pod %s: %w", want.Name, err)
 	}
+	if !pod.DeletionTimestamp.IsZero() {
+		// Going, whoever owns it: an adopted warm sandbox's proxy pod
+		// is deleted rather than moved, and its successor takes the name.
+		return false, nil
+	}
 	if !metav1.IsControlledBy(&pod, sbx) {
 		return false, ownershipError(&pod)
-	}
-	if !pod.DeletionTimestamp.IsZero() {
-		return false, nil
 	}
 	if pod.Annotations[annotationEgressPodHash] != hash || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
 		// Replaced rather than patched: a pod's spec is immutable. The

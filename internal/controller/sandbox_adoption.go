@@ -280,15 +280,14 @@ func (r *SandboxReconciler) moveFromWarm(ctx context.Context, sbx *v1alpha1.Sand
 		return err
 	}
 	// The pod's HTTP_PROXY names the warm sandbox's proxy Service by its
-	// ClusterIP, so the Service (and the proxy pod and credentials behind
-	// it) move too; the EgressProxy controller then points the Service's
-	// selector at the adopter.
+	// ClusterIP, so the Service (and the credentials behind it) move too;
+	// the EgressProxy controller then points the Service's selector at the
+	// adopter.
 	children := []client.Object{
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(warm)}},
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: WorkspaceClaimName(warm)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: TLSSecretName(warm)}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: EgressServiceName(warm)}},
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: EgressServiceName(warm)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: EgressCredentialsSecretName(warm)}},
 	}
 	for _, obj := range children {
@@ -296,12 +295,41 @@ func (r *SandboxReconciler) moveFromWarm(ctx context.Context, sbx *v1alpha1.Sand
 			return err
 		}
 	}
+	if err := r.dropWarmProxyPod(ctx, sbx, &w); err != nil {
+		return err
+	}
 	if w.DeletionTimestamp.IsZero() {
 		// Its children are no longer its own, so deleting it takes only its
 		// activity clock along.
 		if err := r.Delete(ctx, &w, client.Preconditions{UID: &w.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete adopted warm sandbox %s: %w", w.Name, err)
 		}
+	}
+	return nil
+}
+
+// dropWarmProxyPod deletes the PerAgent proxy pod of the adopted warm
+// sandbox w instead of moving it: it runs as the warm sandbox's agent and
+// would be replaced anyway, and while it still answered under the
+// adopter's labels the adopter would look served by a proxy that is about
+// to go. The EgressProxy controller makes the adopter's under the same
+// name, and the adopter does not serve before that one is ready
+// (egressProxyPending).
+func (r *SandboxReconciler) dropWarmProxyPod(ctx context.Context, sbx, w *v1alpha1.Sandbox) error {
+	var pod corev1.Pod
+	name := EgressServiceName(w.Name)
+	if err := r.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: name}, &pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("get proxy pod %s of warm sandbox %s: %w", name, w.Name, err)
+	}
+	if !metav1.IsControlledBy(&pod, w) || !pod.DeletionTimestamp.IsZero() {
+		// Already the adopter's successor, or going.
+		return nil
+	}
+	if err := r.Delete(ctx, &pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete proxy pod %s of warm sandbox %s: %w", name, w.Name, err)
 	}
 	return nil
 }

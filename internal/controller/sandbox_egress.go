@@ -90,6 +90,9 @@ func (r *SandboxReconciler) egressProxyPending(ctx context.Context, sbx *v1alpha
 		return fmt.Sprintf("pod %s is ready; waiting for its egress proxy pod %s to be created", pod.Name, name), nil
 	case err != nil:
 		return "", fmt.Errorf("get egress proxy pod %s: %w", name, err)
+	case !proxy.DeletionTimestamp.IsZero() || !metav1.IsControlledBy(&proxy, sbx):
+		// An adopted warm sandbox's, on its way out.
+		return fmt.Sprintf("pod %s is ready; waiting for its egress proxy pod %s to be replaced for agent %s", pod.Name, name, sbx.Spec.AgentID), nil
 	case !podReady(&proxy):
 		why := ""
 		for _, cs := range proxy.Status.ContainerStatuses {

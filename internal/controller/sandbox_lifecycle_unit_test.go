@@ -117,7 +117,8 @@ func (f *fakeEnv) podReady(name string) {
 	// ready: stand in for the EgressProxy controller, which these tests
 	// do not run.
 	if name := pod.Annotations[annotationEgressProxyPod]; name != "" {
-		proxy := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: unitNS}}
+		// Owned like the sandbox's pod: by the Sandbox it serves.
+		proxy := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: unitNS, OwnerReferences: pod.OwnerReferences}}
 		if err := f.c.Create(ctx, proxy); err != nil && !apierrors.IsAlreadyExists(err) {
 			f.t.Fatal(err)
 		}

@@ -90,7 +90,10 @@ func (r *SandboxReconciler) dropStoppedPod(ctx context.Context, sbx *v1alpha1.Sa
 // workspace that was not serving yet, and sets the sandbox Running.
 func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason string, sbx *v1alpha1.Sandbox, pod *corev1.Pod, claim *corev1.PersistentVolumeClaim, act activity) error {
 	snap := restoring(claim)
-	if !serving(prevReason) {
+	// An adoption says AdoptedFromWarmPool before it serves too, so the
+	// phase tells whether the sandbox took calls already.
+	wasServing := serving(prevReason) && sbx.Status.Phase == v1alpha1.SandboxPhaseRunning
+	if !wasServing {
 		// Once serving, a proxy pod being replaced (its EgressProxy
 		// changed) does not take the sandbox out of service: the Service
 		// keeps its address and the new pod answers in seconds.
@@ -100,8 +103,11 @@ func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason stri
 		}
 		if wait != "" {
 			phase, reason := v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating
-			if snap != "" {
+			switch {
+			case snap != "":
 				phase, reason = v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming
+			case readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool:
+				reason = v1alpha1.ReasonAdoptedFromWarmPool
 			}
 			r.setPhase(sbx, phase, metav1.ConditionFalse, reason, wait)
 			return nil
@@ -113,7 +119,8 @@ func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason stri
 			return err
 		}
 	}
-	if !serving(prevReason) {
+	if !wasServing {
+		// An adopter too: the agent's files outlive its sandboxes.
 		if err := r.pullFilespace(ctx, sbx, pod); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,4 +59,41 @@ func TestUnitAdoptionMovesEgress(t *testing.T) {
 
 func keyOf(name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: unitNS, Name: name}
+}
+
+// TestUnitAdopterWaitsForItsOwnProxy: the warm sandbox's proxy pod runs as
+// its agent, so the adoption deletes it rather than move it, and the
+// adopter does not serve until the proxy made for it is ready.
+func TestUnitAdopterWaitsForItsOwnProxy(t *testing.T) {
+	w, _ := readyPool(t, 1, unitEgressProxy("egress"), upstreamSecret())
+	var tpl v1alpha1.SandboxTemplate
+	must(t, w.c.Get(context.Background(), keyOf("t"), &tpl))
+	tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
+	must(t, w.c.Update(context.Background(), &tpl))
+	w.reconcilePool("p")
+	w.settle("p")
+	wName := w.warm("p")[0].Name
+	var old corev1.Pod
+	must(t, w.c.Get(context.Background(), keyOf(EgressServiceName(wName)), &old))
+	if !metav1.IsControlledBy(&old, w.sandbox(wName)) {
+		t.Fatalf("the warm sandbox's proxy pod is owned by %+v", old.OwnerReferences)
+	}
+
+	must(t, w.c.Create(context.Background(), unitSandbox("x", "t")))
+	w.reconcile("x")
+	w.reconcile("x")
+	var gone corev1.Pod
+	if err := w.c.Get(context.Background(), keyOf(EgressServiceName(wName)), &gone); err == nil {
+		t.Fatalf("the warm sandbox's proxy pod is still there after the adoption (owner %+v)", gone.OwnerReferences)
+	}
+	c := w.ready("x")
+	if x := w.sandbox("x"); x.Status.Phase == v1alpha1.SandboxPhaseRunning || c.Reason != v1alpha1.ReasonAdoptedFromWarmPool ||
+		!strings.Contains(c.Message, "waiting for its egress proxy pod "+EgressServiceName(wName)+" to be created") {
+		t.Fatalf("adopter without its proxy: phase %s, %s: %s", x.Status.Phase, c.Reason, c.Message)
+	}
+
+	// The EgressProxy controller's pod for the adopter, once ready.
+	w.podReady(PodName(wName))
+	w.reconcile("x")
+	w.wantPhase("x", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonAdoptedFromWarmPool)
 }

@@ -483,35 +483,6 @@ func (e *env) controlPlanePods() []string {
 	return names
 }
 
-// logRestarts logs, for each control plane container that restarted, how
-// its last run ended and the end of its log: what a failure after a fault
-// is read from.
-func (e *env) logRestarts() {
-	ctx := e.t.Context()
-	pods, err := e.cs.CoreV1().Pods(e.releaseN).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controlplane"})
-	if err != nil {
-		e.t.Logf("list control plane pods: %v", err)
-		return
-	}
-	for _, p := range pods.Items {
-		for _, c := range p.Status.ContainerStatuses {
-			if c.RestartCount == 0 {
-				continue
-			}
-			how := ""
-			if term := c.LastTerminationState.Terminated; term != nil {
-				how = fmt.Sprintf("%s, exit code %d, at %s", term.Reason, term.ExitCode, term.FinishedAt.UTC().Format(time.RFC3339))
-			}
-			lines := int64(12)
-			raw, err := e.cs.CoreV1().Pods(e.releaseN).GetLogs(p.Name, &corev1.PodLogOptions{Container: c.Name, Previous: true, TailLines: &lines}).DoRaw(ctx)
-			if err != nil {
-				raw = []byte(err.Error())
-			}
-			e.t.Logf("control plane pod %s restarted %d times; last run ended %s; its log ends:\n%s", p.Name, c.RestartCount, how, raw)
-		}
-	}
-}
-
 // restarts is the control plane container's restart count in pod.
 func (e *env) restarts(pod string) int32 {
 	p, err := e.cs.CoreV1().Pods(e.releaseN).Get(e.t.Context(), pod, metav1.GetOptions{})
@@ -806,7 +777,11 @@ func (e *env) finish(l *load) {
 	for _, s := range l.lost {
 		t.Errorf("INVARIANT workspace lost a write: %s", s)
 	}
+	lost := len(l.lost) > 0
 	l.mu.Unlock()
+	if lost || os.Getenv("AGENTBOX_FAILOVER_STORY") != "" {
+		e.logIdlerStory()
+	}
 
 	start := time.Now()
 	msg := e.poll(convergeBound, func(ctx context.Context) string {
