@@ -22,6 +22,11 @@ import (
 var crdsOnce sync.Once
 var crdsErr error
 
+// Tests that install no platform call t.Parallel: Go runs them after every
+// serial test, so when no platform's controller is left to act on their
+// objects, and side by side. A test that installs the platform must not:
+// each platform's controller watches every namespace.
+
 // testAccCluster prepares the shared test cluster for a resource test: the
 // agentbox CRDs installed, and a fresh namespace removed afterwards. It
 // returns a client for out-of-band changes and the namespace.

@@ -195,6 +195,7 @@ func sharedProxyBody(creds string, version int) string {
 // the way the controller would. Credentials are random per run, so finding
 // them anywhere in a plan or the state is a leak and not a coincidence.
 func TestAccEgressProxy_lifecycle(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	addr := "agentbox_egress_proxy.test"
 	name := "egress"
@@ -429,6 +430,7 @@ func TestAccEgressProxy_lifecycle(t *testing.T) {
 // the way the controller would; without it, the apply times out with the
 // condition in the error.
 func TestAccEgressProxy_wait(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	addr := "agentbox_egress_proxy.test"
 	key := types.NamespacedName{Namespace: ns, Name: "waited"}
@@ -481,6 +483,7 @@ func setEgressReady(ctx context.Context, c client.Client, key types.NamespacedNa
 // TestAccEgressProxy_foreignSecret: a Secret of the owned Secret's name
 // that the resource did not make is never overwritten.
 func TestAccEgressProxy_foreignSecret(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	key := types.NamespacedName{Namespace: ns, Name: upstreamSecretName("egress")}
 	foreign := &corev1.Secret{ObjectMeta: objectMeta(key), StringData: map[string]string{"credentials": "someone:else"}}
@@ -506,6 +509,7 @@ func TestAccEgressProxy_foreignSecret(t *testing.T) {
 // TestAccEgressProxy_invalid: mistakes are refused at plan time with the
 // rule they break, and a bad credential is never echoed.
 func TestAccEgressProxy_invalid(t *testing.T) {
+	t.Parallel()
 	testAccPreCheck(t)
 	cases := []struct{ name, body, want string }{
 		{"bad CIDR", `denied_cidrs = ["10.0.0.0/33"]`, `"10.0.0.0/33": netip.ParsePrefix`},

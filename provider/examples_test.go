@@ -32,6 +32,7 @@ var exampleProviderAddresses = []string{
 // example has tests. No registry is contacted: the provider comes from
 // dev_overrides and modules from local paths.
 func TestExamplesValidate(t *testing.T) {
+	t.Parallel()
 	tf := terraformCLI(t)
 	work := copyExamples(t)
 	dirs := terraformDirs(t, work)

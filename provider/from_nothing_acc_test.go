@@ -36,6 +36,7 @@ import (
 // etcd and kube-apiserver only), so the platform does not wait for its
 // pods.
 func TestAccOneApplyFromNothing(t *testing.T) {
+	t.Parallel()
 	testAccPreCheck(t)
 	env := &envtest.Environment{BinaryAssetsDirectory: testenv.EnvtestAssets(t)}
 	cfg, err := env.Start()

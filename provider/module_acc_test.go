@@ -240,6 +240,7 @@ func checkPodsOf(c client.Client, ns, runtimeClass string, n int) resource.TestC
 // so it is not applied; the plan shows that each provider alias reaches its
 // cluster and that the module's values pass the chart's checks.
 func TestAccTwoClustersPlan(t *testing.T) {
+	t.Parallel()
 	testAccPreCheck(t)
 	tf := terraformCLI(t)
 	work := copyExamples(t)

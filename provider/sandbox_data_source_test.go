@@ -52,6 +52,7 @@ data "agentbox_sandbox" "test" {
 // way the control plane would, so that every status field has a known
 // value; TestAccSandboxDataSource_running reads one the platform runs.
 func TestAccSandboxDataSource(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	key := types.NamespacedName{Namespace: ns, Name: "agent-1"}
 	attr := func(name string, v knownvalue.Check) statecheck.StateCheck {

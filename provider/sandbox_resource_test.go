@@ -40,6 +40,7 @@ resource "agentbox_sandbox" "test" {
 }
 
 func TestAccSandbox_lifecycle(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	addr := "agentbox_sandbox.test"
 	key := types.NamespacedName{Namespace: ns, Name: "agent-1"}

@@ -43,6 +43,7 @@ data "agentbox_sandbox_template" "test" {
 }
 
 func TestAccSandboxTemplateDataSource(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	addr := "data.agentbox_sandbox_template.test"
 	key := types.NamespacedName{Namespace: ns, Name: "python"}

@@ -43,6 +43,7 @@ resource "agentbox_sandbox_template" "test" {
 }
 
 func TestAccSandboxTemplate_basic(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	addr := "agentbox_sandbox_template.test"
 	key := types.NamespacedName{Namespace: ns, Name: "python"}
@@ -129,6 +130,7 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 // the workspace by the API server at apply, and run_as_image_user reaches
 // the template.
 func TestAccSandboxTemplate_mountPathsAndUser(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	config := func(body string) string {
 		return testAccProviderConfig() + fmt.Sprintf(`

@@ -67,7 +67,7 @@ const (
 //
 //   - the variable reaches run_command (REST and the agent's MCP endpoint),
 //     python_exec, a terminal and the stdio MCP server (mcp_request);
-//   - a terminal held open for twice the idle timeout keeps the sandbox
+//   - a terminal held open for one and a half idle timeouts keeps the sandbox
 //     Running, and answers at the end;
 //   - 1.5 GiB written by a command go into the agent's filespace in the
 //     default store, and survive an idle stop into the default snapshot
@@ -351,9 +351,10 @@ func mcpGetenv(ctx context.Context, api *client.Client, agent string, names ...s
 }
 
 // checkTerminalKeepsRunning holds a terminal open, with nothing typed, for
-// twice the idle timeout: the open call is activity, renewed by the API at
-// its production rate, so the sandbox is not idle-stopped under it. At the
-// end the terminal answers.
+// one and a half idle timeouts, long enough that the sandbox would have
+// stopped without the renewals: the open call is activity, renewed by the
+// API at its production rate (every 30 s), so the sandbox is not
+// idle-stopped under it. At the end the terminal answers.
 func (r *settingsRun) checkTerminalKeepsRunning(ctx context.Context) error {
 	term, err := r.api.OpenPTY(ctx, settingsAgent, client.PTYOptions{Command: []string{"sh"}, Cols: 120, Rows: 40})
 	if err != nil {
@@ -379,7 +380,7 @@ func (r *settingsRun) checkTerminalKeepsRunning(ctx context.Context) error {
 	lease := types.NamespacedName{Namespace: r.key.Namespace, Name: agentboxv1alpha1.LeaseName(r.key.Name)}
 	renewals := map[time.Time]bool{}
 	open := time.Now()
-	for time.Since(open) < 2*settingsIdle {
+	for time.Since(open) < 3*settingsIdle/2 {
 		var sbx agentboxv1alpha1.Sandbox
 		if err := r.c.Get(ctx, r.key, &sbx); err != nil {
 			return err

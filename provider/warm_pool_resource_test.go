@@ -50,6 +50,7 @@ resource "agentbox_warm_pool" "test" {
 }
 
 func TestAccWarmPool_lifecycle(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	addr := "agentbox_warm_pool.test"
 	key := types.NamespacedName{Namespace: ns, Name: "python-pool"}
@@ -179,6 +180,7 @@ func TestAccWarmPool_lifecycle(t *testing.T) {
 }
 
 func TestAccWarmPool_invalid(t *testing.T) {
+	t.Parallel()
 	_, ns := testAccCluster(t)
 	resource.Test(t, resource.TestCase{
 		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,

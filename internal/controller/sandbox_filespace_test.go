@@ -33,7 +33,8 @@ import (
 // pod's supervisor: the idle stop pushes the workspace into the agent's
 // filespace; a change made to the filespace while the sandbox is stopped is
 // pulled on resume; and a new sandbox for the same agent, after the first
-// is deleted, starts with the agent's files.
+// is deleted, starts with the agent's files, also when it adopts a warm
+// sandbox.
 func TestFilespaceFollowsTheAgent(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -99,6 +100,29 @@ func TestFilespaceFollowsTheAgent(t *testing.T) {
 	sup = e.supervisor(t, sbx)
 	if got := run(t, e.ctx, sup, `cat notes/a.txt notes/b.txt`); got != "written in the sandbox\nwritten elsewhere" {
 		t.Errorf("workspace of the agent's new sandbox: %q", got)
+	}
+
+	// Also when the new sandbox adopts a warm one: the warm workspace was
+	// made before anyone knew the agent.
+	must(t, e.c.Delete(e.ctx, sbx))
+	e.gone(&v1alpha1.Sandbox{}, "second")
+	e.template("pooled", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+	})
+	must(t, e.c.Create(e.ctx, &v1alpha1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "pool", Namespace: e.ns},
+		Spec:       v1alpha1.SandboxWarmPoolSpec{TemplateRef: v1alpha1.LocalObjectReference{Name: "pooled"}, Replicas: 1},
+	}))
+	e.waitPoolFull("pool", 1)
+	must(t, e.c.Create(e.ctx, &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Name: "third", Namespace: e.ns},
+		Spec:       v1alpha1.SandboxSpec{AgentID: agent, TemplateRef: v1alpha1.LocalObjectReference{Name: "pooled"}},
+	}))
+	sbx, _ = e.waitPhase("third", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonAdoptedFromWarmPool)
+	sup = e.supervisor(t, sbx)
+	if got := run(t, e.ctx, sup, `cat notes/a.txt notes/b.txt`); got != "written in the sandbox\nwritten elsewhere" {
+		t.Errorf("workspace of the agent's sandbox that adopted a warm one: %q", got)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -152,8 +153,26 @@ func (r *SandboxReconciler) activityOf(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 	if activityClock != nil && activityClock.Spec.RenewTime != nil {
 		a.last = activityClock.Spec.RenewTime.Time
 		a.idleFor = r.now().Sub(a.last)
+		// The last activity woke the sandbox, and the call that did waits
+		// for it to serve: it is idle only a whole timeout after it began
+		// to, however long the resume took.
+		if _, woken := v1alpha1.WokenAt(activityClock.Annotations, activityClock.Spec.RenewTime); woken {
+			if since := servingSince(sbx); since.After(a.last) {
+				a.idleFor = r.now().Sub(since)
+			}
+		}
 	}
 	return a
+}
+
+// servingSince is when the sandbox last began to serve; zero when it does
+// not serve.
+func servingSince(sbx *v1alpha1.Sandbox) time.Time {
+	c := meta.FindStatusCondition(sbx.Status.Conditions, v1alpha1.ConditionReady)
+	if sbx.Status.Phase != v1alpha1.SandboxPhaseRunning || c == nil || c.Status != metav1.ConditionTrue {
+		return time.Time{}
+	}
+	return c.LastTransitionTime.Time
 }
 
 // recordActivity mirrors the activity clock's renewTime into

@@ -267,6 +267,9 @@ func (e *env) install(raw string) {
 	c := chart.New(e.kubeConfig())
 	c.Log = func(format string, args ...any) { t.Logf("helm: "+format, args...) }
 	start := time.Now()
+	// The workload has a namespace of its own, which the platform serves
+	// as a user's would.
+	raw = fmt.Sprintf("sandboxNamespaces: [%q]\n", e.workN) + raw
 	rel, err := c.Install(t.Context(), chart.Options{Namespace: e.releaseN, ReleaseName: chart.DefaultReleaseName, Wait: true,
 		Values: chart.Values{ImageTag: tag, ImagePullPolicy: "Never", Raw: raw}})
 	t.Cleanup(func() {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Labels the control plane puts on the objects it creates, so that they can
@@ -165,6 +166,30 @@ const (
 	// written its hold yet.
 	AnnotationLeaseReleasedRequestID = GroupName + "/lease-released-request-id"
 )
+
+// AnnotationWokenAt, on a sandbox's Lease, is the renewTime that the
+// Compute API wrote to wake the sandbox (a call to a stopped or starting
+// sandbox), in RFC 3339 with microseconds as renewTime itself is stored.
+// While renewTime still equals it, the last activity is a call that waits
+// for the sandbox to serve, so the controller measures the sandbox's
+// idleness from when it began to serve: a resume slower than the idle
+// timeout must not be stopped again before the call that woke it runs.
+// Any later renewal (a call, a hold) moves renewTime past it.
+const AnnotationWokenAt = GroupName + "/woken-at"
+
+// WokenAt returns the time in a Lease's AnnotationWokenAt and whether the
+// Lease's renewTime is still that wake: no activity since.
+func WokenAt(annotations map[string]string, renewTime *metav1.MicroTime) (time.Time, bool) {
+	v, ok := annotations[AnnotationWokenAt]
+	if !ok || renewTime == nil {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(metav1.RFC3339Micro, v)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return t, t.Equal(renewTime.Truncate(time.Microsecond))
+}
 
 // LeaseHoldExpiry returns the holder of a sandbox Lease and when the hold
 // expires: renewTime plus leaseDurationSeconds, the Kubernetes Lease rule.

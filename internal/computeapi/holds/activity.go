@@ -68,7 +68,7 @@ func (r *ActivityClock) Renew(ctx context.Context, sb *v1alpha1.Sandbox) {
 	r.sweepLocked(now)
 	r.mu.Unlock()
 
-	err := r.patch(ctx, key, now)
+	err := r.patch(ctx, key, now, nil)
 	if err == nil {
 		return
 	}
@@ -90,21 +90,30 @@ func (r *ActivityClock) Renew(ctx context.Context, sb *v1alpha1.Sandbox) {
 // throttle says: on a stopped sandbox the renewal is the signal that
 // resumes it, and must not be skipped because a call half a minute ago
 // already renewed (that renewal may have landed before the stop began).
+//
+// The renewal is marked as a wake (v1alpha1.AnnotationWokenAt): the call
+// that woke the sandbox is served only once it serves again, so until the
+// next renewal the controller counts the sandbox idle from then.
 func (r *ActivityClock) Wake(ctx context.Context, sb *v1alpha1.Sandbox) {
 	key := ActivityLeaseKey(sb)
-	now := r.clock.Now()
-	if err := r.patch(ctx, key, now); err != nil {
+	now := r.clock.Now().Truncate(time.Microsecond)
+	if err := r.patch(ctx, key, now, map[string]any{v1alpha1.AnnotationWokenAt: now.UTC().Format(metav1.RFC3339Micro)}); err != nil {
 		r.log.Error(err, "renew the lease of a sandbox to wake it", "lease", key.String())
 		return
 	}
 	r.NoteRenewed(key, now)
 }
 
-func (r *ActivityClock) patch(ctx context.Context, key types.NamespacedName, now time.Time) error {
-	// A merge patch of renewTime alone: no read first, no conflict with the
-	// controller, and the holder and annotations of a hold, written by
-	// hold calls with resourceVersion checks, stay as they are.
-	body, err := json.Marshal(map[string]any{"spec": map[string]any{"renewTime": metav1.NewMicroTime(now)}})
+func (r *ActivityClock) patch(ctx context.Context, key types.NamespacedName, now time.Time, annotations map[string]any) error {
+	// A merge patch of renewTime (and a wake's mark): no read first, no
+	// conflict with the controller, and the holder and annotations of a
+	// hold, written by hold calls with resourceVersion checks, stay as
+	// they are.
+	patch := map[string]any{"spec": map[string]any{"renewTime": metav1.NewMicroTime(now)}}
+	if annotations != nil {
+		patch["metadata"] = map[string]any{"annotations": annotations}
+	}
+	body, err := json.Marshal(patch)
 	if err != nil {
 		return fmt.Errorf("encode lease patch: %w", err)
 	}
