@@ -121,9 +121,28 @@ func TestControlPlaneNetworkPolicy(t *testing.T) {
 	}
 	p.answers(caller, metrics)
 	p.answers(scraper, api)
+	// The control plane never led, so none of its controllers ran: the
+	// only Lease in the namespace is the test's, still held by it (a
+	// renamed leader election ID would show as a second Lease).
+	leases, err := cs.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases.Items {
+		if h := ptr.Deref(l.Spec.HolderIdentity, ""); l.Name != leaderLease || h != leaseHolder {
+			t.Errorf("Lease %s held by %q: the control plane led and ran its controllers; the test's Lease %s must keep it from leading", l.Name, h, leaderLease)
+		}
+	}
 	t.Logf("checked: with the NetworkPolicy deleted, the pods it refused reach the metrics port and the Compute API, so the policy is what refused them (%s in all)",
 		time.Since(start).Round(time.Second))
 }
+
+// The control plane's leader election Lease, and the holder the test puts
+// in it.
+const (
+	leaderLease = "agentbox-controlplane.agentbox.dev"
+	leaseHolder = "chart-netpol-test"
+)
 
 // holdLeaderLease takes the control plane's leader election Lease in ns
 // for a holder that never lets it go, so that the control plane never
@@ -132,10 +151,9 @@ func holdLeaderLease(ctx context.Context, t *testing.T, cs kubernetes.Interface,
 	t.Helper()
 	now := metav1.NewMicroTime(time.Now())
 	lease := &coordinationv1.Lease{
-		// The control plane's leader election ID.
-		ObjectMeta: metav1.ObjectMeta{Name: "agentbox-controlplane.agentbox.dev", Namespace: ns},
+		ObjectMeta: metav1.ObjectMeta{Name: leaderLease, Namespace: ns},
 		Spec: coordinationv1.LeaseSpec{
-			HolderIdentity:       ptr.To("chart-netpol-test"),
+			HolderIdentity:       ptr.To(leaseHolder),
 			LeaseDurationSeconds: ptr.To[int32](3600),
 			AcquireTime:          &now,
 			RenewTime:            &now,
