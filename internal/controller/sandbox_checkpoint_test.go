@@ -2,7 +2,9 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/minio/minio-go/v7"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
@@ -24,6 +28,11 @@ import (
 // before the checkpoint survive the loss of the sandbox's node and its
 // node-local workspace, files written after it are lost, and the status
 // and an event say which checkpoint was used and what was lost.
+//
+// It keeps checkpointsKept (2) too: after three checkpoints, each begun
+// after a call, status.checkpoints never listed more than two, and the
+// archive of the oldest is gone from the store while the two kept are
+// there.
 //
 // The checkpoint is taken on the real node, through the real supervisor,
 // into the archive store. The node then lost is kwok's (the real one
@@ -40,8 +49,10 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: checkpoints are read through the real sandbox image's supervisor", EnvSandboxImage)
 	}
+	const checkpointsKept = 2
 	nodes := startFakeNodes(t)
-	d := s3Archive(t, s3server.Start(t))
+	store := s3server.Start(t)
+	d := s3Archive(t, store)
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, d, &pool))
 	const name = "ckpt"
@@ -50,6 +61,7 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 		tpl.Spec.Image = image
 		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
 		tpl.Spec.CheckpointInterval = &metav1.Duration{Duration: 10 * time.Second}
+		tpl.Spec.CheckpointsKept = checkpointsKept
 		tpl.Spec.Workspace = v1alpha1.WorkspaceSpec{Size: resource.MustParse(nodeLossWorkspaceSize), StorageClassName: &vols.class}
 		tpl.Spec.Tolerations = []corev1.Toleration{kwok.Toleration()}
 	})
@@ -88,6 +100,50 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 	if st.Snapshot == nil || st.Snapshot.Name != ck.Name || !st.Snapshot.Checkpoint {
 		t.Errorf("the Compute API's status shows snapshot %+v; want checkpoint %s", st.Snapshot, ck.Name)
 	}
+
+	// Two more calls, two more checkpoints: the first is pruned, from the
+	// status and from the store.
+	taken := []v1alpha1.SandboxSnapshot{ck}
+	most := 0
+	for i := 1; i <= 2; i++ {
+		apiRun(t, e.ctx, api, agent, fmt.Sprintf("echo %d >> notes/calls", i))
+		prev := ck.Name
+		e.eventually(fmt.Sprintf("checkpoint %d after a call", i+1), func() error {
+			if err := e.get(name, sbx); err != nil {
+				return err
+			}
+			most = max(most, len(sbx.Status.Checkpoints))
+			if s := sbx.Status.Snapshot; s == nil || !s.Checkpoint || s.Name == prev || s.ReadyTime == nil {
+				return fmt.Errorf("status.snapshot %+v, pending %q", s, sbx.Status.PendingCheckpoint)
+			}
+			ck = *sbx.Status.Snapshot
+			return nil
+		})
+		taken = append(taken, ck)
+	}
+	if most > checkpointsKept {
+		t.Errorf("status.checkpoints listed %d checkpoints; checkpointsKept is %d", most, checkpointsKept)
+	}
+	var listed []string
+	for _, c := range sbx.Status.Checkpoints {
+		listed = append(listed, c.Name)
+	}
+	if want := []string{taken[1].Name, taken[2].Name}; !slices.Equal(listed, want) {
+		t.Errorf("status.checkpoints %v; want the newest %d, %v", listed, checkpointsKept, want)
+	}
+	// The controller deletes what a checkpoint supersedes before it
+	// records the checkpoint, so the store is already pruned.
+	keys := map[string]bool{}
+	for o := range store.Client(t).ListObjects(e.ctx, store.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+		must(t, o.Err)
+		keys[o.Key] = true
+	}
+	for i, c := range taken {
+		if k, kept := d.Key(sbx, c.Name), i > 0; keys[k] != kept {
+			t.Errorf("archive %s of checkpoint %s in the store: %v, want %v (the store holds %v)", k, c.Name, keys[k], kept, slices.Sorted(maps.Keys(keys)))
+		}
+	}
+	t.Logf("checkpoints %s, %s, %s taken; %v kept", taken[0].Name, taken[1].Name, taken[2].Name, listed)
 
 	// No further checkpoint may take what comes next.
 	must(t, e.c.Get(e.ctx, client.ObjectKeyFromObject(tpl), tpl))
