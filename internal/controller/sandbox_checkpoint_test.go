@@ -67,7 +67,10 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 	vols.on(testenv.NodeName, true)
 	sbx := e.sandbox(name, "tpl")
 	agent := sbx.Spec.AgentID
-	api := e.computeAPI(pool)
+	// The API renews the activity clock at most every 30 s by default: a
+	// call 10 s after the last renewal would not count as activity, and the
+	// calls below would not be followed by a checkpoint.
+	api := e.computeAPIWithStore(pool, nil, func(o *computeapi.Options) { o.LeaseRenewInterval = time.Second })
 	e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 	e.waitOnNode(name, testenv.NodeName)
 
