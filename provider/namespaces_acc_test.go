@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
 
 // TestAccPlatform_sandboxNamespaces installs the real control plane with
@@ -45,6 +47,14 @@ import (
 //     real read impersonating it);
 //   - adding the namespace to sandbox_namespaces serves it: the waiting
 //     sandbox then runs.
+//
+// The platform is installed with managedNodePools: false (through
+// `values`), which takes away its right to patch nodes and write
+// RuntimeClasses; everything above works without it. A Managed
+// agentbox_node_pool that selects the test node is then refused: its
+// apply fails at once naming ManagedModeDisabled, the pool's Ready
+// condition says why, and the node gets no label or taint and no
+// RuntimeClass is made.
 func TestAccPlatform_sandboxNamespaces(t *testing.T) {
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
@@ -71,6 +81,9 @@ resource "agentbox_platform" "this" {
   release_name       = "acc-namespaces"
   image_tag          = %[2]q
   sandbox_namespaces = [%[3]s]
+  values             = <<-EOT
+    managedNodePools: false
+  EOT
 }
 
 resource "agentbox_sandbox_template" "served" {
@@ -91,6 +104,26 @@ resource "agentbox_sandbox" "served" {
 `, ns, tag, `"`+strings.Join(namespaces, `", "`)+`"`, served, servedAgent)
 	}
 	one, both := config(served), config(served, other)
+	// A Managed pool on the test node, under names of this test's own.
+	pool := ns + "-refused"
+	t.Cleanup(func() { deleteNodePool(t, c, pool) })
+	withPool := func(wait bool) string {
+		return both + fmt.Sprintf(`
+resource "agentbox_node_pool" "refused" {
+  name               = %[1]q
+  mode               = "Managed"
+  runtime_class_name = %[1]q
+  node_selector      = { "kubernetes.io/hostname" = %[2]q }
+  taint              = { key = "agentbox.test/%[1]s", value = "true", effect = "PreferNoSchedule" }
+  tolerations        = [{ key = "agentbox.test/%[1]s", operator = "Exists" }]
+  wait_for_ready     = %[3]t
+  # Bounds the wait if the refusal did not end it.
+  timeouts = { create = "2m" }
+
+  depends_on = [agentbox_platform.this]
+}
+`, pool, testenv.NodeName, wait)
+	}
 	sa := "system:serviceaccount:" + ns + ":agentbox-controlplane"
 	namespacesAre := func(want ...string) statecheck.StateCheck {
 		var checks []knownvalue.Check
@@ -178,8 +211,70 @@ resource "agentbox_sandbox" "served" {
 					},
 				),
 			},
+			{
+				// What a user sees: the apply fails at once with the reason.
+				Config:      withPool(true),
+				ExpectError: regexp.MustCompile(`(?s)is refused by\s+the\s+platform.*ManagedModeDisabled.*managedNodePools:\s+true`),
+			},
+			{
+				// Kept without waiting: the platform leaves the node alone.
+				Config: withPool(false),
+				Check:  func(*terraform.State) error { return expectPoolRefused(ctx, c, cs, pool) },
+			},
+			{
+				Config:           withPool(false),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue("agentbox_node_pool.refused", tfjsonpath.New("status"), knownvalue.ObjectExact(map[string]knownvalue.Check{
+						"nodes":       knownvalue.ListExact([]knownvalue.Check{}),
+						"ready_nodes": knownvalue.Int64Exact(0),
+					})),
+				},
+			},
 		},
 	})
+}
+
+// expectPoolRefused waits for the Managed pool's Ready condition to say
+// ManagedModeDisabled, and wants the test node without the pool's label
+// and taint, and no RuntimeClass of the pool.
+func expectPoolRefused(ctx context.Context, c client.Client, cs kubernetes.Interface, name string) error {
+	var pool v1alpha1.GVisorNodePool
+	var ready *metav1.Condition
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, k8stypes.NamespacedName{Name: name}, &pool); err != nil {
+			return false, err
+		}
+		ready = meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady)
+		return ready != nil && ready.ObservedGeneration >= pool.Generation, nil
+	})
+	if err != nil {
+		return fmt.Errorf("node pool %s: no Ready condition for generation %d: %w", name, pool.Generation, err)
+	}
+	if ready.Status != metav1.ConditionFalse || ready.Reason != v1alpha1.ReasonManagedModeDisabled ||
+		!strings.Contains(ready.Message, "managedNodePools: true") {
+		return fmt.Errorf("node pool %s: Ready %s (%s: %s), want False with reason %s naming managedNodePools: true",
+			name, ready.Status, ready.Reason, ready.Message, v1alpha1.ReasonManagedModeDisabled)
+	}
+	if len(pool.Status.Nodes) > 0 || len(pool.Finalizers) > 0 {
+		return fmt.Errorf("node pool %s: nodes %v, finalizers %v; want none", name, pool.Status.Nodes, pool.Finalizers)
+	}
+	node, err := cs.CoreV1().Nodes().Get(ctx, testenv.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if v, ok := node.Labels[v1alpha1.LabelNodePool]; ok && v == name {
+		return fmt.Errorf("node %s is labelled %s=%s", node.Name, v1alpha1.LabelNodePool, v)
+	}
+	for _, taint := range node.Spec.Taints {
+		if taint.Key == "agentbox.test/"+name {
+			return fmt.Errorf("node %s has the pool's taint %s", node.Name, taint.ToString())
+		}
+	}
+	if _, err := cs.NodeV1().RuntimeClasses().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		return fmt.Errorf("RuntimeClass %s: %v, want not found", name, err)
+	}
+	return nil
 }
 
 func createTestNamespace(ctx context.Context, t *testing.T, c client.Client, name string) {

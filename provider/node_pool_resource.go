@@ -225,7 +225,8 @@ func (r *nodePoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
 				MarkdownDescription: "Wait on create and update until the platform reports the pool Ready (at least one selected " +
 					"node can run gVisor pods), within the `timeouts`. Defaults to `true`. On timeout the error carries the " +
-					"pool's Ready condition, e.g. no node matching the selector.",
+					"pool's Ready condition, e.g. no node matching the selector. A `Managed` pool on a platform installed " +
+					"with the chart value `managedNodePools: false` fails at once with the reason `ManagedModeDisabled`.",
 			},
 			"status": schema.SingleNestedAttribute{
 				Computed: true,
@@ -382,14 +383,25 @@ func (r *nodePoolResource) waitAndRefresh(ctx context.Context, c client.Client, 
 		return
 	}
 	var pool agentboxv1alpha1.GVisorNodePool
+	var refused *metav1.Condition
 	waitReady(ctx, nodePoolCR, c, key, &pool, timeout, func() (bool, string) {
 		cond := apimeta.FindStatusCondition(pool.Status.Conditions, agentboxv1alpha1.ConditionReady)
 		// A condition about an older spec says nothing about this one.
 		current := cond != nil && cond.ObservedGeneration >= pool.Generation
 		progress := fmt.Sprintf("%d of %d selected nodes ready; %s", pool.Status.ReadyNodes, len(pool.Status.Nodes),
 			readyConditionText(pool.Status.Conditions, agentboxv1alpha1.ConditionReady))
+		if current && cond.Status == metav1.ConditionFalse && cond.Reason == agentboxv1alpha1.ReasonManagedModeDisabled {
+			// Only a change of the platform lifts this refusal: waiting
+			// out the timeout would change nothing.
+			refused = cond.DeepCopy()
+			return true, progress
+		}
 		return current && cond.Status == metav1.ConditionTrue, progress
 	}, func() { m.setStatus(ctx, &pool.Status, diags) }, diags)
+	if refused != nil {
+		diags.AddError(fmt.Sprintf("%s %s is refused by the platform", nodePoolKind, key.Name),
+			fmt.Sprintf("Ready=False, reason %s: %s. The chart value is set in agentbox_platform's `values`.", refused.Reason, refused.Message))
+	}
 }
 
 func (m *nodePoolObjectModel) spec(ctx context.Context, diags *diag.Diagnostics) agentboxv1alpha1.GVisorNodePoolSpec {

@@ -84,9 +84,13 @@ func (r *SandboxReconciler) checkpoint(ctx context.Context, sbx *v1alpha1.Sandbo
 	if wait := since.Add(interval).Sub(r.now()); wait > 0 {
 		return wait, nil
 	}
-	if a.last.IsZero() || !a.last.After(since) {
+	if a.last.IsZero() || !a.last.Add(v1alpha1.ActivityRenewInterval).After(since) {
 		// No call since the newest checkpoint began (or since the sandbox
-		// began serving): the workspace is as the agent left it then.
+		// began serving): the workspace is as the agent left it then. The
+		// Compute API writes at most one renewal per renew interval, so
+		// calls up to an interval after the last renewal are not on the
+		// clock: a checkpoint begun within that interval may have missed
+		// them, and the next one is taken all the same.
 		return interval, nil
 	}
 	if r.SnapshotHealth != nil && r.SnapshotHealth.Problem() != nil {

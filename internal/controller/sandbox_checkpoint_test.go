@@ -2,11 +2,14 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +28,13 @@ import (
 // node-local workspace, files written after it are lost, and the status
 // and an event say which checkpoint was used and what was lost.
 //
+// It keeps checkpointsKept (2) too: after three or more checkpoints,
+// status.checkpoints never listed more than two, and the archives of the
+// pruned ones are gone from the store while the two kept are there. And
+// each call is followed by a checkpoint begun after it, although the
+// Compute API renews the activity clock at most every 30 s: what the calls
+// wrote is there after the node loss.
+//
 // The checkpoint is taken on the real node, through the real supervisor,
 // into the archive store. The node then lost is kwok's (the real one
 // cannot be deleted from under the shared cluster): the workspace is
@@ -40,8 +50,10 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: checkpoints are read through the real sandbox image's supervisor", EnvSandboxImage)
 	}
+	const checkpointsKept = 2
 	nodes := startFakeNodes(t)
-	d := s3Archive(t, s3server.Start(t))
+	store := s3server.Start(t)
+	d := s3Archive(t, store)
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, d, &pool))
 	const name = "ckpt"
@@ -50,6 +62,7 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 		tpl.Spec.Image = image
 		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
 		tpl.Spec.CheckpointInterval = &metav1.Duration{Duration: 10 * time.Second}
+		tpl.Spec.CheckpointsKept = checkpointsKept
 		tpl.Spec.Workspace = v1alpha1.WorkspaceSpec{Size: resource.MustParse(nodeLossWorkspaceSize), StorageClassName: &vols.class}
 		tpl.Spec.Tolerations = []corev1.Toleration{kwok.Toleration()}
 	})
@@ -89,19 +102,79 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 		t.Errorf("the Compute API's status shows snapshot %+v; want checkpoint %s", st.Snapshot, ck.Name)
 	}
 
+	// Two more calls, each followed by a checkpoint begun after it, whatever
+	// the API's throttle of activity renewals let through; with
+	// checkpointsKept 2 the oldest are pruned, from the status and from
+	// the store.
+	taken := []string{ck.Name}
+	most := 0
+	observe := func() error {
+		if err := e.get(name, sbx); err != nil {
+			return err
+		}
+		most = max(most, len(sbx.Status.Checkpoints))
+		return nil
+	}
+	for i := 1; i <= 2; i++ {
+		apiRun(t, e.ctx, api, agent, fmt.Sprintf("echo %d >> notes/calls", i))
+		// Begin times are whole seconds: the next second is surely after.
+		after := time.Now().Truncate(time.Second).Add(time.Second)
+		e.eventually(fmt.Sprintf("a checkpoint begun after call %d", i), func() error {
+			if err := observe(); err != nil {
+				return err
+			}
+			last, s := sbx.Status.LastCheckpointTime, sbx.Status.Snapshot
+			if sbx.Status.PendingCheckpoint != "" || last == nil || last.Time.Before(after) || s == nil || s.Name != checkpointName(name, last.Time) {
+				return fmt.Errorf("status.snapshot %+v, pending %q, last begun %v", s, sbx.Status.PendingCheckpoint, last)
+			}
+			ck = *s
+			return nil
+		})
+		taken = append(taken, ck.Name)
+	}
+
 	// No further checkpoint may take what comes next.
 	must(t, e.c.Get(e.ctx, client.ObjectKeyFromObject(tpl), tpl))
 	tpl.Spec.CheckpointInterval = &metav1.Duration{Duration: time.Hour}
 	must(t, e.c.Update(e.ctx, tpl))
 	e.eventually("no checkpoint under way", func() error {
-		if err := e.get(name, sbx); err != nil {
+		if err := observe(); err != nil {
 			return err
 		}
-		if sbx.Status.PendingCheckpoint != "" || sbx.Status.Snapshot.Name != ck.Name {
-			return fmt.Errorf("pending %q, snapshot %s", sbx.Status.PendingCheckpoint, sbx.Status.Snapshot.Name)
+		if sbx.Status.PendingCheckpoint != "" {
+			return fmt.Errorf("pending %q", sbx.Status.PendingCheckpoint)
 		}
 		return nil
 	})
+	ck = *sbx.Status.Snapshot
+	var listed []string
+	for _, c := range sbx.Status.Checkpoints {
+		listed = append(listed, c.Name)
+	}
+	if most > checkpointsKept || len(listed) != checkpointsKept || listed[len(listed)-1] != ck.Name {
+		t.Errorf("status.checkpoints %v (at most %d listed), snapshot %s; want the newest %d", listed, most, ck.Name, checkpointsKept)
+	}
+	// The controller deletes what a checkpoint supersedes before it
+	// records the checkpoint, so the store is already pruned.
+	keys := map[string]bool{}
+	for o := range store.Client(t).ListObjects(e.ctx, store.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+		must(t, o.Err)
+		keys[o.Key] = true
+	}
+	pruned := 0
+	for _, n := range slices.Compact(slices.Sorted(slices.Values(append(taken, listed...)))) {
+		want := slices.Contains(listed, n)
+		if !want {
+			pruned++
+		}
+		if k := d.Key(sbx, n); keys[k] != want {
+			t.Errorf("archive %s of checkpoint %s in the store: %v, want %v (the store holds %v)", k, n, keys[k], want, slices.Sorted(maps.Keys(keys)))
+		}
+	}
+	if pruned == 0 {
+		t.Errorf("no checkpoint pruned: taken %v, kept %v", taken, listed)
+	}
+	t.Logf("checkpoints %v taken after the calls; %v kept, %d pruned", taken, listed, pruned)
 	apiRun(t, e.ctx, api, agent, `echo "after the checkpoint" > notes/b.txt`)
 
 	// The workspace goes with the pod, and the sandbox comes back on the
@@ -127,8 +200,8 @@ func TestCheckpointBoundsNodeLoss(t *testing.T) {
 
 	// The next call resumes it on the real node, from the checkpoint.
 	vols.on(testenv.NodeName, true)
-	got := apiRun(t, e.ctx, api, agent, `cat notes/a.txt && sha256sum blob && if [ -e notes/b.txt ]; then echo "b.txt is there"; fi`)
-	if want := "before the checkpoint\n" + digest; got != want {
+	got := apiRun(t, e.ctx, api, agent, `cat notes/a.txt && sha256sum blob && cat notes/calls && if [ -e notes/b.txt ]; then echo "b.txt is there"; fi`)
+	if want := "before the checkpoint\n" + digest + "\n1\n2"; got != want {
 		t.Errorf("workspace after the resume from checkpoint %s:\n%s\nwant:\n%s", ck.Name, got, want)
 	}
 	e.wantEvent(EventResuming, "newest checkpoint "+ck.Name)

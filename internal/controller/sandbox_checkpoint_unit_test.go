@@ -37,8 +37,9 @@ func TestUnitCheckpoints(t *testing.T) {
 
 	f.reconcile("s")
 	// The pod takes a while to start: the sandbox's creation renewed the
-	// activity clock before it serves.
-	f.clock.Step(3 * time.Second)
+	// activity clock before it serves, more than a renew interval before,
+	// so no call can have gone unrecorded since.
+	f.clock.Step(v1alpha1.ActivityRenewInterval + 3*time.Second)
 	f.podReady("s")
 	f.reconcile("s")
 	f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
@@ -123,6 +124,49 @@ func TestUnitCheckpoints(t *testing.T) {
 	}
 	if slices.Contains(d.deleted, sbx.Status.Snapshot.Name) {
 		t.Errorf("the stop's own snapshot %s was deleted", sbx.Status.Snapshot.Name)
+	}
+}
+
+// The Compute API renews the activity clock at most once per renew
+// interval, so calls made within it after a renewal leave no mark: a
+// checkpoint begun then may have missed them, and the next one is taken
+// although the clock did not move. Once a checkpoint began a whole renew
+// interval after the last renewal, none is taken without a new one.
+func TestUnitCheckpointAfterUnrecordedCalls(t *testing.T) {
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Hour))
+	ctx := context.Background()
+	tpl := unitTemplate("t")
+	must(t, f.c.Get(ctx, client.ObjectKeyFromObject(tpl), tpl))
+	tpl.Spec.CheckpointInterval = &metav1.Duration{Duration: time.Minute}
+	must(t, f.c.Update(ctx, tpl))
+	d.state = snapshot.State{Ready: true, SizeBytes: 1024}
+	f.reconcile("s")
+	f.clock.Step(v1alpha1.ActivityRenewInterval + time.Second)
+	f.podReady("s")
+	f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+
+	// A call renews the clock 10 s before the checkpoint is due.
+	f.clock.Step(50 * time.Second)
+	f.renew("s")
+	f.clock.Step(11 * time.Second)
+	f.reconcile("s")
+	if len(d.taken) != 1 {
+		t.Fatalf("checkpoints after a call: %v", d.taken)
+	}
+	// Quiet since, on the clock; but a call 20 s after the renewal, after
+	// the checkpoint began, would not have renewed it.
+	f.clock.Step(61 * time.Second)
+	f.reconcile("s")
+	if len(d.taken) != 2 {
+		t.Fatalf("no checkpoint after one begun within a renew interval of the last renewal: %v", d.taken)
+	}
+	for range 3 {
+		f.clock.Step(61 * time.Second)
+		f.reconcile("s")
+	}
+	if len(d.taken) != 2 {
+		t.Fatalf("checkpoints taken with no call that could have gone unrecorded: %v", d.taken)
 	}
 }
 

@@ -141,6 +141,13 @@ func SupervisorEndpoint(podIP string) string {
 // name from here.
 func LeaseName(sandbox string) string { return sandbox }
 
+// ActivityRenewInterval is the most the Compute API lets pass between two
+// renewals of a sandbox's activity clock while it is called: calls within
+// it after a renewal are not written. So a renewTime says only that the
+// sandbox may have been used until this long after it; the controller
+// reads it that way (a checkpoint begun within it may have missed calls).
+const ActivityRenewInterval = 30 * time.Second
+
 // Annotations on a sandbox's Lease that describe the current exclusive
 // hold (an exclusive lease) beside spec.holderIdentity. The Compute API writes them
 // with the holder and the controller removes them when it reclaims an

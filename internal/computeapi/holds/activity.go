@@ -21,7 +21,8 @@ import (
 // DefaultActivityRenewInterval throttles activity renewals. The idle timeout
 // is measured in tens of minutes, so a renewal every 30 s loses nothing,
 // while renewing on every call would put one API write behind each command.
-const DefaultActivityRenewInterval = 30 * time.Second
+// The controller relies on it being at most v1alpha1.ActivityRenewInterval.
+const DefaultActivityRenewInterval = v1alpha1.ActivityRenewInterval
 
 // ActivityLeaseKey names the Kubernetes Lease that is a sandbox's
 // activity clock, and that carries its hold.
