@@ -156,7 +156,7 @@ func (r *SandboxReconciler) activityOf(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 		// The last activity woke the sandbox, and the call that did waits
 		// for it to serve: it is idle only a whole timeout after it began
 		// to, however long the resume took.
-		if _, woken := v1alpha1.WokenAt(activityClock.Annotations, activityClock.Spec.RenewTime); woken {
+		if v1alpha1.LeaseWoken(activityClock.Annotations, activityClock.Spec.RenewTime) {
 			if since := servingSince(sbx); since.After(a.last) {
 				a.idleFor = r.now().Sub(since)
 			}

@@ -184,18 +184,15 @@ const (
 // Any later renewal (a call, a hold) moves renewTime past it.
 const AnnotationWokenAt = GroupName + "/woken-at"
 
-// WokenAt returns the time in a Lease's AnnotationWokenAt and whether the
-// Lease's renewTime is still that wake: no activity since.
-func WokenAt(annotations map[string]string, renewTime *metav1.MicroTime) (time.Time, bool) {
+// LeaseWoken reports whether a Lease's renewTime is still the wake its
+// AnnotationWokenAt records: no activity since the Compute API woke it.
+func LeaseWoken(annotations map[string]string, renewTime *metav1.MicroTime) bool {
 	v, ok := annotations[AnnotationWokenAt]
 	if !ok || renewTime == nil {
-		return time.Time{}, false
+		return false
 	}
 	t, err := time.Parse(metav1.RFC3339Micro, v)
-	if err != nil {
-		return time.Time{}, false
-	}
-	return t, t.Equal(renewTime.Truncate(time.Microsecond))
+	return err == nil && t.Equal(renewTime.Truncate(time.Microsecond))
 }
 
 // LeaseHoldExpiry returns the holder of a sandbox Lease and when the hold
