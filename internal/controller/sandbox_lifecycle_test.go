@@ -28,7 +28,6 @@ import (
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
-	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot/archive"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/s3server"
@@ -193,12 +192,7 @@ func TestIdleStopAndResume(t *testing.T) {
 		t.Skipf("%s is not set: idle stop needs the real sandbox image's supervisor", EnvSandboxImage)
 	}
 	store := s3server.Start(t)
-	arch, err := archive.New(archive.Config{
-		Endpoint: store.Endpoint, Bucket: store.Bucket, Region: store.Region,
-		AccessKeyID: store.AccessKeyID, SecretAccessKey: store.SecretAccessKey,
-	})
-	must(t, err)
-	t.Cleanup(arch.Close)
+	arch := s3Archive(t, store)
 	drv := &failableDriver{Driver: arch}
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, drv, &pool))
@@ -358,16 +352,7 @@ func TestControlPlaneKilledMidStop(t *testing.T) {
 		t.Skipf("%s is not set: idle stop needs the real sandbox image's supervisor", EnvSandboxImage)
 	}
 	store := s3server.Start(t)
-	newArchive := func() *archive.Driver {
-		d, err := archive.New(archive.Config{
-			Endpoint: store.Endpoint, Bucket: store.Bucket, Region: store.Region,
-			AccessKeyID: store.AccessKeyID, SecretAccessKey: store.SecretAccessKey,
-		})
-		must(t, err)
-		t.Cleanup(d.Close)
-		return d
-	}
-	first := newArchive()
+	first := s3Archive(t, store)
 	stall := &stallingDriver{Driver: first, stalled: make(chan struct{})}
 	var pool *computeapi.SupervisorPool
 	e := newClusterEnv(t, withSnapshots(t, stall, &pool))
@@ -406,7 +391,7 @@ func TestControlPlaneKilledMidStop(t *testing.T) {
 	}
 
 	restarted := time.Now()
-	e.startManager(withSnapshots(t, newArchive(), &pool))
+	e.startManager(withSnapshots(t, s3Archive(t, store), &pool))
 	sbx, _ = e.waitPhase("crash", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
 	converged := time.Since(restarted)
 	if sbx.Status.Snapshot == nil || sbx.Status.Snapshot.Name != pending {

@@ -18,19 +18,7 @@ import (
 // (the Service moves to it), and its pod is selected by the adopter's own
 // NetworkPolicy, made before the pod was relabelled.
 func TestUnitAdoptionMovesEgress(t *testing.T) {
-	w, names := readyPool(t, 1, unitEgressProxy("egress"), upstreamSecret())
-	// readyPool's template names no proxy; give it one and roll the pool.
-	var tpl v1alpha1.SandboxTemplate
-	must(t, w.c.Get(context.Background(), keyOf("t"), &tpl))
-	tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
-	must(t, w.c.Update(context.Background(), &tpl))
-	w.reconcilePool("p")
-	w.settle("p")
-	warm := w.warm("p")
-	if len(warm) != 1 || warm[0].Name == names[0] {
-		t.Fatalf("pool after the roll: %+v", warm)
-	}
-	wName := warm[0].Name
+	w, wName := proxiedPool(t)
 	var svc corev1.Service
 	must(t, w.c.Get(context.Background(), keyOf(EgressServiceName(wName)), &svc))
 
@@ -57,6 +45,25 @@ func TestUnitAdoptionMovesEgress(t *testing.T) {
 	}
 }
 
+// proxiedPool is a ready pool of one whose template has a PerAgent proxy,
+// and the name of its warm sandbox.
+func proxiedPool(t *testing.T) (*warmEnv, string) {
+	t.Helper()
+	w, names := readyPool(t, 1, unitEgressProxy("egress"), upstreamSecret())
+	// readyPool's template names no proxy; give it one and roll the pool.
+	var tpl v1alpha1.SandboxTemplate
+	must(t, w.c.Get(context.Background(), keyOf("t"), &tpl))
+	tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
+	must(t, w.c.Update(context.Background(), &tpl))
+	w.reconcilePool("p")
+	w.settle("p")
+	warm := w.warm("p")
+	if len(warm) != 1 || warm[0].Name == names[0] {
+		t.Fatalf("pool after the roll: %+v", warm)
+	}
+	return w, warm[0].Name
+}
+
 func keyOf(name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: unitNS, Name: name}
 }
@@ -65,14 +72,7 @@ func keyOf(name string) types.NamespacedName {
 // its agent, so the adoption deletes it rather than move it, and the
 // adopter does not serve until the proxy made for it is ready.
 func TestUnitAdopterWaitsForItsOwnProxy(t *testing.T) {
-	w, _ := readyPool(t, 1, unitEgressProxy("egress"), upstreamSecret())
-	var tpl v1alpha1.SandboxTemplate
-	must(t, w.c.Get(context.Background(), keyOf("t"), &tpl))
-	tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
-	must(t, w.c.Update(context.Background(), &tpl))
-	w.reconcilePool("p")
-	w.settle("p")
-	wName := w.warm("p")[0].Name
+	w, wName := proxiedPool(t)
 	var old corev1.Pod
 	must(t, w.c.Get(context.Background(), keyOf(EgressServiceName(wName)), &old))
 	if !metav1.IsControlledBy(&old, w.sandbox(wName)) {

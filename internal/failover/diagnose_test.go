@@ -17,12 +17,7 @@ import (
 // is read from.
 func (e *env) logRestarts() {
 	ctx := e.t.Context()
-	pods, err := e.cs.CoreV1().Pods(e.releaseN).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controlplane"})
-	if err != nil {
-		e.t.Logf("list control plane pods: %v", err)
-		return
-	}
-	for _, p := range pods.Items {
+	for _, p := range e.diagnosedPods() {
 		for _, c := range p.Status.ContainerStatuses {
 			if c.RestartCount == 0 {
 				continue
@@ -55,12 +50,7 @@ func (e *env) logIdlerStory() {
 			e.t.Logf("idler event %s %s (x%d): %s", eventTime(ev).UTC().Format("15:04:05.000"), ev.Reason, ev.Count, ev.Message)
 		}
 	}
-	pods, err := e.cs.CoreV1().Pods(e.releaseN).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controlplane"})
-	if err != nil {
-		e.t.Logf("list control plane pods: %v", err)
-		return
-	}
-	for _, p := range pods.Items {
+	for _, p := range e.diagnosedPods() {
 		for _, c := range p.Status.ContainerStatuses {
 			for _, previous := range []bool{true, false} {
 				if previous && c.RestartCount == 0 {
@@ -89,4 +79,15 @@ func eventTime(ev corev1.Event) time.Time {
 		return ev.LastTimestamp.Time
 	}
 	return ev.FirstTimestamp.Time
+}
+
+// diagnosedPods lists the control plane pods, terminating ones included;
+// a failure to list is logged, as diagnostics must not end the test.
+func (e *env) diagnosedPods() []corev1.Pod {
+	pods, err := e.cs.CoreV1().Pods(e.releaseN).List(e.t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controlplane"})
+	if err != nil {
+		e.t.Logf("list control plane pods: %v", err)
+		return nil
+	}
+	return pods.Items
 }
