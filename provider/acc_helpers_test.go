@@ -22,10 +22,16 @@ import (
 var crdsOnce sync.Once
 var crdsErr error
 
-// Tests that install no platform call t.Parallel: Go runs them after every
-// serial test, so when no platform's controller is left to act on their
-// objects, and side by side. A test that installs the platform must not:
-// each platform's controller watches every namespace.
+// Which tests call t.Parallel. Go runs the serial tests first, one at a
+// time, and then the parallel ones side by side. Parallel: the tests that
+// install a platform in their own namespace (platforms that share a
+// cluster leave each other's namespaces alone), and the tests that install
+// none, whose objects a platform tells NamespaceNotServed only once no
+// controller has reported on them for a grace of 10 seconds. Serial: the
+// tests that touch what is cluster-wide (node pools and the node, which
+// every platform's node pool controller acts on), the quickstart (it sets
+// the provider namespace with t.Setenv), and those that check a status
+// nothing writes for longer than that grace.
 
 // testAccCluster prepares the shared test cluster for a resource test: the
 // agentbox CRDs installed, and a fresh namespace removed afterwards. It

@@ -70,6 +70,7 @@ print(json.dumps(out))
 // The NetworkPolicies are checked as objects only: the local cluster does
 // not enforce NetworkPolicy.
 func TestAccEgressSandboxThroughProxy(t *testing.T) {
+	t.Parallel()
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(testAccKubeconfigEnv))

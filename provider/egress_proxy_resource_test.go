@@ -194,8 +194,10 @@ func sharedProxyBody(creds string, version int) string {
 // proxy, so it is created without waiting and the test writes the status
 // the way the controller would. Credentials are random per run, so finding
 // them anywhere in a plan or the state is a leak and not a coincidence.
+// It does not run in parallel with the tests that install a platform: one
+// of those would tell the proxy, in a namespace it does not serve,
+// NamespaceNotServed before the test writes its status.
 func TestAccEgressProxy_lifecycle(t *testing.T) {
-	t.Parallel()
 	c, ns := testAccCluster(t)
 	addr := "agentbox_egress_proxy.test"
 	name := "egress"

@@ -62,6 +62,7 @@ const foreignIdle = 30 * time.Second
 // image's template runs it as the image's own user 1000
 // (run_as_image_user), the others as the platform's user.
 func TestAccForeignImages(t *testing.T) {
+	t.Parallel()
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	tools := settingsTools(t)

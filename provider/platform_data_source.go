@@ -84,7 +84,7 @@ func (d *platformDataSource) Schema(ctx context.Context, _ datasource.SchemaRequ
 	attrs["sandbox_namespaces"] = schema.SetAttribute{
 		Computed: true, ElementType: types.StringType,
 		MarkdownDescription: "Namespaces, besides `namespace` (always served), whose sandboxes, warm pools and egress proxies " +
-			"the platform runs; objects elsewhere get the reason `NamespaceNotServed`. Null means `namespace` only.",
+			"the platform runs; objects elsewhere that no other platform serves get the reason `NamespaceNotServed`. Null means `namespace` only.",
 	}
 	attrs["values"] = computed("The release's other chart values, as YAML: those that `image_tag`, `image_registry`, " +
 		"`image_pull_policy`, `replicas` and `sandbox_namespaces` do not describe. Null when there are none.")

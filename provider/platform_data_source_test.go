@@ -18,6 +18,7 @@ import (
 // installed without waiting for the control plane (as in
 // TestAccPlatform_noWait), so it needs no images.
 func TestAccPlatformDataSource(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	values := "values = <<-EOT\n    metrics:\n      enabled: false\n  EOT"
 	config := testAccPlatformConfig(ns, "absent", "  wait = false", "  "+values) + `

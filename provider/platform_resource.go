@@ -166,8 +166,11 @@ func (r *platformResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"(pods, Secrets, workspace claims, Leases, Services, ConfigMaps, NetworkPolicies, Deployments) are " +
 					"granted only in these namespaces, by a Role in each, so a leaked control plane token reads no Secret " +
 					"and starts no pod anywhere else. An `agentbox_sandbox`, `agentbox_warm_pool` or `agentbox_egress_proxy` " +
-					"in another namespace is not run: it gets the condition `Ready=False` with reason `NamespaceNotServed` " +
-					"and an event saying to add its namespace here. Each namespace must exist before apply (the platform " +
+					"in another namespace is not run: unless another platform on the cluster serves it, it gets the condition " +
+					"`Ready=False` with reason `NamespaceNotServed` after 10 seconds, and an event saying to add its namespace " +
+					"here. Several platforms may share a cluster, each in its own `namespace` and serving its own namespaces; " +
+					"agent IDs are each platform's own. Take a namespace off the list only once its sandboxes are deleted: " +
+					"the platform no longer finalizes them there. Each namespace must exist before apply (the platform " +
 					"creates its Roles there, not the namespace). At most " + fmt.Sprint(maxSandboxNamespaces) + ", each " +
 					namespaceCheck.description + ". Unset serves `namespace` only. The chart value `sandboxNamespaces`.",
 				Validators: []validator.Set{setvalidator.SizeAtMost(maxSandboxNamespaces), setvalidator.ValueStringsAre(namespaceCheck)},

@@ -294,6 +294,7 @@ func platformDestroyed(c client.Client, ns string) resource.TestCheckFunc {
 
 // TestAccPlatform_basic installs the real control plane and waits for it.
 func TestAccPlatform_basic(t *testing.T) {
+	t.Parallel()
 	testAccPreCheck(t)
 	tag := os.Getenv(testAccImageTagEnv)
 	if tag == "" {
@@ -467,6 +468,7 @@ func (c refreshedDrift) CheckPlan(_ context.Context, req plancheck.CheckPlanRequ
 // control plane, so it needs no images: the Deployment exists but its pod
 // never starts.
 func TestAccPlatform_noWait(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	values := "values = <<-EOT\n    metrics:\n      enabled: false\n  EOT"
 	config := testAccPlatformConfig(ns, "absent", "  wait = false", "  "+values)
@@ -556,6 +558,7 @@ func TestAccPlatform_noWait(t *testing.T) {
 // that one unknown. It also shows global.commonLabels reaching the control
 // plane pods on the cluster. Needs no images: nothing waits for the pods.
 func TestAccPlatform_accessKnownAcrossUpdates(t *testing.T) {
+	t.Parallel()
 	c, ns := testAccCluster(t)
 	const consumer = "terraform_data.consumer"
 	config := func(replicas int, values string) string {

@@ -36,6 +36,7 @@ import (
 // the provider's warning), and a sandbox whose idle timeout passes is not
 // stopped: it keeps serving calls and says why in its status.
 func TestAccPlatformSnapshotCheckFails(t *testing.T) {
+	t.Parallel()
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	const idle = 20 * time.Second

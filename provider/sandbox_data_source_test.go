@@ -128,6 +128,7 @@ func TestAccSandboxDataSource(t *testing.T) {
 // runs under gVisor on the test node, and checks the data source against
 // the live object.
 func TestAccSandboxDataSource_running(t *testing.T) {
+	t.Parallel()
 	testAccPreCheck(t)
 	tag := os.Getenv(testAccImageTagEnv)
 	if tag == "" {

@@ -38,6 +38,7 @@ type standardTool struct {
 // package index, both served by a pod this test made (the only
 // destination the proxy allows).
 func TestAccStandardImageTools(t *testing.T) {
+	t.Parallel()
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

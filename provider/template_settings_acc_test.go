@@ -75,6 +75,7 @@ const (
 //   - dd past the 2Gi workspace fails with ENOSPC, and leaves the earlier
 //     file intact.
 func TestAccTemplateSettings(t *testing.T) {
+	t.Parallel()
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	tools := settingsTools(t)

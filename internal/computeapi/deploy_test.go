@@ -37,13 +37,23 @@ func (staffToken) Authenticate(_ context.Context, token string) (*Principal, err
 // token, "agent-token:<agent>" tokens and "staff-token".
 func deployAPI(t *testing.T, f *fixture, defaultTemplate types.NamespacedName) func(token string) *api.Client {
 	t.Helper()
+	return apiWith(t, f, func(o *Options) { o.DefaultTemplate = defaultTemplate })
+}
+
+// apiWith serves a second Compute API on f's cluster, with the admin,
+// agent and staff tokens and the options that set changes, and returns
+// its clients by token.
+func apiWith(t *testing.T, f *fixture, set func(*Options)) func(token string) *api.Client {
+	t.Helper()
 	admin, err := NewAdminTokenAuthenticator(HashToken(adminToken))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(Options{Sandboxes: f.kube, Leases: f.kube, Supervisors: f.services.supervisors, Clock: f.clock,
+	opts := Options{Sandboxes: f.kube, Leases: f.kube, Supervisors: f.services.supervisors, Clock: f.clock,
 		Authenticator: ChainAuthenticators(admin, agentToken{}, staffToken{}), TrustDomain: testTrustDomain,
-		ResumeTimeout: 2 * time.Second, DefaultTemplate: defaultTemplate})
+		ResumeTimeout: 2 * time.Second}
+	set(&opts)
+	srv, err := NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,6 +264,36 @@ func TestDuplicateSandboxesServeTheOlder(t *testing.T) {
 	st, err = c.Status(context.Background(), "agent-dup")
 	if err != nil || st.Name != "a-tie" {
 		t.Fatalf("status with a tie = %+v, %v; want team-z/a-tie", st, err)
+	}
+}
+
+// TestAgentsAreThePlatformsOwn: on a cluster that two platforms share, the
+// Compute API serves only the sandboxes in its platform's namespaces. An
+// older sandbox of the same agent ID elsewhere is the other platform's and
+// does not take the agent over; an agent found only elsewhere is answered
+// NamespaceNotServed.
+func TestAgentsAreThePlatformsOwn(t *testing.T) {
+	now := time.Now()
+	theirs := readySandbox("team-z", "theirs", "agent-dup", "https://127.0.0.1:1")
+	theirs.CreationTimestamp = metav1.NewTime(now.Add(-time.Hour))
+	ours := readySandbox("team-a", "ours", "agent-dup", "https://127.0.0.1:1")
+	ours.CreationTimestamp = metav1.NewTime(now)
+	far := readySandbox("team-z", "far", "agent-far", "https://127.0.0.1:1")
+	f := newFixture(t, "", theirs, ours, far)
+	c := apiWith(t, f, func(o *Options) { o.Serves = func(ns string) bool { return ns == "team-a" } })(adminToken)
+	st, err := c.Status(context.Background(), "agent-dup")
+	if err != nil || st.Namespace != "team-a" || st.Name != "ours" {
+		t.Fatalf("status of an agent with an older sandbox on another platform = %+v, %v; want team-a/ours", st, err)
+	}
+	_, err = c.Status(context.Background(), "agent-far")
+	e := wantAPIError(t, err, api.CodeSandboxNotReady, http.StatusConflict)
+	if e.Details["reason"] != v1alpha1.ReasonNamespaceNotServed || !strings.Contains(e.Message, `"team-z"`) {
+		t.Errorf("an agent only in a namespace not served: %s %v; want reason %s naming team-z", e.Message, e.Details, v1alpha1.ReasonNamespaceNotServed)
+	}
+	// Serving every namespace, the older one keeps the agent.
+	st, err = f.client(t, adminToken).Status(context.Background(), "agent-dup")
+	if err != nil || st.Name != "theirs" {
+		t.Errorf("status serving every namespace = %+v, %v; want team-z/theirs", st, err)
 	}
 }
 

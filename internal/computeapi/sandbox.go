@@ -169,9 +169,11 @@ func (s *Server) readySandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 }
 
 // agentSandbox returns the live Sandbox that has agentID, in whatever
-// phase. An agent has one: of two or more (a second one made by kubectl
-// or Terraform, which the controller refuses with DuplicateAgent), the one
-// that keeps the agent is served, as the controller decides it.
+// phase, in a namespace the platform serves. An agent has one: of two or
+// more (a second one made by kubectl or Terraform, which the controller
+// refuses with DuplicateAgent), the one that keeps the agent is served, as
+// the controller decides it. One found only in a namespace not served is
+// answered with NamespaceNotServed: the agent is not this platform's.
 func (s *Server) agentSandbox(ctx context.Context, agentID string) (*v1alpha1.Sandbox, *api.Error) {
 	var list v1alpha1.SandboxList
 	// The label narrows the search to the agent's sandboxes; it holds a
@@ -180,15 +182,18 @@ func (s *Server) agentSandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 		s.log.Error(err, "list sandboxes", "agent", agentID)
 		return nil, api.Errorf(api.CodeInternal, "could not look up the sandbox of agent %q", agentID)
 	}
-	var live, deleting []*v1alpha1.Sandbox
+	var live, deleting, elsewhere []*v1alpha1.Sandbox
 	for i := range list.Items {
 		sb := &list.Items[i]
 		if sb.Spec.AgentID != agentID {
 			continue
 		}
-		if sb.DeletionTimestamp != nil {
+		switch {
+		case !s.serves(sb.Namespace):
+			elsewhere = append(elsewhere, sb)
+		case sb.DeletionTimestamp != nil:
 			deleting = append(deleting, sb)
-		} else {
+		default:
 			live = append(live, sb)
 		}
 	}
@@ -206,6 +211,11 @@ func (s *Server) agentSandbox(ctx context.Context, agentID string) (*v1alpha1.Sa
 	case len(deleting) > 0:
 		e := api.Errorf(api.CodeSandboxNotReady, "the sandbox of agent %q is being deleted", agentID)
 		e.Details = map[string]string{"phase": string(deleting[0].Status.Phase), "reason": "Deleting"}
+		return nil, e
+	case len(elsewhere) > 0:
+		e := api.Errorf(api.CodeSandboxNotReady, "the sandbox of agent %q is in namespace %q, which this platform does not serve: "+
+			"add it to the platform's sandbox namespaces", agentID, elsewhere[0].Namespace)
+		e.Details = map[string]string{"phase": string(v1alpha1.SandboxPhasePending), "reason": v1alpha1.ReasonNamespaceNotServed}
 		return nil, e
 	default:
 		// Only the requested ID is named: which other sandboxes exist is

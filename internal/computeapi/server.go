@@ -53,6 +53,11 @@ type Options struct {
 	// Sandboxes finds Sandboxes by agent; in the control plane it is the
 	// manager's cache, so lookups do not load the API server.
 	Sandboxes client.Reader
+	// Serves reports whether the platform serves sandboxes in a namespace:
+	// agent IDs are the platform's own, so a sandbox elsewhere (another
+	// platform's, on the same cluster) is not this platform's agent. Nil
+	// serves every namespace.
+	Serves func(namespace string) bool
 	// Leases writes to the API server: the activity clocks' renewals and
 	// the holds (both on the sandboxes' Kubernetes Leases, hence the
 	// name), pool leases, created and deleted sandboxes. Its reads are a
@@ -100,7 +105,9 @@ type Options struct {
 
 // Server serves the Compute API.
 type Server struct {
-	sandboxes       client.Reader
+	sandboxes client.Reader
+	// serves: see Options.Serves; never nil.
+	serves          func(namespace string) bool
 	supervisors     SupervisorDialer
 	auth            Authenticator
 	trustDomain     string
@@ -175,6 +182,7 @@ func checkOptions(opts Options) error {
 func newServer(opts Options) *Server {
 	s := &Server{
 		sandboxes:       opts.Sandboxes,
+		serves:          opts.Serves,
 		supervisors:     opts.Supervisors,
 		closing:         make(chan struct{}),
 		auth:            opts.Authenticator,
@@ -205,6 +213,9 @@ func newServer(opts Options) *Server {
 	}
 	if s.maxRequestBytes <= 0 {
 		s.maxRequestBytes = DefaultMaxRequestBytes
+	}
+	if s.serves == nil {
+		s.serves = func(string) bool { return true }
 	}
 	return s
 }

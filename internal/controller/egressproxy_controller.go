@@ -175,16 +175,11 @@ func (r *EgressProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if live, err := fetchLive(ctx, r, req, &ep); !live {
 		return ctrl.Result{}, err
 	}
+	if !r.Namespaces.Serves(ep.Namespace) {
+		return r.refuseNamespace(ctx, &ep)
+	}
 	base := ep.DeepCopy()
 	ep.Status.ObservedGeneration = ep.Generation
-	if !r.Namespaces.Serves(ep.Namespace) {
-		// No policy, Secret check or proxy pod: none is allowed there.
-		msg := r.Namespaces.notServedMessage("EgressProxy", ep.Namespace)
-		ep.Status.ReadyEndpoints = nil
-		r.setReady(&ep, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotServed, msg)
-		r.eventOnNewReason(readyReasonOf(base.Status.Conditions), &ep, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
-		return ctrl.Result{}, patchStatusIfChanged(ctx, r.Client, base, &ep, base.Status, ep.Status, "EgressProxy")
-	}
 	result, err := r.reconcileProxy(ctx, readyReasonOf(base.Status.Conditions), &ep)
 	if cacheBehind(ctx, err) {
 		return ctrl.Result{RequeueAfter: cacheRetry}, nil
@@ -196,6 +191,22 @@ func (r *EgressProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
+}
+
+// refuseNamespace reports a proxy in a namespace the platform does not
+// serve, once no other platform has taken it up (notServedNow). No policy,
+// Secret check or proxy pod: none is allowed there.
+func (r *EgressProxyReconciler) refuseNamespace(ctx context.Context, ep *v1alpha1.EgressProxy) (ctrl.Result, error) {
+	if tell, wait := notServedNow(ep.CreationTimestamp, ep.Status.Conditions, nowOf(r.Clock)); !tell {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	base := ep.DeepCopy()
+	ep.Status.ObservedGeneration = ep.Generation
+	msg := r.Namespaces.notServedMessage("EgressProxy", ep.Namespace)
+	ep.Status.ReadyEndpoints = nil
+	r.setReady(ep, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotServed, msg)
+	r.event(ep, nil, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
+	return ctrl.Result{}, patchStatusIfChanged(ctx, r.Client, base, ep, base.Status, ep.Status, "EgressProxy")
 }
 
 // reconcileProxy runs a pass over the proxy: its policy objects, its

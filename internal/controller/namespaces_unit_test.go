@@ -4,12 +4,15 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -135,5 +138,82 @@ func TestUnitManagedModeDisabled(t *testing.T) {
 	}
 	if fin := p.pool("gv").Finalizers; len(fin) != 0 {
 		t.Errorf("finalizers %v", fin)
+	}
+}
+
+// TestUnitPlatformsShareACluster: two platforms on one cluster, each
+// serving its own namespaces, both see every Sandbox. The one that does
+// not serve a sandbox leaves it to the one that does: it waits out the
+// grace on a new one, never writes NamespaceNotServed over the other's
+// status, never takes a finalizer off, and the other platform's sandbox of
+// the same agent ID is no duplicate of its own.
+func TestUnitPlatformsShareACluster(t *testing.T) {
+	sbx := unitSandbox("s", "python")
+	f := newFakeEnv(t, unitTemplate("python"))
+	sbx.CreationTimestamp = metav1.NewTime(f.clock.Now())
+	must(t, f.c.Create(context.Background(), sbx))
+	f.r.Namespaces, f.r.Snapshots = ServedNamespaces{unitNS}, &recordingDriver{}
+	other := &SandboxReconciler{Client: f.c, Scheme: f.r.Scheme, Recorder: f.rec, Namespace: "agentbox-system",
+		DefaultImage: f.r.DefaultImage, CA: f.r.CA, Clock: f.clock, Namespaces: servedElsewhere, Snapshots: &recordingDriver{}}
+	reconcileBy := func(r *SandboxReconciler, name string) ctrl.Result {
+		t.Helper()
+		res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: unitNS, Name: name}})
+		must(t, err)
+		return res
+	}
+
+	// Just made: the other platform leaves it for the one that serves it.
+	if res := reconcileBy(other, "s"); res.RequeueAfter <= 0 || res.RequeueAfter > notServedGrace {
+		t.Errorf("the other platform on a new sandbox: %+v, want a look again within %s", res, notServedGrace)
+	}
+	if c := meta.FindStatusCondition(f.sandbox("s").Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		t.Errorf("the other platform wrote Ready %+v within the grace", c)
+	}
+	f.reconcile("s")
+	served := f.sandbox("s")
+	if c := f.ready("s"); c.Reason == v1alpha1.ReasonNamespaceNotServed || len(served.Finalizers) == 0 {
+		t.Fatalf("the serving platform: Ready %s, finalizers %v", c.Reason, served.Finalizers)
+	}
+	f.clock.Step(2 * notServedGrace)
+	f.drainEvents()
+	if res := reconcileBy(other, "s"); res != (ctrl.Result{}) {
+		t.Errorf("the other platform on a served sandbox: %+v", res)
+	}
+	if got := f.sandbox("s"); got.ResourceVersion != served.ResourceVersion {
+		t.Errorf("the other platform rewrote a sandbox it does not serve: Ready %+v", f.ready("s"))
+	}
+	if evs := f.drainEvents(); len(evs) != 0 {
+		t.Errorf("the other platform recorded %v", evs)
+	}
+
+	// The other platform's sandbox of the same agent, older, in a
+	// namespace it serves, takes nothing from this one.
+	twin := unitSandbox("twin", "python")
+	twin.Namespace, twin.Spec.AgentID = "agents", sbx.Spec.AgentID
+	twin.CreationTimestamp = metav1.NewTime(f.clock.Now().Add(-time.Hour))
+	must(t, f.c.Create(context.Background(), twin))
+	f.reconcile("s")
+	if c := f.ready("s"); c.Reason == v1alpha1.ReasonDuplicateAgent {
+		t.Errorf("refused as a duplicate of another platform's sandbox: %s", c.Message)
+	}
+
+	// Deleted: only the serving platform finalizes it (its snapshots are
+	// in its store).
+	must(t, f.c.Delete(context.Background(), f.sandbox("s")))
+	reconcileBy(other, "s")
+	if got := f.sandbox("s"); len(got.Finalizers) == 0 {
+		t.Error("the other platform took the finalizer off a sandbox it does not serve")
+	}
+
+	// Nobody takes up a sandbox in a namespace nobody serves: once the
+	// grace is over, the first platform to look tells it.
+	lone := unitSandbox("lone", "python")
+	lone.CreationTimestamp = metav1.NewTime(f.clock.Now())
+	must(t, f.c.Create(context.Background(), lone))
+	reconcileBy(other, "lone")
+	f.clock.Step(notServedGrace)
+	reconcileBy(other, "lone")
+	if c := f.ready("lone"); c.Reason != v1alpha1.ReasonNamespaceNotServed {
+		t.Errorf("a sandbox nobody serves, after the grace: Ready %s", c.Reason)
 	}
 }

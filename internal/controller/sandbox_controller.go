@@ -230,6 +230,9 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if found, err := fetch(ctx, r, req, &sbx); !found {
 		return ctrl.Result{}, err
 	}
+	if !r.Namespaces.Serves(sbx.Namespace) {
+		return r.refuseNamespace(ctx, &sbx)
+	}
 	if !sbx.DeletionTimestamp.IsZero() {
 		// Owner references delete the children in the cluster; the
 		// finalizer is there for the snapshots, which may live outside it.
@@ -244,9 +247,6 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if err := r.ensureSandboxLabels(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
-	}
-	if !r.Namespaces.Serves(sbx.Namespace) {
-		return ctrl.Result{}, r.refuseNamespace(ctx, &sbx)
 	}
 	if err := r.ensureFinalizer(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
@@ -274,20 +274,31 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 }
 
 // refuseNamespace reports a sandbox in a namespace the platform does not
-// serve. Nothing else is touched: the control plane has no rights over its
-// pods and Secrets there, and its cache does not watch them. The agent-ID
-// label is still set (a Sandbox write, allowed everywhere), so that the
-// Compute API finds the sandbox and answers with this reason at once. A
-// change of the served namespaces restarts the control plane, which then
-// reconciles every sandbox again.
-func (r *SandboxReconciler) refuseNamespace(ctx context.Context, sbx *v1alpha1.Sandbox) error {
+// serve, once no other platform has taken it up (notServedNow). Nothing
+// else is touched: the control plane has no rights over its pods and
+// Secrets there, and its cache does not watch them. Nor is a deleted one
+// finalized: its snapshots are in the store of the platform that served
+// it. The agent-ID label is still set (a Sandbox write, allowed
+// everywhere), so that the Compute API finds the sandbox and answers with
+// this reason at once. A change of the served namespaces restarts the
+// control plane, which then reconciles every sandbox again.
+func (r *SandboxReconciler) refuseNamespace(ctx context.Context, sbx *v1alpha1.Sandbox) (ctrl.Result, error) {
+	if !sbx.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	if tell, wait := notServedNow(sbx.CreationTimestamp, sbx.Status.Conditions, r.now()); !tell {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	if err := r.ensureSandboxLabels(ctx, sbx); err != nil {
+		return ctrl.Result{}, err
+	}
 	base := sbx.DeepCopy()
 	prevReason := readyReason(base)
 	sbx.Status.ObservedGeneration = sbx.Generation
 	msg := r.Namespaces.notServedMessage("Sandbox", sbx.Namespace)
 	r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonNamespaceNotServed, msg)
 	r.eventOnNewReason(prevReason, sbx, nil, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
-	return r.writeStatus(ctx, base, sbx)
+	return ctrl.Result{}, r.writeStatus(ctx, base, sbx)
 }
 
 // reportError sets the status from an error of the pass. The errors that

@@ -18,8 +18,10 @@ import (
 
 // One sandbox per agent. The Compute API routes an agent's calls by
 // spec.agentID, so a second live Sandbox with the same agent ID (made by
-// kubectl, Terraform or the API, in any namespace) would split the agent's
-// state between two workspaces. Nothing stops the second object from being
+// kubectl, Terraform or the API, in any namespace the platform serves)
+// would split the agent's state between two workspaces. Agent IDs are the
+// platform's own: a Sandbox in a namespace it does not serve belongs to
+// another platform on the cluster, or to none, and keeps nothing here. Nothing stops the second object from being
 // stored (the platform runs no admission webhook), so the controller
 // refuses it instead: the older Sandbox (v1alpha1.KeepsAgentBefore) keeps
 // the agent, the newer one gets phase Error with reason DuplicateAgent, a
@@ -50,7 +52,7 @@ func (r *SandboxReconciler) agentKeeper(ctx context.Context, sbx *v1alpha1.Sandb
 	keeper := sbx
 	for i := range list.Items {
 		o := &list.Items[i]
-		if o.UID == sbx.UID || o.Spec.AgentID != sbx.Spec.AgentID || !o.DeletionTimestamp.IsZero() {
+		if o.UID == sbx.UID || o.Spec.AgentID != sbx.Spec.AgentID || !o.DeletionTimestamp.IsZero() || !r.Namespaces.Serves(o.Namespace) {
 			continue
 		}
 		if v1alpha1.KeepsAgentBefore(o, keeper) {

@@ -110,17 +110,10 @@ func (r *SandboxWarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if live, err := fetchLive(ctx, r, req, &pool); !live {
 		return ctrl.Result{}, err
 	}
-	base := pool.DeepCopy()
 	if !r.Namespaces.Serves(pool.Namespace) {
-		// Its sandboxes could never run: none is made.
-		pool.Status.ObservedGeneration = pool.Generation
-		msg := r.Namespaces.notServedMessage("SandboxWarmPool", pool.Namespace)
-		r.setReady(&pool, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotServed, msg)
-		if readyReasonIsNew(pool.Status.Conditions, readyReasonOf(base.Status.Conditions)) {
-			r.event(&pool, nil, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
-		}
-		return ctrl.Result{}, patchStatusIfChanged(ctx, r.Client, base, &pool, base.Status, pool.Status, "warm pool")
+		return r.refuseNamespace(ctx, &pool)
 	}
+	base := pool.DeepCopy()
 	result, err := r.reconcilePool(ctx, readyReasonOf(base.Status.Conditions), &pool)
 	if cacheBehind(ctx, err) {
 		// Unlike the other reconcilers, the status found so far is still
@@ -133,6 +126,21 @@ func (r *SandboxWarmPoolReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
+}
+
+// refuseNamespace reports a pool in a namespace the platform does not
+// serve, once no other platform has taken it up (notServedNow). Its
+// sandboxes could never run: none is made.
+func (r *SandboxWarmPoolReconciler) refuseNamespace(ctx context.Context, pool *v1alpha1.SandboxWarmPool) (ctrl.Result, error) {
+	if tell, wait := notServedNow(pool.CreationTimestamp, pool.Status.Conditions, r.now()); !tell {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	base := pool.DeepCopy()
+	pool.Status.ObservedGeneration = pool.Generation
+	msg := r.Namespaces.notServedMessage("SandboxWarmPool", pool.Namespace)
+	r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotServed, msg)
+	r.event(pool, nil, corev1.EventTypeWarning, EventNamespaceNotServed, "Wait", msg)
+	return ctrl.Result{}, patchStatusIfChanged(ctx, r.Client, base, pool, base.Status, pool.Status, "warm pool")
 }
 
 // reconcilePool runs a pass over the pool: its template, its sandboxes as

@@ -503,6 +503,7 @@ func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.Sandbo
 func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.SupervisorPool, servingCert *renewingCert) (*computeapi.Server, *apiServer, error) {
 	api, err := computeapi.NewServer(computeapi.Options{
 		Sandboxes:          mgr.GetCache(),
+		Serves:             o.sandboxNamespaces.Serves,
 		Leases:             mgr.GetClient(),
 		LeaseReader:        mgr.GetAPIReader(),
 		Supervisors:        pool,

@@ -26,7 +26,7 @@ import (
 func registerScopeFlags(fs *flag.FlagSet, getenv func(string) string, o *options) (*string, error) {
 	sandboxNamespaces := fs.String("sandbox-namespaces", getenv("AGENTBOX_SANDBOX_NAMESPACES"),
 		"comma-separated namespaces whose sandboxes, warm pools and egress proxies the control plane runs, besides --namespace, which is always served; "+
-			"it watches pods, Secrets and their other children only there (its RBAC Roles grant no more), and objects elsewhere get the NamespaceNotServed condition. "+
+			"it watches pods, Secrets and their other children only there (its RBAC Roles grant no more), and objects elsewhere that no other platform takes up get the NamespaceNotServed condition. "+
 			"Empty serves every namespace, which needs cluster-wide rights [AGENTBOX_SANDBOX_NAMESPACES]")
 	managedDefault := true
 	if v := getenv("AGENTBOX_MANAGED_NODE_POOLS"); v != "" {
