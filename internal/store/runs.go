@@ -13,6 +13,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
 )
 
 // ErrRunFinished means a run has reached a terminal state, which is final:
@@ -175,8 +177,13 @@ func (c RunCommand) check() error {
 		if err := checkText("env name", n); err != nil {
 			return err
 		}
-		if n == "" || strings.ContainsRune(n, '=') {
-			return fmt.Errorf("%w: env name %q: only variable names are stored, never values", ErrInvalid, n)
+		if n == "" {
+			return fmt.Errorf("%w: empty env name", ErrInvalid)
+		}
+		if name, _, ok := strings.Cut(n, "="); ok {
+			// The error names the variable alone: what follows "=" may
+			// be a secret, and errors get logged.
+			return fmt.Errorf("%w: env name %q carries a value; only variable names are stored", ErrInvalid, name)
 		}
 	}
 	if c.TimeoutSeconds < 0 {
@@ -543,7 +550,9 @@ type RunResult struct {
 	// ExitCode is the command's exit status, if it exited.
 	ExitCode *int
 	// Reason is a CamelCase word, such as NonZeroExit or DeadlineExceeded.
-	Reason      string
+	Reason string
+	// Message says in words how the run ended. Known secret formats in
+	// it are redacted: it may quote the command's output.
 	Message     string
 	OutputBytes int64
 	// CancelledBy is who cancelled a cancelled run; empty means whoever
@@ -581,7 +590,7 @@ func (s *Store) FinishRun(ctx context.Context, id string, r RunResult) (Run, err
 		`status = $2, exit_code = $3, reason = $4, message = $5, output_bytes = $6, finished_at = $7,
 		 cancelled_by = CASE WHEN $2 = 'cancelled' AND $8 = '' THEN cancel_requested_by ELSE $8 END`,
 		`status IN ('queued', 'running')`, nil,
-		string(r.Status), exit, r.Reason, r.Message, r.OutputBytes, s.now(), r.CancelledBy)
+		string(r.Status), exit, r.Reason, redact.String(r.Message), r.OutputBytes, s.now(), r.CancelledBy)
 }
 
 // FailStaleRuns fails every running run whose last heartbeat is before
@@ -602,7 +611,7 @@ func (s *Store) FailStaleRuns(ctx context.Context, heartbeatBefore time.Time, re
 		WHERE (status = 'running' AND COALESCE(heartbeat_at, started_at, created_at) < $1)
 		   OR (status = 'queued' AND created_at < $1)
 		RETURNING `+runColumns,
-		dbTime(heartbeatBefore), reason, message, s.now())
+		dbTime(heartbeatBefore), reason, redact.String(message), s.now())
 	if err != nil {
 		return nil, fmt.Errorf("fail stale runs: %w", err)
 	}

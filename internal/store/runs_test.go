@@ -197,6 +197,15 @@ func testRunCreateInvalid(t *testing.T, b backend) {
 			t.Errorf("%s: %+v, %v, want ErrInvalid", c.name, got, err)
 		}
 	}
+	// An env "name" that carries a value is refused without repeating
+	// the value.
+	secret := randomToken(t)
+	r := agentRun("tok-1", "")
+	r.Command.EnvNames = []string{"API_TOKEN=" + secret}
+	if _, _, err := s.CreateRun(ctx, r); !errors.Is(err, store.ErrInvalid) || strings.Contains(err.Error(), secret) ||
+		!strings.Contains(err.Error(), "API_TOKEN") {
+		t.Errorf("env value: %v", err)
+	}
 	// Each mode with what it runs in is accepted.
 	for _, r := range []store.Run{
 		agentRun("tok-1", ""),
@@ -593,6 +602,18 @@ func testRunFinish(t *testing.T, b backend) {
 	sameRun(t, "second finish", second, done)
 	got, _ = s.GetRun(ctx, r.ID)
 	sameRun(t, "stored run after a second finish", got, done)
+
+	// The message may quote output: known secret formats are redacted.
+	leaky := mustCreateRun(t, s, agentRun("tok-1", ""))
+	secret := randomToken(t)
+	done, err = s.FinishRun(ctx, leaky.ID, store.RunResult{Status: store.RunFailed, Reason: "NonZeroExit",
+		Message: "curl: 401 for token " + secret})
+	if err != nil || strings.Contains(done.Message, secret) || !strings.Contains(done.Message, "curl: 401 for token [REDACTED:") {
+		t.Errorf("finish with a secret in the message: %q, %v", done.Message, err)
+	}
+	if got, _ := s.GetRun(ctx, leaky.ID); strings.Contains(got.Message, secret) {
+		t.Errorf("stored message holds the secret: %q", got.Message)
+	}
 
 	// A queued run can end without starting (its sandbox never came), and
 	// without an exit code.
