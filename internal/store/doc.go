@@ -1,7 +1,10 @@
 // Package store is the control plane's metadata and audit store: API token
 // hashes, staff console sessions, snapshot records, lease history, the
 // hash-chained audit log, the MCP tool-catalog cache, filespace metadata,
-// and the warm takes that decide who gets each ready warm sandbox.
+// the warm takes that decide who gets each ready warm sandbox, and the
+// records of runs (commands executed to completion in a sandbox), whose
+// every change of state is one conditional update, so that of replicas
+// racing to finish, cancel or sweep a run exactly one decides its end.
 //
 // # Backends
 //

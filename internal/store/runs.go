@@ -1,0 +1,636 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/redact"
+)
+
+// ErrRunFinished means a run has reached a terminal state, which is final:
+// it cannot be started, heartbeated, cancelled or finished again. It wraps
+// ErrConflict, so callers that map conflicts need not know it. The methods
+// that return it also return the run as it stands, to say how it ended.
+var ErrRunFinished = fmt.Errorf("%w: run has finished", ErrConflict)
+
+// RunStatus is where a run is in its life. queued and running are live;
+// the others are terminal and final.
+type RunStatus string
+
+const (
+	// RunQueued: recorded, no executor has started it yet.
+	RunQueued RunStatus = "queued"
+	// RunRunning: an executor started an attempt and heartbeats it.
+	RunRunning RunStatus = "running"
+	// RunSucceeded: the command exited with status 0.
+	RunSucceeded RunStatus = "succeeded"
+	// RunFailed: the command exited non-zero, could not be started, or its
+	// executor was lost (see Reason).
+	RunFailed RunStatus = "failed"
+	// RunTimedOut: the command outlived its timeout and was stopped.
+	RunTimedOut RunStatus = "timed_out"
+	// RunCancelled: someone cancelled it (see CancelledBy).
+	RunCancelled RunStatus = "cancelled"
+)
+
+// Terminal reports whether the status is final: a run in it never changes
+// state again.
+func (s RunStatus) Terminal() bool {
+	switch s {
+	case RunSucceeded, RunFailed, RunTimedOut, RunCancelled:
+		return true
+	}
+	return false
+}
+
+func (s RunStatus) valid() bool { return s == RunQueued || s == RunRunning || s.Terminal() }
+
+// RunMode says where a run executes.
+type RunMode string
+
+const (
+	// RunModeAgent runs in an existing agent's sandbox (AgentID).
+	RunModeAgent RunMode = "agent"
+	// RunModePool runs in a sandbox leased from a warm pool (Pool).
+	RunModePool RunMode = "pool"
+	// RunModeJob runs in a sandbox made for it from a template (Template).
+	RunModeJob RunMode = "job"
+)
+
+func (m RunMode) valid() bool { return m == RunModeAgent || m == RunModePool || m == RunModeJob }
+
+// RunCommand is what a run executes. It is stored as JSON. The
+// environment's values are never stored, only its names: values may be
+// secrets, and the record outlives the run.
+type RunCommand struct {
+	Argv []string `json:"argv"`
+	// EnvNames are the names of the variables the command was given. A
+	// name with "=" in it is refused, since it would carry a value.
+	EnvNames []string `json:"env_names,omitempty"`
+	Cwd      string   `json:"cwd,omitempty"`
+	// TimeoutSeconds bounds the run; 0 means the executor's default.
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+}
+
+// Run is the record of one run-to-completion job. CreateRun makes it
+// queued; an executor moves it to running with StartRunAttempt and keeps
+// it alive with HeartbeatRun; FinishRun, RequestRunCancel (of a queued run)
+// or FailStaleRuns end it, once.
+type Run struct {
+	// ID is "run-" and 20 hex digits; CreateRun makes it when empty.
+	ID string
+	// RequestID makes a start idempotent per caller: a second CreateRun
+	// with the caller and request id of an earlier run returns that run.
+	RequestID string
+	// Caller is who started the run: a token id.
+	Caller string
+	// Holder is the lease holder the run acts for, if any.
+	Holder     string
+	WorkflowID string
+	// Schedule is the namespace/name of the schedule that started the run,
+	// or empty.
+	Schedule string
+	Mode     RunMode
+	AgentID  string
+	// Sandbox is the namespace/name of the sandbox the run executes in,
+	// once known.
+	Sandbox string
+	// Template is the namespace/name of a job run's template.
+	Template string
+	// Pool is the namespace/name of a pool run's warm pool.
+	Pool    string
+	Command RunCommand
+	Status  RunStatus
+	// Attempts counts StartRunAttempt calls: more than one means an
+	// executor was lost and another took the run over.
+	Attempts int
+	// ExitCode is the command's exit status, when it exited.
+	ExitCode *int
+	// Reason is a short CamelCase word for how the run ended, such as
+	// NonZeroExit, DeadlineExceeded, ExecutorLost or Cancelled.
+	Reason  string
+	Message string
+	// OutputBytes is how much output the command wrote.
+	OutputBytes int64
+	// CancelRequestedBy is who first asked to cancel a running run; the
+	// executor sees it in HeartbeatRun's answer and stops the command.
+	CancelRequestedBy string
+	// CancelledBy is who cancelled a run that ended cancelled.
+	CancelledBy string
+	// Executor names the control plane replica running the current attempt.
+	Executor    string
+	CreatedAt   time.Time
+	StartedAt   *time.Time
+	FinishedAt  *time.Time
+	HeartbeatAt *time.Time
+}
+
+// reasonPattern is what a Reason looks like: a CamelCase word, so that it
+// can be matched on by programs (the message is for people).
+var reasonPattern = regexp.MustCompile(`^[A-Z][A-Za-z0-9]{0,63}$`)
+
+func checkReason(reason string, required bool) error {
+	if reason == "" && !required {
+		return nil
+	}
+	if !reasonPattern.MatchString(reason) {
+		return fmt.Errorf("%w: run reason %q is not a CamelCase word of up to 64 characters", ErrInvalid, reason)
+	}
+	return nil
+}
+
+// checkRef refuses a reference that is set but not "namespace/name".
+func checkRef(field, v string) error {
+	if err := checkText(field, v); err != nil {
+		return err
+	}
+	if v == "" {
+		return nil
+	}
+	ns, name, ok := strings.Cut(v, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return fmt.Errorf("%w: %s %q is not namespace/name", ErrInvalid, field, v)
+	}
+	return nil
+}
+
+func (c RunCommand) check() error {
+	if len(c.Argv) == 0 {
+		return fmt.Errorf("%w: a run needs a command (argv)", ErrInvalid)
+	}
+	for _, a := range c.Argv {
+		if err := checkText("argv", a); err != nil {
+			return err
+		}
+	}
+	for _, n := range c.EnvNames {
+		if err := checkText("env name", n); err != nil {
+			return err
+		}
+		if n == "" {
+			return fmt.Errorf("%w: empty env name", ErrInvalid)
+		}
+		if name, _, ok := strings.Cut(n, "="); ok {
+			// The error names the variable alone: what follows "=" may
+			// be a secret, and errors get logged.
+			return fmt.Errorf("%w: env name %q carries a value; only variable names are stored", ErrInvalid, name)
+		}
+	}
+	if c.TimeoutSeconds < 0 {
+		return fmt.Errorf("%w: negative run timeout", ErrInvalid)
+	}
+	return checkText("cwd", c.Cwd)
+}
+
+// newRunID returns "run-" and 80 random bits in hex.
+func newRunID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return "run-" + hex.EncodeToString(b[:])
+}
+
+// CreateRun records a new run, queued, with no attempts, and returns it
+// with created true. It fills in the ID when empty and the creation time;
+// the status and everything an executor sets are ignored.
+//
+// A start is idempotent: if the caller already started a run with the
+// same non-empty request id, that run is returned, whatever state it is
+// in, with created false, and r is not recorded (even if it differs). A
+// given ID that another run has gives ErrConflict.
+//
+// ErrInvalid refuses an unknown mode, an empty argv or caller, a mode
+// without what it runs in (agent id, pool or template), a reference that
+// is not namespace/name, and text that a backend could not store.
+func (s *Store) CreateRun(ctx context.Context, r Run) (Run, bool, error) {
+	if !r.Mode.valid() {
+		return Run{}, false, fmt.Errorf("%w: run mode %q", ErrInvalid, r.Mode)
+	}
+	if r.Caller == "" {
+		return Run{}, false, fmt.Errorf("%w: a run needs a caller", ErrInvalid)
+	}
+	switch {
+	case r.Mode == RunModeAgent && r.AgentID == "":
+		return Run{}, false, fmt.Errorf("%w: an agent run needs an agent id", ErrInvalid)
+	case r.Mode == RunModePool && r.Pool == "":
+		return Run{}, false, fmt.Errorf("%w: a pool run needs a pool", ErrInvalid)
+	case r.Mode == RunModeJob && r.Template == "":
+		return Run{}, false, fmt.Errorf("%w: a job run needs a template", ErrInvalid)
+	}
+	if err := r.Command.check(); err != nil {
+		return Run{}, false, err
+	}
+	for f, v := range map[string]string{"run id": r.ID, "request id": r.RequestID, "caller": r.Caller,
+		"holder": r.Holder, "workflow id": r.WorkflowID, "agent id": r.AgentID} {
+		if err := checkText(f, v); err != nil {
+			return Run{}, false, err
+		}
+	}
+	for f, v := range map[string]string{"schedule": r.Schedule, "sandbox": r.Sandbox, "template": r.Template, "pool": r.Pool} {
+		if err := checkRef(f, v); err != nil {
+			return Run{}, false, err
+		}
+	}
+	cmd, err := json.Marshal(r.Command)
+	if err != nil {
+		return Run{}, false, fmt.Errorf("create run: encode command: %w", err)
+	}
+	if r.ID == "" {
+		r.ID = newRunID()
+	}
+	r.Status, r.Attempts, r.ExitCode = RunQueued, 0, nil
+	r.Reason, r.Message, r.OutputBytes = "", "", 0
+	r.CancelRequestedBy, r.CancelledBy, r.Executor = "", "", ""
+	r.CreatedAt, r.StartedAt, r.FinishedAt, r.HeartbeatAt = s.now(), nil, nil, nil
+	// No conflict target: a taken id and a repeated request (the partial
+	// unique index) both leave the row out, and are told apart below.
+	res, err := s.wdb.ExecContext(ctx, `INSERT INTO runs
+		(id, request_id, caller, holder, workflow_id, schedule, mode, agent_id, sandbox, template, pool,
+		 command, status, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+		ON CONFLICT DO NOTHING`,
+		r.ID, r.RequestID, r.Caller, r.Holder, r.WorkflowID, r.Schedule, string(r.Mode), r.AgentID, r.Sandbox,
+		r.Template, r.Pool, string(cmd), string(r.Status), r.CreatedAt)
+	if err != nil {
+		return Run{}, false, fmt.Errorf("create run: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return Run{}, false, fmt.Errorf("create run: %w", err)
+	} else if n == 1 {
+		return r, true, nil
+	}
+	if r.RequestID != "" {
+		prev, err := s.oneRun(ctx, s.wdb, "create run: earlier start",
+			`caller = $1 AND request_id = $2`, r.Caller, r.RequestID)
+		if err == nil {
+			return prev, false, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return Run{}, false, err
+		}
+	}
+	return Run{}, false, fmt.Errorf("%w: run id %s is taken", ErrConflict, r.ID)
+}
+
+const runColumns = `id, request_id, caller, holder, workflow_id, schedule, mode, agent_id, sandbox, template, pool,
+	command, status, attempts, exit_code, reason, message, output_bytes, cancel_requested_by, cancelled_by, executor,
+	created_at, started_at, finished_at, heartbeat_at`
+
+func scanRun(row interface{ Scan(...any) error }) (Run, error) {
+	var (
+		r                            Run
+		mode, status, cmd            string
+		exit                         sql.NullInt64
+		started, finished, heartbeat sql.NullTime
+	)
+	if err := row.Scan(&r.ID, &r.RequestID, &r.Caller, &r.Holder, &r.WorkflowID, &r.Schedule, &mode, &r.AgentID,
+		&r.Sandbox, &r.Template, &r.Pool, &cmd, &status, &r.Attempts, &exit, &r.Reason, &r.Message, &r.OutputBytes,
+		&r.CancelRequestedBy, &r.CancelledBy, &r.Executor, &r.CreatedAt, &started, &finished, &heartbeat); err != nil {
+		return Run{}, err
+	}
+	if err := json.Unmarshal([]byte(cmd), &r.Command); err != nil {
+		return Run{}, fmt.Errorf("run %s: stored command: %w", r.ID, err)
+	}
+	if exit.Valid {
+		c := int(exit.Int64)
+		r.ExitCode = &c
+	}
+	r.Mode, r.Status, r.CreatedAt = RunMode(mode), RunStatus(status), r.CreatedAt.UTC()
+	r.StartedAt, r.FinishedAt, r.HeartbeatAt = timePtr(started), timePtr(finished), timePtr(heartbeat)
+	return r, nil
+}
+
+// queryer is what reads and conditional updates run on: a pool or a
+// transaction.
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// oneRun returns the run that cond selects, or ErrNotFound.
+func (s *Store) oneRun(ctx context.Context, q queryer, what, cond string, args ...any) (Run, error) {
+	r, err := scanRun(q.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE `+cond, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Run{}, ErrNotFound
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("%s: %w", what, err)
+	}
+	return r, nil
+}
+
+// GetRun returns the run with the given ID, or ErrNotFound.
+func (s *Store) GetRun(ctx context.Context, id string) (Run, error) {
+	return s.oneRun(ctx, s.db, "get run", `id = $1`, id)
+}
+
+// RunFilter selects runs to list; empty fields match every run.
+type RunFilter struct {
+	AgentID string
+	Status  RunStatus
+	Caller  string
+	// Since keeps runs created at or after it.
+	Since time.Time
+	// Limit is the page size: 50 when 0, at most 500.
+	Limit int
+	// PageToken continues a listing where the page that returned it ended.
+	PageToken string
+}
+
+const (
+	defaultRunPage = 50
+	maxRunPage     = 500
+)
+
+// runPageToken is an opaque position in the (created_at, id) order: the
+// last run of a page, in Unix microseconds and id, base64url-encoded.
+func runPageToken(r Run) string {
+	b := binary.BigEndian.AppendUint64(nil, uint64(r.CreatedAt.UnixMicro()))
+	return base64.RawURLEncoding.EncodeToString(append(b, r.ID...))
+}
+
+func parseRunPageToken(tok string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) <= 8 {
+		return time.Time{}, "", fmt.Errorf("%w: malformed run page token", ErrInvalid)
+	}
+	id := string(b[8:])
+	if err := checkText("run page token", id); err != nil {
+		return time.Time{}, "", err
+	}
+	return time.UnixMicro(int64(binary.BigEndian.Uint64(b[:8]))).UTC(), id, nil
+}
+
+// ListRuns lists runs newest first, by creation time and then id, one page
+// at a time. It returns the page and the token of the next one, which is
+// empty on the last page. Runs created while a caller pages through the
+// list are never listed twice, and none that existed is skipped unless it
+// was deleted. An unknown status, a limit out of range or a token that
+// ListRuns did not make give ErrInvalid.
+func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]Run, string, error) {
+	limit := f.Limit
+	switch {
+	case limit == 0:
+		limit = defaultRunPage
+	case limit < 0 || limit > maxRunPage:
+		return nil, "", fmt.Errorf("%w: run page size %d is not within 1..%d", ErrInvalid, f.Limit, maxRunPage)
+	}
+	var w where
+	if f.AgentID != "" {
+		w.add(`agent_id = %s`, f.AgentID)
+	}
+	if f.Status != "" {
+		if !f.Status.valid() {
+			return nil, "", fmt.Errorf("%w: run status %q", ErrInvalid, f.Status)
+		}
+		w.add(`status = %s`, string(f.Status))
+	}
+	if f.Caller != "" {
+		w.add(`caller = %s`, f.Caller)
+	}
+	if !f.Since.IsZero() {
+		w.add(`created_at >= %s`, dbTime(f.Since))
+	}
+	if f.PageToken != "" {
+		at, id, err := parseRunPageToken(f.PageToken)
+		if err != nil {
+			return nil, "", err
+		}
+		w.add(`(created_at < %s OR (created_at = %s AND id < %s))`, at, at, id)
+	}
+	// One more than a page says whether there is a next one.
+	rows, err := s.db.QueryContext(ctx, `SELECT `+runColumns+` FROM runs`+w.String()+
+		` ORDER BY created_at DESC, id DESC LIMIT `+w.arg(limit+1), w.args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("list runs: %w", err)
+	}
+	out, err := collectRuns(rows, "list runs")
+	if err != nil {
+		return nil, "", err
+	}
+	if len(out) <= limit {
+		return out, "", nil
+	}
+	out = out[:limit]
+	return out, runPageToken(out[limit-1]), nil
+}
+
+func collectRuns(rows *sql.Rows, what string) ([]Run, error) {
+	defer rows.Close()
+	var out []Run
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}
+
+// updateRun runs one conditional UPDATE ... RETURNING on a run. The
+// condition is checked and the row changed in one statement, so of
+// replicas racing on a run exactly one sees its condition hold. When it
+// does not hold, the run as it stands is returned with ErrRunFinished if
+// it has ended, or with the error miss makes of it otherwise; ErrNotFound
+// if there is no such run.
+func (s *Store) updateRun(ctx context.Context, what, id, set, cond string, miss func(Run) error, args ...any) (Run, error) {
+	args = append([]any{id}, args...)
+	r, err := s.oneRunReturning(ctx, what, `UPDATE runs SET `+set+` WHERE id = $1 AND `+cond, args...)
+	if !errors.Is(err, ErrNotFound) {
+		return r, err
+	}
+	// Terminal states are final, so a run read after a missed update that
+	// is terminal was terminal when the update missed it.
+	cur, err := s.oneRun(ctx, s.wdb, what, `id = $1`, id)
+	if err != nil {
+		return Run{}, err
+	}
+	if cur.Status.Terminal() {
+		return cur, fmt.Errorf("%s %s: %w (%s)", what, id, ErrRunFinished, cur.Status)
+	}
+	if miss != nil {
+		return cur, miss(cur)
+	}
+	// Without miss the condition is that the run is live, and a live run
+	// cannot have been missed; a run deleted and made again under its id
+	// meanwhile is the only way here.
+	return cur, fmt.Errorf("%w: %s %s: run is %s", ErrConflict, what, id, cur.Status)
+}
+
+func (s *Store) oneRunReturning(ctx context.Context, what, query string, args ...any) (Run, error) {
+	r, err := scanRun(s.wdb.QueryRowContext(ctx, query+` RETURNING `+runColumns, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Run{}, ErrNotFound
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("%s: %w", what, err)
+	}
+	return r, nil
+}
+
+// StartRunAttempt records that executor (a replica's identity) starts an
+// attempt of a queued or running run in sandbox (namespace/name; empty
+// keeps the one recorded). The run becomes running, its attempts count
+// up, it gets a heartbeat now, and its first start time is kept. Starting
+// a running run is how another replica takes over one whose executor was
+// lost; the previous executor's heartbeats fail from then on. A run that
+// had a cancel requested still starts, and the caller must honour
+// CancelRequestedBy. A finished run gives ErrRunFinished.
+func (s *Store) StartRunAttempt(ctx context.Context, id, executor, sandbox string) (Run, error) {
+	if executor == "" {
+		return Run{}, fmt.Errorf("%w: a run attempt needs an executor", ErrInvalid)
+	}
+	if err := checkText("executor", executor); err != nil {
+		return Run{}, err
+	}
+	if err := checkRef("sandbox", sandbox); err != nil {
+		return Run{}, err
+	}
+	return s.updateRun(ctx, "start run attempt", id,
+		`status = 'running', attempts = attempts + 1, started_at = COALESCE(started_at, $2), heartbeat_at = $2,
+		 executor = $3, sandbox = CASE WHEN $4 = '' THEN sandbox ELSE $4 END`,
+		`status IN ('queued', 'running')`, nil, s.now(), executor, sandbox)
+}
+
+// HeartbeatRun records that executor still runs the run, and returns it,
+// so that the executor learns of a cancel request (CancelRequestedBy). It
+// succeeds only while the run is running under that executor: otherwise
+// the run is returned with ErrConflict (another replica took it over, or
+// it never started) or ErrRunFinished, and the executor must stop.
+func (s *Store) HeartbeatRun(ctx context.Context, id, executor string) (Run, error) {
+	return s.updateRun(ctx, "heartbeat run", id, `heartbeat_at = $2`,
+		`status = 'running' AND executor = $3`,
+		func(cur Run) error {
+			return fmt.Errorf("%w: heartbeat run %s: it is %s under executor %q, not %q",
+				ErrConflict, id, cur.Status, cur.Executor, executor)
+		}, s.now(), executor)
+}
+
+// RequestRunCancel asks for a run to be cancelled, on behalf of by. A
+// queued run has no executor to ask, so it ends at once, cancelled by by,
+// with reason Cancelled. A running run gets CancelRequestedBy, kept from
+// the first request, and goes on until its executor finishes it. The run
+// is returned as it stands; a finished run is returned unchanged with
+// ErrRunFinished.
+func (s *Store) RequestRunCancel(ctx context.Context, id, by string) (Run, error) {
+	if by == "" {
+		return Run{}, fmt.Errorf("%w: a cancel request needs a requester", ErrInvalid)
+	}
+	if err := checkText("cancel requester", by); err != nil {
+		return Run{}, err
+	}
+	// Every right-hand side sees the row as it was, so "status = 'queued'"
+	// means the same in each.
+	return s.updateRun(ctx, "cancel run", id,
+		`cancel_requested_by = CASE WHEN cancel_requested_by = '' THEN $2 ELSE cancel_requested_by END,
+		 cancelled_by = CASE WHEN status = 'queued' THEN $2 ELSE cancelled_by END,
+		 reason = CASE WHEN status = 'queued' THEN 'Cancelled' ELSE reason END,
+		 message = CASE WHEN status = 'queued' THEN 'cancelled before it started' ELSE message END,
+		 finished_at = CASE WHEN status = 'queued' THEN $3 ELSE finished_at END,
+		 status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END`,
+		`status IN ('queued', 'running')`, nil, by, s.now())
+}
+
+// RunResult is how a run ended, for FinishRun.
+type RunResult struct {
+	// Status must be terminal.
+	Status RunStatus
+	// ExitCode is the command's exit status, if it exited.
+	ExitCode *int
+	// Reason is a CamelCase word, such as NonZeroExit or DeadlineExceeded.
+	Reason string
+	// Message says in words how the run ended. Known secret formats in
+	// it are redacted: it may quote the command's output.
+	Message     string
+	OutputBytes int64
+	// CancelledBy is who cancelled a cancelled run; empty means whoever
+	// requested it.
+	CancelledBy string
+}
+
+// FinishRun ends a queued or running run with r and records when. A run
+// finishes once: finishing a finished run returns it unchanged with
+// ErrRunFinished, so of replicas racing to end a run (finish, cancel,
+// stale sweep) exactly one decides how it ended.
+func (s *Store) FinishRun(ctx context.Context, id string, r RunResult) (Run, error) {
+	if !r.Status.Terminal() {
+		return Run{}, fmt.Errorf("%w: run status %q is not a final one", ErrInvalid, r.Status)
+	}
+	if err := checkReason(r.Reason, false); err != nil {
+		return Run{}, err
+	}
+	if r.OutputBytes < 0 {
+		return Run{}, fmt.Errorf("%w: negative run output size", ErrInvalid)
+	}
+	for f, v := range map[string]string{"message": r.Message, "cancelled by": r.CancelledBy} {
+		if err := checkText(f, v); err != nil {
+			return Run{}, err
+		}
+	}
+	if r.CancelledBy != "" && r.Status != RunCancelled {
+		return Run{}, fmt.Errorf("%w: only a cancelled run has a canceller", ErrInvalid)
+	}
+	var exit sql.NullInt64
+	if r.ExitCode != nil {
+		exit = sql.NullInt64{Int64: int64(*r.ExitCode), Valid: true}
+	}
+	return s.updateRun(ctx, "finish run", id,
+		`status = $2, exit_code = $3, reason = $4, message = $5, output_bytes = $6, finished_at = $7,
+		 cancelled_by = CASE WHEN $2 = 'cancelled' AND $8 = '' THEN cancel_requested_by ELSE $8 END`,
+		`status IN ('queued', 'running')`, nil,
+		string(r.Status), exit, r.Reason, redact.String(r.Message), r.OutputBytes, s.now(), r.CancelledBy)
+}
+
+// FailStaleRuns fails every running run whose last heartbeat is before
+// heartbeatBefore, and every queued run created before it, with reason
+// (CamelCase, such as ExecutorLost) and message, and returns them. It is
+// what brings a run whose executor or control plane died to a definite
+// end. A run that another replica finishes meanwhile is left as that one
+// ended it, and not returned.
+func (s *Store) FailStaleRuns(ctx context.Context, heartbeatBefore time.Time, reason, message string) ([]Run, error) {
+	if err := checkReason(reason, true); err != nil {
+		return nil, err
+	}
+	if err := checkText("message", message); err != nil {
+		return nil, err
+	}
+	rows, err := s.wdb.QueryContext(ctx, `UPDATE runs
+		SET status = 'failed', reason = $2, message = $3, finished_at = $4
+		WHERE (status = 'running' AND COALESCE(heartbeat_at, started_at, created_at) < $1)
+		   OR (status = 'queued' AND created_at < $1)
+		RETURNING `+runColumns,
+		dbTime(heartbeatBefore), reason, redact.String(message), s.now())
+	if err != nil {
+		return nil, fmt.Errorf("fail stale runs: %w", err)
+	}
+	return collectRuns(rows, "fail stale runs")
+}
+
+// DeleteFinishedRuns deletes the records of runs that finished before
+// finishedBefore, for retention, and returns how many it deleted. Live
+// runs are never deleted.
+func (s *Store) DeleteFinishedRuns(ctx context.Context, finishedBefore time.Time) (int64, error) {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM runs
+		WHERE status IN ('succeeded', 'failed', 'timed_out', 'cancelled') AND finished_at < $1`,
+		dbTime(finishedBefore))
+	if err != nil {
+		return 0, fmt.Errorf("delete finished runs: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("delete finished runs: %w", err)
+	}
+	return n, nil
+}
