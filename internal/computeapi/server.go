@@ -101,6 +101,16 @@ type Options struct {
 	// agent's missing sandbox from when the call names none. Zero means
 	// such a call must name one, which only an admin token may.
 	DefaultTemplate types.NamespacedName
+	// Replica names this control plane replica as the executor of the
+	// runs it starts; it defaults to the host's name (the pod's).
+	Replica string
+	// RunHeartbeatInterval is how often an executor heartbeats its run;
+	// it defaults to DefaultRunHeartbeatInterval. A run not heartbeated
+	// for three intervals is failed as lost by any replica's sweeper.
+	RunHeartbeatInterval time.Duration
+	// RunSweepInterval is how often the sweeper looks for lost runs; it
+	// defaults to DefaultRunSweepInterval.
+	RunSweepInterval time.Duration
 }
 
 // Server serves the Compute API.
@@ -142,6 +152,12 @@ type Server struct {
 	defaultTemplate types.NamespacedName
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
+	// replica, runHeartbeat and runSweep: see Options; execs are the runs
+	// this Server executes.
+	replica      string
+	runHeartbeat time.Duration
+	runSweep     time.Duration
+	execs        executors
 }
 
 // NewServer checks opts and returns a Server.
@@ -195,6 +211,18 @@ func newServer(opts Options) *Server {
 		resumeTimeout:   opts.ResumeTimeout,
 		store:           opts.Store,
 		defaultTemplate: opts.DefaultTemplate,
+		replica:         opts.Replica,
+		runHeartbeat:    opts.RunHeartbeatInterval,
+		runSweep:        opts.RunSweepInterval,
+	}
+	if s.replica == "" {
+		s.replica = defaultReplica()
+	}
+	if s.runHeartbeat <= 0 {
+		s.runHeartbeat = DefaultRunHeartbeatInterval
+	}
+	if s.runSweep <= 0 {
+		s.runSweep = DefaultRunSweepInterval
 	}
 	if s.resumeTimeout <= 0 {
 		s.resumeTimeout = DefaultResumeTimeout
@@ -228,9 +256,9 @@ func renewInterval(opts Options) time.Duration {
 }
 
 // useStore starts what the store makes possible: the audit log, with the
-// supervisors' own records in it, and the pushes of workspaces into their
+// supervisors' own records in it, the pushes of workspaces into their
 // filespaces pushDelay after an agent's last call (see
-// Options.FilespacePushDelay).
+// Options.FilespacePushDelay), and the sweeper of lost runs.
 func (s *Server) useStore(pushDelay time.Duration) {
 	s.audit = newAuditor(s.store, s.log.WithName("audit"))
 	if pool, ok := s.supervisors.(*SupervisorPool); ok {
@@ -243,6 +271,7 @@ func (s *Server) useStore(pushDelay time.Duration) {
 	if pushDelay > 0 {
 		s.pushes = newAutoPusher(s, pushDelay)
 	}
+	s.background.Go(s.sweepRuns)
 }
 
 // Close writes the audit records still queued. Call it after the HTTP
