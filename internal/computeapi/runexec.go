@@ -221,23 +221,29 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 		s.logFailure(log, apiErr, err)
 		return result(apiFailure(apiErr))
 	}
+	// The supervisor answered, so the command ended on its own (or by its
+	// timeout), whatever cancel may have come meanwhile: the record says
+	// what happened.
+	out := store.RunResult{OutputBytes: outBytes}
 	switch {
 	case res.TimedOut:
-		return result(store.RunResult{Status: store.RunTimedOut, Reason: reasonDeadlineExceeded,
-			Message: fmt.Sprintf("the command outlived its timeout of %s and was stopped", timeout)})
+		out.Status, out.Reason = store.RunTimedOut, reasonDeadlineExceeded
+		out.Message = fmt.Sprintf("the command outlived its timeout of %s and was stopped", timeout)
 	case res.OutOfMemory:
-		return result(store.RunResult{Status: store.RunFailed, Reason: reasonOutOfMemory,
-			Message: "the sandbox neared its memory limit and this command held the most memory; it was killed"})
+		out.Status, out.Reason = store.RunFailed, reasonOutOfMemory
+		out.Message = "the sandbox neared its memory limit and this command held the most memory; it was killed"
 	case res.Signal != "":
-		return result(store.RunResult{Status: store.RunFailed, Reason: reasonSignaled,
-			Message: "the command was ended by " + res.Signal})
+		out.Status, out.Reason = store.RunFailed, reasonSignaled
+		out.Message = "the command was ended by " + res.Signal
 	case res.ExitCode != 0:
 		code := res.ExitCode
-		return result(store.RunResult{Status: store.RunFailed, ExitCode: &code, Reason: reasonNonZeroExit,
-			Message: fmt.Sprintf("the command exited with status %d", code)})
+		out.Status, out.ExitCode, out.Reason = store.RunFailed, &code, reasonNonZeroExit
+		out.Message = fmt.Sprintf("the command exited with status %d", code)
+	default:
+		code := 0
+		out.Status, out.ExitCode = store.RunSucceeded, &code
 	}
-	code := 0
-	return result(store.RunResult{Status: store.RunSucceeded, ExitCode: &code})
+	return out
 }
 
 // heartbeatRun heartbeats the run until ctx ends, and cancels ctx when
