@@ -110,7 +110,7 @@ func (s *Server) executeRun(from context.Context, run store.Run, in runInput) {
 	ctx := context.WithoutCancel(from)
 	ctx, cancel := context.WithCancelCause(ctx)
 	s.execs.add(run.ID, cancel)
-	s.background.Go(func() {
+	s.runWork.Go(func() {
 		defer s.execs.remove(run.ID)
 		defer cancel(nil)
 		go func() {

@@ -158,6 +158,9 @@ type Server struct {
 	runHeartbeat time.Duration
 	runSweep     time.Duration
 	execs        executors
+	// runWork holds the run executors and the sweeper, which last until
+	// Close (apart from background, which settles between calls).
+	runWork sync.WaitGroup
 }
 
 // NewServer checks opts and returns a Server.
@@ -271,7 +274,7 @@ func (s *Server) useStore(pushDelay time.Duration) {
 	if pushDelay > 0 {
 		s.pushes = newAutoPusher(s, pushDelay)
 	}
-	s.background.Go(s.sweepRuns)
+	s.runWork.Go(s.sweepRuns)
 }
 
 // Close writes the audit records still queued. Call it after the HTTP
@@ -280,6 +283,7 @@ func (s *Server) Close() {
 	close(s.closing)
 	s.conns.Close()
 	s.background.Wait()
+	s.runWork.Wait()
 	s.holds.Drain()
 	if s.pushes != nil {
 		s.pushes.close()
