@@ -12,7 +12,6 @@ import (
 	"github.com/go-logr/logr"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -130,7 +129,6 @@ func (s *Server) runExecutor(ctx context.Context, cancel context.CancelCauseFunc
 	if id := requestID(ctx); id != "" {
 		log = log.WithValues("request_id", id)
 	}
-	ctx = supervisors.WithRequestID(ctx, requestID(ctx))
 	res := s.attemptRun(ctx, cancel, run, in, log)
 	if errors.Is(context.Cause(ctx), errRunLost) {
 		log.Info("run taken over or ended elsewhere; not recording its end here")
@@ -158,7 +156,7 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 	if apiErr != nil {
 		return apiFailure(apiErr)
 	}
-	sctx, done := context.WithTimeout(ctx, runStoreTimeout)
+	sctx, done := context.WithTimeout(context.WithoutCancel(ctx), runStoreTimeout)
 	started, err := s.store.StartRunAttempt(sctx, run.ID, s.replica, sb.Namespace+"/"+sb.Name)
 	done()
 	if err != nil {
@@ -184,10 +182,9 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 	var outBytes int64
 	result := func(r store.RunResult) store.RunResult {
 		r.OutputBytes = outBytes
+		var c cancelled
 		switch cause := context.Cause(ctx); {
-		case errors.As(cause, new(cancelled)):
-			var c cancelled
-			errors.As(cause, &c)
+		case errors.As(cause, &c):
 			return store.RunResult{Status: store.RunCancelled, Reason: "Cancelled", CancelledBy: c.by,
 				Message: "cancelled by " + c.by, OutputBytes: outBytes}
 		case errors.Is(cause, errServerClosing):
