@@ -356,3 +356,35 @@ func TestRunCancelSeenByHeartbeat(t *testing.T) {
 		t.Errorf("run ended %+v", r)
 	}
 }
+
+// A Server that closes stops the runs it executes and records them as
+// stopped, rather than leaving them running for the sweeper.
+func TestRunStoppedWhenServerCloses(t *testing.T) {
+	var srv *Server
+	c := realSupervisorAPIWith(t, apiSetup{store: tempStore(t), pushDelay: -1, server: func(s *Server) { srv = s }})(adminToken)
+	ctx := context.Background()
+	run, _, err := c.StartRun(ctx, api.StartRunRequest{AgentID: "agent-1", Command: []string{"sleep", "600"}, TimeoutSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		r, err := srv.store.GetRun(ctx, run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status == store.RunRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run never started: %+v", r)
+		}
+	}
+	srv.Close()
+	r, err := srv.store.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != store.RunFailed || r.Reason != "ExecutorStopped" {
+		t.Errorf("run after Close: %+v", r)
+	}
+}

@@ -160,7 +160,8 @@ type Server struct {
 	execs        executors
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
-	runWork sync.WaitGroup
+	runWork   sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // NewServer checks opts and returns a Server.
@@ -277,9 +278,13 @@ func (s *Server) useStore(pushDelay time.Duration) {
 	s.runWork.Go(s.sweepRuns)
 }
 
-// Close writes the audit records still queued. Call it after the HTTP
-// server has stopped serving, and before closing the Store.
-func (s *Server) Close() {
+// Close writes the audit records still queued, and stops the runs this
+// Server executes: their commands are killed and they end failed with
+// reason ExecutorStopped. Call it after the HTTP server has stopped
+// serving, and before closing the Store. A second Close does nothing.
+func (s *Server) Close() { s.closeOnce.Do(s.close) }
+
+func (s *Server) close() {
 	close(s.closing)
 	s.conns.Close()
 	s.background.Wait()
