@@ -65,6 +65,8 @@ type apiSetup struct {
 	started func(kube client.Client, clk *clocktesting.FakeClock)
 	// server, if set, gets the Server.
 	server func(*Server)
+	// options, if set, changes the API's options.
+	options func(*Options)
 }
 
 func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Client {
@@ -116,8 +118,12 @@ func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Cli
 	if st != nil {
 		auth = ChainAuthenticators(auth, NewStoreAuthenticator(st))
 	}
-	srv, err := NewServer(Options{Sandboxes: kube, Leases: kube, Supervisors: pool, TrustDomain: testTrustDomain, Clock: clk,
-		Authenticator: auth, Store: st, FilespacePushDelay: o.pushDelay, LeaseRenewInterval: o.renewInterval})
+	opts := Options{Sandboxes: kube, Leases: kube, Supervisors: pool, TrustDomain: testTrustDomain, Clock: clk,
+		Authenticator: auth, Store: st, FilespacePushDelay: o.pushDelay, LeaseRenewInterval: o.renewInterval}
+	if o.options != nil {
+		o.options(&opts)
+	}
+	srv, err := NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,6 +101,16 @@ type Options struct {
 	// agent's missing sandbox from when the call names none. Zero means
 	// such a call must name one, which only an admin token may.
 	DefaultTemplate types.NamespacedName
+	// Replica names this control plane replica as the executor of the
+	// runs it starts; it defaults to the host's name (the pod's).
+	Replica string
+	// RunHeartbeatInterval is how often an executor heartbeats its run;
+	// it defaults to DefaultRunHeartbeatInterval. A run not heartbeated
+	// for three intervals is failed as lost by any replica's sweeper.
+	RunHeartbeatInterval time.Duration
+	// RunSweepInterval is how often the sweeper looks for lost runs; it
+	// defaults to DefaultRunSweepInterval.
+	RunSweepInterval time.Duration
 }
 
 // Server serves the Compute API.
@@ -142,6 +152,16 @@ type Server struct {
 	defaultTemplate types.NamespacedName
 	// routes are the "METHOD /pattern"s served, for the OpenAPI check.
 	routes []string
+	// replica, runHeartbeat and runSweep: see Options; execs are the runs
+	// this Server executes.
+	replica      string
+	runHeartbeat time.Duration
+	runSweep     time.Duration
+	execs        executors
+	// runWork holds the run executors and the sweeper, which last until
+	// Close (apart from background, which settles between calls).
+	runWork   sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // NewServer checks opts and returns a Server.
@@ -195,6 +215,18 @@ func newServer(opts Options) *Server {
 		resumeTimeout:   opts.ResumeTimeout,
 		store:           opts.Store,
 		defaultTemplate: opts.DefaultTemplate,
+		replica:         opts.Replica,
+		runHeartbeat:    opts.RunHeartbeatInterval,
+		runSweep:        opts.RunSweepInterval,
+	}
+	if s.replica == "" {
+		s.replica = defaultReplica()
+	}
+	if s.runHeartbeat <= 0 {
+		s.runHeartbeat = DefaultRunHeartbeatInterval
+	}
+	if s.runSweep <= 0 {
+		s.runSweep = DefaultRunSweepInterval
 	}
 	if s.resumeTimeout <= 0 {
 		s.resumeTimeout = DefaultResumeTimeout
@@ -228,9 +260,9 @@ func renewInterval(opts Options) time.Duration {
 }
 
 // useStore starts what the store makes possible: the audit log, with the
-// supervisors' own records in it, and the pushes of workspaces into their
+// supervisors' own records in it, the pushes of workspaces into their
 // filespaces pushDelay after an agent's last call (see
-// Options.FilespacePushDelay).
+// Options.FilespacePushDelay), and the sweeper of lost runs.
 func (s *Server) useStore(pushDelay time.Duration) {
 	s.audit = newAuditor(s.store, s.log.WithName("audit"))
 	if pool, ok := s.supervisors.(*SupervisorPool); ok {
@@ -243,14 +275,20 @@ func (s *Server) useStore(pushDelay time.Duration) {
 	if pushDelay > 0 {
 		s.pushes = newAutoPusher(s, pushDelay)
 	}
+	s.runWork.Go(s.sweepRuns)
 }
 
-// Close writes the audit records still queued. Call it after the HTTP
-// server has stopped serving, and before closing the Store.
-func (s *Server) Close() {
+// Close writes the audit records still queued, and stops the runs this
+// Server executes: their commands are killed and they end failed with
+// reason ExecutorStopped. Call it after the HTTP server has stopped
+// serving, and before closing the Store. A second Close does nothing.
+func (s *Server) Close() { s.closeOnce.Do(s.close) }
+
+func (s *Server) close() {
 	close(s.closing)
 	s.conns.Close()
 	s.background.Wait()
+	s.runWork.Wait()
 	s.holds.Drain()
 	if s.pushes != nil {
 		s.pushes.close()

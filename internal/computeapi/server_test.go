@@ -51,6 +51,9 @@ type fakeSupervisor struct {
 	requests []supervisorapi.CommandRequest
 	// reply, when set, answers instead of the default echo.
 	reply func(w http.ResponseWriter, req supervisorapi.CommandRequest)
+	// stream, when set, answers streamed commands; without it they are
+	// refused as unknown.
+	stream func(w http.ResponseWriter, r *http.Request, req supervisorapi.CommandRequest)
 }
 
 func newFakeSupervisor(t *testing.T, ca *pki.CA, identity string) *fakeSupervisor {
@@ -87,6 +90,21 @@ func (fs *fakeSupervisor) serve(w http.ResponseWriter, r *http.Request) {
 		fs.healthCalls.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(supervisorapi.Health{Status: "ok"})
+		return
+	}
+	fs.mu.Lock()
+	stream := fs.stream
+	fs.mu.Unlock()
+	if r.URL.Path == supervisorapi.PathCommandsStream && r.Method == http.MethodPost && stream != nil {
+		var req supervisorapi.CommandRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fs.mu.Lock()
+		fs.requests = append(fs.requests, req)
+		fs.mu.Unlock()
+		stream(w, r, req)
 		return
 	}
 	if r.URL.Path != supervisorapi.PathCommands || r.Method != http.MethodPost {

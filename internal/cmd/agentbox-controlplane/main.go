@@ -513,6 +513,7 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 		Store:              in.store,
 		FilespacePushDelay: o.pushDelay,
 		DefaultTemplate:    o.defaultTemplate,
+		Replica:            replicaName(),
 	})
 	if err != nil {
 		return nil, nil, err
@@ -671,4 +672,14 @@ func profileHandlers(on bool) map[string]http.Handler {
 		"/debug/pprof/symbol":  http.HandlerFunc(pprof.Symbol),
 		"/debug/pprof/trace":   http.HandlerFunc(pprof.Trace),
 	}
+}
+
+// replicaName names this replica as the executor of the runs it starts:
+// the pod's name, which Kubernetes sets as HOSTNAME and as the host name.
+func replicaName() string {
+	if h := os.Getenv("HOSTNAME"); h != "" {
+		return h
+	}
+	h, _ := os.Hostname()
+	return h
 }

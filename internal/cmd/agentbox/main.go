@@ -9,6 +9,9 @@
 //	agentbox deploy [--wait] [--timeout 10m] [--template NS/NAME] [--request-id ID] AGENT_ID
 //	agentbox leases acquire|heartbeat|release [flags] AGENT_ID
 //	agentbox leases acquire-pool [--wait 60s] [flags] NAMESPACE POOL
+//	agentbox runs start [--wait] [--request-id ID] [flags] AGENT_ID -- CMD [ARGS...]
+//	agentbox runs get|cancel RUN_ID
+//	agentbox runs list [--agent A] [--status S]
 //	agentbox tokens create --kind agent --agent AGENT_ID [--ttl 720h]
 //	agentbox tokens revoke TOKEN_ID
 //	agentbox audit verify
@@ -64,6 +67,7 @@ commands:
   status        show an agent's sandbox, without waking it
   deploy        start, resume or create an agent's sandbox
   leases        acquire, heartbeat and release sandbox leases
+  runs          start commands that run to completion in the background, follow and cancel them
   tokens        create or revoke API tokens (admin)
   audit         verify the audit log's hash chain, query it, or read a console session back (admin)
   version       print the version
@@ -100,6 +104,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return leasesCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "audit":
 		return auditCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "runs":
+		return runsCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "tokens":
 		return tokensCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":

@@ -29,6 +29,10 @@
 //	POST   /v1/agents/{agent_id}/mcp/{server}    a JSON-RPC request -> its response (wakes the sandbox)
 //	GET    /v1/agents/{agent_id}/mcp/{server}/tools?refresh= -> MCPToolCatalog (cached; never wakes
 //	                                             the sandbox unless refresh=true)
+//	POST   /v1/runs                              StartRunRequest -> Run (202; 200 for a repeated request_id)
+//	GET    /v1/runs?agent_id=&status=&since=&page_token=&limit= -> RunList
+//	GET    /v1/runs/{run_id}                     -> Run
+//	POST   /v1/runs/{run_id}/cancel              -> Run (200, also for a run that had finished)
 //	POST   /v1/tokens                            CreateTokenRequest -> CreatedToken (admin)
 //	DELETE /v1/tokens/{token_id}                 -> 204 No Content (admin)
 //	GET    /v1/audit?agent_id=&caller=&operation=&since=&until=&cursor=&limit=&newest=

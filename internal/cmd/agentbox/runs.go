@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+)
+
+const runsUsage = `usage: agentbox runs start [flags] AGENT_ID -- CMD [ARGS...]
+       agentbox runs get [--json] RUN_ID
+       agentbox runs list [--agent A] [--status S] [--json]
+       agentbox runs cancel [--json] RUN_ID
+
+Run "agentbox runs <subcommand> -h" for its flags.
+`
+
+// runsCommand: agentbox runs start|get|list|cancel.
+func runsCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, runsUsage)
+		return exitUsage
+	}
+	o := &runOptions{stdout: stdout, stderr: stderr, env: envFlag{}}
+	sub, rest := args[0], args[1:]
+	var cmd command
+	switch sub {
+	case "start":
+		cmd = o.startCommand()
+	case "get":
+		cmd = o.getCommand()
+	case "list":
+		cmd = o.listCommand()
+	case "cancel":
+		cmd = o.cancelCommand()
+	default:
+		fmt.Fprintf(stderr, "agentbox runs: unknown subcommand %q\n%s", sub, runsUsage)
+		return exitUsage
+	}
+	cmd.name = "runs " + sub
+	if code := cmd.main(ctx, rest, getenv, stderr); code != 0 {
+		return code
+	}
+	return o.exit
+}
+
+// runOptions are the runs subcommands' flags, where they print, and the
+// exit code of a run waited for.
+type runOptions struct {
+	asJSON, wait          bool
+	requestID, workflowID string
+	cwd, agent, status    string
+	timeout               int
+	poll                  time.Duration
+	env                   envFlag
+	stdout, stderr        io.Writer
+	exit                  int
+}
+
+func (o *runOptions) startCommand() command {
+	return command{
+		synopsis: "runs start [flags] AGENT_ID -- CMD [ARGS...]",
+		doc: `Starts a run of the command in the agent's sandbox and prints its run id.
+The run goes on in the control plane when agentbox exits; "runs get" shows
+how it ended. With --wait, agentbox waits for it to end, prints a summary
+line on stderr and exits with the command's exit code: 124 if it timed
+out, 1 if it was cancelled or could not run. Only the names of --env
+variables are recorded. --request-id makes the start idempotent: a second
+start with the same id prints the first run's id and starts nothing.`,
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&o.wait, "wait", false, "wait for the run to end and exit with the command's exit code")
+			fs.DurationVar(&o.poll, "poll", time.Second, "with --wait, how often to look at the run")
+			fs.StringVar(&o.requestID, "request-id", "", "makes the start idempotent for this token")
+			fs.StringVar(&o.workflowID, "workflow-id", "", "the workflow the run belongs to, recorded with it")
+			fs.StringVar(&o.cwd, "cwd", "", "working directory in the sandbox (default: the workspace)")
+			fs.Var(o.env, "env", "NAME=VALUE given to the command; repeatable (only the names are recorded)")
+			fs.Var(secondsFlag{&o.timeout}, "timeout", "how long the command may run, in seconds or as a duration (default: the sandbox's, 60s)")
+			fs.BoolVar(&o.asJSON, "json", false, "print the run as JSON instead of its id")
+		},
+		check: func(args []string) error {
+			switch {
+			case len(args) == 0 || args[0] == "":
+				return fmt.Errorf("missing AGENT_ID")
+			case len(args) == 1:
+				return fmt.Errorf("missing the command: agentbox runs start AGENT_ID -- CMD [ARGS...]")
+			case o.poll <= 0:
+				return fmt.Errorf("--poll must be positive")
+			}
+			return nil
+		},
+		run: func(ctx context.Context, c *client.Client, args []string) error {
+			req := client.StartRunRequest{AgentID: args[0], Command: args[1:], Cwd: o.cwd, TimeoutSeconds: o.timeout,
+				RequestID: o.requestID, WorkflowID: o.workflowID}
+			if len(o.env) > 0 {
+				req.Env = o.env
+			}
+			r, _, err := c.StartRun(ctx, req)
+			if err != nil {
+				return err
+			}
+			if o.asJSON && !o.wait {
+				return printJSON(o.stdout, r)
+			}
+			if !o.asJSON {
+				fmt.Fprintln(o.stdout, r.ID)
+			}
+			if !o.wait {
+				return nil
+			}
+			if r, err = c.WaitRun(ctx, r.ID, o.poll); err != nil {
+				return err
+			}
+			if o.asJSON {
+				if err := printJSON(o.stdout, r); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintln(o.stderr, runSummary(r))
+			o.exit = runExitCode(r)
+			return nil
+		},
+	}
+}
+
+// runExitCode is what agentbox exits with for a run that ended: the
+// command's own code when it exited, 124 when it timed out (as
+// timeout(1)), 1 otherwise.
+func runExitCode(r *client.Run) int {
+	switch {
+	case r.Status == client.RunTimedOut:
+		return exitTimedOut
+	case r.ExitCode != nil:
+		return *r.ExitCode
+	case r.Status == client.RunSucceeded:
+		return 0
+	}
+	return exitAPIError
+}
+
+// runSummary is one line on how a run stands.
+func runSummary(r *client.Run) string {
+	parts := []string{r.ID, r.Status}
+	if r.ExitCode != nil {
+		parts = append(parts, fmt.Sprintf("exit_code=%d", *r.ExitCode))
+	}
+	if r.Reason != "" {
+		parts = append(parts, "reason="+r.Reason)
+	}
+	parts = append(parts, fmt.Sprintf("output_bytes=%d", r.OutputBytes))
+	if r.StartedAt != nil && r.FinishedAt != nil {
+		parts = append(parts, "duration="+r.FinishedAt.Sub(*r.StartedAt).Round(time.Millisecond).String())
+	}
+	if r.Message != "" && r.Status != client.RunSucceeded {
+		parts = append(parts, fmt.Sprintf("message=%q", r.Message))
+	}
+	return strings.Join(parts, " ")
+}
+
+func (o *runOptions) getCommand() command {
+	return command{
+		synopsis: "runs get [--json] RUN_ID",
+		doc:      "Prints a run's record.",
+		args:     []string{"RUN_ID"},
+		flags:    func(fs *flag.FlagSet) { fs.BoolVar(&o.asJSON, "json", false, "print the run as JSON") },
+		run: func(ctx context.Context, c *client.Client, args []string) error {
+			r, err := c.GetRun(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return o.show(r)
+		},
+	}
+}
+
+func (o *runOptions) cancelCommand() command {
+	return command{
+		synopsis: "runs cancel [--json] RUN_ID",
+		doc: `Asks for a run to be cancelled and prints it as it stands: a queued run
+ends at once, a running one shortly after (its command is killed). A run
+that had already ended is printed as it ended.`,
+		args:  []string{"RUN_ID"},
+		flags: func(fs *flag.FlagSet) { fs.BoolVar(&o.asJSON, "json", false, "print the run as JSON") },
+		run: func(ctx context.Context, c *client.Client, args []string) error {
+			r, err := c.CancelRun(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if o.asJSON {
+				return printJSON(o.stdout, r)
+			}
+			fmt.Fprintln(o.stdout, runSummary(r))
+			return nil
+		},
+	}
+}
+
+func (o *runOptions) listCommand() command {
+	var limit int
+	var page string
+	return command{
+		synopsis: "runs list [--agent A] [--status S] [--json]",
+		doc:      "Lists runs, newest first. An agent token lists its own agent's runs.",
+		args:     []string{},
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&o.agent, "agent", "", "only this agent's runs")
+			fs.StringVar(&o.status, "status", "", "only runs in this status: queued, running, succeeded, failed, timed_out, cancelled")
+			fs.IntVar(&limit, "limit", 0, "runs per page (default 50, at most 500)")
+			fs.StringVar(&page, "page-token", "", "the next_page_token a listing printed")
+			fs.BoolVar(&o.asJSON, "json", false, "print the page as JSON")
+		},
+		run: func(ctx context.Context, c *client.Client, _ []string) error {
+			l, err := c.ListRuns(ctx, client.RunFilter{AgentID: o.agent, Status: o.status, Limit: limit, PageToken: page})
+			if err != nil {
+				return err
+			}
+			if o.asJSON {
+				return printJSON(o.stdout, l)
+			}
+			tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "RUN_ID\tSTATUS\tEXIT\tAGENT\tCREATED\tCOMMAND")
+			for _, r := range l.Runs {
+				exit := "-"
+				if r.ExitCode != nil {
+					exit = fmt.Sprint(*r.ExitCode)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Status, exit, r.AgentID,
+					r.CreatedAt.Format(time.RFC3339), strings.Join(r.Command, " "))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if l.NextPageToken != "" {
+				fmt.Fprintf(o.stdout, "next_page_token: %s\n", l.NextPageToken)
+			}
+			return nil
+		},
+	}
+}
+
+// show prints a run as JSON, or one "name: value" line per field set,
+// names as in the JSON.
+func (o *runOptions) show(r *client.Run) error {
+	if o.asJSON {
+		return printJSON(o.stdout, r)
+	}
+	tw := tabwriter.NewWriter(o.stdout, 0, 0, 1, ' ', 0)
+	line := func(name, value string) {
+		if value != "" {
+			fmt.Fprintf(tw, "%s:\t%s\n", name, value)
+		}
+	}
+	at := func(t *time.Time) string {
+		if t == nil {
+			return ""
+		}
+		return t.Format(time.RFC3339)
+	}
+	line("id", r.ID)
+	line("status", r.Status)
+	if r.ExitCode != nil {
+		line("exit_code", fmt.Sprint(*r.ExitCode))
+	}
+	line("reason", r.Reason)
+	line("message", r.Message)
+	line("agent_id", r.AgentID)
+	line("sandbox", r.Sandbox)
+	line("command", strings.Join(r.Command, " "))
+	line("env_names", strings.Join(r.EnvNames, " "))
+	line("cwd", r.Cwd)
+	line("timeout_seconds", fmt.Sprint(r.TimeoutSeconds))
+	line("output_bytes", fmt.Sprint(r.OutputBytes))
+	line("request_id", r.RequestID)
+	line("workflow_id", r.WorkflowID)
+	line("caller", r.Caller)
+	line("attempts", fmt.Sprint(r.Attempts))
+	line("executor", r.Executor)
+	line("cancel_requested_by", r.CancelRequestedBy)
+	line("cancelled_by", r.CancelledBy)
+	line("created_at", r.CreatedAt.Format(time.RFC3339))
+	line("started_at", at(r.StartedAt))
+	line("finished_at", at(r.FinishedAt))
+	return tw.Flush()
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/apitest"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+)
+
+// The runs commands against the real Compute API, with a store, in front
+// of a real supervisor.
+func TestRunsCommands(t *testing.T) {
+	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s, env := realAgentAPI(t, apitest.Options{Store: st})
+	a := s.AgentID
+
+	r := runCLI(t, env, "", "runs", "start", "--wait", "--poll", "20ms", "--env", "X=1", a, "--", "sh", "-c", `echo "x=$X"; exit 5`)
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 5 || !strings.HasPrefix(id, "run-") || !strings.Contains(r.stderr, id+" failed exit_code=5 reason=NonZeroExit output_bytes=4") {
+		t.Fatalf("runs start --wait: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "", "runs", "get", id)
+	// One "name: value" line per field, aligned.
+	fields := strings.Join(strings.Fields(r.stdout), " ")
+	for _, want := range []string{"status: failed", "exit_code: 5", "env_names: X", "reason: NonZeroExit"} {
+		if r.code != 0 || !strings.Contains(fields, want) {
+			t.Errorf("runs get: code %d, stdout %q, want %q; stderr %q", r.code, r.stdout, want, r.stderr)
+		}
+	}
+	r = runCLI(t, env, "", "runs", "start", "--request-id", "once", "--wait", "--poll", "20ms", a, "--", "true")
+	first := strings.TrimSpace(r.stdout)
+	if r.code != 0 {
+		t.Fatalf("runs start true: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r = runCLI(t, env, "", "runs", "start", "--request-id", "once", a, "--", "true"); strings.TrimSpace(r.stdout) != first {
+		t.Errorf("repeated request id: %q, want %q", r.stdout, first)
+	}
+
+	r = runCLI(t, env, "", "runs", "start", "--timeout", "10m", a, "--", "sleep", "600")
+	long := strings.TrimSpace(r.stdout)
+	if r.code != 0 {
+		t.Fatalf("runs start sleep: code %d, stderr %q", r.code, r.stderr)
+	}
+	if r = runCLI(t, env, "", "runs", "cancel", long); r.code != 0 || !strings.HasPrefix(r.stdout, long+" ") {
+		t.Errorf("runs cancel: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	c, err := client.New(s.URL, s.AgentToken, s.CAPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if run, err := c.WaitRun(ctx, long, 20*time.Millisecond); err != nil || run.Status != client.RunCancelled {
+		t.Errorf("cancelled run: %+v, %v", run, err)
+	}
+
+	r = runCLI(t, env, "", "runs", "list", "--status", "failed")
+	if r.code != 0 || !strings.Contains(r.stdout, id) || strings.Contains(r.stdout, first) || !strings.HasPrefix(r.stdout, "RUN_ID") {
+		t.Errorf("runs list --status failed: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "", "runs", "list", "--agent", a, "--json")
+	if r.code != 0 || strings.Count(r.stdout, `"id": "run-`) != 3 {
+		t.Errorf("runs list --json: code %d, stdout %q", r.code, r.stdout)
+	}
+
+	for _, args := range [][]string{{"runs"}, {"runs", "start", a}, {"runs", "get"}, {"runs", "list", "extra"}, {"runs", "frob"}} {
+		if r := runCLI(t, env, "", args...); r.code != exitUsage {
+			t.Errorf("%v: code %d, want %d (stderr %q)", args, r.code, exitUsage, r.stderr)
+		}
+	}
+	if r := runCLI(t, env, "", "runs", "get", "run-00000000000000000000"); r.code != exitAPIError || !strings.Contains(r.stderr, "not_found") {
+		t.Errorf("runs get of no run: code %d, stderr %q", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,215 @@
+package computeapi
+
+import (
+	"errors"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+)
+
+// Runs: POST /v1/runs records a run and starts its executor (runexec.go),
+// which outlives the call; the other routes read and cancel the record.
+
+// runStore checks that the control plane has the store runs live in.
+func (s *Server) runStore() *api.Error {
+	if s.store == nil {
+		return api.Errorf(api.CodeUnavailable, "the control plane runs without a store, which runs are recorded in")
+	}
+	return nil
+}
+
+func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
+	if apiErr := s.runStore(); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	var req api.StartRunRequest
+	if apiErr := s.decode(w, r, &req); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	if apiErr := s.authorize(r, req.AgentID); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	noteAuditAgent(r.Context(), req.AgentID)
+	switch req.Mode {
+	case "", api.RunModeAgent:
+	case api.RunModePool, api.RunModeJob:
+		writeError(w, api.Errorf(api.CodeInvalidArgument,
+			"run mode %q is not served yet: only mode %q (a run in the agent's own sandbox) is", req.Mode, api.RunModeAgent))
+		return
+	default:
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "run mode must be %q, got %q", api.RunModeAgent, req.Mode))
+		return
+	}
+	switch {
+	case len(req.Command) == 0:
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "command must not be empty"))
+		return
+	case req.TimeoutSeconds < 0:
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds))
+		return
+	}
+	timeout := req.TimeoutSeconds
+	if timeout == 0 {
+		timeout = supervisorapi.DefaultTimeoutSeconds
+	}
+	names := slices.Sorted(maps.Keys(req.Env))
+	run, created, err := s.store.CreateRun(r.Context(), store.Run{
+		RequestID: req.RequestID, Caller: PrincipalFrom(r.Context()).Name, WorkflowID: req.WorkflowID,
+		Mode: store.RunModeAgent, AgentID: req.AgentID,
+		Command: store.RunCommand{Argv: req.Command, EnvNames: names, Cwd: req.Cwd, TimeoutSeconds: timeout},
+	})
+	if apiErr := s.runStoreError(r, "create run", err); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	noteAudit(r.Context(), "run_id", run.ID)
+	if !created {
+		writeJSON(w, http.StatusOK, wireRun(run))
+		return
+	}
+	s.executeRun(r.Context(), run, runInput{env: req.Env, stdin: req.Stdin})
+	writeJSON(w, http.StatusAccepted, wireRun(run))
+}
+
+// runStoreError maps a store error to the API's, logging what is the
+// platform's fault; nil for nil.
+func (s *Server) runStoreError(r *http.Request, what string, err error) *api.Error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrInvalid):
+		return api.Errorf(api.CodeInvalidArgument, "%v", err)
+	case errors.Is(err, store.ErrNotFound):
+		return api.Errorf(api.CodeNotFound, "no such run")
+	}
+	s.callLog(r, what).Error(err, what)
+	return api.Errorf(api.CodeInternal, "could not %s", what)
+}
+
+// visibleRun returns the run id names if the caller may see it. A run of
+// another agent is answered as missing, so that an agent cannot learn
+// which run ids exist.
+func (s *Server) visibleRun(r *http.Request, id string) (store.Run, *api.Error) {
+	run, err := s.store.GetRun(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !PrincipalFrom(r.Context()).MayAccessAgent(run.AgentID)) {
+		return store.Run{}, api.Errorf(api.CodeNotFound, "no run %q", id)
+	}
+	if apiErr := s.runStoreError(r, "read run", err); apiErr != nil {
+		return store.Run{}, apiErr
+	}
+	noteAuditAgent(r.Context(), run.AgentID)
+	return run, nil
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
+	if apiErr := s.runStore(); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	run, apiErr := s.visibleRun(r, r.PathValue("run_id"))
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	writeJSON(w, http.StatusOK, wireRun(run))
+}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
+	if apiErr := s.runStore(); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	q := r.URL.Query()
+	f := store.RunFilter{AgentID: q.Get("agent_id"), Status: store.RunStatus(q.Get("status")), PageToken: q.Get("page_token")}
+	p := PrincipalFrom(r.Context())
+	if !p.AllAgents {
+		// An agent token lists its own agent's runs, whether or not it
+		// says so.
+		if f.AgentID != "" && !p.MayAccessAgent(f.AgentID) {
+			writeError(w, api.Errorf(api.CodePermissionDenied, "this token may not list the runs of agent %q", f.AgentID))
+			return
+		}
+		if p.AgentID == "" {
+			writeError(w, api.Errorf(api.CodePermissionDenied, "this token may list no agent's runs"))
+			return
+		}
+		f.AgentID = p.AgentID
+	}
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "since must be an RFC 3339 time, got %q", v))
+			return
+		}
+		f.Since = t
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "limit must be a positive integer, got %q", v))
+			return
+		}
+		f.Limit = n
+	}
+	runs, next, err := s.store.ListRuns(r.Context(), f)
+	if apiErr := s.runStoreError(r, "list runs", err); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	out := api.RunList{Runs: make([]api.Run, 0, len(runs)), NextPageToken: next}
+	for _, run := range runs {
+		out.Runs = append(out.Runs, wireRun(run))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// cancelRun records who asked for the cancel. A queued run ends at once;
+// a running one is stopped by its executor, at once when this replica
+// runs it and at its next heartbeat otherwise. A run that had finished is
+// answered with its record, unchanged, and 200: the caller wanted it not
+// to run, and it does not.
+func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
+	if apiErr := s.runStore(); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	run, apiErr := s.visibleRun(r, r.PathValue("run_id"))
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	run, err := s.store.RequestRunCancel(r.Context(), run.ID, PrincipalFrom(r.Context()).Name)
+	if errors.Is(err, store.ErrRunFinished) {
+		writeJSON(w, http.StatusOK, wireRun(run))
+		return
+	}
+	if apiErr := s.runStoreError(r, "cancel run", err); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	if run.Status == store.RunRunning {
+		s.execs.cancel(run.ID, run.CancelRequestedBy)
+	}
+	writeJSON(w, http.StatusOK, wireRun(run))
+}
+
+// wireRun is a run's record as the API sends it.
+func wireRun(r store.Run) api.Run {
+	return api.Run{
+		ID: r.ID, RequestID: r.RequestID, Caller: r.Caller, WorkflowID: r.WorkflowID, Mode: string(r.Mode),
+		AgentID: r.AgentID, Sandbox: r.Sandbox, Command: r.Command.Argv, EnvNames: r.Command.EnvNames,
+		Cwd: r.Command.Cwd, TimeoutSeconds: r.Command.TimeoutSeconds, Status: string(r.Status), Attempts: r.Attempts,
+		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message, OutputBytes: r.OutputBytes,
+		CancelRequestedBy: r.CancelRequestedBy, CancelledBy: r.CancelledBy, Executor: r.Executor,
+		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, HeartbeatAt: r.HeartbeatAt,
+	}
+}
