@@ -95,10 +95,14 @@ func (s *Server) runStoreError(r *http.Request, what string, err error) *api.Err
 	return api.Errorf(api.CodeInternal, "could not %s", what)
 }
 
-// visibleRun returns the run id names if the caller may see it. A run of
+// visibleRun returns the run id names if the control plane has a store
+// and the caller may see it. A run of
 // another agent is answered as missing, so that an agent cannot learn
 // which run ids exist.
 func (s *Server) visibleRun(r *http.Request, id string) (store.Run, *api.Error) {
+	if apiErr := s.runStore(); apiErr != nil {
+		return store.Run{}, apiErr
+	}
 	run, err := s.store.GetRun(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && !PrincipalFrom(r.Context()).MayAccessAgent(run.AgentID)) {
 		return store.Run{}, api.Errorf(api.CodeNotFound, "no run %q", id)
@@ -111,10 +115,6 @@ func (s *Server) visibleRun(r *http.Request, id string) (store.Run, *api.Error) 
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
-	if apiErr := s.runStore(); apiErr != nil {
-		writeError(w, apiErr)
-		return
-	}
 	run, apiErr := s.visibleRun(r, r.PathValue("run_id"))
 	if apiErr != nil {
 		writeError(w, apiErr)
@@ -178,10 +178,6 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 // answered with its record, unchanged, and 200: the caller wanted it not
 // to run, and it does not.
 func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
-	if apiErr := s.runStore(); apiErr != nil {
-		writeError(w, apiErr)
-		return
-	}
 	run, apiErr := s.visibleRun(r, r.PathValue("run_id"))
 	if apiErr != nil {
 		writeError(w, apiErr)

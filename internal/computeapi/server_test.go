@@ -95,19 +95,8 @@ func (fs *fakeSupervisor) serve(w http.ResponseWriter, r *http.Request) {
 	fs.mu.Lock()
 	stream := fs.stream
 	fs.mu.Unlock()
-	if r.URL.Path == supervisorapi.PathCommandsStream && r.Method == http.MethodPost && stream != nil {
-		var req supervisorapi.CommandRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		fs.mu.Lock()
-		fs.requests = append(fs.requests, req)
-		fs.mu.Unlock()
-		stream(w, r, req)
-		return
-	}
-	if r.URL.Path != supervisorapi.PathCommands || r.Method != http.MethodPost {
+	streamed := r.URL.Path == supervisorapi.PathCommandsStream && stream != nil
+	if r.Method != http.MethodPost || (r.URL.Path != supervisorapi.PathCommands && !streamed) {
 		http.NotFound(w, r)
 		return
 	}
@@ -120,6 +109,10 @@ func (fs *fakeSupervisor) serve(w http.ResponseWriter, r *http.Request) {
 	fs.requests = append(fs.requests, req)
 	reply := fs.reply
 	fs.mu.Unlock()
+	if streamed {
+		stream(w, r, req)
+		return
+	}
 	if reply != nil {
 		reply(w, req)
 		return
