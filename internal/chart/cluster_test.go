@@ -56,10 +56,9 @@ func testClient(t *testing.T, cfg *rest.Config) *Client {
 // TestLifecycleWithoutWait installs, repairs, upgrades and uninstalls a
 // release without waiting for the control plane, so it needs no images.
 //
-// No test here runs the real control plane's controllers: they would
-// reconcile the objects of packages testing their own controllers at the
-// same time. The provider's TestAccPlatform_basic does, once those have
-// finished (see test-on-cluster in GNUmakefile). TestControlPlaneNetworkPolicy
+// No test here runs the real control plane's controllers; the provider's
+// tests do (TestAccPlatform_basic), each platform serving its own
+// namespaces. TestControlPlaneNetworkPolicy
 // runs the control plane pod but keeps it from ever leading, so that only
 // its listeners serve.
 func TestLifecycleWithoutWait(t *testing.T) {

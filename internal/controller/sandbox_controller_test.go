@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -141,6 +142,7 @@ func newClusterEnv(t *testing.T, configure ...func(*SandboxReconciler)) *cluster
 		if t.Failed() {
 			dumpNamespace(t, c, ns)
 		}
+		releaseSandboxes(t, c, ns)
 		_ = c.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	})
 
@@ -302,6 +304,33 @@ func (e *clusterEnv) waitReason(name, reason string) *v1alpha1.Sandbox {
 		return nil
 	})
 	return &sbx
+}
+
+// releaseSandboxes takes the finalizer off the namespace's sandboxes once
+// the test's manager has stopped. Nothing would ever finalize them, and a
+// namespace that cannot finish terminating costs the kube-apiserver a
+// sweep of every namespaced kind (two requests each) up to once a minute
+// until the cluster goes: with a few dozen such namespaces, the largest
+// load the suite put on it.
+func releaseSandboxes(t *testing.T, c client.Client, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sbxs v1alpha1.SandboxList
+	if err := c.List(ctx, &sbxs, client.InNamespace(ns)); err != nil {
+		t.Logf("cleanup: list sandboxes: %v", err)
+		return
+	}
+	for i := range sbxs.Items {
+		sbx := &sbxs.Items[i]
+		if !controllerutil.ContainsFinalizer(sbx, v1alpha1.Finalizer) {
+			continue
+		}
+		patch := client.MergeFrom(sbx.DeepCopy())
+		controllerutil.RemoveFinalizer(sbx, v1alpha1.Finalizer)
+		if err := c.Patch(ctx, sbx, patch); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("cleanup: release sandbox %s: %v", sbx.Name, err)
+		}
+	}
 }
 
 func dumpNamespace(t *testing.T, c client.Client, ns string) {
