@@ -409,7 +409,7 @@ func (r *foreignRun) checkStopResume(ctx context.Context) error {
 	start := time.Now()
 	res, err := r.run(ctx, "cat", "keep.txt")
 	if err != nil {
-		return fmt.Errorf("the call that resumes: %w", err)
+		return fmt.Errorf("the call that resumes: %w; %s", err, sandboxPodState(ctx, r.c, r.key))
 	}
 	if res.ExitCode != 0 || res.Stdout != body {
 		return fmt.Errorf("keep.txt after the resume: %+v; want %q", res, body)

@@ -580,6 +580,37 @@ func readyMessage(sbx *agentboxv1alpha1.Sandbox) string {
 	return "no Ready condition"
 }
 
+// sandboxPodState says what the sandbox and its pods were doing, for the
+// message of a failed call: a supervisor that was restarted or replaced
+// under the call shows in the restart counts and the last terminations.
+func sandboxPodState(ctx context.Context, c ctrlclient.Client, key types.NamespacedName) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var sbx agentboxv1alpha1.Sandbox
+	if err := c.Get(ctx, key, &sbx); err != nil {
+		return fmt.Sprintf("sandbox: %v", err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "sandbox phase %s (%s), endpoint %s", sbx.Status.Phase, readyMessage(&sbx), sbx.Status.ServiceEndpoint)
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, ctrlclient.InNamespace(key.Namespace)); err != nil {
+		return b.String() + fmt.Sprintf("; pods: %v", err)
+	}
+	for _, p := range pods.Items {
+		if !metav1.IsControlledBy(&p, &sbx) {
+			continue
+		}
+		fmt.Fprintf(&b, "; pod %s %s IP %s deleting %v", p.Name, p.Status.Phase, p.Status.PodIP, p.DeletionTimestamp != nil)
+		for _, cs := range p.Status.ContainerStatuses {
+			fmt.Fprintf(&b, ", container %s ready %v restarts %d", cs.Name, cs.Ready, cs.RestartCount)
+			if t := cs.LastTerminationState.Terminated; t != nil {
+				fmt.Fprintf(&b, " (last ended %s: %s exit %d)", t.FinishedAt.Format(time.RFC3339), t.Reason, t.ExitCode)
+			}
+		}
+	}
+	return b.String()
+}
+
 func (r *settingsRun) eventList(ctx context.Context) []corev1.Event {
 	var events corev1.EventList
 	if err := r.c.List(ctx, &events, ctrlclient.InNamespace(r.key.Namespace)); err != nil {
