@@ -35,7 +35,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/loopvol"
@@ -64,16 +69,56 @@ func main() {
 	cs := kubernetes.NewForConfigOrDie(cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	p := &provisioner{cs: cs, dir: *dir, name: *name, node: *node, log: log}
-	// Polling keeps this small; a test cluster has a handful of claims.
+	// Informers, not polling: the kube-apiserver of a busy test cluster
+	// should not answer three LISTs a few times a second for a handful of
+	// claims. Every change of a claim, volume or class kicks a sync from
+	// the informers' caches; the tick retries what failed (a volume still
+	// mounted somewhere).
+	factory := informers.NewSharedInformerFactory(cs, 10*time.Minute)
+	p := &provisioner{
+		cs: cs, dir: *dir, name: *name, node: *node, log: log,
+		classes: factory.Storage().V1().StorageClasses().Lister(),
+		claims:  factory.Core().V1().PersistentVolumeClaims().Lister(),
+		volumes: factory.Core().V1().PersistentVolumes().Lister(),
+	}
+	kick := make(chan struct{}, 1)
+	handler := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { notify(kick) },
+		UpdateFunc: func(any, any) { notify(kick) },
+		DeleteFunc: func(any) { notify(kick) },
+	}
+	for _, inf := range []toolscache.SharedIndexInformer{
+		factory.Storage().V1().StorageClasses().Informer(),
+		factory.Core().V1().PersistentVolumeClaims().Informer(),
+		factory.Core().V1().PersistentVolumes().Informer(),
+	} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			log.Error("informer", "err", err)
+			os.Exit(1)
+		}
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
 	for ctx.Err() == nil {
 		if err := p.sync(ctx); err != nil && ctx.Err() == nil {
 			log.Warn("sync", "err", err)
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(250 * time.Millisecond):
+		case <-kick:
+		case <-tick.C:
 		}
+	}
+}
+
+// notify kicks a sync without blocking: one pending kick covers any
+// number of changes, since a sync reads everything.
+func notify(kick chan<- struct{}) {
+	select {
+	case kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -81,25 +126,29 @@ type provisioner struct {
 	cs              kubernetes.Interface
 	dir, name, node string
 	log             *slog.Logger
+	classes         storagelisters.StorageClassLister
+	claims          corelisters.PersistentVolumeClaimLister
+	volumes         corelisters.PersistentVolumeLister
 }
 
+// sync provisions the pending claims of its classes and removes the
+// released volumes it made. The informers' objects are shared: read only.
 func (p *provisioner) sync(ctx context.Context) error {
-	classes, err := p.cs.StorageV1().StorageClasses().List(ctx, metav1.ListOptions{})
+	classes, err := p.classes.List(labels.Everything())
 	if err != nil {
 		return err
 	}
 	ours := map[string]bool{}
-	for _, sc := range classes.Items {
+	for _, sc := range classes {
 		if sc.Provisioner == p.name {
 			ours[sc.Name] = true
 		}
 	}
-	pvcs, err := p.cs.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
+	pvcs, err := p.claims.List(labels.Everything())
 	if err != nil {
 		return err
 	}
-	for i := range pvcs.Items {
-		pvc := &pvcs.Items[i]
+	for _, pvc := range pvcs {
 		if pvc.Status.Phase == corev1.ClaimPending && pvc.Spec.VolumeName == "" && pvc.DeletionTimestamp == nil &&
 			pvc.Spec.StorageClassName != nil && ours[*pvc.Spec.StorageClassName] {
 			if err := p.provision(ctx, pvc); err != nil {
@@ -107,12 +156,11 @@ func (p *provisioner) sync(ctx context.Context) error {
 			}
 		}
 	}
-	pvs, err := p.cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	pvs, err := p.volumes.List(labels.Everything())
 	if err != nil {
 		return err
 	}
-	for i := range pvs.Items {
-		pv := &pvs.Items[i]
+	for _, pv := range pvs {
 		if pv.Annotations[annotation] == p.name && pv.Status.Phase == corev1.VolumeReleased &&
 			pv.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete {
 			p.remove(ctx, pv)
