@@ -79,15 +79,23 @@ func stateEvents(r Run, started bool) []RunEvent {
 		st.ExitCode, st.Reason, st.Message = nil, "", ""
 	}
 	b, _ := json.Marshal(st) // a struct of strings and numbers always encodes
-	ev := []RunEvent{{RunID: r.ID, Type: RunEventState, Data: string(b)}}
+	// The events have the time of the change, as the record has it.
+	var at time.Time
+	switch {
+	case started && r.HeartbeatAt != nil:
+		at = *r.HeartbeatAt
+	case !started && r.FinishedAt != nil:
+		at = *r.FinishedAt
+	}
+	ev := []RunEvent{{RunID: r.ID, Type: RunEventState, Data: string(b), At: at}}
 	if r.Status.Terminal() {
-		ev = append(ev, RunEvent{RunID: r.ID, Type: RunEventEnd, Data: string(b)})
+		ev = append(ev, RunEvent{RunID: r.ID, Type: RunEventEnd, Data: string(b), At: at})
 	}
 	return ev
 }
 
 // insertRunEvents gives the events the next sequence numbers of their run
-// and inserts them, in tx. The caller holds the lock on the run's row
+// (and the time now, unless they have one) and inserts them, in tx. The caller holds the lock on the run's row
 // (an UPDATE of it, or a SELECT FOR UPDATE), which is what makes reading
 // the last number and taking the next ones safe across replicas; the
 // primary key would refuse a duplicate anyway. The events are returned
@@ -105,7 +113,11 @@ func (s *Store) insertRunEvents(ctx context.Context, tx *sql.Tx, runID string, e
 	out := make([]RunEvent, len(evs))
 	for i, e := range evs {
 		last++
-		e.RunID, e.Seq, e.At = runID, last, now
+		e.RunID, e.Seq = runID, last
+		if e.At.IsZero() {
+			e.At = now
+		}
+		e.At = dbTime(e.At)
 		out[i] = e
 	}
 	for start := 0; start < len(out); start += insertChunk {
