@@ -76,13 +76,16 @@ const (
 	// followRetries bounds how many times in a row FollowRun reconnects
 	// without receiving an event in between.
 	followRetries = 8
-	// followBackoff doubles from its first to its last value between
-	// reconnections.
-	followBackoffFirst = 250 * time.Millisecond
-	followBackoffMax   = 5 * time.Second
 	// maxEventLine bounds one line of the stream: an event is at most a
 	// line of output (16 KiB), which JSON escaping can grow six times.
 	maxEventLine = 1 << 20
+)
+
+// The wait between reconnections doubles from followBackoffFirst to
+// followBackoffMax; variables so that tests can shorten them.
+var (
+	followBackoffFirst = 250 * time.Millisecond
+	followBackoffMax   = 5 * time.Second
 )
 
 // FollowRun calls fn with each event of run id after event afterID (0 for
