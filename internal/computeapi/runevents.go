@@ -96,6 +96,36 @@ func (n *runNotifier) notify(id string) {
 	}
 }
 
+// shutdowns gives the streams of each http.Server that serves the API a
+// channel closed when that server begins to shut down: a stream lasts as
+// long as its run, and would otherwise hold a graceful shutdown up to its
+// grace period. Its followers reconnect to another replica and resume.
+type shutdowns struct {
+	mu sync.Mutex
+	of map[*http.Server]chan struct{}
+}
+
+// watch returns the channel of the server that serves r, or nil when r
+// came from none (a test calling the handler).
+func (d *shutdowns) watch(r *http.Request) <-chan struct{} {
+	hs, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
+	if hs == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.of == nil {
+		d.of = map[*http.Server]chan struct{}{}
+	}
+	ch, ok := d.of[hs]
+	if !ok {
+		ch = make(chan struct{})
+		d.of[hs] = ch
+		hs.RegisterOnShutdown(func() { close(ch) })
+	}
+	return ch
+}
+
 // runOutput turns a run's output into its log's stdout and stderr events:
 // each stream is redacted as one text (a redact.Stream, so that a secret
 // cut between two reads, or a private key over many lines, is caught),
@@ -369,8 +399,8 @@ func (w *sseWriter) event(e api.RunEvent) error {
 // eventsAfter), live: the executor on this replica wakes the stream when
 // it records events, and the stream polls the store besides for those of
 // another replica's executor. It ends after the run's end event, or when
-// the follower goes away or the Server closes; a follower resumes with
-// Last-Event-ID.
+// the follower goes away, the Server closes or the http.Server serving it
+// shuts down; a follower resumes with Last-Event-ID.
 func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 	run, apiErr := s.visibleRun(r, r.PathValue("run_id"))
 	if apiErr != nil {
@@ -383,6 +413,7 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	shutdown := s.streamShutdowns.watch(r)
 	log := s.callLog(r, "run events").WithValues("run", run.ID)
 	// Subscribed before the first read, so that no notification falls
 	// between a read and the wait.
@@ -461,6 +492,8 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-s.closing:
+			return
+		case <-shutdown:
 			return
 		case <-woken:
 		case <-poll.C:

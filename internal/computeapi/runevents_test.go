@@ -530,3 +530,59 @@ func TestRunOutputCutsLongLines(t *testing.T) {
 		}
 	}
 }
+
+// A graceful shutdown of the HTTP server ends the streams it serves at
+// once, rather than waiting out its grace for runs that go on: their
+// followers resume elsewhere.
+func TestRunEventsEndAtShutdown(t *testing.T) {
+	ws := t.TempDir()
+	var srv *Server
+	c := realSupervisorAPIWith(t, apiSetup{store: tempStore(t), pushDelay: -1, noContract: true,
+		configure: func(cfg *supervisor.Config) { cfg.Workspace = ws },
+		server:    func(s *Server) { srv = s }})(adminToken)
+	ctx := context.Background()
+	run, _, err := c.StartRun(ctx, api.StartRunRequest{AgentID: "agent-1", Cwd: ws, TimeoutSeconds: 120,
+		Command: []string{"sh", "-c", `echo waiting; while [ ! -e go ]; do sleep 0.02; done`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(filepath.Join(ws, "go"), nil, 0o644) })
+	hs := httptest.NewUnstartedServer(srv.Handler())
+	hs.Start()
+	defer hs.Close()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+api.PathRunEvents(run.ID), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := hs.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// Read until the command's line, so that the stream is surely being
+	// served.
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	for line := range lines {
+		if strings.Contains(line, `"text":"waiting\n"`) {
+			break
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := hs.Config.Shutdown(sctx); err != nil {
+		t.Fatalf("shutdown waited for the stream: %v", err)
+	}
+	for range lines {
+	}
+	if r, err := c.GetRun(ctx, run.ID); err != nil || r.Status != api.RunRunning {
+		t.Errorf("the run after the shutdown: %+v, %v", r, err)
+	}
+}

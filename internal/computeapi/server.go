@@ -171,6 +171,7 @@ type Server struct {
 	// runNotes wakes the event streams of the runs this Server executes;
 	// the rest configure them (see Options).
 	runNotes           runNotifier
+	streamShutdowns    shutdowns
 	runEventPoll       time.Duration
 	runEventKeepalive  time.Duration
 	runOutputMaxEvents int
