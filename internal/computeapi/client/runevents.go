@@ -182,6 +182,10 @@ func (c *Client) followOnce(ctx context.Context, id string, after int64, fn func
 		return after, false, fmt.Errorf("GET %s: answered %q, not an event stream", path, ct)
 	}
 	err = ReadEventStream(resp.Body, func(ev EventStreamEvent) error {
+		// Events already read are not given to a caller that has gone.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		var e RunEvent
 		if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 			return fmt.Errorf("GET %s: event %q: %w", path, ev.ID, err)

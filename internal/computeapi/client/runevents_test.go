@@ -135,3 +135,22 @@ func TestReadEventStream(t *testing.T) {
 		t.Errorf("events %q", got)
 	}
 }
+
+// Once its context is done, FollowRun gives no more events, even those it
+// has already read.
+func TestFollowRunStopsAtCancel(t *testing.T) {
+	c, _ := eventServer(t, 10, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n := 0
+	err := c.FollowRun(ctx, "run-1", 0, func(RunEvent) error {
+		n++
+		if n == 3 {
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) || n != 3 {
+		t.Errorf("%v after %d events, want 3", err, n)
+	}
+}
