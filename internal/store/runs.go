@@ -509,7 +509,8 @@ func (s *Store) oneRunReturning(ctx context.Context, q queryer, what, query stri
 // a running run is how another replica takes over one whose executor was
 // lost; the previous executor's heartbeats fail from then on. A run that
 // had a cancel requested still starts, and the caller must honour
-// CancelRequestedBy. A finished run gives ErrRunFinished.
+// CancelRequestedBy. A finished run gives ErrRunFinished. The start is
+// written to the run's event log (a state event with the attempt).
 func (s *Store) StartRunAttempt(ctx context.Context, id, executor, sandbox string) (Run, error) {
 	if executor == "" {
 		return Run{}, fmt.Errorf("%w: a run attempt needs an executor", ErrInvalid)
@@ -591,7 +592,9 @@ type RunResult struct {
 // FinishRun ends a queued or running run with r and records when. A run
 // finishes once: finishing a finished run returns it unchanged with
 // ErrRunFinished, so of replicas racing to end a run (finish, cancel,
-// stale sweep) exactly one decides how it ended.
+// stale sweep) exactly one decides how it ended. Every way a run ends
+// (this, the cancel of a queued run, the stale sweep) writes the final
+// state and the end event to its log, in the same transaction.
 func (s *Store) FinishRun(ctx context.Context, id string, r RunResult) (Run, error) {
 	if !r.Status.Terminal() {
 		return Run{}, fmt.Errorf("%w: run status %q is not a final one", ErrInvalid, r.Status)
