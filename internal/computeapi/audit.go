@@ -141,6 +141,10 @@ func (w *auditedWriter) Write(p []byte) (int, error) {
 	return w.ResponseWriter.Write(p)
 }
 
+// Unwrap lets http.ResponseController reach the connection's writer, for
+// a stream's write deadlines.
+func (w *auditedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 func (w *auditedWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()

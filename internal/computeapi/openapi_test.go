@@ -3,6 +3,7 @@ package computeapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"mime"
 	"net/http"
@@ -16,6 +17,8 @@ import (
 
 	sjsonschema "github.com/santhosh-tekuri/jsonschema/v6"
 	"sigs.k8s.io/yaml"
+
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
 // The OpenAPI document is the contract: contractCheck wraps the test
@@ -149,6 +152,31 @@ func (c *contract) check(method, pattern string, reqType string, reqBody []byte,
 		media, ok := content[mt].(map[string]any)
 		if !ok {
 			return "response content type " + respType + " is not documented"
+		}
+		if _, ok := media["schema"]; ok && mt == api.ContentTypeEventStream {
+			// Server-Sent Events: every event's data is one value of the
+			// schema, and its id and type are the event's.
+			n := 0
+			var msg string
+			err := api.ReadEventStream(bytes.NewReader(respBody), func(ev api.EventStreamEvent) error {
+				n++
+				if msg = c.validate(pointer(append(base, "content", mt, "schema")...), []byte(ev.Data)); msg != "" {
+					return errors.New(msg)
+				}
+				var head struct {
+					ID   int64  `json:"id"`
+					Type string `json:"type"`
+				}
+				if err := json.Unmarshal([]byte(ev.Data), &head); err != nil || strconv.FormatInt(head.ID, 10) != ev.ID || head.Type != ev.Event {
+					msg = "event id " + ev.ID + " type " + ev.Event + " differ from its data " + ev.Data
+					return errors.New(msg)
+				}
+				return nil
+			})
+			if err != nil {
+				return "response " + strconv.Itoa(status) + " event " + strconv.Itoa(n) + ": " + err.Error()
+			}
+			return ""
 		}
 		if _, ok := media["schema"]; ok && mt == "application/x-ndjson" {
 			// A stream: every line is one value of the schema.

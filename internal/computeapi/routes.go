@@ -85,6 +85,7 @@ func (s *Server) addRoutes(route func(pattern string, methods ...method)) {
 	route("/v1/runs", method{post, "start_run", s.startRun}, method{get, "list_runs", s.listRuns})
 	route("/v1/runs/{run_id}", method{get, "get_run", s.getRun})
 	route("/v1/runs/{run_id}/cancel", method{post, "cancel_run", s.cancelRun})
+	route("/v1/runs/{run_id}/events", method{get, "run_events", s.runEvents})
 	route("/v1/tokens", method{post, "create_token", s.createToken})
 	route("/v1/tokens/{token_id}", method{del, "revoke_token", s.revokeToken})
 	route("/v1/audit", method{get, "query_audit", s.queryAudit})

@@ -137,6 +137,7 @@ func (s *Server) runExecutor(ctx context.Context, cancel context.CancelCauseFunc
 	fctx, done := context.WithTimeout(context.WithoutCancel(ctx), runStoreTimeout)
 	defer done()
 	ended, err := s.store.FinishRun(fctx, run.ID, res)
+	s.runNotes.notify(run.ID)
 	switch {
 	case errors.Is(err, store.ErrRunFinished):
 		log.Info("run had already ended", "status", string(ended.Status), "reason", ended.Reason)
@@ -168,6 +169,7 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 		log.Error(err, "start run attempt")
 		return store.RunResult{Status: store.RunFailed, Reason: "Internal", Message: "could not record the start of the run"}
 	}
+	s.runNotes.notify(run.ID)
 	if started.CancelRequestedBy != "" {
 		cancel(cancelled{by: started.CancelRequestedBy})
 	}
@@ -202,11 +204,19 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 	defer ccancel()
 	req := supervisorapi.CommandRequest{Command: run.Command.Argv, Cwd: run.Command.Cwd, Env: in.env, Stdin: in.stdin,
 		TimeoutSeconds: run.Command.TimeoutSeconds}
-	// Streamed, so that the output is counted as it comes and never held:
-	// the record keeps its size only. Cancelling cctx ends the supervisor's
-	// call, and the supervisor then kills the command's process group.
+	// Streamed, so that the output is counted as it comes and goes to the
+	// run's event log line by line, redacted; the record keeps its size.
+	// Cancelling cctx ends the supervisor's call, and the supervisor then
+	// kills the command's process group. The log's last lines are written
+	// before the run's end is.
+	output := s.newRunOutput(run.ID, log)
+	defer output.close()
 	res, err := sup.RunCommandStream(cctx, req, func(ev supervisorapi.CommandEvent) error {
 		outBytes += int64(len(ev.Data))
+		if ev.Truncated {
+			output.sandboxTruncated()
+		}
+		output.write(ev.Stream, []byte(ev.Data))
 		return nil
 	})
 	if err != nil {
@@ -317,6 +327,7 @@ func (s *Server) sweepRuns() {
 			continue
 		}
 		for _, r := range failed {
+			s.runNotes.notify(r.ID)
 			log.Info("failed a run whose executor was lost", "run", r.ID, "agent", r.AgentID,
 				"executor", r.Executor, "last_heartbeat", r.HeartbeatAt)
 		}

@@ -194,6 +194,8 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 	}
 	if run.Status == store.RunRunning {
 		s.execs.cancel(run.ID, run.CancelRequestedBy)
+	} else {
+		s.runNotes.notify(run.ID) // it ended cancelled
 	}
 	writeJSON(w, http.StatusOK, wireRun(run))
 }

@@ -111,6 +111,16 @@ type Options struct {
 	// RunSweepInterval is how often the sweeper looks for lost runs; it
 	// defaults to DefaultRunSweepInterval.
 	RunSweepInterval time.Duration
+	// RunEventPollInterval is how often a run's event stream looks in the
+	// store for events another replica recorded; it defaults to
+	// DefaultRunEventPollInterval. RunEventKeepalive is how often an idle
+	// stream sends a comment; it defaults to DefaultRunEventKeepalive.
+	RunEventPollInterval, RunEventKeepalive time.Duration
+	// RunOutputMaxEvents and RunOutputMaxBytes bound the output lines a
+	// run records as events; they default to DefaultRunOutputMaxEvents and
+	// DefaultRunOutputMaxBytes.
+	RunOutputMaxEvents int
+	RunOutputMaxBytes  int64
 }
 
 // Server serves the Compute API.
@@ -158,6 +168,14 @@ type Server struct {
 	runHeartbeat time.Duration
 	runSweep     time.Duration
 	execs        executors
+	// runNotes wakes the event streams of the runs this Server executes;
+	// the rest configure them (see Options).
+	runNotes           runNotifier
+	streamShutdowns    shutdowns
+	runEventPoll       time.Duration
+	runEventKeepalive  time.Duration
+	runOutputMaxEvents int
+	runOutputMaxBytes  int64
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
 	runWork   sync.WaitGroup
@@ -218,6 +236,23 @@ func newServer(opts Options) *Server {
 		replica:         opts.Replica,
 		runHeartbeat:    opts.RunHeartbeatInterval,
 		runSweep:        opts.RunSweepInterval,
+
+		runEventPoll:       opts.RunEventPollInterval,
+		runEventKeepalive:  opts.RunEventKeepalive,
+		runOutputMaxEvents: opts.RunOutputMaxEvents,
+		runOutputMaxBytes:  opts.RunOutputMaxBytes,
+	}
+	if s.runEventPoll <= 0 {
+		s.runEventPoll = DefaultRunEventPollInterval
+	}
+	if s.runEventKeepalive <= 0 {
+		s.runEventKeepalive = DefaultRunEventKeepalive
+	}
+	if s.runOutputMaxEvents <= 0 {
+		s.runOutputMaxEvents = DefaultRunOutputMaxEvents
+	}
+	if s.runOutputMaxBytes <= 0 {
+		s.runOutputMaxBytes = DefaultRunOutputMaxBytes
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()

@@ -445,9 +445,31 @@ func collectRuns(rows *sql.Rows, what string) ([]Run, error) {
 // does not hold, the run as it stands is returned with ErrRunFinished if
 // it has ended, or with the error miss makes of it otherwise; ErrNotFound
 // if there is no such run.
-func (s *Store) updateRun(ctx context.Context, what, id, set, cond string, miss func(Run) error, args ...any) (Run, error) {
+//
+// events, if set, are the events the change makes of the run as it
+// becomes (see stateEvents): they are appended in the same transaction,
+// under the row lock the UPDATE took, so that a run's log has its end
+// exactly when the run has ended.
+func (s *Store) updateRun(ctx context.Context, what, id, set, cond string, miss func(Run) error,
+	events func(Run) []RunEvent, args ...any) (Run, error) {
 	args = append([]any{id}, args...)
-	r, err := s.oneRunReturning(ctx, what, `UPDATE runs SET `+set+` WHERE id = $1 AND `+cond, args...)
+	query := `UPDATE runs SET ` + set + ` WHERE id = $1 AND ` + cond
+	var (
+		r   Run
+		err error
+	)
+	if events == nil {
+		r, err = s.oneRunReturning(ctx, s.wdb, what, query, args...)
+	} else {
+		err = s.writeTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			if r, err = s.oneRunReturning(ctx, tx, what, query, args...); err != nil {
+				return err
+			}
+			_, err = s.insertRunEvents(ctx, tx, r.ID, events(r))
+			return err
+		})
+	}
 	if !errors.Is(err, ErrNotFound) {
 		return r, err
 	}
@@ -469,8 +491,8 @@ func (s *Store) updateRun(ctx context.Context, what, id, set, cond string, miss 
 	return cur, fmt.Errorf("%w: %s %s: run is %s", ErrConflict, what, id, cur.Status)
 }
 
-func (s *Store) oneRunReturning(ctx context.Context, what, query string, args ...any) (Run, error) {
-	r, err := scanRun(s.wdb.QueryRowContext(ctx, query+` RETURNING `+runColumns, args...))
+func (s *Store) oneRunReturning(ctx context.Context, q queryer, what, query string, args ...any) (Run, error) {
+	r, err := scanRun(q.QueryRowContext(ctx, query+` RETURNING `+runColumns, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Run{}, ErrNotFound
 	}
@@ -487,7 +509,8 @@ func (s *Store) oneRunReturning(ctx context.Context, what, query string, args ..
 // a running run is how another replica takes over one whose executor was
 // lost; the previous executor's heartbeats fail from then on. A run that
 // had a cancel requested still starts, and the caller must honour
-// CancelRequestedBy. A finished run gives ErrRunFinished.
+// CancelRequestedBy. A finished run gives ErrRunFinished. The start is
+// written to the run's event log (a state event with the attempt).
 func (s *Store) StartRunAttempt(ctx context.Context, id, executor, sandbox string) (Run, error) {
 	if executor == "" {
 		return Run{}, fmt.Errorf("%w: a run attempt needs an executor", ErrInvalid)
@@ -501,7 +524,8 @@ func (s *Store) StartRunAttempt(ctx context.Context, id, executor, sandbox strin
 	return s.updateRun(ctx, "start run attempt", id,
 		`status = 'running', attempts = attempts + 1, started_at = COALESCE(started_at, $2), heartbeat_at = $2,
 		 executor = $3, sandbox = CASE WHEN $4 = '' THEN sandbox ELSE $4 END`,
-		`status IN ('queued', 'running')`, nil, s.now(), executor, sandbox)
+		`status IN ('queued', 'running')`, nil, func(r Run) []RunEvent { return stateEvents(r, true) },
+		s.now(), executor, sandbox)
 }
 
 // HeartbeatRun records that executor still runs the run, and returns it,
@@ -515,7 +539,7 @@ func (s *Store) HeartbeatRun(ctx context.Context, id, executor string) (Run, err
 		func(cur Run) error {
 			return fmt.Errorf("%w: heartbeat run %s: it is %s under executor %q, not %q",
 				ErrConflict, id, cur.Status, cur.Executor, executor)
-		}, s.now(), executor)
+		}, nil, s.now(), executor)
 }
 
 // RequestRunCancel asks for a run to be cancelled, on behalf of by. A
@@ -540,7 +564,12 @@ func (s *Store) RequestRunCancel(ctx context.Context, id, by string) (Run, error
 		 message = CASE WHEN status = 'queued' THEN 'cancelled before it started' ELSE message END,
 		 finished_at = CASE WHEN status = 'queued' THEN $3 ELSE finished_at END,
 		 status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END`,
-		`status IN ('queued', 'running')`, nil, by, s.now())
+		`status IN ('queued', 'running')`, nil, func(r Run) []RunEvent {
+			if r.Status != RunCancelled {
+				return nil // a cancel request of a running run
+			}
+			return stateEvents(r, false)
+		}, by, s.now())
 }
 
 // RunResult is how a run ended, for FinishRun.
@@ -563,7 +592,9 @@ type RunResult struct {
 // FinishRun ends a queued or running run with r and records when. A run
 // finishes once: finishing a finished run returns it unchanged with
 // ErrRunFinished, so of replicas racing to end a run (finish, cancel,
-// stale sweep) exactly one decides how it ended.
+// stale sweep) exactly one decides how it ended. Every way a run ends
+// (this, the cancel of a queued run, the stale sweep) writes the final
+// state and the end event to its log, in the same transaction.
 func (s *Store) FinishRun(ctx context.Context, id string, r RunResult) (Run, error) {
 	if !r.Status.Terminal() {
 		return Run{}, fmt.Errorf("%w: run status %q is not a final one", ErrInvalid, r.Status)
@@ -589,7 +620,7 @@ func (s *Store) FinishRun(ctx context.Context, id string, r RunResult) (Run, err
 	return s.updateRun(ctx, "finish run", id,
 		`status = $2, exit_code = $3, reason = $4, message = $5, output_bytes = $6, finished_at = $7,
 		 cancelled_by = CASE WHEN $2 = 'cancelled' AND $8 = '' THEN cancel_requested_by ELSE $8 END`,
-		`status IN ('queued', 'running')`, nil,
+		`status IN ('queued', 'running')`, nil, func(r Run) []RunEvent { return stateEvents(r, false) },
 		string(r.Status), exit, r.Reason, redact.String(r.Message), r.OutputBytes, s.now(), r.CancelledBy)
 }
 
@@ -606,21 +637,37 @@ func (s *Store) FailStaleRuns(ctx context.Context, heartbeatBefore time.Time, re
 	if err := checkText("message", message); err != nil {
 		return nil, err
 	}
-	rows, err := s.wdb.QueryContext(ctx, `UPDATE runs
-		SET status = 'failed', reason = $2, message = $3, finished_at = $4
-		WHERE (status = 'running' AND COALESCE(heartbeat_at, started_at, created_at) < $1)
-		   OR (status = 'queued' AND created_at < $1)
-		RETURNING `+runColumns,
-		dbTime(heartbeatBefore), reason, redact.String(message), s.now())
+	var failed []Run
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `UPDATE runs
+			SET status = 'failed', reason = $2, message = $3, finished_at = $4
+			WHERE (status = 'running' AND COALESCE(heartbeat_at, started_at, created_at) < $1)
+			   OR (status = 'queued' AND created_at < $1)
+			RETURNING `+runColumns,
+			dbTime(heartbeatBefore), reason, redact.String(message), s.now())
+		if err != nil {
+			return fmt.Errorf("fail stale runs: %w", err)
+		}
+		if failed, err = collectRuns(rows, "fail stale runs"); err != nil {
+			return err
+		}
+		// Each failed run's log ends, under the row lock the UPDATE took.
+		for _, r := range failed {
+			if _, err := s.insertRunEvents(ctx, tx, r.ID, stateEvents(r, false)); err != nil {
+				return fmt.Errorf("fail stale runs: %w", err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("fail stale runs: %w", err)
+		return nil, err
 	}
-	return collectRuns(rows, "fail stale runs")
+	return failed, nil
 }
 
 // DeleteFinishedRuns deletes the records of runs that finished before
-// finishedBefore, for retention, and returns how many it deleted. Live
-// runs are never deleted.
+// finishedBefore, with their event logs, for retention, and returns how
+// many runs it deleted. Live runs are never deleted.
 func (s *Store) DeleteFinishedRuns(ctx context.Context, finishedBefore time.Time) (int64, error) {
 	res, err := s.wdb.ExecContext(ctx, `DELETE FROM runs
 		WHERE status IN ('succeeded', 'failed', 'timed_out', 'cancelled') AND finished_at < $1`,

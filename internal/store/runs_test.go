@@ -31,6 +31,9 @@ func TestRuns(t *testing.T) {
 		{"Race", testRunRace},
 		{"Stale", testRunStale},
 		{"Retention", testRunRetention},
+		{"Events", testRunEvents},
+		{"EventsTwoReplicas", testRunEventsTwoReplicas},
+		{"EventsEnd", testRunEventsEnd},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

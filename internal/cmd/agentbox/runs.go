@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +15,7 @@ import (
 )
 
 const runsUsage = `usage: agentbox runs start [flags] AGENT_ID -- CMD [ARGS...]
+       agentbox runs logs [-f] [--after ID] [--json] RUN_ID
        agentbox runs get [--json] RUN_ID
        agentbox runs list [--agent A] [--status S] [--json]
        agentbox runs cancel [--json] RUN_ID
@@ -20,7 +23,7 @@ const runsUsage = `usage: agentbox runs start [flags] AGENT_ID -- CMD [ARGS...]
 Run "agentbox runs <subcommand> -h" for its flags.
 `
 
-// runsCommand: agentbox runs start|get|list|cancel.
+// runsCommand: agentbox runs start|logs|get|list|cancel.
 func runsCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, runsUsage)
@@ -34,6 +37,8 @@ func runsCommand(ctx context.Context, args []string, getenv func(string) string,
 		cmd = o.startCommand()
 	case "get":
 		cmd = o.getCommand()
+	case "logs":
+		cmd = o.logsCommand()
 	case "list":
 		cmd = o.listCommand()
 	case "cancel":
@@ -52,7 +57,8 @@ func runsCommand(ctx context.Context, args []string, getenv func(string) string,
 // runOptions are the runs subcommands' flags, where they print, and the
 // exit code of a run waited for.
 type runOptions struct {
-	asJSON, wait          bool
+	asJSON, wait, follow  bool
+	after                 int64
 	requestID, workflowID string
 	cwd, agent, status    string
 	timeout               int
@@ -69,11 +75,15 @@ func (o *runOptions) startCommand() command {
 The run goes on in the control plane when agentbox exits; "runs get" shows
 how it ended. With --wait, agentbox waits for it to end, prints a summary
 line on stderr and exits with the command's exit code: 124 if it timed
-out, 1 if it was cancelled or could not run. Only the names of --env
-variables are recorded. --request-id makes the start idempotent: a second
-start with the same id prints the first run's id and starts nothing.`,
+out, 1 if it was cancelled or could not run. With --follow, it prints the
+run id on stderr, then the command's output as it comes (stdout to
+stdout, stderr to stderr, as "runs logs -f" does), and exits as --wait
+does. Only the names of --env variables are recorded. --request-id makes
+the start idempotent: a second start with the same id prints the first
+run's id and starts nothing.`,
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&o.wait, "wait", false, "wait for the run to end and exit with the command's exit code")
+			fs.BoolVar(&o.follow, "follow", false, "print the run's output as it comes and exit with the command's exit code")
 			fs.DurationVar(&o.poll, "poll", time.Second, "with --wait, how often to look at the run")
 			fs.StringVar(&o.requestID, "request-id", "", "makes the start idempotent for this token")
 			fs.StringVar(&o.workflowID, "workflow-id", "", "the workflow the run belongs to, recorded with it")
@@ -90,6 +100,8 @@ start with the same id prints the first run's id and starts nothing.`,
 				return fmt.Errorf("missing the command: agentbox runs start AGENT_ID -- CMD [ARGS...]")
 			case o.poll <= 0:
 				return fmt.Errorf("--poll must be positive")
+			case o.follow && (o.wait || o.asJSON):
+				return fmt.Errorf("--follow prints the output; it goes with neither --wait nor --json")
 			}
 			return nil
 		},
@@ -102,6 +114,10 @@ start with the same id prints the first run's id and starts nothing.`,
 			r, _, err := c.StartRun(ctx, req)
 			if err != nil {
 				return err
+			}
+			if o.follow {
+				fmt.Fprintln(o.stderr, r.ID)
+				return o.printLogs(ctx, c, r.ID, true)
 			}
 			if o.asJSON && !o.wait {
 				return printJSON(o.stdout, r)
@@ -159,6 +175,116 @@ func runSummary(r *client.Run) string {
 		parts = append(parts, fmt.Sprintf("message=%q", r.Message))
 	}
 	return strings.Join(parts, " ")
+}
+
+func (o *runOptions) logsCommand() command {
+	return command{
+		synopsis: "runs logs [-f] [--after ID] [--json] RUN_ID",
+		doc: `Prints a run's output: its stdout to stdout, its stderr to stderr, a line
+at a time as it was recorded (known secret formats redacted). With -f,
+agentbox follows a live run to its end, reconnecting by itself if the
+connection breaks, and exits with the command's exit code (124 if it
+timed out, 1 if it was cancelled or could not run). Without -f a run that
+has ended is printed whole, with the same exit code, and a live one up to
+where it is (exit 0). --after ID starts after the event with that id;
+--json prints every event (state changes and the end too) as one JSON
+object a line instead.`,
+		args: []string{"RUN_ID"},
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&o.follow, "f", false, "follow the run until it ends")
+			fs.BoolVar(&o.follow, "follow", false, "same as -f")
+			fs.Int64Var(&o.after, "after", 0, "print only the events after the one with this id")
+			fs.BoolVar(&o.asJSON, "json", false, "print the events as JSON lines")
+		},
+		check: func([]string) error {
+			if o.after < 0 {
+				return fmt.Errorf("--after must not be negative")
+			}
+			return nil
+		},
+		run: func(ctx context.Context, c *client.Client, args []string) error {
+			return o.printLogs(ctx, c, args[0], o.follow)
+		},
+	}
+}
+
+// logsIdle is how long "runs logs" without -f waits for more of a live
+// run's output before it stops.
+const logsIdle = time.Second
+
+// printLogs prints a run's events from o.after, to its end when follow
+// or the run has ended, and sets o.exit to how the run ended.
+func (o *runOptions) printLogs(ctx context.Context, c *client.Client, id string, follow bool) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	errIdle := fmt.Errorf("no more output yet")
+	var idle *time.Timer
+	if !follow {
+		r, err := c.GetRun(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !r.Terminal() {
+			idle = time.AfterFunc(logsIdle, func() { cancel(errIdle) })
+			defer idle.Stop()
+		}
+	}
+	var end *client.RunEvent
+	err := c.FollowRun(ctx, id, o.after, func(e client.RunEvent) error {
+		if idle != nil {
+			idle.Reset(logsIdle)
+		}
+		if o.asJSON {
+			b, err := json.Marshal(e)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(o.stdout, "%s\n", b)
+			if e.Type == client.RunEventEnd {
+				end = &e
+			}
+			return err
+		}
+		var err error
+		switch e.Type {
+		case client.RunEventStdout:
+			_, err = io.WriteString(o.stdout, e.Text)
+		case client.RunEventStderr:
+			_, err = io.WriteString(o.stderr, e.Text)
+		case client.RunEventTruncated:
+			_, err = fmt.Fprintf(o.stderr, "agentbox: %s\n", e.Message)
+		case client.RunEventEnd:
+			end = &e
+		}
+		return err
+	})
+	if errors.Is(context.Cause(ctx), errIdle) {
+		fmt.Fprintf(o.stderr, "agentbox: run %s is still running; -f follows it\n", id)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if end == nil {
+		return nil
+	}
+	r := &client.Run{ID: id, Status: end.Status, ExitCode: end.ExitCode, Reason: end.Reason, Message: end.Message}
+	if !o.asJSON && r.Status != client.RunSucceeded {
+		// How it ended, on stderr, since its output alone may not say.
+		parts := []string{"agentbox: run", id, r.Status}
+		if r.ExitCode != nil {
+			parts = append(parts, fmt.Sprintf("exit_code=%d", *r.ExitCode))
+		}
+		if r.Reason != "" {
+			parts = append(parts, "reason="+r.Reason)
+		}
+		if r.Message != "" {
+			parts = append(parts, fmt.Sprintf("message=%q", r.Message))
+		}
+		fmt.Fprintln(o.stderr, strings.Join(parts, " "))
+	}
+	o.exit = runExitCode(r)
+	return nil
 }
 
 func (o *runOptions) getCommand() command {

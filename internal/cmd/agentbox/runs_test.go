@@ -28,6 +28,26 @@ func TestRunsCommands(t *testing.T) {
 	if r.code != 5 || !strings.HasPrefix(id, "run-") || !strings.Contains(r.stderr, id+" failed exit_code=5 reason=NonZeroExit output_bytes=4") {
 		t.Fatalf("runs start --wait: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
+	// The run's output, replayed, and its exit code.
+	r = runCLI(t, env, "", "runs", "logs", id)
+	if r.code != 5 || r.stdout != "x=1\n" || !strings.Contains(r.stderr, "run "+id+" failed exit_code=5 reason=NonZeroExit") {
+		t.Errorf("runs logs: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "", "runs", "logs", "--json", "--after", "1", id)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 5 || len(lines) != 3 ||
+		!strings.HasPrefix(lines[0], `{"id":2,"type":"stdout"`) || !strings.HasPrefix(lines[2], `{"id":4,"type":"end"`) {
+		t.Errorf("runs logs --json --after 1: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Started and followed: the output as it comes, the run id on stderr.
+	r = runCLI(t, env, "", "runs", "start", "--follow", a, "--", "sh", "-c", `for i in 1 2 3; do echo "out $i"; echo "err $i" >&2; done; exit 3`)
+	if r.code != 3 || r.stdout != "out 1\nout 2\nout 3\n" || !strings.HasPrefix(r.stderr, "run-") ||
+		!strings.Contains(r.stderr, "err 1\nerr 2\nerr 3\n") {
+		t.Errorf("runs start --follow: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "", "runs", "start", "--follow", a, "--", "echo", "fine")
+	if r.code != 0 || r.stdout != "fine\n" {
+		t.Errorf("runs start --follow echo: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
 	r = runCLI(t, env, "", "runs", "get", id)
 	// One "name: value" line per field, aligned.
 	fields := strings.Join(strings.Fields(r.stdout), " ")
@@ -50,6 +70,13 @@ func TestRunsCommands(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("runs start sleep: code %d, stderr %q", r.code, r.stderr)
 	}
+	// A live run without -f: what there is, then a note, exit 0; with -f,
+	// to its end (here its cancel).
+	if r = runCLI(t, env, "", "runs", "logs", long); r.code != 0 || r.stdout != "" || !strings.Contains(r.stderr, "still running") {
+		t.Errorf("runs logs of a live run: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	followed := make(chan result, 1)
+	go func() { followed <- runCLI(t, env, "", "runs", "logs", "-f", long) }()
 	if r = runCLI(t, env, "", "runs", "cancel", long); r.code != 0 || !strings.HasPrefix(r.stdout, long+" ") {
 		t.Errorf("runs cancel: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
@@ -63,17 +90,21 @@ func TestRunsCommands(t *testing.T) {
 	if run, err := c.WaitRun(ctx, long, 20*time.Millisecond); err != nil || run.Status != client.RunCancelled {
 		t.Errorf("cancelled run: %+v, %v", run, err)
 	}
+	if r := <-followed; r.code != exitAPIError || !strings.Contains(r.stderr, "run "+long+" cancelled reason=Cancelled") {
+		t.Errorf("runs logs -f of the cancelled run: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
 
 	r = runCLI(t, env, "", "runs", "list", "--status", "failed")
 	if r.code != 0 || !strings.Contains(r.stdout, id) || strings.Contains(r.stdout, first) || !strings.HasPrefix(r.stdout, "RUN_ID") {
 		t.Errorf("runs list --status failed: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(t, env, "", "runs", "list", "--agent", a, "--json")
-	if r.code != 0 || strings.Count(r.stdout, `"id": "run-`) != 3 {
+	if r.code != 0 || strings.Count(r.stdout, `"id": "run-`) != 5 {
 		t.Errorf("runs list --json: code %d, stdout %q", r.code, r.stdout)
 	}
 
-	for _, args := range [][]string{{"runs"}, {"runs", "start", a}, {"runs", "get"}, {"runs", "list", "extra"}, {"runs", "frob"}} {
+	for _, args := range [][]string{{"runs"}, {"runs", "start", a}, {"runs", "get"}, {"runs", "list", "extra"}, {"runs", "frob"},
+		{"runs", "logs"}, {"runs", "logs", "--after", "-1", id}, {"runs", "start", "--follow", "--wait", a, "--", "true"}} {
 		if r := runCLI(t, env, "", args...); r.code != exitUsage {
 			t.Errorf("%v: code %d, want %d (stderr %q)", args, r.code, exitUsage, r.stderr)
 		}
