@@ -368,6 +368,11 @@ func (r *RunScheduleReconciler) actOn(ctx context.Context, rs *v1alpha1.RunSched
 					r.event(rs, corev1.EventTypeNormal, EventRunReplaced, "Cancel",
 						fmt.Sprintf("cancelled run %s (concurrencyPolicy Replace) for the due time %s", run.ID, due.UTC().Format(time.RFC3339)))
 				}
+				// A queued run ended at once; a running one ends when its
+				// executor has stopped it.
+				if live, err = r.refreshRuns(ctx, rs); err != nil {
+					return live, err
+				}
 			default:
 				// Forbid, also for an object the API server did not default.
 				r.skip(rs, due, v1alpha1.SkipForbid, corev1.EventTypeNormal,

@@ -199,3 +199,35 @@ func readyCond(rs *v1alpha1.RunSchedule) metav1.Condition {
 	}
 	return metav1.Condition{}
 }
+
+// TestRunScheduleConcurrencyPolicies: at a due time with a live run,
+// Replace cancels it and starts the new run, Allow starts the new one
+// beside it.
+func TestRunScheduleConcurrencyPolicies(t *testing.T) {
+	created := time.Date(2026, 11, 22, 10, 0, 30, 0, time.UTC)
+	first := created.Truncate(time.Minute).Add(time.Minute)
+	for _, policy := range []v1alpha1.ConcurrencyPolicy{v1alpha1.ConcurrencyReplace, v1alpha1.ConcurrencyAllow} {
+		e := newScheduleEnv(t, unitSchedule(created, func(rs *v1alpha1.RunSchedule) { rs.Spec.ConcurrencyPolicy = policy }))
+		e.clock.SetTime(first.Add(time.Second))
+		_, rs := e.reconcile()
+		firstRun := rs.Status.LastRunID
+		e.clock.SetTime(first.Add(time.Minute + time.Second))
+		_, rs = e.reconcile()
+		if rs.Status.LastRunID == firstRun || rs.Status.LastSkipped != nil {
+			t.Fatalf("%s: status %+v", policy, rs.Status)
+		}
+		old, err := e.st.GetRun(context.Background(), firstRun)
+		must(t, err)
+		switch policy {
+		case v1alpha1.ConcurrencyReplace:
+			if old.Status != store.RunCancelled || old.CancelledBy != "schedule:"+unitNS+"/every-minute" ||
+				len(rs.Status.Active) != 1 || rs.Status.Active[0] != rs.Status.LastRunID {
+				t.Errorf("Replace: the first run is %s (by %q), want cancelled by the schedule; active %v", old.Status, old.CancelledBy, rs.Status.Active)
+			}
+		case v1alpha1.ConcurrencyAllow:
+			if old.Status != store.RunQueued || len(rs.Status.Active) != 2 {
+				t.Errorf("Allow: the first run is %s, active %v; want both live", old.Status, rs.Status.Active)
+			}
+		}
+	}
+}
