@@ -51,11 +51,6 @@ const (
 
 	defaultSuccessfulRunsHistory = 3
 	defaultFailedRunsHistory     = 1
-
-	// SkipRefused is a due time whose run the control plane refused to
-	// start (status.lastSkipped.reason), such as an agent whose sandbox
-	// is in another namespace.
-	SkipRefused = "Refused"
 )
 
 // ScheduledRun is a run a schedule starts.
@@ -387,7 +382,7 @@ func (r *RunScheduleReconciler) actOn(ctx context.Context, rs *v1alpha1.RunSched
 		Cwd: rs.Spec.Command.Cwd, TimeoutSeconds: int(rs.Spec.Command.TimeoutSeconds),
 	})
 	if errors.Is(err, store.ErrInvalid) {
-		r.skip(rs, due, SkipRefused, corev1.EventTypeWarning, "the run was refused: "+err.Error())
+		r.skip(rs, due, v1alpha1.SkipRefused, corev1.EventTypeWarning, "the run was refused: "+err.Error())
 		return live, nil
 	}
 	if err != nil {

@@ -128,8 +128,10 @@ type RunScheduleSkip struct {
 	Time metav1.Time `json:"time"`
 
 	// reason is why: Forbid (a run was live under concurrencyPolicy
-	// Forbid) or MissedDeadline (the time was found later than
-	// startingDeadlineSeconds allows).
+	// Forbid), MissedDeadline (the time was found later than
+	// startingDeadlineSeconds allows) or Refused (the control plane
+	// refused the run, such as for an agent whose sandbox is in another
+	// namespace).
 	// +required
 	Reason string `json:"reason"`
 
@@ -140,8 +142,15 @@ type RunScheduleSkip struct {
 
 // Skip reasons of a RunSchedule (status.lastSkipped.reason).
 const (
-	SkipForbid         = "Forbid"
+	// SkipForbid: a run of the schedule was live under Forbid.
+	SkipForbid = "Forbid"
+	// SkipMissedDeadline: the due time was found later than
+	// startingDeadlineSeconds allows.
 	SkipMissedDeadline = "MissedDeadline"
+	// SkipRefused: the control plane refused to start the run, such as
+	// for an agent whose sandbox is in another namespace; the message
+	// says why.
+	SkipRefused = "Refused"
 )
 
 // RunScheduleStatus is the observed state of a schedule.
