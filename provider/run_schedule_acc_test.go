@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -112,10 +113,11 @@ resource "agentbox_run_schedule" "missed" {
 						return err
 					}
 					defer api.CloseIdleConnections()
-					if err := checkForbid(ctx, t, c, api, key("forbid")); err != nil {
-						return err
-					}
-					return checkHistory(ctx, t, c, api, key("history"))
+					// Side by side: the history check must see the
+					// schedule's first run before it is pruned.
+					history := make(chan error, 1)
+					go func() { history <- checkHistory(ctx, t, c, api, key("history")) }()
+					return errors.Join(checkForbid(ctx, t, c, api, key("forbid")), <-history)
 				},
 			},
 			{
