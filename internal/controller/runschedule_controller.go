@@ -237,7 +237,7 @@ func (r *RunScheduleReconciler) reconcileSchedule(ctx context.Context, prevReaso
 	if r.Runs == nil || r.Records == nil {
 		rs.Status.NextScheduleTime = nil
 		r.setReady(rs, metav1.ConditionFalse, v1alpha1.ReasonRunsUnavailable,
-			"the control plane runs without a store (chart value store), which runs are recorded in, so it starts none")
+			"the control plane runs without a store (neither --store-dsn nor --data-dir), which runs are recorded in, so it starts none")
 		return ctrl.Result{}, nil
 	}
 	now := r.now()
