@@ -185,7 +185,8 @@ resource "agentbox_run_schedule" "bad" {
   schedule  = %q
   agent_id  = "agent-1"
   command   = ["true"]
-%s}
+%s
+}
 `, ns, schedule, extra)
 	}
 	resource.Test(t, resource.TestCase{
