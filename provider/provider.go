@@ -487,6 +487,7 @@ func (p *AgentboxProvider) Resources(_ context.Context) []func() resource.Resour
 		NewWarmPoolResource,
 		NewEgressProxyResource,
 		NewSandboxResource,
+		NewRunScheduleResource,
 	}
 }
 

@@ -8,8 +8,12 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	// Time zones are checked as the control plane reads them, with the
+	// zone database built in, whatever the machine running Terraform has.
+	_ "time/tzdata"
 
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
+	"github.com/robfig/cron/v3"
 	corev1 "k8s.io/api/core/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -81,6 +85,33 @@ var (
 				return fmt.Errorf("%s", errs[0])
 			}
 			return nil
+		},
+	}
+	// cronCheck reads a schedule as the control plane does: five fields
+	// or a descriptor, never @every (not cron) or a TZ= prefix (time_zone
+	// says it).
+	cronCheck = stringCheck{
+		description: "a standard five-field cron expression (minute hour day-of-month month day-of-week, such as " +
+			"`*/15 * * * *` or `0 3 * * 1-5`) or one of `@yearly`, `@monthly`, `@weekly`, `@daily`, `@hourly`",
+		check: func(s string) error {
+			if strings.Contains(s, "TZ=") {
+				return errors.New("set the time zone in time_zone, not with a TZ= or CRON_TZ= prefix")
+			}
+			if strings.HasPrefix(strings.TrimSpace(s), "@every") {
+				return errors.New("@every is not a cron schedule")
+			}
+			_, err := cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor).Parse(strings.TrimSpace(s))
+			return err
+		},
+	}
+	timeZoneCheck = stringCheck{
+		description: "an IANA time zone name such as `Europe/Berlin` or `America/New_York`",
+		check: func(s string) error {
+			if s == "" || s == "Local" || strings.HasPrefix(s, "/") {
+				return errors.New("not a time zone name")
+			}
+			_, err := time.LoadLocation(s)
+			return err
 		},
 	}
 	agentIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@:+-]*$`)

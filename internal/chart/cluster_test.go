@@ -77,7 +77,7 @@ func TestLifecycleWithoutWait(t *testing.T) {
 	if rel.Revision != 1 || rel.Status != "deployed" || rel.ChartVersion != Version() || rel.AppVersion != AppVersion() {
 		t.Errorf("release %+v", rel)
 	}
-	if len(rel.CRDs) != 5 {
+	if len(rel.CRDs) != 6 {
 		t.Errorf("CRDs %v", rel.CRDs)
 	}
 	if _, err := c.Install(ctx, opts); err == nil || !strings.Contains(err.Error(), "already exists") {

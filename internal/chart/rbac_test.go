@@ -105,6 +105,12 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("cannot watch %s in every namespace or update its status", res)
 		}
 	}
+	if !a.clusterGrants("agentbox.dev", "runschedules", "watch") || !a.clusterGrants("agentbox.dev", "runschedules/status", "patch") {
+		t.Error("cannot watch run schedules in every namespace or write their status")
+	}
+	if a.clusterGrants("agentbox.dev", "runschedules", "update") || a.clusterGrants("agentbox.dev", "runschedules", "delete") {
+		t.Error("may write or delete run schedules, which Terraform owns")
+	}
 	if !a.clusterGrants("agentbox.dev", "sandboxwarmpools/scale", "update") {
 		t.Error("cannot scale warm pools")
 	}

@@ -162,8 +162,8 @@ func TestEmbeddedChartMetadata(t *testing.T) {
 	if ch.Schema == nil {
 		t.Error("values.schema.json was not loaded")
 	}
-	if n := len(ch.CRDObjects()); n != 5 {
-		t.Errorf("%d CRDs, want 5", n)
+	if n := len(ch.CRDObjects()); n != 6 {
+		t.Errorf("%d CRDs, want 6", n)
 	}
 	// No Go source may end up in the chart.
 	for _, f := range append(ch.Raw, ch.Files...) {

@@ -129,7 +129,8 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	f := store.RunFilter{AgentID: q.Get("agent_id"), Status: store.RunStatus(q.Get("status")), PageToken: q.Get("page_token")}
+	f := store.RunFilter{AgentID: q.Get("agent_id"), Status: store.RunStatus(q.Get("status")), Schedule: q.Get("schedule"),
+		PageToken: q.Get("page_token")}
 	p := PrincipalFrom(r.Context())
 	if !p.AllAgents {
 		// An agent token lists its own agent's runs, whether or not it
@@ -203,7 +204,7 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 // wireRun is a run's record as the API sends it.
 func wireRun(r store.Run) api.Run {
 	return api.Run{
-		ID: r.ID, RequestID: r.RequestID, Caller: r.Caller, WorkflowID: r.WorkflowID, Mode: string(r.Mode),
+		ID: r.ID, RequestID: r.RequestID, Caller: r.Caller, WorkflowID: r.WorkflowID, Schedule: r.Schedule, Mode: string(r.Mode),
 		AgentID: r.AgentID, Sandbox: r.Sandbox, Command: r.Command.Argv, EnvNames: r.Command.EnvNames,
 		Cwd: r.Command.Cwd, TimeoutSeconds: r.Command.TimeoutSeconds, Status: string(r.Status), Attempts: r.Attempts,
 		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message, OutputBytes: r.OutputBytes,

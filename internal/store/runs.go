@@ -337,6 +337,10 @@ type RunFilter struct {
 	AgentID string
 	Status  RunStatus
 	Caller  string
+	// Schedule keeps the runs of one schedule (namespace/name).
+	Schedule string
+	// Live keeps queued and running runs; Status must then be empty.
+	Live bool
 	// Since keeps runs created at or after it.
 	Since time.Time
 	// Limit is the page size: 50 when 0, at most 500.
@@ -395,6 +399,15 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]Run, string, error
 	}
 	if f.Caller != "" {
 		w.add(`caller = %s`, f.Caller)
+	}
+	if f.Schedule != "" {
+		w.add(`schedule = %s`, f.Schedule)
+	}
+	if f.Live {
+		if f.Status != "" {
+			return nil, "", fmt.Errorf("%w: a run filter takes a status or live, not both", ErrInvalid)
+		}
+		w.add(`status IN (%s, %s)`, string(RunQueued), string(RunRunning))
 	}
 	if !f.Since.IsZero() {
 		w.add(`created_at >= %s`, dbTime(f.Since))
@@ -678,6 +691,42 @@ func (s *Store) DeleteFinishedRuns(ctx context.Context, finishedBefore time.Time
 	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, fmt.Errorf("delete finished runs: %w", err)
+	}
+	return n, nil
+}
+
+// PruneScheduleRuns deletes the records of schedule's finished runs beyond
+// the keepSucceeded newest that succeeded and the keepFailed newest that
+// ended otherwise (failed, timed out, cancelled), newest by creation, and
+// returns how many it deleted: a schedule's history limits. Live runs are
+// never deleted.
+func (s *Store) PruneScheduleRuns(ctx context.Context, schedule string, keepSucceeded, keepFailed int) (int64, error) {
+	if schedule == "" {
+		return 0, fmt.Errorf("%w: prune schedule runs needs a schedule", ErrInvalid)
+	}
+	if err := checkRef("schedule", schedule); err != nil {
+		return 0, err
+	}
+	if keepSucceeded < 0 || keepFailed < 0 {
+		return 0, fmt.Errorf("%w: negative run history limit", ErrInvalid)
+	}
+	// Both backends rank within one statement, so a run finishing
+	// meanwhile is either ranked or left for the next prune.
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM runs WHERE id IN (
+		SELECT id FROM (
+			SELECT id, status, ROW_NUMBER() OVER (
+				PARTITION BY status = 'succeeded' ORDER BY created_at DESC, id DESC) AS n
+			FROM runs
+			WHERE schedule = $1 AND status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+		) ranked
+		WHERE (status = 'succeeded' AND n > $2) OR (status <> 'succeeded' AND n > $3))`,
+		schedule, keepSucceeded, keepFailed)
+	if err != nil {
+		return 0, fmt.Errorf("prune runs of schedule %s: %w", schedule, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("prune runs of schedule %s: %w", schedule, err)
 	}
 	return n, nil
 }

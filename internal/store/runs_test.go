@@ -34,6 +34,7 @@ func TestRuns(t *testing.T) {
 		{"Events", testRunEvents},
 		{"EventsTwoReplicas", testRunEventsTwoReplicas},
 		{"EventsEnd", testRunEventsEnd},
+		{"Schedule", testRunSchedule},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -865,5 +866,98 @@ func testRunRetention(t *testing.T, b backend) {
 	// Once its record is gone, a request id starts a new run.
 	if r, created, err := s.CreateRun(ctx, agentRun("tok-1", "req-old")); err != nil || !created || r.ID == oldDone.ID {
 		t.Errorf("start with a deleted run's request id: %+v, %v, %v", r, created, err)
+	}
+}
+
+// testRunSchedule: a schedule's runs are listed by schedule (all, and the
+// live ones), and pruning keeps the newest finished runs of each kind per
+// the history limits, never a live run nor another schedule's.
+func testRunSchedule(t *testing.T, b backend) {
+	ctx := context.Background()
+	clk := newClock()
+	s := open(t, b.newDSN(t), store.Options{Now: clk.Now})
+	const sched = "team-a/nightly"
+	scheduled := func(status store.RunStatus) store.Run {
+		t.Helper()
+		clk.Advance(time.Second)
+		r := agentRun("schedule:"+sched, "")
+		r.Schedule = sched
+		r = mustCreateRun(t, s, r)
+		switch status {
+		case store.RunQueued:
+			return r
+		case store.RunRunning:
+			return mustStartRun(t, s, r.ID, "replica-a")
+		}
+		r, err := s.FinishRun(ctx, r.ID, store.RunResult{Status: status})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ok1, failed1, ok2, cancelled := scheduled(store.RunSucceeded), scheduled(store.RunFailed), scheduled(store.RunSucceeded), scheduled(store.RunCancelled)
+	running, ok3, timedOut, queued := scheduled(store.RunRunning), scheduled(store.RunSucceeded), scheduled(store.RunTimedOut), scheduled(store.RunQueued)
+	other := agentRun("tok-1", "")
+	other.Schedule = "team-a/other"
+	other = mustCreateRun(t, s, other)
+	if _, err := s.FinishRun(ctx, other.ID, store.RunResult{Status: store.RunSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	unscheduled := mustCreateRun(t, s, agentRun("tok-1", ""))
+
+	ids := func(f store.RunFilter) []string {
+		t.Helper()
+		runs, _, err := s.ListRuns(ctx, f)
+		if err != nil {
+			t.Fatalf("list runs %+v: %v", f, err)
+		}
+		var out []string
+		for _, r := range runs {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	if got, want := ids(store.RunFilter{Schedule: sched}), []string{queued.ID, timedOut.ID, ok3.ID, running.ID, cancelled.ID,
+		ok2.ID, failed1.ID, ok1.ID}; !slices.Equal(got, want) {
+		t.Errorf("runs of the schedule: %v, want %v", got, want)
+	}
+	if got, want := ids(store.RunFilter{Schedule: sched, Live: true}), []string{queued.ID, running.ID}; !slices.Equal(got, want) {
+		t.Errorf("live runs of the schedule: %v, want %v", got, want)
+	}
+	if _, _, err := s.ListRuns(ctx, store.RunFilter{Live: true, Status: store.RunQueued}); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("live and a status: %v, want ErrInvalid", err)
+	}
+
+	// Keep two succeeded and one of the others: ok1 goes, and of failed1,
+	// cancelled and timedOut the newest (timedOut) stays.
+	n, err := s.PruneScheduleRuns(ctx, sched, 2, 1)
+	if err != nil || n != 3 {
+		t.Fatalf("prune: %d, %v, want 3", n, err)
+	}
+	if got, want := ids(store.RunFilter{Schedule: sched}), []string{queued.ID, timedOut.ID, ok3.ID, running.ID, ok2.ID}; !slices.Equal(got, want) {
+		t.Errorf("runs after the prune: %v, want %v", got, want)
+	}
+	if n, err := s.PruneScheduleRuns(ctx, sched, 2, 1); err != nil || n != 0 {
+		t.Errorf("second prune: %d, %v", n, err)
+	}
+	// Zero keeps no finished run, and still every live one.
+	if n, err := s.PruneScheduleRuns(ctx, sched, 0, 0); err != nil || n != 3 {
+		t.Errorf("prune to nothing: %d, %v, want 3", n, err)
+	}
+	if got, want := ids(store.RunFilter{Schedule: sched}), []string{queued.ID, running.ID}; !slices.Equal(got, want) {
+		t.Errorf("runs after pruning to nothing: %v, want %v", got, want)
+	}
+	for _, id := range []string{other.ID, unscheduled.ID} {
+		if _, err := s.GetRun(ctx, id); err != nil {
+			t.Errorf("run %s of no or another schedule was deleted: %v", id, err)
+		}
+	}
+	for _, bad := range []string{"", "nightly", "a/b/c"} {
+		if _, err := s.PruneScheduleRuns(ctx, bad, 1, 1); !errors.Is(err, store.ErrInvalid) {
+			t.Errorf("prune of schedule %q: %v, want ErrInvalid", bad, err)
+		}
+	}
+	if _, err := s.PruneScheduleRuns(ctx, sched, -1, 1); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("negative limit: %v, want ErrInvalid", err)
 	}
 }

@@ -89,7 +89,7 @@ const (
 	// GVisorNodePool (SandboxTemplate, Sandbox).
 	ReasonNodePoolNotFound = "NodePoolNotFound"
 
-	// ReasonNamespaceNotServed (Sandbox, SandboxWarmPool, EgressProxy):
+	// ReasonNamespaceNotServed (Sandbox, SandboxWarmPool, EgressProxy, RunSchedule):
 	// the object is in a namespace the platform does not serve. The
 	// control plane's rights over pods, Secrets and the sandboxes' other
 	// children reach only the namespaces the platform lists (the chart's
@@ -279,6 +279,29 @@ const (
 	// ReasonScaling: the pool is starting or removing sandboxes to reach
 	// spec.replicas.
 	ReasonScaling = "Scaling"
+)
+
+// Reasons of a RunSchedule's Ready condition. NamespaceNotServed and
+// ReconcileError apply too.
+const (
+	// ReasonScheduled (status True): the schedule is valid and starts runs
+	// at its times; status.nextScheduleTime is the next.
+	ReasonScheduled = "Scheduled"
+
+	// ReasonSuspended: spec.suspend is set; no run starts.
+	ReasonSuspended = "Suspended"
+
+	// ReasonInvalidSchedule: spec.schedule is not a cron expression the
+	// control plane reads; the message says what is wrong. Nothing starts
+	// until the spec is fixed.
+	ReasonInvalidSchedule = "InvalidSchedule"
+
+	// ReasonInvalidTimeZone: spec.timeZone is not an IANA time zone name.
+	ReasonInvalidTimeZone = "InvalidTimeZone"
+
+	// ReasonRunsUnavailable: the control plane runs without the store that
+	// runs are recorded in, so it cannot start any.
+	ReasonRunsUnavailable = "RunsUnavailable"
 )
 
 // Reasons of an EgressProxy's Ready condition.

@@ -35,6 +35,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&SandboxWarmPool{}, &SandboxWarmPoolList{},
 		&EgressProxy{}, &EgressProxyList{},
 		&GVisorNodePool{}, &GVisorNodePoolList{},
+		&RunSchedule{}, &RunScheduleList{},
 	)
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil

@@ -140,6 +140,27 @@ func fullWarmPool() *v1alpha1.SandboxWarmPool {
 	}
 }
 
+func fullRunSchedule() *v1alpha1.RunSchedule {
+	deadline, ok, failed := int64(30), int32(3), int32(1)
+	return &v1alpha1.RunSchedule{
+		ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: "team-a"},
+		Spec: v1alpha1.RunScheduleSpec{
+			Schedule: "0 3 * * *", TimeZone: "Europe/Berlin",
+			Target:            v1alpha1.RunScheduleTarget{AgentID: "agent-1"},
+			Command:           v1alpha1.RunScheduleCommand{Argv: []string{"make", "report"}, Env: map[string]string{"MODE": "full"}, Cwd: "/workspace", TimeoutSeconds: 600},
+			ConcurrencyPolicy: v1alpha1.ConcurrencyReplace, StartingDeadlineSeconds: &deadline,
+			SuccessfulRunsHistoryLimit: &ok, FailedRunsHistoryLimit: &failed, Suspend: true,
+		},
+		Status: v1alpha1.RunScheduleStatus{
+			LastScheduleTime: &testTime, NextScheduleTime: &testTime, LastRunID: "run-0123456789abcdef0123",
+			LastRunStatus: "running", Active: []string{"run-0123456789abcdef0123"},
+			LastSkipped:        &v1alpha1.RunScheduleSkip{Time: testTime, Reason: v1alpha1.SkipForbid, Message: "a run was live"},
+			Conditions:         []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonScheduled, LastTransitionTime: testTime}},
+			ObservedGeneration: 1,
+		},
+	}
+}
+
 func fullEgressProxy() *v1alpha1.EgressProxy {
 	return &v1alpha1.EgressProxy{
 		ObjectMeta: metav1.ObjectMeta{Name: "egress", Namespace: "team-a"},
@@ -196,6 +217,7 @@ var kinds = []struct {
 	{"SandboxWarmPool", func() runtime.Object { return fullWarmPool() }, &v1alpha1.SandboxWarmPoolList{}},
 	{"EgressProxy", func() runtime.Object { return fullEgressProxy() }, &v1alpha1.EgressProxyList{}},
 	{"GVisorNodePool", func() runtime.Object { return fullNodePool() }, &v1alpha1.GVisorNodePoolList{}},
+	{"RunSchedule", func() runtime.Object { return fullRunSchedule() }, &v1alpha1.RunScheduleList{}},
 }
 
 func TestSchemeRoundTrip(t *testing.T) {
@@ -301,6 +323,19 @@ func TestDeepCopyIsIndependent(t *testing.T) {
 			*ep.Spec.Replicas = 9
 			ep.Status.ReadyEndpoints[0] = "x"
 			ep.Status.Conditions[0].Reason = "x"
+		},
+		"RunSchedule": func(o runtime.Object) {
+			rs := o.(*v1alpha1.RunSchedule)
+			rs.Spec.Command.Argv[0] = "x"
+			rs.Spec.Command.Env["MODE"] = "x"
+			*rs.Spec.StartingDeadlineSeconds = 1
+			*rs.Spec.SuccessfulRunsHistoryLimit = 9
+			*rs.Spec.FailedRunsHistoryLimit = 9
+			rs.Status.LastScheduleTime.Time = time.Time{}
+			rs.Status.NextScheduleTime.Time = time.Time{}
+			rs.Status.LastSkipped.Reason = "x"
+			rs.Status.Active[0] = "x"
+			rs.Status.Conditions[0].Reason = "x"
 		},
 		"GVisorNodePool": func(o runtime.Object) {
 			np := o.(*v1alpha1.GVisorNodePool)
@@ -431,6 +466,7 @@ func TestCRDManifests(t *testing.T) {
 		"SandboxWarmPool": {"sandboxwarmpools", "sbxpool", apiextensionsv1.NamespaceScoped},
 		"EgressProxy":     {"egressproxies", "egp", apiextensionsv1.NamespaceScoped},
 		"GVisorNodePool":  {"gvisornodepools", "gvnp", apiextensionsv1.ClusterScoped},
+		"RunSchedule":     {"runschedules", "runsched", apiextensionsv1.NamespaceScoped},
 	}
 	if len(crds) != len(want) || len(crds) != len(kinds) {
 		t.Errorf("%d CRDs in %s, want %d", len(crds), crdDir, len(want))

@@ -272,6 +272,10 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	defer api.Close()
+	// After the API: a schedule's runs start through it.
+	if err := addRunSchedules(mgr, o, in.store, api); err != nil {
+		return err
+	}
 
 	log.Info("starting", "version", version, "namespace", o.namespace, "sandboxNamespaces", servedOrAll(o.sandboxNamespaces), "identity", in.selfID.String(),
 		"api", o.apiListen, "snapshotDriver", snapshot.ID(snapshots), "apiCertificateIPs", fmt.Sprint(servingIPs), "leaderElection", o.leaderElect)

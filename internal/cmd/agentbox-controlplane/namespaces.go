@@ -79,7 +79,8 @@ func cacheOptions(served controller.ServedNamespaces) cache.Options {
 		opts.DefaultNamespaces[ns] = cache.Config{}
 	}
 	// An empty, non-nil map means every namespace.
-	for _, obj := range []client.Object{&v1alpha1.Sandbox{}, &v1alpha1.SandboxTemplate{}, &v1alpha1.SandboxWarmPool{}, &v1alpha1.EgressProxy{}} {
+	for _, obj := range []client.Object{&v1alpha1.Sandbox{}, &v1alpha1.SandboxTemplate{}, &v1alpha1.SandboxWarmPool{}, &v1alpha1.EgressProxy{},
+		&v1alpha1.RunSchedule{}} {
 		opts.ByObject[obj] = cache.ByObject{Namespaces: map[string]cache.Config{}}
 	}
 	return opts

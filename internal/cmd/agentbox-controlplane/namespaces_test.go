@@ -57,7 +57,7 @@ func TestCacheOptions(t *testing.T) {
 		}
 		kinds[reflect.TypeOf(obj).Elem().Name()] = true
 	}
-	for _, k := range []string{"Sandbox", "SandboxTemplate", "SandboxWarmPool", "EgressProxy"} {
+	for _, k := range []string{"Sandbox", "SandboxTemplate", "SandboxWarmPool", "EgressProxy", "RunSchedule"} {
 		if !kinds[k] {
 			t.Errorf("%s is not watched in every namespace", k)
 		}

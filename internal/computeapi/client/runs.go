@@ -18,7 +18,7 @@ import (
 //
 //	POST /v1/runs               StartRunRequest -> Run (202 new, 200 a repeated request_id)
 //	GET  /v1/runs/{id}          -> Run
-//	GET  /v1/runs?agent_id=&status=&since=&page_token=&limit= -> RunList
+//	GET  /v1/runs?agent_id=&status=&schedule=&since=&page_token=&limit= -> RunList
 //	POST /v1/runs/{id}/cancel   -> Run (200, also when it had already finished)
 
 // PathRuns starts and lists runs.
@@ -72,8 +72,11 @@ type Run struct {
 	RequestID  string `json:"request_id,omitempty"`
 	Caller     string `json:"caller"`
 	WorkflowID string `json:"workflow_id,omitempty"`
-	Mode       string `json:"mode"`
-	AgentID    string `json:"agent_id,omitempty"`
+	// Schedule is the namespace/name of the RunSchedule that started the
+	// run, if one did.
+	Schedule string `json:"schedule,omitempty"`
+	Mode     string `json:"mode"`
+	AgentID  string `json:"agent_id,omitempty"`
 	// Sandbox is the namespace/name of the sandbox it runs in, once known.
 	Sandbox string   `json:"sandbox,omitempty"`
 	Command []string `json:"command"`
@@ -120,8 +123,10 @@ type RunList struct {
 
 // RunFilter selects the runs ListRuns lists; empty fields match all.
 type RunFilter struct {
-	AgentID   string
-	Status    string
+	AgentID string
+	Status  string
+	// Schedule is a RunSchedule's namespace/name.
+	Schedule  string
 	Since     time.Time
 	PageToken string
 	Limit     int
@@ -169,6 +174,9 @@ func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunList, error) {
 	}
 	if f.Status != "" {
 		q.Set("status", f.Status)
+	}
+	if f.Schedule != "" {
+		q.Set("schedule", f.Schedule)
 	}
 	if !f.Since.IsZero() {
 		q.Set("since", f.Since.UTC().Format(time.RFC3339Nano))

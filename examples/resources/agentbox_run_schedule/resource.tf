@@ -1,0 +1,30 @@
+# Every weekday at 03:00 Berlin time, run the agent's report in its own
+# sandbox. A run still going at the next time makes that time skip
+# (Forbid, the default); a time missed by more than ten minutes (the
+# control plane was down) is skipped rather than run late.
+resource "agentbox_run_schedule" "nightly_report" {
+  name      = "nightly-report"
+  namespace = "agents"
+  schedule  = "0 3 * * 1-5"
+  time_zone = "Europe/Berlin"
+
+  agent_id        = agentbox_sandbox.reporter.agent_id
+  command         = ["sh", "-c", "make report"]
+  env             = { REPORT_MODE = "full" }
+  timeout_seconds = 1800
+
+  concurrency_policy        = "Forbid"
+  starting_deadline_seconds = 600
+
+  # The store keeps the records of the last 7 succeeded runs and the last
+  # 3 that did not succeed.
+  successful_runs_history_limit = 7
+  failed_runs_history_limit     = 3
+}
+
+resource "agentbox_sandbox" "reporter" {
+  name      = "reporter"
+  namespace = "agents"
+  agent_id  = "reporter"
+  template  = "python"
+}

@@ -1,0 +1,84 @@
+package controller
+
+import (
+	"context"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+)
+
+// TestRunScheduleAdmission: the CRD's validation refuses at admission what
+// can never be a schedule (six fields, @every, a TZ= prefix, a policy or
+// limit out of range, no command), and defaults the policy and the
+// history limits.
+func TestRunScheduleAdmission(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	_, file, _, _ := goruntime.Caller(0)
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: testenv.EnvtestAssets(t),
+		CRDDirectoryPaths:     []string{filepath.Join(filepath.Dir(file), "..", "..", "charts", "agentbox", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme := k8sruntime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(scheme))
+	must(t, v1alpha1.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	must(t, err)
+	ctx := context.Background()
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: unitNS}}))
+
+	schedule := func(name string, mutate func(*v1alpha1.RunScheduleSpec)) *v1alpha1.RunSchedule {
+		rs := &v1alpha1.RunSchedule{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: unitNS},
+			Spec: v1alpha1.RunScheduleSpec{Schedule: "*/5 * * * *", Target: v1alpha1.RunScheduleTarget{AgentID: "agent-1"},
+				Command: v1alpha1.RunScheduleCommand{Argv: []string{"true"}}}}
+		if mutate != nil {
+			mutate(&rs.Spec)
+		}
+		return rs
+	}
+	ok := schedule("ok", nil)
+	must(t, c.Create(ctx, ok))
+	if ok.Spec.ConcurrencyPolicy != v1alpha1.ConcurrencyForbid || ok.Spec.SuccessfulRunsHistoryLimit == nil ||
+		*ok.Spec.SuccessfulRunsHistoryLimit != 3 || ok.Spec.FailedRunsHistoryLimit == nil || *ok.Spec.FailedRunsHistoryLimit != 1 {
+		t.Errorf("defaults: %+v", ok.Spec)
+	}
+	must(t, c.Create(ctx, schedule("daily", func(s *v1alpha1.RunScheduleSpec) { s.Schedule = "@daily"; s.TimeZone = "Europe/Berlin" })))
+
+	for _, bad := range []struct {
+		name, want string
+		mutate     func(*v1alpha1.RunScheduleSpec)
+	}{
+		{"six-fields", "five fields", func(s *v1alpha1.RunScheduleSpec) { s.Schedule = "0 */5 * * * *" }},
+		{"four-fields", "five fields", func(s *v1alpha1.RunScheduleSpec) { s.Schedule = "* * * *" }},
+		{"every", "@every", func(s *v1alpha1.RunScheduleSpec) { s.Schedule = "@every 1m" }},
+		{"tz", "spec.timeZone", func(s *v1alpha1.RunScheduleSpec) { s.Schedule = "CRON_TZ=UTC * * * * *" }},
+		{"policy", "concurrencyPolicy", func(s *v1alpha1.RunScheduleSpec) { s.ConcurrencyPolicy = "Sometimes" }},
+		{"limit", "successfulRunsHistoryLimit", func(s *v1alpha1.RunScheduleSpec) { s.SuccessfulRunsHistoryLimit = new(int32(-1)) }},
+		{"deadline", "startingDeadlineSeconds", func(s *v1alpha1.RunScheduleSpec) { s.StartingDeadlineSeconds = new(int64(0)) }},
+		{"no-command", "argv", func(s *v1alpha1.RunScheduleSpec) { s.Command.Argv = nil }},
+		{"no-agent", "agentID", func(s *v1alpha1.RunScheduleSpec) { s.Target.AgentID = "" }},
+	} {
+		err := c.Create(ctx, schedule(bad.name, bad.mutate))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: %v, want a refusal naming %s", bad.name, err, bad.want)
+		}
+	}
+}
