@@ -32,14 +32,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	storagelisters "k8s.io/client-go/listers/storage/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -73,38 +72,35 @@ func main() {
 	// should not answer three LISTs a few times a second for a handful of
 	// claims. Every change of a claim, volume or class kicks a sync from
 	// the informers' caches; the tick retries what failed (a volume still
-	// mounted somewhere).
-	factory := informers.NewSharedInformerFactory(cs, 10*time.Minute)
-	p := &provisioner{
-		cs: cs, dir: *dir, name: *name, node: *node, log: log,
-		classes: factory.Storage().V1().StorageClasses().Lister(),
-		claims:  factory.Core().V1().PersistentVolumeClaims().Lister(),
-		volumes: factory.Core().V1().PersistentVolumes().Lister(),
+	// mounted somewhere). Informers of their own rather than client-go's
+	// informer factory, which would compile its informers of every API
+	// group into this binary.
+	watch := func(c toolscache.Getter, resource string, obj runtime.Object) toolscache.SharedIndexInformer {
+		lw := toolscache.NewListWatchFromClient(c, resource, metav1.NamespaceAll, fields.Everything())
+		return toolscache.NewSharedIndexInformer(lw, obj, 10*time.Minute, toolscache.Indexers{})
 	}
+	classes := watch(cs.StorageV1().RESTClient(), "storageclasses", &storagev1.StorageClass{})
+	claims := watch(cs.CoreV1().RESTClient(), "persistentvolumeclaims", &corev1.PersistentVolumeClaim{})
+	volumes := watch(cs.CoreV1().RESTClient(), "persistentvolumes", &corev1.PersistentVolume{})
+	p := &provisioner{cs: cs, dir: *dir, name: *name, node: *node, log: log, classes: classes.GetStore(), claims: claims.GetStore(), volumes: volumes.GetStore()}
 	kick := make(chan struct{}, 1)
 	handler := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { notify(kick) },
 		UpdateFunc: func(any, any) { notify(kick) },
 		DeleteFunc: func(any) { notify(kick) },
 	}
-	for _, inf := range []toolscache.SharedIndexInformer{
-		factory.Storage().V1().StorageClasses().Informer(),
-		factory.Core().V1().PersistentVolumeClaims().Informer(),
-		factory.Core().V1().PersistentVolumes().Informer(),
-	} {
+	for _, inf := range []toolscache.SharedIndexInformer{classes, claims, volumes} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			log.Error("informer", "err", err)
 			os.Exit(1)
 		}
+		go inf.Run(ctx.Done())
 	}
-	factory.Start(ctx.Done())
-	factory.WaitForCacheSync(ctx.Done())
+	toolscache.WaitForCacheSync(ctx.Done(), classes.HasSynced, claims.HasSynced, volumes.HasSynced)
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	for ctx.Err() == nil {
-		if err := p.sync(ctx); err != nil && ctx.Err() == nil {
-			log.Warn("sync", "err", err)
-		}
+		p.sync(ctx)
 		select {
 		case <-ctx.Done():
 		case <-kick:
@@ -126,29 +122,21 @@ type provisioner struct {
 	cs              kubernetes.Interface
 	dir, name, node string
 	log             *slog.Logger
-	classes         storagelisters.StorageClassLister
-	claims          corelisters.PersistentVolumeClaimLister
-	volumes         corelisters.PersistentVolumeLister
+	// The informers' stores: their objects are shared, read only.
+	classes, claims, volumes toolscache.Store
 }
 
 // sync provisions the pending claims of its classes and removes the
 // released volumes it made. The informers' objects are shared: read only.
-func (p *provisioner) sync(ctx context.Context) error {
-	classes, err := p.classes.List(labels.Everything())
-	if err != nil {
-		return err
-	}
+func (p *provisioner) sync(ctx context.Context) {
 	ours := map[string]bool{}
-	for _, sc := range classes {
-		if sc.Provisioner == p.name {
+	for _, o := range p.classes.List() {
+		if sc := o.(*storagev1.StorageClass); sc.Provisioner == p.name {
 			ours[sc.Name] = true
 		}
 	}
-	pvcs, err := p.claims.List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	for _, pvc := range pvcs {
+	for _, o := range p.claims.List() {
+		pvc := o.(*corev1.PersistentVolumeClaim)
 		if pvc.Status.Phase == corev1.ClaimPending && pvc.Spec.VolumeName == "" && pvc.DeletionTimestamp == nil &&
 			pvc.Spec.StorageClassName != nil && ours[*pvc.Spec.StorageClassName] {
 			if err := p.provision(ctx, pvc); err != nil {
@@ -156,17 +144,13 @@ func (p *provisioner) sync(ctx context.Context) error {
 			}
 		}
 	}
-	pvs, err := p.volumes.List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	for _, pv := range pvs {
+	for _, o := range p.volumes.List() {
+		pv := o.(*corev1.PersistentVolume)
 		if pv.Annotations[annotation] == p.name && pv.Status.Phase == corev1.VolumeReleased &&
 			pv.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete {
 			p.remove(ctx, pv)
 		}
 	}
-	return nil
 }
 
 func (p *provisioner) provision(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
