@@ -152,6 +152,12 @@ func (s *Server) runExecutor(ctx context.Context, cancel context.CancelCauseFunc
 		log.Error(err, "record the end of a run; the sweeper will fail it")
 	default:
 		log.V(1).Info("run ended", "status", string(ended.Status), "reason", ended.Reason, "output_bytes", ended.OutputBytes)
+		metricRunsFinished.WithLabelValues(string(ended.Status), string(ended.Mode)).Inc()
+		// A run cancelled while queued never started, and has no
+		// duration.
+		if ended.StartedAt != nil && ended.FinishedAt != nil {
+			metricRunSeconds.WithLabelValues(string(ended.Mode)).Observe(ended.FinishedAt.Sub(*ended.StartedAt).Seconds())
+		}
 	}
 }
 
@@ -177,6 +183,7 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 		return store.RunResult{Status: store.RunFailed, Reason: "Internal", Message: "could not record the start of the run"}
 	}
 	s.runNotes.notify(run.ID)
+	metricRunAttempts.WithLabelValues(string(started.Mode)).Inc()
 	if started.CancelRequestedBy != "" {
 		cancel(cancelled{by: started.CancelRequestedBy})
 	}

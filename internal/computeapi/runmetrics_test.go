@@ -3,14 +3,19 @@ package computeapi
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 )
 
 // settableClock is a store clock a test moves back to backdate records.
@@ -55,8 +60,9 @@ func TestRunRetentionDeletesExpiredRuns(t *testing.T) {
 	}
 
 	// Ten days ago: one run succeeded, one was cancelled while queued,
-	// one is still queued, and one still runs (its executor heartbeats it
-	// now, so the sweeper does not fail it as lost).
+	// one was queued (the sweeper fails it as lost, so it ends inside the
+	// retention), and one still runs (its executor heartbeats it now, so
+	// the sweeper leaves it alone).
 	clk.set(time.Now().Add(-10 * 24 * time.Hour))
 	oldDone := create()
 	if _, err := st.StartRunAttempt(ctx, oldDone.ID, "replica-x", "team-a/sb-1"); err != nil {
@@ -140,4 +146,86 @@ func TestRunRetentionZeroKeepsRuns(t *testing.T) {
 	if _, err := st.GetRun(ctx, old.ID); err != nil {
 		t.Errorf("with no retention, a run finished long ago was deleted: %v", err)
 	}
+}
+
+func histogramCount(t *testing.T, h *prometheus.HistogramVec, labels ...string) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := h.WithLabelValues(labels...).(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
+// A run through the API moves the run metrics: started, attempts,
+// finished by status, the duration, and the open event streams while a
+// follower reads.
+func TestRunMetrics(t *testing.T) {
+	st := tempStore(t)
+	ws := t.TempDir()
+	// Without the contract check, whose recorder would hold the event
+	// stream until it ends.
+	c := realSupervisorAPIWith(t, apiSetup{store: st, pushDelay: -1, noContract: true,
+		configure: func(cfg *supervisor.Config) { cfg.Workspace = ws }})("agent-token:agent-1")
+	ctx := context.Background()
+	started := testutil.ToFloat64(metricRunsStarted.WithLabelValues("agent"))
+	attempts := testutil.ToFloat64(metricRunAttempts.WithLabelValues("agent"))
+	succeeded := testutil.ToFloat64(metricRunsFinished.WithLabelValues("succeeded", "agent"))
+	failed := testutil.ToFloat64(metricRunsFinished.WithLabelValues("failed", "agent"))
+	durations := histogramCount(t, metricRunSeconds, "agent")
+	streams := testutil.ToFloat64(metricRunEventStreams)
+
+	req := api.StartRunRequest{AgentID: "agent-1", Command: []string{"echo", "hi"}, Cwd: ws, RequestID: "req-1"}
+	run, _, err := c.StartRun(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRun(t, c, run.ID)
+	// A repeat of the request id is the same run, not another start.
+	if _, created, err := c.StartRun(ctx, req); err != nil || created {
+		t.Fatalf("repeat: created %v, %v", created, err)
+	}
+	bad, _, err := c.StartRun(ctx, api.StartRunRequest{AgentID: "agent-1", Command: []string{"false"}, Cwd: ws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRun(t, c, bad.ID)
+	// The executor counts a run's end just after recording it.
+	waitFor(t, "count of the runs' ends", func() bool {
+		return testutil.ToFloat64(metricRunsFinished.WithLabelValues("failed", "agent")) == failed+1 &&
+			testutil.ToFloat64(metricRunsFinished.WithLabelValues("succeeded", "agent")) == succeeded+1
+	})
+	if got := testutil.ToFloat64(metricRunsStarted.WithLabelValues("agent")) - started; got != 2 {
+		t.Errorf("agentbox_runs_started_total{mode=agent} grew by %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(metricRunAttempts.WithLabelValues("agent")) - attempts; got != 2 {
+		t.Errorf("agentbox_run_attempts_total{mode=agent} grew by %v, want 2", got)
+	}
+	if got := histogramCount(t, metricRunSeconds, "agent") - durations; got != 2 {
+		t.Errorf("agentbox_run_duration_seconds{mode=agent} observed %d runs, want 2", got)
+	}
+
+	// While a follower reads, its stream is counted; once it has ended,
+	// no more. The run waits for the follower to let it end, so that the
+	// stream is still open when its first event arrives.
+	gate := filepath.Join(ws, "go")
+	waiting, _, err := c.StartRun(ctx, api.StartRunRequest{AgentID: "agent-1", Cwd: ws, TimeoutSeconds: 60,
+		Command: []string{"sh", "-c", "while [ ! -e " + gate + " ]; do sleep 0.05; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := -1.0
+	if err := c.FollowRun(ctx, waiting.ID, 0, func(api.RunEvent) error {
+		if open < 0 {
+			open = testutil.ToFloat64(metricRunEventStreams)
+			return os.WriteFile(gate, nil, 0o600)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if open != streams+1 {
+		t.Errorf("agentbox_run_event_streams while following: %v, want %v", open, streams+1)
+	}
+	waitFor(t, "uncounting of the ended stream", func() bool { return testutil.ToFloat64(metricRunEventStreams) == streams })
 }

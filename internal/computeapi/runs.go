@@ -76,6 +76,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wireRun(run))
 		return
 	}
+	metricRunsStarted.WithLabelValues(string(run.Mode)).Inc()
 	s.executeRun(r.Context(), run, runInput{env: req.Env, stdin: req.Stdin})
 	writeJSON(w, http.StatusAccepted, wireRun(run))
 }
