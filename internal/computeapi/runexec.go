@@ -193,7 +193,10 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 	defer beats.Wait()
 	hctx, stopBeats := context.WithCancel(ctx)
 	defer stopBeats()
-	beats.Go(func() { s.heartbeatRun(hctx, cancel, run.ID, log) })
+	// The heartbeats get the logger as it is now: reach below replaces
+	// log, which the goroutine must not read meanwhile.
+	beatLog := log
+	beats.Go(func() { s.heartbeatRun(hctx, cancel, run.ID, beatLog) })
 
 	var outBytes int64
 	result := func(r store.RunResult) store.RunResult {
