@@ -42,7 +42,7 @@ var (
 	}, []string{"mode"})
 	metricRunsFinished = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "agentbox_runs_finished_total",
-		Help: "Runs whose end this replica recorded (its executors', and the lost runs its sweeper failed), by status and mode.",
+		Help: "Runs whose end this replica recorded (its executors', runs cancelled while queued, and lost runs its sweeper failed), by status and mode.",
 	}, []string{"status", "mode"})
 	metricRunSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "agentbox_run_duration_seconds",

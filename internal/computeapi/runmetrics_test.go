@@ -92,6 +92,7 @@ func TestRunRetentionDeletesExpiredRuns(t *testing.T) {
 	}
 
 	deleted := testutil.ToFloat64(metricRunsDeleted)
+	lost := testutil.ToFloat64(metricRunsFinished.WithLabelValues("failed", "agent"))
 	runsAPI(t, st, t.TempDir(), func(o *Options) {
 		o.RunSweepInterval = 20 * time.Millisecond
 		o.RunRetention = 24 * time.Hour
@@ -115,6 +116,11 @@ func TestRunRetentionDeletesExpiredRuns(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(metricRunsDeleted) - deleted; got != 2 {
 		t.Errorf("agentbox_runs_deleted_total grew by %v, want 2", got)
+	}
+	// The queued run was failed as lost in the same sweep, before the
+	// deletion, and counted as finished.
+	if got := testutil.ToFloat64(metricRunsFinished.WithLabelValues("failed", "agent")) - lost; got != 1 {
+		t.Errorf("agentbox_runs_finished_total{status=failed} grew by %v, want 1 (the lost queued run)", got)
 	}
 }
 
@@ -203,6 +209,21 @@ func TestRunMetrics(t *testing.T) {
 	}
 	if got := histogramCount(t, metricRunSeconds, "agent") - durations; got != 2 {
 		t.Errorf("agentbox_run_duration_seconds{mode=agent} observed %d runs, want 2", got)
+	}
+
+	// A run cancelled while queued (recorded, its executor not started)
+	// ends, and is counted, at the cancel.
+	queued, _, err := st.CreateRun(ctx, store.Run{Caller: "agent agent-1", Mode: store.RunModeAgent, AgentID: "agent-1",
+		Command: store.RunCommand{Argv: []string{"true"}, TimeoutSeconds: 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelledRuns := testutil.ToFloat64(metricRunsFinished.WithLabelValues("cancelled", "agent"))
+	if r, err := c.CancelRun(ctx, queued.ID); err != nil || r.Status != api.RunCancelled {
+		t.Fatalf("cancel a queued run: %+v, %v", r, err)
+	}
+	if got := testutil.ToFloat64(metricRunsFinished.WithLabelValues("cancelled", "agent")) - cancelledRuns; got != 1 {
+		t.Errorf("agentbox_runs_finished_total{status=cancelled} grew by %v, want 1", got)
 	}
 
 	// While a follower reads, its stream is counted; once it has ended,

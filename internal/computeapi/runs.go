@@ -207,7 +207,9 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 	if run.Status == store.RunRunning {
 		s.execs.cancel(run.ID, run.CancelRequestedBy)
 	} else {
-		s.runNotes.notify(run.ID) // it ended cancelled
+		// It was queued and ended cancelled here.
+		s.runNotes.notify(run.ID)
+		metricRunsFinished.WithLabelValues(string(run.Status), string(run.Mode)).Inc()
 	}
 	writeJSON(w, http.StatusOK, wireRun(run))
 }
