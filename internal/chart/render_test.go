@@ -242,6 +242,22 @@ func TestDefaultTemplate(t *testing.T) {
 	}
 }
 
+// TestRunRetention checks that computeApi.runRetention reaches the control
+// plane as AGENTBOX_RUN_RETENTION (a variable, like the default template,
+// which its --run-retention flag defaults to), a week unless set.
+func TestRunRetention(t *testing.T) {
+	for raw, want := range map[string]string{
+		"":                                    "168h",
+		"computeApi: {runRetention: 720h}\n":  "720h",
+		"computeApi: {runRetention: \"0\"}\n": "0",
+	} {
+		c := container(t, renderRaw(t, raw).deployment())
+		if e, ok := envValue(c, "AGENTBOX_RUN_RETENTION"); !ok || e.Value != want {
+			t.Errorf("values %q: AGENTBOX_RUN_RETENTION = %+v, %v; want %s", raw, e, ok, want)
+		}
+	}
+}
+
 func TestProbesPortsAndMounts(t *testing.T) {
 	d := render(t, Values{}).deployment()
 	c := container(t, d)
@@ -760,6 +776,8 @@ func TestSchemaRejects(t *testing.T) {
 		"S3 without bucket":    {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', credentialsSecret: s3}}", "snapshot.archive.bucket"},
 		"archive without keys": {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b}}", "snapshot.archive.credentialsSecret"},
 		"bad embedded size":    {"snapshot: {archive: {embedded: {size: lots}}}", "size"},
+		"bad run retention":    {"computeApi: {runRetention: a week}", "runRetention"},
+		"run retention number": {"computeApi: {runRetention: 7}", "runRetention"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -32,8 +32,34 @@ var (
 		Name: "agentbox_api_pool_cold_starts_total",
 		Help: "Sandboxes created for pool leases that found their pool (one with coldStartWhenExhausted) exhausted.",
 	})
+	metricRunsStarted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentbox_runs_started_total",
+		Help: "Runs recorded by POST /v1/runs (repeats of a request id not counted), by mode.",
+	}, []string{"mode"})
+	metricRunAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentbox_run_attempts_total",
+		Help: "Run attempts started in a sandbox by this replica's executors, by mode.",
+	}, []string{"mode"})
+	metricRunsFinished = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentbox_runs_finished_total",
+		Help: "Runs whose end this replica recorded (its executors', runs cancelled while queued, and lost runs its sweeper failed), by status and mode.",
+	}, []string{"status", "mode"})
+	metricRunSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "agentbox_run_duration_seconds",
+		Help:    "Runs executed by this replica, from the start of the attempt to the record of its end, by mode.",
+		Buckets: prometheus.ExponentialBuckets(0.05, 2, 18),
+	}, []string{"mode"})
+	metricRunEventStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "agentbox_run_event_streams",
+		Help: "Run event streams (GET /v1/runs/{id}/events) open on this replica.",
+	})
+	metricRunsDeleted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_runs_deleted_total",
+		Help: "Finished runs whose records this replica's sweeper deleted once past the run retention.",
+	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds, metricColdStarts)
+	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds, metricColdStarts,
+		metricRunsStarted, metricRunAttempts, metricRunsFinished, metricRunSeconds, metricRunEventStreams, metricRunsDeleted)
 }

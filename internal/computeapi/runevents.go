@@ -419,6 +419,8 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 	// between a read and the wait.
 	woken, unsubscribe := s.runNotes.subscribe(run.ID)
 	defer unsubscribe()
+	metricRunEventStreams.Inc()
+	defer metricRunEventStreams.Dec()
 
 	w.Header().Set("Content-Type", api.ContentTypeEventStream)
 	w.Header().Set("Cache-Control", "no-store")

@@ -28,6 +28,13 @@ const (
 	DefaultRunHeartbeatInterval = 10 * time.Second
 	// DefaultRunSweepInterval is how often a Server looks for lost runs.
 	DefaultRunSweepInterval = 30 * time.Second
+	// DefaultRunRetention is how long the control plane keeps finished
+	// runs' records unless told otherwise.
+	DefaultRunRetention = 7 * 24 * time.Hour
+	// runPruneInterval spaces the sweeper's deletions of expired runs:
+	// one DELETE over the runs table every few minutes keeps up with any
+	// rate of runs, and a short sweep interval must not repeat it.
+	runPruneInterval = 5 * time.Minute
 
 	// runStoreTimeout bounds one store call of an executor or the sweeper.
 	runStoreTimeout = 10 * time.Second
@@ -145,6 +152,12 @@ func (s *Server) runExecutor(ctx context.Context, cancel context.CancelCauseFunc
 		log.Error(err, "record the end of a run; the sweeper will fail it")
 	default:
 		log.V(1).Info("run ended", "status", string(ended.Status), "reason", ended.Reason, "output_bytes", ended.OutputBytes)
+		metricRunsFinished.WithLabelValues(string(ended.Status), string(ended.Mode)).Inc()
+		// A run cancelled while queued never started, and has no
+		// duration.
+		if ended.StartedAt != nil && ended.FinishedAt != nil {
+			metricRunSeconds.WithLabelValues(string(ended.Mode)).Observe(ended.FinishedAt.Sub(*ended.StartedAt).Seconds())
+		}
 	}
 }
 
@@ -170,6 +183,7 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 		return store.RunResult{Status: store.RunFailed, Reason: "Internal", Message: "could not record the start of the run"}
 	}
 	s.runNotes.notify(run.ID)
+	metricRunAttempts.WithLabelValues(string(started.Mode)).Inc()
 	if started.CancelRequestedBy != "" {
 		cancel(cancelled{by: started.CancelRequestedBy})
 	}
@@ -179,7 +193,10 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 	defer beats.Wait()
 	hctx, stopBeats := context.WithCancel(ctx)
 	defer stopBeats()
-	beats.Go(func() { s.heartbeatRun(hctx, cancel, run.ID, log) })
+	// The heartbeats get the logger as it is now: reach below replaces
+	// log, which the goroutine must not read meanwhile.
+	beatLog := log
+	beats.Go(func() { s.heartbeatRun(hctx, cancel, run.ID, beatLog) })
 
 	var outBytes int64
 	result := func(r store.RunResult) store.RunResult {
@@ -303,33 +320,66 @@ func camelCase(code string) string {
 }
 
 // sweepRuns fails, every RunSweepInterval until the Server closes, the
-// runs whose executor stopped heartbeating. The store's update is
-// conditional, so replicas sweeping together fail each run once.
+// runs whose executor stopped heartbeating, and deletes the runs that
+// finished longer than RunRetention ago (on its first tick and then at
+// most every runPruneInterval). The store's updates are conditional and
+// its deletion idempotent, so replicas sweeping together fail each run
+// once and count each deleted run once.
 func (s *Server) sweepRuns() {
 	t := time.NewTicker(s.runSweep)
 	defer t.Stop()
 	log := s.log.WithName("runs")
+	var lastPrune time.Time
 	for {
 		select {
 		case <-s.closing:
 			return
 		case <-t.C:
 		}
-		// The store stamps heartbeats with the wall clock, so the bound
-		// is taken from it too.
-		before := time.Now().Add(-3 * s.runHeartbeat)
-		ctx, done := context.WithTimeout(context.Background(), runStoreTimeout)
-		failed, err := s.store.FailStaleRuns(ctx, before, reasonExecutorLost,
-			"the control plane running it stopped before it finished")
-		done()
-		if err != nil {
-			log.Error(err, "fail stale runs")
-			continue
+		// The store stamps heartbeats and ends with the wall clock, so
+		// the bounds are taken from it too.
+		now := time.Now()
+		s.failStaleRuns(now, log)
+		if lastPrune.IsZero() || now.Sub(lastPrune) >= runPruneInterval {
+			lastPrune = now
+			s.pruneRuns(now, log)
 		}
-		for _, r := range failed {
-			s.runNotes.notify(r.ID)
-			log.Info("failed a run whose executor was lost", "run", r.ID, "agent", r.AgentID,
-				"executor", r.Executor, "last_heartbeat", r.HeartbeatAt)
-		}
+	}
+}
+
+// failStaleRuns fails the runs not heartbeated for three intervals.
+func (s *Server) failStaleRuns(now time.Time, log logr.Logger) {
+	ctx, done := context.WithTimeout(context.Background(), runStoreTimeout)
+	failed, err := s.store.FailStaleRuns(ctx, now.Add(-3*s.runHeartbeat), reasonExecutorLost,
+		"the control plane running it stopped before it finished")
+	done()
+	if err != nil {
+		log.Error(err, "fail stale runs")
+		return
+	}
+	for _, r := range failed {
+		s.runNotes.notify(r.ID)
+		metricRunsFinished.WithLabelValues(string(r.Status), string(r.Mode)).Inc()
+		log.Info("failed a run whose executor was lost", "run", r.ID, "agent", r.AgentID,
+			"executor", r.Executor, "last_heartbeat", r.HeartbeatAt)
+	}
+}
+
+// pruneRuns deletes the runs that finished more than RunRetention ago;
+// without a retention it deletes nothing.
+func (s *Server) pruneRuns(now time.Time, log logr.Logger) {
+	if s.runRetention <= 0 {
+		return
+	}
+	ctx, done := context.WithTimeout(context.Background(), runStoreTimeout)
+	n, err := s.store.DeleteFinishedRuns(ctx, now.Add(-s.runRetention))
+	done()
+	if err != nil {
+		log.Error(err, "delete expired runs")
+		return
+	}
+	metricRunsDeleted.Add(float64(n))
+	if n > 0 {
+		log.Info("deleted the records of runs past their retention", "runs", n, "retention", s.runRetention.String())
 	}
 }

@@ -57,6 +57,17 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds))
 		return
 	}
+	// A run reaches the agent's sandbox like run_command, so a hold on it
+	// refuses a run that does not present the hold's lease ID, at once
+	// rather than in the run's record. The executor checks again when the
+	// attempt starts (the hold goes on with it), and a sandbox missing now
+	// is left to it, whose record says so.
+	if sb, apiErr := s.agentSandbox(r.Context(), req.AgentID); apiErr == nil {
+		if apiErr := s.checkHold(r.Context(), sb); apiErr != nil {
+			writeError(w, apiErr)
+			return
+		}
+	}
 	timeout := req.TimeoutSeconds
 	if timeout == 0 {
 		timeout = supervisorapi.DefaultTimeoutSeconds
@@ -76,6 +87,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wireRun(run))
 		return
 	}
+	metricRunsStarted.WithLabelValues(string(run.Mode)).Inc()
 	s.executeRun(r.Context(), run, runInput{env: req.Env, stdin: req.Stdin})
 	writeJSON(w, http.StatusAccepted, wireRun(run))
 }
@@ -196,7 +208,9 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 	if run.Status == store.RunRunning {
 		s.execs.cancel(run.ID, run.CancelRequestedBy)
 	} else {
-		s.runNotes.notify(run.ID) // it ended cancelled
+		// It was queued and ended cancelled here.
+		s.runNotes.notify(run.ID)
+		metricRunsFinished.WithLabelValues(string(run.Status), string(run.Mode)).Inc()
 	}
 	writeJSON(w, http.StatusOK, wireRun(run))
 }

@@ -388,3 +388,59 @@ func TestRunStoppedWhenServerCloses(t *testing.T) {
 		t.Errorf("run after Close: %+v", r)
 	}
 }
+
+// A run reaches the agent's sandbox, so a hold on it refuses a run that
+// does not present the hold's lease ID, before anything is recorded, and
+// the Go client presents the lease it uses on the agent.
+func TestRunHonoursTheHold(t *testing.T) {
+	st := tempStore(t)
+	ws := t.TempDir()
+	clients := runsAPI(t, st, ws, nil)
+	holder, other := clients(adminToken), clients(adminToken)
+	ctx := context.Background()
+	l, err := holder.AcquireLease(ctx, "agent-1", api.AcquireLeaseRequest{Holder: "orchestrator", RequestID: "hold-1", TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := api.StartRunRequest{AgentID: "agent-1", Command: []string{"echo", "hi"}, Cwd: ws}
+
+	_, _, err = other.StartRun(ctx, req)
+	wantAPIError(t, err, api.CodeLeaseHeld, http.StatusConflict)
+	if holderName, _, ok := api.LeaseHeldBy(err); !ok || holderName != "orchestrator" {
+		t.Errorf("LeaseHeldBy = %q, %v; want orchestrator", holderName, ok)
+	}
+	if runs, _, err := st.ListRuns(ctx, store.RunFilter{}); err != nil || len(runs) != 0 {
+		t.Errorf("a refused run was recorded: %+v, %v", runs, err)
+	}
+
+	// The holder's client presents the lease it acquired; the run passes
+	// the hold at the start and in its attempt.
+	run, created, err := holder.StartRun(ctx, req)
+	if err != nil || !created {
+		t.Fatalf("start by the holder: %v (created %v)", err, created)
+	}
+	if done := waitRun(t, holder, run.ID); done.Status != api.RunSucceeded {
+		t.Errorf("the holder's run ended %+v", done)
+	}
+	// Another client acting for the holder, with the lease ID handed on.
+	other.UseLease("agent-1", l.LeaseID)
+	run, _, err = other.StartRun(ctx, req)
+	if err != nil {
+		t.Fatalf("start with the lease ID handed on: %v", err)
+	}
+	if done := waitRun(t, other, run.ID); done.Status != api.RunSucceeded {
+		t.Errorf("the run with the handed-on lease ID ended %+v", done)
+	}
+	// Once released, anyone's run is served again.
+	if err := holder.ReleaseLease(ctx, "agent-1", api.ReleaseLeaseRequest{Holder: "orchestrator", LeaseID: l.LeaseID}); err != nil {
+		t.Fatal(err)
+	}
+	anyone := clients(adminToken)
+	run, _, err = anyone.StartRun(ctx, req)
+	if err != nil {
+		t.Fatalf("start after the release: %v", err)
+	}
+	if done := waitRun(t, anyone, run.ID); done.Status != api.RunSucceeded {
+		t.Errorf("the run after the release ended %+v", done)
+	}
+}

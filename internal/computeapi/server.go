@@ -111,6 +111,11 @@ type Options struct {
 	// RunSweepInterval is how often the sweeper looks for lost runs; it
 	// defaults to DefaultRunSweepInterval.
 	RunSweepInterval time.Duration
+	// RunRetention is how long the records of finished runs, with their
+	// event logs, are kept: the sweeper deletes older ones, at most every
+	// runPruneInterval. Zero keeps them forever; the control plane
+	// defaults it to DefaultRunRetention.
+	RunRetention time.Duration
 	// RunEventPollInterval is how often a run's event stream looks in the
 	// store for events another replica recorded; it defaults to
 	// DefaultRunEventPollInterval. RunEventKeepalive is how often an idle
@@ -167,6 +172,7 @@ type Server struct {
 	replica      string
 	runHeartbeat time.Duration
 	runSweep     time.Duration
+	runRetention time.Duration
 	execs        executors
 	// runNotes wakes the event streams of the runs this Server executes;
 	// the rest configure them (see Options).
@@ -236,6 +242,7 @@ func newServer(opts Options) *Server {
 		replica:         opts.Replica,
 		runHeartbeat:    opts.RunHeartbeatInterval,
 		runSweep:        opts.RunSweepInterval,
+		runRetention:    opts.RunRetention,
 
 		runEventPoll:       opts.RunEventPollInterval,
 		runEventKeepalive:  opts.RunEventKeepalive,

@@ -87,6 +87,7 @@ type options struct {
 	kubeQPS              float64
 	kubeBurst            int
 	pushDelay            time.Duration
+	runRetention         time.Duration
 	purgeInterval        time.Duration
 	showVersion          bool
 	storeDSN             string
@@ -169,6 +170,8 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 200, "requests the control plane may send to the Kubernetes API in a burst above -kube-api-qps")
 	fs.DurationVar(&o.purgeInterval, "filespace-purge-interval", filespace.DefaultPurgeInterval, "how often the leader removes filespace contents no file names any more (rewritten or deleted files' old contents)")
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
+	runRetention := fs.String("run-retention", cmp.Or(getenv("AGENTBOX_RUN_RETENTION"), computeapi.DefaultRunRetention.String()),
+		"how long the records of finished runs, with their event logs, are kept before the run sweeper deletes them; 0 keeps them forever [AGENTBOX_RUN_RETENTION]")
 	defaultTemplate := fs.String("default-template", getenv("AGENTBOX_DEFAULT_TEMPLATE"),
 		"NAMESPACE/NAME of the SandboxTemplate the Compute API's deploy_or_resume creates an agent's missing sandbox from when the call names none; empty means such calls must name one [AGENTBOX_DEFAULT_TEMPLATE]")
 	sandboxNamespaces, err := registerScopeFlags(fs, getenv, o)
@@ -202,6 +205,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.kubeQPS <= 0 || o.kubeBurst <= 0 {
 		return nil, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.kubeQPS, o.kubeBurst)
+	}
+	if o.runRetention, err = time.ParseDuration(*runRetention); err != nil || o.runRetention < 0 {
+		return nil, fmt.Errorf("--run-retention %q: want a duration of 0 or more, such as 168h", *runRetention)
 	}
 	if t := *defaultTemplate; t != "" {
 		ns, name, ok := strings.Cut(t, "/")
@@ -516,6 +522,7 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 		Logger:             ctrl.Log.WithName("computeapi"),
 		Store:              in.store,
 		FilespacePushDelay: o.pushDelay,
+		RunRetention:       o.runRetention,
 		DefaultTemplate:    o.defaultTemplate,
 		Replica:            replicaName(),
 	})

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
@@ -157,6 +158,32 @@ func TestParseOptionsSandboxPullPolicy(t *testing.T) {
 	}
 	if _, err := parseOptions([]string{"--sandbox-image-pull-policy=Sometimes"}, env, io.Discard); err == nil || !strings.Contains(err.Error(), "--sandbox-image-pull-policy") {
 		t.Errorf("unknown policy: %v", err)
+	}
+}
+
+// The chart's computeApi.runRetention arrives as a variable; the flag wins
+// over it, 0 keeps runs forever, and a negative or malformed one is refused.
+func TestParseOptionsRunRetention(t *testing.T) {
+	none := func(string) string { return "" }
+	env := func(k string) string {
+		if k == "AGENTBOX_RUN_RETENTION" {
+			return "24h"
+		}
+		return ""
+	}
+	if o, err := parseOptions(nil, none, io.Discard); err != nil || o.runRetention != 168*time.Hour {
+		t.Errorf("default: %v, %v", o, err)
+	}
+	if o, err := parseOptions(nil, env, io.Discard); err != nil || o.runRetention != 24*time.Hour {
+		t.Errorf("from the variable: %v, %v", o, err)
+	}
+	if o, err := parseOptions([]string{"--run-retention=0"}, env, io.Discard); err != nil || o.runRetention != 0 {
+		t.Errorf("flag over variable, 0: %v, %v", o, err)
+	}
+	for _, bad := range []string{"-1h", "a week"} {
+		if _, err := parseOptions([]string{"--run-retention=" + bad}, none, io.Discard); err == nil || !strings.Contains(err.Error(), "--run-retention") {
+			t.Errorf("--run-retention=%s: %v", bad, err)
+		}
 	}
 }
 

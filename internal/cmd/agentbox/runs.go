@@ -80,7 +80,9 @@ run id on stderr, then the command's output as it comes (stdout to
 stdout, stderr to stderr, as "runs logs -f" does), and exits as --wait
 does. Only the names of --env variables are recorded. --request-id makes
 the start idempotent: a second start with the same id prints the first
-run's id and starts nothing.`,
+run's id and starts nothing. On a held sandbox, --lease-id presents the
+lease the run acts for.`,
+		leaseAgent: func(args []string) string { return args[0] },
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&o.wait, "wait", false, "wait for the run to end and exit with the command's exit code")
 			fs.BoolVar(&o.follow, "follow", false, "print the run's output as it comes and exit with the command's exit code")

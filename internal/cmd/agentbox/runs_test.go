@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -111,5 +112,34 @@ func TestRunsCommands(t *testing.T) {
 	}
 	if r := runCLI(t, env, "", "runs", "get", "run-00000000000000000000"); r.code != exitAPIError || !strings.Contains(r.stderr, "not_found") {
 		t.Errorf("runs get of no run: code %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// On a held sandbox, runs start is refused without the lease ID and runs
+// with it (--lease-id or AGENTBOX_LEASE_ID).
+func TestRunsStartOnAHeldSandbox(t *testing.T) {
+	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s, env := realAgentAPI(t, apitest.Options{Store: st})
+	a := s.AgentID
+	r := runCLI(t, env, "", "leases", "acquire", a, "--holder", "alice", "--ttl", "5m", "--json")
+	var l client.Lease
+	if err := json.Unmarshal([]byte(r.stdout), &l); err != nil || r.code != 0 {
+		t.Fatalf("acquire: code %d, stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "", "runs", "start", "--wait", "--poll", "20ms", a, "--", "echo", "hi")
+	if r.code != exitAPIError || !strings.Contains(r.stderr, "lease_held") || !strings.Contains(r.stderr, `held by "alice" until `) {
+		t.Errorf("runs start on a held sandbox: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "", "runs", "start", "--follow", "--lease-id", l.LeaseID, a, "--", "echo", "hi")
+	if r.code != 0 || r.stdout != "hi\n" {
+		t.Errorf("runs start --lease-id: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, with(env, "AGENTBOX_LEASE_ID", l.LeaseID), "", "runs", "start", "--follow", a, "--", "echo", "again")
+	if r.code != 0 || r.stdout != "again\n" {
+		t.Errorf("runs start with AGENTBOX_LEASE_ID: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }

@@ -73,12 +73,16 @@ func (c *Client) authorize(h http.Header, path string) {
 	if !ok {
 		return
 	}
-	c.mu.Lock()
-	id := c.leases[agentID]
-	c.mu.Unlock()
-	if id != "" {
+	if id := c.leaseOf(agentID); id != "" {
 		h.Set(HeaderLeaseID, id)
 	}
+}
+
+// leaseOf is the lease ID the client presents on agentID's calls, or "".
+func (c *Client) leaseOf(agentID string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leases[agentID]
 }
 
 // agentOfPath returns the agent a request path (escaped, possibly behind

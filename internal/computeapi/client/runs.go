@@ -134,13 +134,23 @@ type RunFilter struct {
 
 // StartRun starts a run and returns its record, with created false when
 // the caller's request id named a run started before (which is returned
-// as it stands, and not started again).
+// as it stands, and not started again). The run executes in the sandbox
+// of req.AgentID, so it presents the lease the client uses on that agent
+// (see UseLease): a held sandbox refuses a run without it (ErrLeaseHeld).
 func (c *Client) StartRun(ctx context.Context, req StartRunRequest) (*Run, bool, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, false, fmt.Errorf("encode run request: %w", err)
 	}
 	t := c.transport()
+	if id := c.leaseOf(req.AgentID); id != "" {
+		// The path names no agent, so authorize cannot tell which lease.
+		authorize := t.Authorize
+		t.Authorize = func(h http.Header, path string) {
+			authorize(h, path)
+			h.Set(HeaderLeaseID, id)
+		}
+	}
 	resp, err := t.Send(ctx, wire.Request{Method: http.MethodPost, Path: PathRuns, Body: bytes.NewReader(body),
 		ContentType: "application/json", Accept: "application/json"})
 	if err != nil {
