@@ -2,20 +2,13 @@ package controller
 
 import (
 	"context"
-	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
-	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
 
 // TestRunScheduleAdmission: the CRD's validation refuses at admission what
@@ -23,25 +16,7 @@ import (
 // limit out of range, no command), and defaults the policy and the
 // history limits.
 func TestRunScheduleAdmission(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a kube-apiserver")
-	}
-	_, file, _, _ := goruntime.Caller(0)
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: testenv.EnvtestAssets(t),
-		CRDDirectoryPaths:     []string{filepath.Join(filepath.Dir(file), "..", "..", "charts", "agentbox", "crds")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("start envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme := k8sruntime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(scheme))
-	must(t, v1alpha1.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	must(t, err)
+	c, _ := startEnvtest(t)
 	ctx := context.Background()
 	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: unitNS}}))
 

@@ -37,25 +37,7 @@ import (
 // whose holder stops heartbeating is removed at its expiry, with an event
 // and the Leased condition saying so.
 func TestExpiredHoldIsReclaimed(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a kube-apiserver")
-	}
-	_, file, _, _ := goruntime.Caller(0)
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: testenv.EnvtestAssets(t),
-		CRDDirectoryPaths:     []string{filepath.Join(filepath.Dir(file), "..", "..", "charts", "agentbox", "crds")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("start envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	scheme := k8sruntime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(scheme))
-	must(t, v1alpha1.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	must(t, err)
+	c, scheme := startEnvtest(t)
 	ctx := context.Background()
 
 	const ns = "team-a"
@@ -228,4 +210,31 @@ func TestUnitReclaimLosesToHeartbeat(t *testing.T) {
 	if c := meta.FindStatusCondition(f.sandbox("sb").Status.Conditions, v1alpha1.ConditionLeased); c != nil && c.Reason == v1alpha1.ReasonLeaseExpired {
 		t.Errorf("Leased = %+v for a reclaim that did not happen", c)
 	}
+}
+
+// startEnvtest starts a kube-apiserver of its own for the test (envtest:
+// etcd and the API server on loopback, no node) with the chart's CRDs, and
+// returns a client of it.
+func startEnvtest(t *testing.T) (client.Client, *k8sruntime.Scheme) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	_, file, _, _ := goruntime.Caller(0)
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: testenv.EnvtestAssets(t),
+		CRDDirectoryPaths:     []string{filepath.Join(filepath.Dir(file), "..", "..", "charts", "agentbox", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme := k8sruntime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(scheme))
+	must(t, v1alpha1.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	must(t, err)
+	return c, scheme
 }
