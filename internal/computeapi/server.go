@@ -233,45 +233,24 @@ func newServer(opts Options) *Server {
 		trustDomain:     opts.TrustDomain,
 		clock:           opts.Clock,
 		log:             opts.Logger,
-		maxRequestBytes: opts.MaxRequestBytes,
+		maxRequestBytes: positiveOr(opts.MaxRequestBytes, DefaultMaxRequestBytes),
 		kubeDirect:      opts.LeaseReader,
 		kube:            timedWriter{opts.Leases},
-		resumeTimeout:   opts.ResumeTimeout,
+		resumeTimeout:   positiveOr(opts.ResumeTimeout, DefaultResumeTimeout),
 		store:           opts.Store,
 		defaultTemplate: opts.DefaultTemplate,
 		replica:         opts.Replica,
-		runHeartbeat:    opts.RunHeartbeatInterval,
-		runSweep:        opts.RunSweepInterval,
+		runHeartbeat:    positiveOr(opts.RunHeartbeatInterval, DefaultRunHeartbeatInterval),
+		runSweep:        positiveOr(opts.RunSweepInterval, DefaultRunSweepInterval),
 		runRetention:    opts.RunRetention,
 
-		runEventPoll:       opts.RunEventPollInterval,
-		runEventKeepalive:  opts.RunEventKeepalive,
-		runOutputMaxEvents: opts.RunOutputMaxEvents,
-		runOutputMaxBytes:  opts.RunOutputMaxBytes,
-	}
-	if s.runEventPoll <= 0 {
-		s.runEventPoll = DefaultRunEventPollInterval
-	}
-	if s.runEventKeepalive <= 0 {
-		s.runEventKeepalive = DefaultRunEventKeepalive
-	}
-	if s.runOutputMaxEvents <= 0 {
-		s.runOutputMaxEvents = DefaultRunOutputMaxEvents
-	}
-	if s.runOutputMaxBytes <= 0 {
-		s.runOutputMaxBytes = DefaultRunOutputMaxBytes
+		runEventPoll:       positiveOr(opts.RunEventPollInterval, DefaultRunEventPollInterval),
+		runEventKeepalive:  positiveOr(opts.RunEventKeepalive, DefaultRunEventKeepalive),
+		runOutputMaxEvents: positiveOr(opts.RunOutputMaxEvents, DefaultRunOutputMaxEvents),
+		runOutputMaxBytes:  positiveOr(opts.RunOutputMaxBytes, DefaultRunOutputMaxBytes),
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()
-	}
-	if s.runHeartbeat <= 0 {
-		s.runHeartbeat = DefaultRunHeartbeatInterval
-	}
-	if s.runSweep <= 0 {
-		s.runSweep = DefaultRunSweepInterval
-	}
-	if s.resumeTimeout <= 0 {
-		s.resumeTimeout = DefaultResumeTimeout
 	}
 	if s.kubeDirect == nil {
 		s.kubeDirect = opts.Leases
@@ -285,13 +264,19 @@ func newServer(opts Options) *Server {
 	if s.log.GetSink() == nil {
 		s.log = logr.Discard()
 	}
-	if s.maxRequestBytes <= 0 {
-		s.maxRequestBytes = DefaultMaxRequestBytes
-	}
 	if s.serves == nil {
 		s.serves = func(string) bool { return true }
 	}
 	return s
+}
+
+// positiveOr is v, or def when v is not positive: an option left at zero
+// (or set below it) takes its default.
+func positiveOr[T int | int64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 func renewInterval(opts Options) time.Duration {
