@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
@@ -50,13 +52,48 @@ func PodURL(podIP string) string {
 // concurrent calls for multiplexing to matter.
 func NewHTTPClient(tlsConfig *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           retryRefused((&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext, RefusedRetryWindow),
 		TLSClientConfig:       tlsConfig,
 		TLSHandshakeTimeout:   10 * time.Second,
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}}
+}
+
+// RefusedRetryWindow is how long a dial that the supervisor's address
+// refuses is tried again. A sandbox reported ready can refuse for a moment
+// (its supervisor restarting in the same pod, a pod address that the
+// network has not finished wiring), and a refused connect carried nothing,
+// so trying again is always safe; the window keeps a supervisor that is
+// really down from holding a call up for long.
+const RefusedRetryWindow = 3 * time.Second
+
+// dialFunc is the shape of net.Dialer.DialContext.
+type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// retryRefused dials with dial and, while the connect is refused and
+// window has not passed, dials again after a short, growing pause. The
+// context bounds it as it bounds one dial.
+func retryRefused(dial dialFunc, window time.Duration) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		deadline := time.Now().Add(window)
+		pause := 50 * time.Millisecond
+		for {
+			conn, err := dial(ctx, network, addr)
+			if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().Add(pause).After(deadline) {
+				return conn, err
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, err
+			case <-t.C:
+			}
+			pause = min(2*pause, 500*time.Millisecond)
+		}
+	}
 }
 
 // RunCommand runs a command and returns its result. A command that exits
