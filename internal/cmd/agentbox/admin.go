@@ -69,14 +69,11 @@ func auditCommand(ctx context.Context, args []string, getenv func(string) string
 				q.Set(k, v)
 			}
 		}
-		if since != "" {
-			t, err := time.Parse(time.RFC3339, since)
-			if d, derr := time.ParseDuration(since); derr == nil {
-				t, err = time.Now().Add(-d), nil
-			}
-			if err != nil {
-				return usageError{fmt.Errorf("--since: want a duration or an RFC 3339 time, got %q", since)}
-			}
+		t, err := parseSince(since, time.Now())
+		if err != nil {
+			return err
+		}
+		if !t.IsZero() {
 			q.Set("since", t.UTC().Format(time.RFC3339Nano))
 		}
 		page, err := c.QueryAudit(ctx, q)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
@@ -189,4 +190,20 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// parseSince reads --since: an RFC 3339 time, or a duration before now;
+// "" is no bound.
+func parseSince(v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return time.Time{}, usagef("--since: want a duration such as 1h or an RFC 3339 time, got %q", v)
+	}
+	return now.Add(-d), nil
 }

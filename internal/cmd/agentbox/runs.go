@@ -329,20 +329,27 @@ that had already ended is printed as it ended.`,
 
 func (o *runOptions) listCommand() command {
 	var limit int
-	var page string
+	var page, schedule, since string
 	return command{
-		synopsis: "runs list [--agent A] [--status S] [--json]",
+		synopsis: "runs list [--agent A] [--status S] [--schedule NS/NAME] [--since T] [--json]",
 		doc:      "Lists runs, newest first. An agent token lists its own agent's runs.",
 		args:     []string{},
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&o.agent, "agent", "", "only this agent's runs")
 			fs.StringVar(&o.status, "status", "", "only runs in this status: queued, running, succeeded, failed, timed_out, cancelled")
+			fs.StringVar(&schedule, "schedule", "", "only the runs this RunSchedule (namespace/name) started")
+			fs.StringVar(&since, "since", "", "only runs created since then: an RFC 3339 time, or a duration ago such as 1h")
 			fs.IntVar(&limit, "limit", 0, "runs per page (default 50, at most 500)")
 			fs.StringVar(&page, "page-token", "", "the next_page_token a listing printed")
 			fs.BoolVar(&o.asJSON, "json", false, "print the page as JSON")
 		},
 		run: func(ctx context.Context, c *client.Client, _ []string) error {
-			l, err := c.ListRuns(ctx, client.RunFilter{AgentID: o.agent, Status: o.status, Limit: limit, PageToken: page})
+			from, err := parseSince(since, time.Now())
+			if err != nil {
+				return err
+			}
+			l, err := c.ListRuns(ctx, client.RunFilter{AgentID: o.agent, Status: o.status, Schedule: schedule, Since: from,
+				Limit: limit, PageToken: page})
 			if err != nil {
 				return err
 			}

@@ -104,8 +104,22 @@ func TestRunsCommands(t *testing.T) {
 		t.Errorf("runs list --json: code %d, stdout %q", r.code, r.stdout)
 	}
 
+	// A time or a duration bounds the listing, as a schedule's name does.
+	r = runCLI(t, env, "", "runs", "list", "--since", "1h", "--json")
+	if r.code != 0 || strings.Count(r.stdout, `"id": "run-`) != 5 {
+		t.Errorf("runs list --since 1h: code %d, stdout %q", r.code, r.stdout)
+	}
+	r = runCLI(t, env, "", "runs", "list", "--since", time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "--json")
+	if r.code != 0 || strings.Contains(r.stdout, `"id": "run-`) {
+		t.Errorf("runs list --since an hour ahead: code %d, stdout %q", r.code, r.stdout)
+	}
+	r = runCLI(t, env, "", "runs", "list", "--schedule", "default/nightly")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "RUN_ID") || strings.Contains(r.stdout, "run-") {
+		t.Errorf("runs list --schedule of a schedule that started none: code %d, stdout %q", r.code, r.stdout)
+	}
+
 	for _, args := range [][]string{{"runs"}, {"runs", "start", a}, {"runs", "get"}, {"runs", "list", "extra"}, {"runs", "frob"},
-		{"runs", "logs"}, {"runs", "logs", "--after", "-1", id}, {"runs", "start", "--follow", "--wait", a, "--", "true"}} {
+		{"runs", "list", "--since", "yesterday"}, {"runs", "logs"}, {"runs", "logs", "--after", "-1", id}, {"runs", "start", "--follow", "--wait", a, "--", "true"}} {
 		if r := runCLI(t, env, "", args...); r.code != exitUsage {
 			t.Errorf("%v: code %d, want %d (stderr %q)", args, r.code, exitUsage, r.stderr)
 		}
