@@ -107,7 +107,8 @@ func (r *runScheduleResource) Schema(ctx context.Context, _ resource.SchemaReque
 			"times of a cron schedule, through the Compute API's runs (`GET /v1/runs?schedule=<namespace>/<name>` lists " +
 			"them). It becomes a `RunSchedule` object. Each due time starts at most one run, across control plane " +
 			"restarts and replicas. Requires `agentbox_platform` (with its store, the default) and the agent's " +
-			"`agentbox_sandbox` in the same namespace.",
+			"`agentbox_sandbox` in the same namespace. Destroying it cancels its live runs; their records stay for the " +
+			"platform's run retention.",
 		Attributes: map[string]schema.Attribute{
 			"id":        idAttribute(runScheduleKind),
 			"name":      nameAttribute(runScheduleKind),

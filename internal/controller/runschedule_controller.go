@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -132,7 +133,10 @@ func (r *RunScheduleReconciler) now() time.Time { return nowOf(r.Clock) }
 func (r *RunScheduleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var rs v1alpha1.RunSchedule
 	if live, err := fetchLive(ctx, r, req, &rs); !live {
-		return ctrl.Result{}, err
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{}, r.cancelRunsOfDeleted(ctx, req.NamespacedName.String())
 	}
 	if !r.Namespaces.Serves(rs.Namespace) {
 		return r.refuseNamespace(ctx, &rs)
@@ -146,6 +150,29 @@ func (r *RunScheduleReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	return result, err
+}
+
+// cancelRunsOfDeleted cancels the live runs of a schedule that is gone
+// or going, as deleting a CronJob removes its Jobs: nobody is left to
+// follow them. Their records stay, under the run retention. The store is
+// this platform's own, so a schedule of another platform that shares the
+// name has no runs here. A deletion that happens while no controller runs
+// is not seen; such runs end on their own, within their timeout.
+func (r *RunScheduleReconciler) cancelRunsOfDeleted(ctx context.Context, key string) error {
+	if r.Records == nil || r.Runs == nil {
+		return nil
+	}
+	live, _, err := r.Records.ListRuns(ctx, store.RunFilter{Schedule: key, Live: true, Limit: 500})
+	if err != nil {
+		return fmt.Errorf("list the live runs of deleted schedule %s: %w", key, err)
+	}
+	for _, run := range live {
+		if err := r.Runs.CancelRun(ctx, run.ID, "schedule:"+key); err != nil {
+			return fmt.Errorf("cancel run %s of deleted schedule %s: %w", run.ID, key, err)
+		}
+		logf.FromContext(ctx).Info("cancelled a run of a deleted schedule", "run", run.ID, "schedule", key)
+	}
+	return nil
 }
 
 // refuseNamespace reports a schedule in a namespace the platform does not

@@ -231,3 +231,40 @@ func TestRunScheduleConcurrencyPolicies(t *testing.T) {
 		}
 	}
 }
+
+// Deleting a schedule cancels its live runs, and only its own: a finished
+// run and another schedule's live run are left as they are.
+func TestRunScheduleDeletionCancelsItsLiveRuns(t *testing.T) {
+	created := time.Date(2026, 11, 22, 10, 0, 30, 0, time.UTC)
+	first := created.Truncate(time.Minute).Add(time.Minute)
+	e := newScheduleEnv(t, unitSchedule(created, func(rs *v1alpha1.RunSchedule) { rs.Spec.ConcurrencyPolicy = v1alpha1.ConcurrencyAllow }))
+	ctx := context.Background()
+	e.clock.SetTime(first.Add(time.Second))
+	_, rs := e.reconcile()
+	done := rs.Status.LastRunID
+	code := 0
+	_, err := e.st.FinishRun(ctx, done, store.RunResult{Status: store.RunSucceeded, ExitCode: &code})
+	must(t, err)
+	e.clock.SetTime(first.Add(time.Minute + time.Second))
+	_, rs = e.reconcile()
+	live := rs.Status.LastRunID
+	other, _, err := e.st.CreateRun(ctx, store.Run{Caller: "schedule:" + unitNS + "/other", RequestID: "x", Schedule: unitNS + "/other",
+		Mode: store.RunModeAgent, AgentID: "agent-1", Command: store.RunCommand{Argv: []string{"true"}}})
+	must(t, err)
+
+	must(t, e.r.Delete(ctx, rs))
+	key := types.NamespacedName{Namespace: unitNS, Name: "every-minute"}
+	if _, err := e.r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+		t.Fatalf("reconcile of the deleted schedule: %v", err)
+	}
+	for id, want := range map[string]store.RunStatus{live: store.RunCancelled, done: store.RunSucceeded, other.ID: store.RunQueued} {
+		run, err := e.st.GetRun(ctx, id)
+		must(t, err)
+		if run.Status != want {
+			t.Errorf("run %s is %s, want %s", id, run.Status, want)
+		}
+		if id == live && run.CancelledBy != "schedule:"+key.String() {
+			t.Errorf("run %s cancelled by %q, want the schedule", id, run.CancelledBy)
+		}
+	}
+}

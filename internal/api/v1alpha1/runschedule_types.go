@@ -201,7 +201,7 @@ type RunScheduleStatus struct {
 // RunSchedule starts a run of a command in an agent's sandbox at the times
 // of a cron schedule, through the Compute API's runs. Only the control
 // plane's leader starts runs, and each due time starts at most one run,
-// across restarts and replicas.
+// across restarts and replicas. Deleting a schedule cancels its live runs.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
