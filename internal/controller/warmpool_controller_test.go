@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -142,6 +143,16 @@ func TestWarmPoolAdoption(t *testing.T) {
 	poolFilled := time.Now()
 	warm := e.waitPoolFull("pool", 2)
 	t.Logf("the pool of 2 filled in %s", time.Since(poolFilled).Round(time.Millisecond))
+	// The pool's state as its metrics report it, read from this cluster.
+	elected := make(chan struct{})
+	close(elected)
+	reg := prometheus.NewPedanticRegistry()
+	must(t, reg.Register(&StateMetrics{Reader: e.c, Elected: elected, Namespaces: ServedNamespaces{e.ns}}))
+	for state, want := range map[string]float64{"total": 2, "ready": 2, "leased": 0} {
+		if got := gaugeValue(t, reg, "agentbox_warm_pool_sandboxes", map[string]string{"namespace": e.ns, "pool": "pool", "state": state}); got != want {
+			t.Errorf("agentbox_warm_pool_sandboxes{state=%q} of the full pool = %v, want %v", state, got, want)
+		}
+	}
 
 	const n = 3
 	var adopted, cold []time.Duration

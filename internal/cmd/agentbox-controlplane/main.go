@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -486,7 +487,8 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 	return setupReconcilers(mgr, o, sandboxes, warmPools)
 }
 
-// setupReconcilers registers the four reconcilers with mgr.
+// setupReconcilers registers the four reconcilers, and the metrics of the
+// state they keep, with mgr.
 func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.SandboxReconciler, warmPools *controller.SandboxWarmPoolReconciler) error {
 	if err := sandboxes.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the sandbox controller: %w", err)
@@ -503,6 +505,13 @@ func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.Sandbo
 	}
 	if err := (&controller.GVisorNodePoolReconciler{ManagedModeDisabled: !o.managedNodePools}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the node pool controller: %w", err)
+	}
+	// Unregistered first: a control plane started again in one process
+	// (its tests) replaces the collector of the previous manager.
+	state := &controller.StateMetrics{Reader: mgr.GetCache(), Elected: mgr.Elected(), Namespaces: o.sandboxNamespaces}
+	metrics.Registry.Unregister(state)
+	if err := metrics.Registry.Register(state); err != nil {
+		return fmt.Errorf("register the state metrics: %w", err)
 	}
 	return nil
 }
