@@ -154,6 +154,30 @@ func TestPushAfterCalls(t *testing.T) {
 	}
 }
 
+// A run changes the workspace as run_command does, and its end schedules
+// the push into the agent's filespace.
+func TestPushAfterRun(t *testing.T) {
+	st := tempStore(t)
+	c := realSupervisorAPIWith(t, apiSetup{store: st, pushDelay: 100 * time.Millisecond})(adminToken)
+	ctx := context.Background()
+	run, _, err := c.StartRun(ctx, api.StartRunRequest{AgentID: "agent-1", Command: []string{"sh", "-c", "echo by-run > by-run.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f, err := st.GetFile(ctx, "agent-1", "by-run.txt")
+		if err == nil && f.SizeBytes == int64(len("by-run\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			got, _ := c.GetRun(ctx, run.ID)
+			t.Fatalf("the run's file did not reach the filespace: %+v (%v); run %+v", f, err, got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestSyncFilespaceWithoutStore answers unavailable: the filespace lives
 // in the store.
 func TestSyncFilespaceWithoutStore(t *testing.T) {

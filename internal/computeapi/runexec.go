@@ -141,6 +141,11 @@ func (s *Server) runExecutor(ctx context.Context, cancel context.CancelCauseFunc
 		log.Info("run taken over or ended elsewhere; not recording its end here")
 		return
 	}
+	// A run changes the agent's workspace as run_command does, so its end
+	// schedules the push into the agent's filespace.
+	if run.Mode == store.RunModeAgent && s.pushes != nil {
+		s.pushes.touch(run.AgentID)
+	}
 	fctx, done := context.WithTimeout(context.WithoutCancel(ctx), runStoreTimeout)
 	defer done()
 	ended, err := s.store.FinishRun(fctx, run.ID, res)
