@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // TestRunsOnCluster runs commands to completion through the Compute API's
@@ -23,7 +25,7 @@ import (
 // command within seconds.
 func TestRunsOnCluster(t *testing.T) {
 	t.Parallel()
-	e, _, api, sbx := apiSandbox(t, "runs", nil)
+	e, st, api, sbx := apiSandbox(t, "runs", nil)
 	agent := sbx.Spec.AgentID
 	ctx := e.ctx
 	wait := func(id string) *apiclient.Run {
@@ -87,6 +89,72 @@ func TestRunsOnCluster(t *testing.T) {
 		r.FinishedAt.Sub(*r.StartedAt))
 
 	runEventsOnCluster(t, e, api, agent)
+	runsAcrossRestart(t, e, st, agent)
+}
+
+// runsAcrossRestart: a control plane replica that shuts down mid-run (a
+// rolling update's SIGTERM) stops the command in the sandbox and records
+// the run failed with ExecutorStopped, as another replica on the same
+// store answers at once; and a run whose replica died without a word (its
+// heartbeats stopped) is failed ExecutorLost by the other replica's
+// sweeper. Neither is left running.
+func runsAcrossRestart(t *testing.T, e *clusterEnv, st *store.Store, agent string) {
+	ctx := e.ctx
+	fast := func(o *computeapi.Options) {
+		o.RunHeartbeatInterval, o.RunSweepInterval = time.Second, time.Second
+	}
+	leaving, shutdown := e.startComputeAPI(e.supervisors, st, func(o *computeapi.Options) { fast(o); o.Replica = "replica-leaving" })
+	staying, _ := e.startComputeAPI(e.supervisors, st, func(o *computeapi.Options) { fast(o); o.Replica = "replica-staying" })
+
+	run, _, err := leaving.StartRun(ctx, apiclient.StartRunRequest{AgentID: agent, TimeoutSeconds: 600,
+		Command: []string{"sh", "-c", "echo started; exec sleep 599"}})
+	must(t, err)
+	for deadline := time.Now().Add(waitTimeout); ; time.Sleep(100 * time.Millisecond) {
+		r, err := staying.GetRun(ctx, run.ID)
+		must(t, err)
+		if r.Status == apiclient.RunRunning {
+			break
+		}
+		if r.Terminal() || time.Now().After(deadline) {
+			t.Fatalf("run never ran: %+v", r)
+		}
+	}
+	time.Sleep(time.Second) // the command is up in the sandbox
+	stopped := time.Now()
+	shutdown()
+	r, err := staying.GetRun(ctx, run.ID)
+	must(t, err)
+	if r.Status != apiclient.RunFailed || r.Reason != "ExecutorStopped" || r.Executor != "replica-leaving" {
+		t.Fatalf("after its replica shut down the run is %+v, want failed ExecutorStopped", r)
+	}
+	t.Logf("run %s ended %s (%s) %s after its replica began shutting down", r.ID, r.Status, r.Reason,
+		time.Since(stopped).Round(time.Millisecond))
+	// Its command went with it: nothing sleeps 599 in the sandbox.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		res, err := staying.RunCommand(ctx, agent, apiclient.RunCommandRequest{
+			Command: []string{"sh", "-c", "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\\0' ' '; echo; done"}})
+		must(t, err)
+		if !strings.Contains(res.Stdout, "sleep 599") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped run's command still runs in the sandbox:\n%s", res.Stdout)
+		}
+	}
+
+	// A replica that died mid-run: its run stays "running" in the store
+	// with a heartbeat that no longer moves.
+	lost, _, err := st.CreateRun(ctx, store.Run{Caller: "admin", Mode: store.RunModeAgent, AgentID: agent,
+		Command: store.RunCommand{Argv: []string{"sleep", "30"}, TimeoutSeconds: 60}})
+	must(t, err)
+	_, err = st.StartRunAttempt(ctx, lost.ID, "replica-killed", e.ns+"/runs")
+	must(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ended, err := staying.WaitRun(wctx, lost.ID, 200*time.Millisecond)
+	if err != nil || ended.Status != apiclient.RunFailed || ended.Reason != "ExecutorLost" {
+		t.Fatalf("the run of a replica that died: %+v, %v; want failed ExecutorLost by the sweeper", ended, err)
+	}
 }
 
 // runEventsOnCluster follows a run that prints many known lines over a

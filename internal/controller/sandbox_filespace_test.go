@@ -182,7 +182,7 @@ func platformEnvAt(t *testing.T, dir string) (*clusterEnv, *store.Store, *comput
 		r.Filespaces = filespace.Syncer{Store: st}
 		r.WarmTakes = st
 	})
-	e.storePath = dbPath
+	e.storePath, e.supervisors = dbPath, pool
 	return e, st, pool
 }
 

@@ -89,6 +89,16 @@ func (e *clusterEnv) computeAPI(pool *computeapi.SupervisorPool) *apiclient.Clie
 // API's options.
 func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *store.Store, configure ...func(*computeapi.Options)) *apiclient.Client {
 	e.t.Helper()
+	c, _ := e.startComputeAPI(pool, st, configure...)
+	return c
+}
+
+// startComputeAPI is computeAPIWithStore that also returns what shuts the
+// API down, as a control plane replica's shutdown does: its server stops
+// taking calls and the Server closes (ending its runs' executors). It is
+// idempotent, and runs at the test's end in any case.
+func (e *clusterEnv) startComputeAPI(pool *computeapi.SupervisorPool, st *store.Store, configure ...func(*computeapi.Options)) (*apiclient.Client, func()) {
+	e.t.Helper()
 	const token = "lifecycle-test-token"
 	admin, err := computeapi.NewAdminTokenAuthenticator(computeapi.HashToken(token))
 	must(e.t, err)
@@ -114,12 +124,16 @@ func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *st
 	srv, err := computeapi.NewServer(opts)
 	must(e.t, err)
 	hs := httptest.NewTLSServer(srv.Handler())
-	e.t.Cleanup(func() {
-		hs.Close()
-		srv.Close()
-	})
+	var once sync.Once
+	shutdown := func() {
+		once.Do(func() {
+			hs.Close()
+			srv.Close()
+		})
+	}
+	e.t.Cleanup(shutdown)
 	e.apiCAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hs.Certificate().Raw})
-	return e.apiClient(hs.URL, token)
+	return e.apiClient(hs.URL, token), shutdown
 }
 
 // apiClient is a client of the API computeAPI serves, with token.
