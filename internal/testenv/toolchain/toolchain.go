@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/progress"
@@ -184,6 +186,11 @@ func (b *Builder) Build(ctx context.Context) error {
 	if b.ClusterOnly {
 		what = "the cluster (the tests' own servers are built by `make testenv`)"
 	}
+	unlock, err := b.lockCache(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	b.logf("testenv cache: %s; building what %s need", b.Dir, what)
 	if !b.SkipPackages {
 		if err := b.debianPackages(ctx); err != nil {
@@ -237,6 +244,39 @@ func (b *Builder) Build(ctx context.Context) error {
 	}
 	b.logf("testenv ready in %s", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// lockCache takes the cache's build lock, and waits while another build
+// (a second `make testenv`, one in another checkout) holds it: two builds
+// writing one component's sources and binaries at once break each other.
+// The lock goes with the process, so a killed build never leaves it held.
+func (b *Builder) lockCache(ctx context.Context) (unlock func(), err error) {
+	path := filepath.Join(b.Dir, "build.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open the build lock: %w", err)
+	}
+	told := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("take the build lock %s: %w", path, err)
+		}
+		if !told {
+			b.logf("another build of the test env is writing %s; waiting for it to finish", b.Dir)
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 func (b *Builder) logf(format string, args ...any) {

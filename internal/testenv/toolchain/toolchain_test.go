@@ -1,8 +1,14 @@
 package toolchain
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // The quickstart builds with ClusterOnly: what a cluster runs, and none of
@@ -43,5 +49,50 @@ func TestClusterOnlyLeavesOutWhatOnlyTestsStart(t *testing.T) {
 		if !slices.Contains(missing, want) {
 			t.Errorf("Missing on an empty cache does not list %s: %v", want, missing)
 		}
+	}
+}
+
+// A second build waits for the one holding the cache's lock, says so, and
+// goes on once it is released; a cancelled wait returns at once.
+func TestBuildsOfOneCacheTakeTurns(t *testing.T) {
+	dir := t.TempDir()
+	var firstOut, secondOut bytes.Buffer
+	first := &Builder{Dir: dir, Out: &firstOut}
+	unlock, err := first.lockCache(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := &Builder{Dir: dir, Out: &secondOut}
+	got := make(chan func(), 1)
+	go func() {
+		u, err := second.lockCache(context.Background())
+		if err != nil {
+			t.Error(err)
+			close(got)
+			return
+		}
+		got <- u
+	}()
+	select {
+	case <-got:
+		t.Fatal("the second build took the lock the first holds")
+	case <-time.After(700 * time.Millisecond):
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := (&Builder{Dir: dir, Out: io.Discard}).lockCache(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled wait: %v, want context.Canceled", err)
+	}
+	unlock()
+	select {
+	case u, ok := <-got:
+		if ok {
+			u()
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second build did not get the lock once the first released it")
+	}
+	if !strings.Contains(secondOut.String(), "waiting for it to finish") {
+		t.Errorf("the waiting build said %q", secondOut.String())
 	}
 }
