@@ -80,6 +80,9 @@ type RunCommand struct {
 	Cwd      string   `json:"cwd,omitempty"`
 	// TimeoutSeconds bounds the run; 0 means the executor's default.
 	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+	// Artifacts are the workspace-relative paths and globs of the files
+	// the run keeps as artifacts once its command has ended.
+	Artifacts []string `json:"artifacts,omitempty"`
 }
 
 // Run is the record of one run-to-completion job. CreateRun makes it
@@ -188,6 +191,11 @@ func (c RunCommand) check() error {
 	}
 	if c.TimeoutSeconds < 0 {
 		return fmt.Errorf("%w: negative run timeout", ErrInvalid)
+	}
+	for _, a := range c.Artifacts {
+		if err := checkText("artifact path", a); err != nil {
+			return err
+		}
 	}
 	return checkText("cwd", c.Cwd)
 }
