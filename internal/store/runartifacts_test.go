@@ -143,4 +143,26 @@ func testRunArtifacts(t *testing.T, b backend) {
 	if arts, coll, err := s.ListRunArtifacts(ctx, run.ID); err != nil || len(arts) != 0 || coll != nil {
 		t.Errorf("records outlived their run: %+v, %+v, %v", arts, coll, err)
 	}
+
+	// A schedule's history limits leave a run with objects to retention.
+	const sched = "team-a/nightly"
+	r := agentRun("schedule:"+sched, "")
+	r.Schedule = sched
+	scheduled := mustCreateRun(t, s, r)
+	mustStartRun(t, s, scheduled.ID, "replica-a")
+	if err := s.BeginRunArtifacts(ctx, scheduled.ID, "s3", "agentbox/_runs/"+scheduled.ID+"/"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.FinishRun(ctx, scheduled.ID, store.RunResult{Status: store.RunSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PruneScheduleRuns(ctx, sched, 0, 0); err != nil || n != 0 {
+		t.Fatalf("prune a schedule's run with objects left: %d, %v", n, err)
+	}
+	if err := s.ForgetRunArtifactObjects(ctx, scheduled.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PruneScheduleRuns(ctx, sched, 0, 0); err != nil || n != 1 {
+		t.Fatalf("prune a schedule's run once its objects are gone: %d, %v", n, err)
+	}
 }
