@@ -580,9 +580,15 @@ func (s *Server) listRunArtifacts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := api.RunArtifactList{Artifacts: make([]api.RunArtifact, 0, len(arts)), State: api.RunArtifactsPending}
-	if coll != nil {
+	switch {
+	case coll != nil && coll.State == store.ArtifactsCollecting && run.Status.Terminal():
+		// The executor stopped half-way (its replica was lost); what
+		// it recorded is all there is.
+		out.State = api.RunArtifactsCollected
+		out.Message = "the collection stopped before it finished: the control plane replica running it was lost"
+	case coll != nil:
 		out.State, out.Message = coll.State, coll.Message
-	} else if run.Status.Terminal() {
+	case run.Status.Terminal():
 		// Ended without a collection: the command never ran, or found
 		// nothing under the default path.
 		out.State = api.RunArtifactsCollected

@@ -280,4 +280,16 @@ func TestRunArtifactsWithoutStore(t *testing.T) {
 	if l, err := c.ListRunArtifacts(ctx, quiet.ID); err != nil || l.State != api.RunArtifactsCollected || l.Message != "" || len(l.Artifacts) != 0 {
 		t.Errorf("artifacts of a run without any: %+v, %v", l, err)
 	}
+	// A run whose executor was lost half-way through its upload says so.
+	lost, _, err := st.CreateRun(ctx, store.Run{Caller: "agent agent-1", Mode: store.RunModeAgent, AgentID: "agent-1",
+		Command: store.RunCommand{Argv: []string{"true"}}})
+	must(err)
+	_, err = st.StartRunAttempt(ctx, lost.ID, "replica-x", "team-a/sb-1")
+	must(err)
+	must(st.BeginRunArtifacts(ctx, lost.ID, "s3", "agentbox/_runs/"+lost.ID+"/"))
+	_, err = st.FinishRun(ctx, lost.ID, store.RunResult{Status: store.RunFailed, Reason: "ExecutorLost"})
+	must(err)
+	if l, err := c.ListRunArtifacts(ctx, lost.ID); err != nil || l.State != api.RunArtifactsCollected || !strings.Contains(l.Message, "was lost") {
+		t.Errorf("artifacts of a run lost while collecting: %+v, %v", l, err)
+	}
 }

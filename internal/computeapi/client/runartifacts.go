@@ -36,14 +36,14 @@ const HeaderArtifactSHA256 = "X-Agentbox-Artifact-Sha256"
 
 // Collection states of a run's artifacts (RunArtifactList.State).
 const (
-	// RunArtifactsPending: the run has not collected its artifacts (it
-	// is live, never started its command, or ended before runs had
-	// artifacts).
+	// RunArtifactsPending: the run is live; its artifacts are collected
+	// once its command ends.
 	RunArtifactsPending = "pending"
 	// RunArtifactsCollecting: the upload is in progress.
 	RunArtifactsCollecting = "collecting"
 	// RunArtifactsCollected: every file found is listed, uploaded or
-	// with the Error that kept it out.
+	// with the Error that kept it out. A run that ended with none (its
+	// command never ran, or left nothing under its paths) lists none.
 	RunArtifactsCollected = "collected"
 	// RunArtifactsNotKept: none were kept; Message says why.
 	RunArtifactsNotKept = "not_kept"
