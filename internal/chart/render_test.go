@@ -258,6 +258,22 @@ func TestRunRetention(t *testing.T) {
 	}
 }
 
+// TestRunArtifactLimits checks that computeApi.runArtifacts reaches the
+// control plane as the variables its flags default to.
+func TestRunArtifactLimits(t *testing.T) {
+	for raw, want := range map[string][2]string{
+		"": {"1Gi", "4Gi"},
+		"computeApi: {runArtifacts: {maxFileSize: 10Mi, maxRunSize: 1G}}\n": {"10Mi", "1G"},
+	} {
+		c := container(t, renderRaw(t, raw).deployment())
+		for i, name := range []string{"AGENTBOX_RUN_ARTIFACT_MAX_FILE_SIZE", "AGENTBOX_RUN_ARTIFACT_MAX_RUN_SIZE"} {
+			if e, ok := envValue(c, name); !ok || e.Value != want[i] {
+				t.Errorf("values %q: %s = %+v, %v; want %s", raw, name, e, ok, want[i])
+			}
+		}
+	}
+}
+
 func TestProbesPortsAndMounts(t *testing.T) {
 	d := render(t, Values{}).deployment()
 	c := container(t, d)
@@ -778,6 +794,7 @@ func TestSchemaRejects(t *testing.T) {
 		"bad embedded size":    {"snapshot: {archive: {embedded: {size: lots}}}", "size"},
 		"bad run retention":    {"computeApi: {runRetention: a week}", "runRetention"},
 		"run retention number": {"computeApi: {runRetention: 7}", "runRetention"},
+		"bad artifact size":    {"computeApi: {runArtifacts: {maxFileSize: huge}}", "maxFileSize"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -86,6 +86,8 @@ func (s *Server) addRoutes(route func(pattern string, methods ...method)) {
 	route("/v1/runs/{run_id}", method{get, "get_run", s.getRun})
 	route("/v1/runs/{run_id}/cancel", method{post, "cancel_run", s.cancelRun})
 	route("/v1/runs/{run_id}/events", method{get, "run_events", s.runEvents})
+	route("/v1/runs/{run_id}/artifacts", method{get, "list_run_artifacts", s.listRunArtifacts})
+	route("/v1/runs/{run_id}/artifacts/{path...}", method{get, "get_run_artifact", s.getRunArtifact})
 	route("/v1/tokens", method{post, "create_token", s.createToken})
 	route("/v1/tokens/{token_id}", method{del, "revoke_token", s.revokeToken})
 	route("/v1/audit", method{get, "query_audit", s.queryAudit})

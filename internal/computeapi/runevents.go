@@ -141,6 +141,7 @@ type runOutput struct {
 	maxEvents int
 	maxBytes  int64
 
+	closeOnce sync.Once
 	mu        sync.Mutex
 	streams   map[string]*lineStream
 	pending   []store.RunEvent
@@ -314,6 +315,12 @@ func (o *runOutput) flush() error {
 // close writes what the redaction and the line cutting held back, and
 // the rest of the queue, before the run's end is recorded.
 func (o *runOutput) close() {
+	o.closeOnce.Do(o.closeNow)
+}
+
+// closeNow is close, once: the run's artifacts close the output before
+// they are collected, and the attempt's end closes it in any case.
+func (o *runOutput) closeNow() {
 	close(o.stop)
 	<-o.done
 	o.mu.Lock()

@@ -241,6 +241,7 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 		output.write(ev.Stream, []byte(ev.Data))
 		return nil
 	})
+	s.collectRunArtifacts(ctx, run, sup, output, err, log)
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
 			return result(store.RunResult{Status: store.RunTimedOut, Reason: reasonDeadlineExceeded,
@@ -376,6 +377,7 @@ func (s *Server) pruneRuns(now time.Time, log logr.Logger) {
 	if s.runRetention <= 0 {
 		return
 	}
+	s.deleteExpiredArtifacts(now.Add(-s.runRetention), log)
 	ctx, done := context.WithTimeout(context.Background(), runStoreTimeout)
 	n, err := s.store.DeleteFinishedRuns(ctx, now.Add(-s.runRetention))
 	done()

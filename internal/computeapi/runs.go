@@ -68,6 +68,11 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	artifacts, apiErr := artifactPatterns(req.Artifacts)
+	if apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
 	timeout := req.TimeoutSeconds
 	if timeout == 0 {
 		timeout = supervisorapi.DefaultTimeoutSeconds
@@ -76,7 +81,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	run, created, err := s.store.CreateRun(r.Context(), store.Run{
 		RequestID: req.RequestID, Caller: PrincipalFrom(r.Context()).Name, WorkflowID: req.WorkflowID,
 		Mode: store.RunModeAgent, AgentID: req.AgentID,
-		Command: store.RunCommand{Argv: req.Command, EnvNames: names, Cwd: req.Cwd, TimeoutSeconds: timeout},
+		Command: store.RunCommand{Argv: req.Command, EnvNames: names, Cwd: req.Cwd, TimeoutSeconds: timeout, Artifacts: artifacts},
 	})
 	if apiErr := s.runStoreError(r, "create run", err); apiErr != nil {
 		writeError(w, apiErr)
@@ -220,7 +225,8 @@ func wireRun(r store.Run) api.Run {
 	return api.Run{
 		ID: r.ID, RequestID: r.RequestID, Caller: r.Caller, WorkflowID: r.WorkflowID, Schedule: r.Schedule, Mode: string(r.Mode),
 		AgentID: r.AgentID, Sandbox: r.Sandbox, Command: r.Command.Argv, EnvNames: r.Command.EnvNames,
-		Cwd: r.Command.Cwd, TimeoutSeconds: r.Command.TimeoutSeconds, Status: string(r.Status), Attempts: r.Attempts,
+		Cwd: r.Command.Cwd, TimeoutSeconds: r.Command.TimeoutSeconds, ArtifactPaths: r.Command.Artifacts,
+		Status: string(r.Status), Attempts: r.Attempts,
 		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message, OutputBytes: r.OutputBytes,
 		CancelRequestedBy: r.CancelRequestedBy, CancelledBy: r.CancelledBy, Executor: r.Executor,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, HeartbeatAt: r.HeartbeatAt,

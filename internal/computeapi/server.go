@@ -126,6 +126,9 @@ type Options struct {
 	// DefaultRunOutputMaxBytes.
 	RunOutputMaxEvents int
 	RunOutputMaxBytes  int64
+	// RunArtifacts says where runs' artifacts go (the platform's object
+	// store) and bounds them; without a store none are kept.
+	RunArtifacts RunArtifactsOptions
 }
 
 // Server serves the Compute API.
@@ -182,6 +185,8 @@ type Server struct {
 	runEventKeepalive  time.Duration
 	runOutputMaxEvents int
 	runOutputMaxBytes  int64
+	// artifacts says where runs' artifacts go.
+	artifacts RunArtifactsOptions
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
 	runWork   sync.WaitGroup
@@ -248,6 +253,7 @@ func newServer(opts Options) *Server {
 		runEventKeepalive:  positiveOr(opts.RunEventKeepalive, DefaultRunEventKeepalive),
 		runOutputMaxEvents: positiveOr(opts.RunOutputMaxEvents, DefaultRunOutputMaxEvents),
 		runOutputMaxBytes:  positiveOr(opts.RunOutputMaxBytes, DefaultRunOutputMaxBytes),
+		artifacts:          opts.RunArtifacts.withDefaults(),
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()

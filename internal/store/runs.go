@@ -80,6 +80,9 @@ type RunCommand struct {
 	Cwd      string   `json:"cwd,omitempty"`
 	// TimeoutSeconds bounds the run; 0 means the executor's default.
 	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+	// Artifacts are the workspace-relative paths and globs of the files
+	// the run keeps as artifacts once its command has ended.
+	Artifacts []string `json:"artifacts,omitempty"`
 }
 
 // Run is the record of one run-to-completion job. CreateRun makes it
@@ -188,6 +191,11 @@ func (c RunCommand) check() error {
 	}
 	if c.TimeoutSeconds < 0 {
 		return fmt.Errorf("%w: negative run timeout", ErrInvalid)
+	}
+	for _, a := range c.Artifacts {
+		if err := checkText("artifact path", a); err != nil {
+			return err
+		}
 	}
 	return checkText("cwd", c.Cwd)
 }
@@ -679,11 +687,15 @@ func (s *Store) FailStaleRuns(ctx context.Context, heartbeatBefore time.Time, re
 }
 
 // DeleteFinishedRuns deletes the records of runs that finished before
-// finishedBefore, with their event logs, for retention, and returns how
-// many runs it deleted. Live runs are never deleted.
+// finishedBefore, with their event logs and artifact records, for
+// retention, and returns how many runs it deleted. Live runs are never
+// deleted, nor are runs whose artifacts may still have objects in the
+// object store (see RunArtifactsToDelete): their records are what finds
+// the objects, so they go only after them.
 func (s *Store) DeleteFinishedRuns(ctx context.Context, finishedBefore time.Time) (int64, error) {
 	res, err := s.wdb.ExecContext(ctx, `DELETE FROM runs
-		WHERE status IN ('succeeded', 'failed', 'timed_out', 'cancelled') AND finished_at < $1`,
+		WHERE status IN ('succeeded', 'failed', 'timed_out', 'cancelled') AND finished_at < $1
+		  AND `+noArtifactObjects,
 		dbTime(finishedBefore))
 	if err != nil {
 		return 0, fmt.Errorf("delete finished runs: %w", err)
@@ -699,7 +711,8 @@ func (s *Store) DeleteFinishedRuns(ctx context.Context, finishedBefore time.Time
 // the keepSucceeded newest that succeeded and the keepFailed newest that
 // ended otherwise (failed, timed out, cancelled), newest by creation, and
 // returns how many it deleted: a schedule's history limits. Live runs are
-// never deleted.
+// never deleted, nor are runs whose artifacts may still have objects in
+// the object store: retention deletes those, objects first.
 func (s *Store) PruneScheduleRuns(ctx context.Context, schedule string, keepSucceeded, keepFailed int) (int64, error) {
 	if schedule == "" {
 		return 0, fmt.Errorf("%w: prune schedule runs needs a schedule", ErrInvalid)
@@ -719,7 +732,8 @@ func (s *Store) PruneScheduleRuns(ctx context.Context, schedule string, keepSucc
 			FROM runs
 			WHERE schedule = $1 AND status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
 		) ranked
-		WHERE (status = 'succeeded' AND n > $2) OR (status <> 'succeeded' AND n > $3))`,
+		WHERE (status = 'succeeded' AND n > $2) OR (status <> 'succeeded' AND n > $3))
+		AND `+noArtifactObjects,
 		schedule, keepSucceeded, keepFailed)
 	if err != nil {
 		return 0, fmt.Errorf("prune runs of schedule %s: %w", schedule, err)

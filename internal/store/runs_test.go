@@ -35,6 +35,7 @@ func TestRuns(t *testing.T) {
 		{"EventsTwoReplicas", testRunEventsTwoReplicas},
 		{"EventsEnd", testRunEventsEnd},
 		{"Schedule", testRunSchedule},
+		{"Artifacts", testRunArtifacts},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

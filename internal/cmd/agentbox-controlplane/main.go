@@ -89,6 +89,7 @@ type options struct {
 	kubeBurst            int
 	pushDelay            time.Duration
 	runRetention         time.Duration
+	runArtifacts         computeapi.RunArtifactsOptions // limits; the store is the snapshot driver's, set once it is made
 	purgeInterval        time.Duration
 	showVersion          bool
 	storeDSN             string
@@ -181,6 +182,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
+	artifactFlags := registerRunArtifactFlags(fs, getenv)
 	config.RegisterFlags(fs)
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -206,6 +208,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.kubeQPS <= 0 || o.kubeBurst <= 0 {
 		return nil, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.kubeQPS, o.kubeBurst)
+	}
+	if o.runArtifacts, err = artifactFlags.limits(); err != nil {
+		return nil, err
 	}
 	if o.runRetention, err = time.ParseDuration(*runRetention); err != nil || o.runRetention < 0 {
 		return nil, fmt.Errorf("--run-retention %q: want a duration of 0 or more, such as 168h", *runRetention)
@@ -271,6 +276,7 @@ func run(ctx context.Context, o *options) error {
 	if c, ok := snapshots.(interface{ Close() }); ok {
 		defer c.Close()
 	}
+	o.runArtifacts = withStore(o.runArtifacts, snapshots)
 	if err := addControllers(mgr, o, in, pool, snapshots); err != nil {
 		return err
 	}
@@ -532,6 +538,7 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 		Store:              in.store,
 		FilespacePushDelay: o.pushDelay,
 		RunRetention:       o.runRetention,
+		RunArtifacts:       o.runArtifacts,
 		DefaultTemplate:    o.defaultTemplate,
 		Replica:            replicaName(),
 	})

@@ -19,11 +19,12 @@ const runsUsage = `usage: agentbox runs start [flags] AGENT_ID -- CMD [ARGS...]
        agentbox runs get [--json] RUN_ID
        agentbox runs list [--agent A] [--status S] [--json]
        agentbox runs cancel [--json] RUN_ID
+       agentbox runs artifacts [--get PATH [-o FILE]] [--json] RUN_ID
 
 Run "agentbox runs <subcommand> -h" for its flags.
 `
 
-// runsCommand: agentbox runs start|logs|get|list|cancel.
+// runsCommand: agentbox runs start|logs|get|list|cancel|artifacts.
 func runsCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, runsUsage)
@@ -43,6 +44,8 @@ func runsCommand(ctx context.Context, args []string, getenv func(string) string,
 		cmd = o.listCommand()
 	case "cancel":
 		cmd = o.cancelCommand()
+	case "artifacts":
+		cmd = o.artifactsCommand()
 	default:
 		fmt.Fprintf(stderr, "agentbox runs: unknown subcommand %q\n%s", sub, runsUsage)
 		return exitUsage
@@ -64,6 +67,7 @@ type runOptions struct {
 	timeout               int
 	poll                  time.Duration
 	env                   envFlag
+	artifacts             []string
 	stdout, stderr        io.Writer
 	exit                  int
 }
@@ -93,6 +97,7 @@ lease the run acts for.`,
 			fs.Var(o.env, "env", "NAME=VALUE given to the command; repeatable (only the names are recorded)")
 			fs.Var(secondsFlag{&o.timeout}, "timeout", "how long the command may run, in seconds or as a duration (default: the sandbox's, 60s)")
 			fs.BoolVar(&o.asJSON, "json", false, "print the run as JSON instead of its id")
+			fs.Var(stringsFlag{&o.artifacts}, "artifact", "a workspace path or glob whose files are kept once the command ends; repeatable (default: /workspace/artifacts)")
 		},
 		check: func(args []string) error {
 			switch {
@@ -109,7 +114,7 @@ lease the run acts for.`,
 		},
 		run: func(ctx context.Context, c *client.Client, args []string) error {
 			req := client.StartRunRequest{AgentID: args[0], Command: args[1:], Cwd: o.cwd, TimeoutSeconds: o.timeout,
-				RequestID: o.requestID, WorkflowID: o.workflowID}
+				RequestID: o.requestID, WorkflowID: o.workflowID, Artifacts: o.artifacts}
 			if len(o.env) > 0 {
 				req.Env = o.env
 			}

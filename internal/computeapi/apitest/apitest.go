@@ -71,6 +71,9 @@ type Options struct {
 	// ResumeTimeout bounds how long a call waits for a sandbox that is
 	// not ready; zero means computeapi.DefaultResumeTimeout.
 	ResumeTimeout time.Duration
+	// RunArtifacts says where runs' artifacts go; none are kept without
+	// a store.
+	RunArtifacts computeapi.RunArtifactsOptions
 }
 
 // Server is a running Compute API. Its fields are set by NewServer and
@@ -161,7 +164,7 @@ func NewServer(opts Options) (s *Server, err error) {
 		auth = computeapi.ChainAuthenticators(auth, computeapi.NewStoreAuthenticator(opts.Store))
 	}
 	s.API, err = computeapi.NewServer(computeapi.Options{Sandboxes: s.Kube, Leases: s.Kube, Supervisors: s.pool,
-		Authenticator: auth, Store: opts.Store, ResumeTimeout: opts.ResumeTimeout})
+		Authenticator: auth, Store: opts.Store, ResumeTimeout: opts.ResumeTimeout, RunArtifacts: opts.RunArtifacts})
 	if err != nil {
 		return nil, fmt.Errorf("apitest: %w", err)
 	}

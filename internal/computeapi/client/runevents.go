@@ -66,6 +66,12 @@ type RunEvent struct {
 	Message string `json:"message,omitempty"`
 	// Text is a line of output: stdout and stderr events.
 	Text string `json:"text,omitempty"`
+	// Path, Size, SHA256 and Error: artifact events (see
+	// RunEventArtifact).
+	Path   string `json:"path,omitempty"`
+	Size   int64  `json:"size,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // ErrFollowIncomplete is what FollowRun returns when the stream kept

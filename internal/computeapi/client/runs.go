@@ -64,6 +64,11 @@ type StartRunRequest struct {
 	WorkflowID string `json:"workflow_id,omitempty"`
 	// Mode is RunModeAgent (the default); the others are refused yet.
 	Mode string `json:"mode,omitempty"`
+	// Artifacts are the files kept once the command ends: workspace paths
+	// (absolute under /workspace, or relative to it) of files or
+	// directories, whose segments may be globs ("/workspace/out/*.json").
+	// Empty means DefaultRunArtifactPath. See ListRunArtifacts.
+	Artifacts []string `json:"artifacts,omitempty"`
 }
 
 // Run is a run's record.
@@ -82,7 +87,10 @@ type Run struct {
 	Command []string `json:"command"`
 	// EnvNames are the names of the variables the command was given; their
 	// values are never recorded.
-	EnvNames       []string `json:"env_names,omitempty"`
+	EnvNames []string `json:"env_names,omitempty"`
+	// ArtifactPaths are the workspace-relative paths and globs whose files
+	// the run keeps as artifacts.
+	ArtifactPaths  []string `json:"artifact_paths,omitempty"`
 	Cwd            string   `json:"cwd,omitempty"`
 	TimeoutSeconds int      `json:"timeout_seconds,omitempty"`
 	Status         string   `json:"status"`

@@ -78,6 +78,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/objectstore"
 	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -132,7 +133,7 @@ const (
 // It is safe for concurrent use.
 type Driver struct {
 	cfg    Config
-	store  objectStore
+	store  objectstore.Store
 	prefix string
 
 	// base is the context of the background uploads; Close cancels it.
@@ -165,15 +166,24 @@ func (d *Driver) Name() string { return Name }
 // Store is the kind of store the archives are in: StoreS3 or
 // StoreEmbedded. A snapshot records it with the driver's name, since an
 // archive in one store cannot be restored from the other.
-func (d *Driver) Store() string { return d.store.kind() }
+func (d *Driver) Store() string { return d.store.Kind() }
+
+// ObjectStore is the store the archives are in, for the platform's other
+// objects (run artifacts), which go under keys of their own below
+// Prefix.
+func (d *Driver) ObjectStore() objectstore.Store { return d.store }
+
+// Prefix is the configured key prefix without its surrounding slashes;
+// "" means none.
+func (d *Driver) Prefix() string { return d.prefix }
 
 // Check verifies that the store can take archives: the bucket answers and
 // exists, or the directory is writable. The control plane runs it at start
 // and then periodically, so that a misconfiguration shows before the first
 // idle stop needs the store.
 func (d *Driver) Check(ctx context.Context) error {
-	if err := d.store.check(ctx); err != nil {
-		return &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotStoreUnavailable, Message: err.Error()}
+	if err := d.store.Check(ctx); err != nil {
+		return &snapshot.Problem{Reason: v1alpha1.ReasonSnapshotStoreUnavailable, Message: "archive: " + err.Error()}
 	}
 	return nil
 }
@@ -201,7 +211,7 @@ func (d *Driver) Bucket() string { return d.cfg.Bucket }
 // Location names where snapshot name of sandbox is, or would be, kept:
 // s3://bucket/key, or the file's path.
 func (d *Driver) Location(sandbox *v1alpha1.Sandbox, name string) string {
-	return d.store.location(d.Key(sandbox, name))
+	return d.store.Location(d.Key(sandbox, name))
 }
 
 func checkName(sandbox *v1alpha1.Sandbox, name string) error {
@@ -299,18 +309,18 @@ func (d *Driver) start(key, uid string, req snapshot.Request) *upload {
 
 // stat reports whether key holds sandbox uid's complete archive.
 func (d *Driver) stat(ctx context.Context, key, uid string) (snapshot.State, bool, error) {
-	info, err := d.store.stat(ctx, key)
-	if errors.Is(err, errObjectNotFound) {
+	info, err := d.store.Stat(ctx, key)
+	if errors.Is(err, objectstore.ErrNotFound) {
 		return snapshot.State{}, false, nil
 	}
 	if err != nil {
-		return snapshot.State{}, false, fmt.Errorf("archive: stat %s: %w", d.store.location(key), err)
+		return snapshot.State{}, false, fmt.Errorf("archive: stat %s: %w", d.store.Location(key), err)
 	}
-	if metaValue(info.meta, metaSandboxUID) != uid {
+	if objectstore.MetaValue(info.Meta, metaSandboxUID) != uid {
 		// A predecessor's archive under the same names; it is replaced.
 		return snapshot.State{}, false, nil
 	}
-	return snapshot.State{Ready: true, SizeBytes: info.size, ReadyTime: info.modTime}, true, nil
+	return snapshot.State{Ready: true, SizeBytes: info.Size, ReadyTime: info.ModTime}, true, nil
 }
 
 // upload streams the workspace into key and returns the finished object's
@@ -318,7 +328,7 @@ func (d *Driver) stat(ctx context.Context, key, uid string) (snapshot.State, boo
 func (d *Driver) upload(ctx context.Context, key string, req snapshot.Request) (snapshot.State, error) {
 	// A control plane that died half-way left an incomplete upload behind;
 	// it is invisible, but holds storage until removed.
-	_ = d.store.removeIncomplete(ctx, key)
+	_ = d.store.RemoveIncomplete(ctx, key)
 
 	body, err := req.Supervisor.GetTar(ctx, workspaceRoot)
 	if err != nil {
@@ -345,7 +355,7 @@ func (d *Driver) upload(ctx context.Context, key string, req snapshot.Request) (
 		metaSnapshot:   req.Name,
 		metaFormat:     d.cfg.Compression.format(),
 	}
-	putErr := d.store.put(ctx, key, pr, meta, d.cfg.Compression.contentType(), d.cfg.PartSize)
+	putErr := d.store.Put(ctx, key, pr, -1, objectstore.PutOptions{Meta: meta, ContentType: d.cfg.Compression.contentType(), PartSize: d.cfg.PartSize})
 	// Unblock the producer if the upload stopped reading first.
 	pr.CloseWithError(errConsumerDone)
 	prodErr := <-produced
@@ -354,16 +364,16 @@ func (d *Driver) upload(ctx context.Context, key string, req snapshot.Request) (
 		// The root cause: the upload failed because its input did.
 		return snapshot.State{}, fmt.Errorf("archive: stream the workspace of sandbox %s/%s: %w", req.Sandbox.Namespace, req.Sandbox.Name, prodErr)
 	case putErr != nil:
-		return snapshot.State{}, fmt.Errorf("archive: write %s: %w", d.store.location(key), putErr)
+		return snapshot.State{}, fmt.Errorf("archive: write %s: %w", d.store.Location(key), putErr)
 	case prodErr != nil:
-		return snapshot.State{}, fmt.Errorf("archive: the write of %s ended before the workspace's tar did", d.store.location(key))
+		return snapshot.State{}, fmt.Errorf("archive: the write of %s ended before the workspace's tar did", d.store.Location(key))
 	}
 	st, found, err := d.stat(ctx, key, string(req.Sandbox.UID))
 	if err != nil {
 		return snapshot.State{}, err
 	}
 	if !found {
-		return snapshot.State{}, fmt.Errorf("archive: %s is missing right after its write completed", d.store.location(key))
+		return snapshot.State{}, fmt.Errorf("archive: %s is missing right after its write completed", d.store.Location(key))
 	}
 	return st, nil
 }
@@ -413,12 +423,12 @@ func (d *Driver) Restore(ctx context.Context, req snapshot.RestoreRequest) error
 	if err != nil {
 		return err
 	}
-	where := d.store.location(key)
-	if got := metaValue(info.meta, metaSandboxUID); got != string(req.Sandbox.UID) {
+	where := d.store.Location(key)
+	if got := objectstore.MetaValue(info.Meta, metaSandboxUID); got != string(req.Sandbox.UID) {
 		return fmt.Errorf("archive: %s belongs to sandbox UID %q, not %s/%s (UID %s), an earlier sandbox of the same name: %w",
 			where, got, req.Sandbox.Namespace, req.Sandbox.Name, req.Sandbox.UID, snapshot.ErrNotFound)
 	}
-	obj, err := d.store.get(ctx, key, info)
+	obj, err := d.store.Get(ctx, key, info)
 	if err != nil {
 		return fmt.Errorf("archive: read %s: %w", where, err)
 	}
@@ -478,19 +488,19 @@ func decode(w io.Writer, src io.Reader, comp Compression) error {
 
 // find stats the snapshot's object with the configured compression first,
 // then the other.
-func (d *Driver) find(ctx context.Context, sandbox *v1alpha1.Sandbox, name string) (string, Compression, objectInfo, error) {
+func (d *Driver) find(ctx context.Context, sandbox *v1alpha1.Sandbox, name string) (string, Compression, objectstore.Info, error) {
 	comps := []Compression{d.cfg.Compression, CompressionNone}
 	if d.cfg.Compression == CompressionNone {
 		comps[1] = CompressionGzip
 	}
 	for _, c := range comps {
 		key := d.key(sandbox, name, c)
-		info, err := d.store.stat(ctx, key)
-		if errors.Is(err, errObjectNotFound) {
+		info, err := d.store.Stat(ctx, key)
+		if errors.Is(err, objectstore.ErrNotFound) {
 			continue
 		}
 		if err != nil {
-			return "", "", objectInfo{}, fmt.Errorf("archive: stat %s: %w", d.store.location(key), err)
+			return "", "", objectstore.Info{}, fmt.Errorf("archive: stat %s: %w", d.store.Location(key), err)
 		}
 		return key, c, info, nil
 	}
@@ -498,10 +508,10 @@ func (d *Driver) find(ctx context.Context, sandbox *v1alpha1.Sandbox, name strin
 	// directory whose volume is not mounted; either is a configuration
 	// problem to fix and retry, not a lost snapshot.
 	if err := d.Check(ctx); err != nil {
-		return "", "", objectInfo{}, err
+		return "", "", objectstore.Info{}, err
 	}
-	return "", "", objectInfo{}, fmt.Errorf("archive: no archive of snapshot %s of sandbox %s/%s at %s: %w",
-		name, sandbox.Namespace, sandbox.Name, d.store.location(d.key(sandbox, name, d.cfg.Compression)), snapshot.ErrNotFound)
+	return "", "", objectstore.Info{}, fmt.Errorf("archive: no archive of snapshot %s of sandbox %s/%s at %s: %w",
+		name, sandbox.Namespace, sandbox.Name, d.store.Location(d.key(sandbox, name, d.cfg.Compression)), snapshot.ErrNotFound)
 }
 
 // Delete implements snapshot.Driver: it cancels an upload in flight and
@@ -525,11 +535,11 @@ func (d *Driver) Delete(ctx context.Context, sandbox *v1alpha1.Sandbox, name str
 		} else {
 			d.mu.Unlock()
 		}
-		if err := d.store.remove(ctx, key); err != nil {
-			errs = append(errs, fmt.Errorf("archive: delete %s: %w", d.store.location(key), err))
+		if err := d.store.Remove(ctx, key); err != nil {
+			errs = append(errs, fmt.Errorf("archive: delete %s: %w", d.store.Location(key), err))
 		}
-		if err := d.store.removeIncomplete(ctx, key); err != nil {
-			errs = append(errs, fmt.Errorf("archive: remove incomplete writes of %s: %w", d.store.location(key), err))
+		if err := d.store.RemoveIncomplete(ctx, key); err != nil {
+			errs = append(errs, fmt.Errorf("archive: remove incomplete writes of %s: %w", d.store.Location(key), err))
 		}
 	}
 	return errors.Join(errs...)

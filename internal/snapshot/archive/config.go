@@ -2,23 +2,20 @@ package archive
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"strings"
 	"time"
 
-	"github.com/minio/minio-go/v7/pkg/s3utils"
+	"github.com/agentbox/terraform-provider-agentbox/internal/objectstore"
 )
 
 // Defaults for Config.
 const (
-	DefaultPartSize      = 16 << 20
-	MinPartSize          = 5 << 20 // S3's smallest part but the last
+	DefaultPartSize      = objectstore.DefaultPartSize
+	MinPartSize          = objectstore.MinPartSize // S3's smallest part but the last
 	DefaultTakeWait      = 5 * time.Second
 	DefaultUploadTimeout = time.Hour
-	DefaultRegion        = "us-east-1"
+	DefaultRegion        = objectstore.DefaultRegion
 )
 
 // Config says where the archives go: an S3-compatible bucket (Endpoint,
@@ -71,22 +68,20 @@ type Config struct {
 // New checks cfg and returns a driver. It does not contact the store or
 // touch the directory; Check does.
 func New(cfg Config) (*Driver, error) {
-	var store objectStore
-	if cfg.Dir != "" {
-		if cfg.Endpoint != "" || cfg.Bucket != "" || cfg.AccessKeyID != "" || cfg.SecretAccessKey != "" || len(cfg.CAPEM) > 0 {
-			return nil, errors.New("archive: a store directory and an S3 endpoint, bucket, keys or CA are configured together; configure one store")
-		}
-		ds, err := newDirStore(cfg.Dir)
-		if err != nil {
-			return nil, err
-		}
-		store = ds
-	} else {
-		s3, err := checkS3Config(&cfg)
-		if err != nil {
-			return nil, err
-		}
-		store = s3
+	store, err := objectstore.New(objectstore.Config{
+		Dir:             cfg.Dir,
+		Endpoint:        cfg.Endpoint,
+		Bucket:          cfg.Bucket,
+		Region:          cfg.Region,
+		AccessKeyID:     cfg.AccessKeyID,
+		SecretAccessKey: cfg.SecretAccessKey,
+		CAPEM:           cfg.CAPEM,
+		AllowHTTP:       cfg.AllowHTTP,
+		PartSize:        cfg.PartSize,
+		MaxRetries:      cfg.MaxRetries,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("archive: %w", err)
 	}
 	switch cfg.Compression {
 	case "":
@@ -94,6 +89,9 @@ func New(cfg Config) (*Driver, error) {
 	case CompressionGzip, CompressionNone:
 	default:
 		return nil, fmt.Errorf("archive: compression %q is not %q or %q", cfg.Compression, CompressionGzip, CompressionNone)
+	}
+	if cfg.PartSize == 0 {
+		cfg.PartSize = DefaultPartSize
 	}
 	if cfg.TakeWait <= 0 {
 		cfg.TakeWait = DefaultTakeWait
@@ -106,72 +104,10 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("archive: prefix %q has an empty segment or a NUL byte", cfg.Prefix)
 	}
 	if prefix != "" && cfg.Dir != "" {
-		if err := checkKey(prefix); err != nil {
+		if err := objectstore.CheckKey(prefix); err != nil {
 			return nil, fmt.Errorf("archive: prefix %q is not a plain relative path: %w", cfg.Prefix, err)
 		}
 	}
 	base, cancel := context.WithCancel(context.Background())
 	return &Driver{cfg: cfg, store: store, prefix: prefix, base: base, cancel: cancel, uploads: map[string]*upload{}}, nil
-}
-
-// checkS3Config checks and completes the S3 settings of cfg and returns
-// the store they describe.
-func checkS3Config(cfg *Config) (*s3Store, error) {
-	if cfg.Endpoint == "" {
-		return nil, errors.New("archive: the endpoint URL is required (or a store directory)")
-	}
-	u, err := url.Parse(cfg.Endpoint)
-	if err != nil {
-		return nil, fmt.Errorf("archive: endpoint %q: %w", cfg.Endpoint, err)
-	}
-	switch {
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("archive: endpoint %q must be an http:// or https:// URL", cfg.Endpoint)
-	case u.Host == "":
-		return nil, fmt.Errorf("archive: endpoint %q has no host", cfg.Endpoint)
-	case u.User != nil:
-		return nil, fmt.Errorf("archive: endpoint %q must not carry credentials; set the access key and secret key instead", redact(u))
-	case (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
-		return nil, fmt.Errorf("archive: endpoint %q must be a bare scheme://host[:port], without a path or query (the bucket is configured separately)", cfg.Endpoint)
-	}
-	secure := u.Scheme == "https"
-	if !secure && !cfg.AllowHTTP && !isLoopback(u.Hostname()) {
-		return nil, fmt.Errorf("archive: endpoint %q is plain http to a host that is not loopback: the workspaces would cross the network in clear; use https, or allow http explicitly", cfg.Endpoint)
-	}
-	if !secure && len(cfg.CAPEM) > 0 {
-		return nil, fmt.Errorf("archive: a CA is configured but endpoint %q is not https", cfg.Endpoint)
-	}
-	if cfg.Bucket == "" {
-		return nil, errors.New("archive: the bucket is required")
-	}
-	if err := s3utils.CheckValidBucketNameStrict(cfg.Bucket); err != nil {
-		return nil, fmt.Errorf("archive: bucket %q: %w", cfg.Bucket, err)
-	}
-	if cfg.AccessKeyID == "" || cfg.SecretAccessKey == "" {
-		return nil, errors.New("archive: the access key ID and the secret access key are both required")
-	}
-	switch {
-	case cfg.PartSize == 0:
-		cfg.PartSize = DefaultPartSize
-	case cfg.PartSize < MinPartSize:
-		return nil, fmt.Errorf("archive: part size %d is below S3's minimum of %d bytes", cfg.PartSize, MinPartSize)
-	}
-	if cfg.Region == "" {
-		cfg.Region = DefaultRegion
-	}
-	return newS3Store(*cfg, u)
-}
-
-func redact(u *url.URL) string {
-	c := *u
-	c.User = nil
-	return c.String()
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
