@@ -322,8 +322,8 @@ const runColumns = `id, request_id, caller, holder, workflow_id, schedule, mode,
 
 func scanRun(row interface{ Scan(...any) error }) (Run, error) {
 	var (
-		r                            Run
-		mode, status, cmd            string
+		r                                     Run
+		mode, status, cmd                     string
 		exit, ttl                             sql.NullInt64
 		started, finished, heartbeat, expires sql.NullTime
 	)
