@@ -126,6 +126,11 @@ type Options struct {
 	// DefaultRunOutputMaxBytes.
 	RunOutputMaxEvents int
 	RunOutputMaxBytes  int64
+	// RunRetryBackoff is how long a job run waits before its first retry;
+	// each further retry waits twice as long as the one before, up to
+	// RunRetryBackoffMax. They default to DefaultRunRetryBackoff and
+	// DefaultRunRetryBackoffMax.
+	RunRetryBackoff, RunRetryBackoffMax time.Duration
 }
 
 // Server serves the Compute API.
@@ -182,6 +187,8 @@ type Server struct {
 	runEventKeepalive  time.Duration
 	runOutputMaxEvents int
 	runOutputMaxBytes  int64
+	// runRetryBackoff and runRetryBackoffMax: see Options.
+	runRetryBackoff, runRetryBackoffMax time.Duration
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
 	runWork   sync.WaitGroup
@@ -248,6 +255,8 @@ func newServer(opts Options) *Server {
 		runEventKeepalive:  positiveOr(opts.RunEventKeepalive, DefaultRunEventKeepalive),
 		runOutputMaxEvents: positiveOr(opts.RunOutputMaxEvents, DefaultRunOutputMaxEvents),
 		runOutputMaxBytes:  positiveOr(opts.RunOutputMaxBytes, DefaultRunOutputMaxBytes),
+		runRetryBackoff:    positiveOr(opts.RunRetryBackoff, DefaultRunRetryBackoff),
+		runRetryBackoffMax: positiveOr(opts.RunRetryBackoffMax, DefaultRunRetryBackoffMax),
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()
