@@ -1,8 +1,12 @@
 package computeapi
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
 // TestRetryBackoff: a job run's backoff doubles from the base after every
@@ -19,5 +23,34 @@ func TestRetryBackoff(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("backoffs %v, want %v", got, want)
 		}
+	}
+}
+
+// TestPoolRunInProcess: a pool run leases the pool's ready sandbox, runs
+// in it under the lease, records the sandbox and its agent, and releases
+// the lease when it ends, so that the pool's controller recycles it. The
+// fixture's supervisor serves no streamed commands, so the run fails
+// there: the release after a failed run is what this shows (the cluster
+// test runs pool runs to success).
+func TestPoolRunInProcess(t *testing.T) {
+	ctx := context.Background()
+	f := servedPoolFixture(t)
+	c := f.client(t, adminToken)
+	run, created, err := c.StartRun(ctx, api.StartRunRequest{Mode: api.RunModePool, Pool: "team-a/p", Command: []string{"echo", "hi"}})
+	if err != nil || !created || run.Pool != "team-a/p" || run.AgentID != "" {
+		t.Fatalf("start pool run: %+v, %v, %v", run, created, err)
+	}
+	done := waitRun(t, c, run.ID)
+	if done.Status != api.RunFailed || done.Reason != "SupervisorUnavailable" || done.Sandbox != "team-a/w-1" || done.AgentID != "warm.p.w-1" ||
+		len(done.AttemptHistory) != 1 || done.AttemptHistory[0].Sandbox != "team-a/w-1" {
+		t.Fatalf("pool run ended %+v", done)
+	}
+	f.settled()
+	l := f.leaseNamed(t, "w-1")
+	if got := l.Annotations[v1alpha1.AnnotationLeaseReleasedRequestID]; got != run.ID {
+		t.Errorf("the pool sandbox's Lease says request %q released, want the run's %s (annotations %v)", got, run.ID, l.Annotations)
+	}
+	if sb := f.sandboxNamed(t, "w-1"); sb.Annotations[v1alpha1.AnnotationPoolLeaseRequestID] != run.ID {
+		t.Errorf("the pool sandbox is not marked leased by the run: %v", sb.Annotations)
 	}
 }
