@@ -54,3 +54,33 @@ func TestPoolRunInProcess(t *testing.T) {
 		t.Errorf("the pool sandbox is not marked leased by the run: %v", sb.Annotations)
 	}
 }
+
+// TestJobRunWithoutItsTemplate: a job run whose template does not exist
+// ends failed at its first attempt, saying so, without retries (nothing
+// was created, so nothing could succeed on a retry) and without a
+// sandbox left behind.
+func TestJobRunWithoutItsTemplate(t *testing.T) {
+	ctx := context.Background()
+	f := servedPoolFixture(t)
+	c := f.client(t, adminToken)
+	ttl := 0
+	run, _, err := c.StartRun(ctx, api.StartRunRequest{Mode: api.RunModeJob, Template: "team-a/nope", BackoffLimit: 2,
+		TTLSecondsAfterFinished: &ttl, Command: []string{"true"}})
+	if err != nil || run.AgentID != run.ID || run.Template != "team-a/nope" || run.BackoffLimit != 2 {
+		t.Fatalf("start job run: %+v, %v", run, err)
+	}
+	done := waitRun(t, c, run.ID)
+	if done.Status != api.RunFailed || done.Reason != "InvalidArgument" || done.Attempts != 1 || done.Sandbox != "team-a/"+run.ID ||
+		done.ExpiresAt == nil || !done.ExpiresAt.Equal(*done.FinishedAt) {
+		t.Fatalf("job run without its template ended %+v", done)
+	}
+	var list v1alpha1.SandboxList
+	if err := f.kube.List(ctx, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list.Items {
+		if sb.Labels[v1alpha1.LabelRunID] != "" {
+			t.Errorf("sandbox %s of run %s was made", sb.Name, sb.Labels[v1alpha1.LabelRunID])
+		}
+	}
+}

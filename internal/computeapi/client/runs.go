@@ -193,9 +193,11 @@ type RunFilter struct {
 
 // StartRun starts a run and returns its record, with created false when
 // the caller's request id named a run started before (which is returned
-// as it stands, and not started again). The run executes in the sandbox
-// of req.AgentID, so it presents the lease the client uses on that agent
-// (see UseLease): a held sandbox refuses a run without it (ErrLeaseHeld).
+// as it stands, and not started again). An agent run executes in the
+// sandbox of req.AgentID, so it presents the lease the client uses on that
+// agent (see UseLease): a held sandbox refuses a run without it
+// (ErrLeaseHeld). A pool or job run gets a sandbox of its own (req.Pool,
+// req.Template).
 func (c *Client) StartRun(ctx context.Context, req StartRunRequest) (*Run, bool, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
