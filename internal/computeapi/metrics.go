@@ -55,7 +55,7 @@ var (
 	})
 	metricRunsDeleted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "agentbox_runs_deleted_total",
-		Help: "Finished runs whose records this replica's sweeper deleted once past the run retention.",
+		Help: "Finished runs whose records this replica's sweeper deleted once past the run retention or their own TTL.",
 	})
 )
 

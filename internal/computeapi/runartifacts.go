@@ -495,11 +495,11 @@ func (r *hashingReader) Read(p []byte) (int, error) {
 // records each run whose objects are all gone, so that the store lets its
 // record go. A run whose objects could not all be deleted keeps its record
 // (which is what finds them) until a later prune.
-func (s *Server) deleteExpiredArtifacts(bound time.Time, log logr.Logger) {
+func (s *Server) deleteExpiredArtifacts(bound, now time.Time, log logr.Logger) {
 	st := s.artifacts.Store
 	for {
 		ctx, done := context.WithTimeout(context.Background(), runStoreTimeout)
-		todo, err := s.store.RunArtifactsToDelete(ctx, bound, 100)
+		todo, err := s.store.RunArtifactsToDelete(ctx, bound, now, 100)
 		done()
 		if err != nil {
 			log.Error(err, "list the expired runs' artifacts")

@@ -6,7 +6,10 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
@@ -34,19 +37,11 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	if apiErr := s.authorize(r, req.AgentID); apiErr != nil {
-		writeError(w, apiErr)
-		return
+	if req.Mode == "" {
+		req.Mode = api.RunModeAgent
 	}
-	noteAuditAgent(r.Context(), req.AgentID)
-	switch req.Mode {
-	case "", api.RunModeAgent:
-	case api.RunModePool, api.RunModeJob:
-		writeError(w, api.Errorf(api.CodeInvalidArgument,
-			"run mode %q is not served yet: only mode %q (a run in the agent's own sandbox) is", req.Mode, api.RunModeAgent))
-		return
-	default:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "run mode must be %q, got %q", api.RunModeAgent, req.Mode))
+	if apiErr := s.checkRunMode(r, &req); apiErr != nil {
+		writeError(w, apiErr)
 		return
 	}
 	switch {
@@ -56,16 +51,24 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	case req.TimeoutSeconds < 0:
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds))
 		return
+	case req.ActiveDeadlineSeconds < 0:
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "active_deadline_seconds must not be negative, got %d", req.ActiveDeadlineSeconds))
+		return
+	case req.TTLSecondsAfterFinished != nil && *req.TTLSecondsAfterFinished < 0:
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl_seconds_after_finished must not be negative, got %d", *req.TTLSecondsAfterFinished))
+		return
 	}
-	// A run reaches the agent's sandbox like run_command, so a hold on it
-	// refuses a run that does not present the hold's lease ID, at once
-	// rather than in the run's record. The executor checks again when the
-	// attempt starts (the hold goes on with it), and a sandbox missing now
-	// is left to it, whose record says so.
-	if sb, apiErr := s.agentSandbox(r.Context(), req.AgentID); apiErr == nil {
-		if apiErr := s.checkHold(r.Context(), sb); apiErr != nil {
-			writeError(w, apiErr)
-			return
+	if req.Mode == api.RunModeAgent {
+		// A run reaches the agent's sandbox like run_command, so a hold on
+		// it refuses a run that does not present the hold's lease ID, at
+		// once rather than in the run's record. The executor checks again
+		// when the attempt starts (the hold goes on with it), and a sandbox
+		// missing now is left to it, whose record says so.
+		if sb, apiErr := s.agentSandbox(r.Context(), req.AgentID); apiErr == nil {
+			if apiErr := s.checkHold(r.Context(), sb); apiErr != nil {
+				writeError(w, apiErr)
+				return
+			}
 		}
 	}
 	artifacts, apiErr := artifactPatterns(req.Artifacts)
@@ -80,8 +83,10 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	names := slices.Sorted(maps.Keys(req.Env))
 	run, created, err := s.store.CreateRun(r.Context(), store.Run{
 		RequestID: req.RequestID, Caller: PrincipalFrom(r.Context()).Name, WorkflowID: req.WorkflowID,
-		Mode: store.RunModeAgent, AgentID: req.AgentID,
-		Command: store.RunCommand{Argv: req.Command, EnvNames: names, Cwd: req.Cwd, TimeoutSeconds: timeout, Artifacts: artifacts},
+		Mode: store.RunMode(req.Mode), AgentID: req.AgentID, Pool: req.Pool, Template: req.Template,
+		Command:      store.RunCommand{Argv: req.Command, EnvNames: names, Cwd: req.Cwd, TimeoutSeconds: timeout, Artifacts: artifacts},
+		BackoffLimit: req.BackoffLimit, ActiveDeadlineSeconds: req.ActiveDeadlineSeconds,
+		TTLSecondsAfterFinished: req.TTLSecondsAfterFinished,
 	})
 	if apiErr := s.runStoreError(r, "create run", err); apiErr != nil {
 		writeError(w, apiErr)
@@ -95,6 +100,73 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	metricRunsStarted.WithLabelValues(string(run.Mode)).Inc()
 	s.executeRun(r.Context(), run, runInput{env: req.Env, stdin: req.Stdin})
 	writeJSON(w, http.StatusAccepted, wireRun(run))
+}
+
+// checkRunMode checks that the caller may start a run of req's mode and
+// that req names where the run goes, and nothing of another mode's.
+func (s *Server) checkRunMode(r *http.Request, req *api.StartRunRequest) *api.Error {
+	refuse := func(field, mode string) *api.Error {
+		return api.Errorf(api.CodeInvalidArgument, "%s does not apply to a run of mode %q", field, mode)
+	}
+	switch req.Mode {
+	case api.RunModeAgent:
+		switch {
+		case req.Pool != "":
+			return refuse("pool", req.Mode)
+		case req.Template != "":
+			return refuse("template", req.Mode)
+		case req.BackoffLimit != 0:
+			return refuse("backoff_limit", req.Mode)
+		}
+		if apiErr := s.authorize(r, req.AgentID); apiErr != nil {
+			return apiErr
+		}
+		noteAuditAgent(r.Context(), req.AgentID)
+		return nil
+	case api.RunModePool, api.RunModeJob:
+	default:
+		return api.Errorf(api.CodeInvalidArgument, "run mode must be %q, %q or %q, got %q",
+			api.RunModeAgent, api.RunModePool, api.RunModeJob, req.Mode)
+	}
+	if req.AgentID != "" {
+		return api.Errorf(api.CodeInvalidArgument,
+			"agent_id does not apply to a run of mode %q: its sandbox (and the agent ID it answers to) comes from the %s",
+			req.Mode, map[string]string{api.RunModePool: "pool", api.RunModeJob: "template"}[req.Mode])
+	}
+	ref, field := req.Pool, "pool"
+	if req.Mode == api.RunModeJob {
+		if req.Pool != "" {
+			return refuse("pool", req.Mode)
+		}
+		ref, field = req.Template, "template"
+		if req.BackoffLimit < 0 || req.BackoffLimit > api.MaxRunBackoffLimit {
+			return api.Errorf(api.CodeInvalidArgument, "backoff_limit must be between 0 and %d, got %d",
+				api.MaxRunBackoffLimit, req.BackoffLimit)
+		}
+	} else {
+		switch {
+		case req.Template != "":
+			return refuse("template", req.Mode)
+		case req.BackoffLimit != 0:
+			return refuse("backoff_limit", req.Mode)
+		}
+	}
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+		return api.Errorf(api.CodeInvalidArgument, "a run of mode %q needs %s as <namespace>/<name>, got %q", req.Mode, field, ref)
+	}
+	if !s.serves(ns) {
+		return api.Errorf(api.CodeInvalidArgument, "the platform does not serve sandboxes in namespace %q (%s %s)", ns, field, ref)
+	}
+	if p := PrincipalFrom(r.Context()); p == nil || !p.AllAgents {
+		// A pool sandbox belongs to no agent until leased, and a job's
+		// template decides the namespace, image and limits it runs with:
+		// as for pool leases and creating from any template, an admin's
+		// call.
+		return api.Errorf(api.CodePermissionDenied, "a run of mode %q needs an admin token, as %s does", req.Mode,
+			map[string]string{api.RunModePool: "leasing from a warm pool", api.RunModeJob: "creating a sandbox from a chosen template"}[req.Mode])
+	}
+	return nil
 }
 
 // runStoreError maps a store error to the API's, logging what is the
@@ -137,7 +209,25 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	writeJSON(w, http.StatusOK, wireRun(run))
+	writeJSON(w, http.StatusOK, s.wireRunAttempts(r, run))
+}
+
+// wireRunAttempts is wireRun with the run's attempt history. The history
+// is best effort: a store that fails to read it leaves it out (and logs
+// it) rather than fail the read of the run.
+func (s *Server) wireRunAttempts(r *http.Request, run store.Run) api.Run {
+	out := wireRun(run)
+	attempts, err := s.store.ListRunAttempts(r.Context(), run.ID)
+	if err != nil {
+		s.callLog(r, "read run attempts").Error(err, "read run attempts", "run", run.ID)
+		return out
+	}
+	for _, a := range attempts {
+		out.AttemptHistory = append(out.AttemptHistory, api.RunAttempt{Attempt: a.Attempt, Sandbox: a.Sandbox,
+			Status: string(a.Status), ExitCode: a.ExitCode, Reason: a.Reason, Message: a.Message,
+			OutputBytes: a.OutputBytes, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt})
+	}
+	return out
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
@@ -203,7 +293,7 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 	}
 	run, err := s.store.RequestRunCancel(r.Context(), run.ID, PrincipalFrom(r.Context()).Name)
 	if errors.Is(err, store.ErrRunFinished) {
-		writeJSON(w, http.StatusOK, wireRun(run))
+		writeJSON(w, http.StatusOK, s.wireRunAttempts(r, run))
 		return
 	}
 	if apiErr := s.runStoreError(r, "cancel run", err); apiErr != nil {
@@ -217,7 +307,7 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 		s.runNotes.notify(run.ID)
 		metricRunsFinished.WithLabelValues(string(run.Status), string(run.Mode)).Inc()
 	}
-	writeJSON(w, http.StatusOK, wireRun(run))
+	writeJSON(w, http.StatusOK, s.wireRunAttempts(r, run))
 }
 
 // wireRun is a run's record as the API sends it.
@@ -230,5 +320,7 @@ func wireRun(r store.Run) api.Run {
 		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message, OutputBytes: r.OutputBytes,
 		CancelRequestedBy: r.CancelRequestedBy, CancelledBy: r.CancelledBy, Executor: r.Executor,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, HeartbeatAt: r.HeartbeatAt,
+		Pool: r.Pool, Template: r.Template, BackoffLimit: r.BackoffLimit, ActiveDeadlineSeconds: r.ActiveDeadlineSeconds,
+		TTLSecondsAfterFinished: r.TTLSecondsAfterFinished, ExpiresAt: r.ExpiresAt,
 	}
 }

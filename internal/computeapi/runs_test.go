@@ -259,20 +259,52 @@ func TestRunAgentIsolationAndRefusals(t *testing.T) {
 		t.Errorf("admin lists failed runs %+v, %v", l, err)
 	}
 
-	for _, mode := range []string{api.RunModePool, api.RunModeJob} {
-		_, _, err = a1.StartRun(ctx, api.StartRunRequest{AgentID: "agent-1", Command: []string{"true"}, Mode: mode})
-		if e := wantAPIError(t, err, api.CodeInvalidArgument, http.StatusBadRequest); !strings.Contains(e.Message, "only mode \"agent\"") {
-			t.Errorf("mode %s refused with %q", mode, e.Message)
-		}
-	}
-	for name, req := range map[string]api.StartRunRequest{
-		"no command":       {AgentID: "agent-1"},
-		"negative timeout": {AgentID: "agent-1", Command: []string{"true"}, TimeoutSeconds: -1},
-		"unknown mode":     {AgentID: "agent-1", Command: []string{"true"}, Mode: "cron"},
+	// Pool and job runs are an admin's, as pool leases and sandboxes
+	// from a chosen template are.
+	for _, req := range []api.StartRunRequest{
+		{Mode: api.RunModePool, Pool: "team-a/warm", Command: []string{"true"}},
+		{Mode: api.RunModeJob, Template: "team-a/tpl", Command: []string{"true"}},
 	} {
 		_, _, err = a1.StartRun(ctx, req)
-		if e := (*api.Error)(nil); !errors.As(err, &e) || e.Code != api.CodeInvalidArgument {
-			t.Errorf("%s: %v", name, err)
+		if e := wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden); !strings.Contains(e.Message, "admin token") {
+			t.Errorf("mode %s refused with %q", req.Mode, e.Message)
+		}
+	}
+	ttl := -1
+	cmd := []string{"true"}
+	for name, c := range map[string]struct {
+		req  api.StartRunRequest
+		want string
+	}{
+		"no command":             {api.StartRunRequest{AgentID: "agent-1"}, "command"},
+		"negative timeout":       {api.StartRunRequest{AgentID: "agent-1", Command: cmd, TimeoutSeconds: -1}, "timeout_seconds"},
+		"unknown mode":           {api.StartRunRequest{AgentID: "agent-1", Command: cmd, Mode: "cron"}, "run mode"},
+		"agent run with pool":    {api.StartRunRequest{AgentID: "agent-1", Command: cmd, Pool: "team-a/warm"}, "pool"},
+		"agent run with tpl":     {api.StartRunRequest{AgentID: "agent-1", Command: cmd, Template: "team-a/tpl"}, "template"},
+		"agent run with retries": {api.StartRunRequest{AgentID: "agent-1", Command: cmd, BackoffLimit: 1}, "backoff_limit"},
+		"pool run with agent": {api.StartRunRequest{Mode: api.RunModePool, AgentID: "agent-1", Pool: "team-a/warm", Command: cmd},
+			"agent_id"},
+		"pool run without pool": {api.StartRunRequest{Mode: api.RunModePool, Command: cmd}, "pool as <namespace>/<name>"},
+		"pool run with tpl": {api.StartRunRequest{Mode: api.RunModePool, Pool: "team-a/warm", Template: "team-a/tpl", Command: cmd},
+			"template"},
+		"pool run with retries": {api.StartRunRequest{Mode: api.RunModePool, Pool: "team-a/warm", BackoffLimit: 2, Command: cmd},
+			"backoff_limit"},
+		"job run with pool": {api.StartRunRequest{Mode: api.RunModeJob, Template: "team-a/tpl", Pool: "team-a/warm", Command: cmd},
+			"pool"},
+		"job run without tpl": {api.StartRunRequest{Mode: api.RunModeJob, Command: cmd}, "template as <namespace>/<name>"},
+		"job run bad tpl":     {api.StartRunRequest{Mode: api.RunModeJob, Template: "Team_A", Command: cmd}, "template"},
+		"too many retries": {api.StartRunRequest{Mode: api.RunModeJob, Template: "team-a/tpl", BackoffLimit: 11, Command: cmd},
+			"between 0 and 10"},
+		"negative retries": {api.StartRunRequest{Mode: api.RunModeJob, Template: "team-a/tpl", BackoffLimit: -1, Command: cmd},
+			"between 0 and 10"},
+		"negative deadline": {api.StartRunRequest{Mode: api.RunModeJob, Template: "team-a/tpl", ActiveDeadlineSeconds: -1, Command: cmd},
+			"active_deadline_seconds"},
+		"negative ttl": {api.StartRunRequest{AgentID: "agent-1", TTLSecondsAfterFinished: &ttl, Command: cmd},
+			"ttl_seconds_after_finished"},
+	} {
+		_, _, err = admin.StartRun(ctx, c.req)
+		if e := (*api.Error)(nil); !errors.As(err, &e) || e.Code != api.CodeInvalidArgument || !strings.Contains(e.Message, c.want) {
+			t.Errorf("%s: %v, want invalid_argument about %s", name, err, c.want)
 		}
 	}
 	_, err = admin.ListRuns(ctx, api.RunFilter{Status: "sleeping"})

@@ -129,6 +129,11 @@ type Options struct {
 	// RunArtifacts says where runs' artifacts go (the platform's object
 	// store) and bounds them; without a store none are kept.
 	RunArtifacts RunArtifactsOptions
+	// RunRetryBackoff is how long a job run waits before its first retry;
+	// each further retry waits twice as long as the one before, up to
+	// RunRetryBackoffMax. They default to DefaultRunRetryBackoff and
+	// DefaultRunRetryBackoffMax.
+	RunRetryBackoff, RunRetryBackoffMax time.Duration
 }
 
 // Server serves the Compute API.
@@ -187,6 +192,8 @@ type Server struct {
 	runOutputMaxBytes  int64
 	// artifacts says where runs' artifacts go.
 	artifacts RunArtifactsOptions
+	// runRetryBackoff and runRetryBackoffMax: see Options.
+	runRetryBackoff, runRetryBackoffMax time.Duration
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
 	runWork   sync.WaitGroup
@@ -254,6 +261,8 @@ func newServer(opts Options) *Server {
 		runOutputMaxEvents: positiveOr(opts.RunOutputMaxEvents, DefaultRunOutputMaxEvents),
 		runOutputMaxBytes:  positiveOr(opts.RunOutputMaxBytes, DefaultRunOutputMaxBytes),
 		artifacts:          opts.RunArtifacts.withDefaults(),
+		runRetryBackoff:    positiveOr(opts.RunRetryBackoff, DefaultRunRetryBackoff),
+		runRetryBackoffMax: positiveOr(opts.RunRetryBackoffMax, DefaultRunRetryBackoffMax),
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()

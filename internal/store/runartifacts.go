@@ -283,18 +283,21 @@ func (s *Store) GetRunArtifact(ctx context.Context, runID, path string) (RunArti
 // RunArtifactsToDelete returns, for retention, the artifact collections
 // that may have left objects in the object store (all but those whose
 // artifacts were not kept) of runs that finished before finishedBefore,
-// at most limit of them, oldest first. The caller deletes the objects
+// or whose own TTL has expired by now, at most limit of them, oldest first. The caller deletes the objects
 // under each one's Prefix and then calls ForgetRunArtifactObjects;
 // DeleteFinishedRuns leaves the runs of the others alone.
-func (s *Store) RunArtifactsToDelete(ctx context.Context, finishedBefore time.Time, limit int) ([]RunArtifactCollection, error) {
+func (s *Store) RunArtifactsToDelete(ctx context.Context, finishedBefore, now time.Time, limit int) ([]RunArtifactCollection, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: run artifacts page size %d", ErrInvalid, limit)
 	}
+	// A run with a TTL of its own goes at its expiry, whatever the
+	// retention (DeleteExpiredRuns), and so do its objects.
 	rows, err := s.db.QueryContext(ctx, `SELECT c.run_id, c.state, c.store, c.prefix, c.message, c.started_at, c.finished_at
 		FROM run_artifact_collections c JOIN runs r ON r.id = c.run_id
-		WHERE r.status IN ('succeeded', 'failed', 'timed_out', 'cancelled') AND r.finished_at < $1
+		WHERE r.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+		  AND ((r.ttl_seconds_after_finished IS NULL AND r.finished_at < $1) OR (r.expires_at IS NOT NULL AND r.expires_at <= $4))
 		  AND c.state <> $2 AND c.prefix <> ''
-		ORDER BY r.finished_at, r.id LIMIT $3`, dbTime(finishedBefore), ArtifactsNotKept, limit)
+		ORDER BY r.finished_at, r.id LIMIT $3`, dbTime(finishedBefore), ArtifactsNotKept, limit, dbTime(now))
 	if err != nil {
 		return nil, fmt.Errorf("run artifacts to delete: %w", err)
 	}

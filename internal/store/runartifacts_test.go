@@ -121,7 +121,7 @@ func testRunArtifacts(t *testing.T, b backend) {
 	// Retention: the run with objects stays until they are forgotten.
 	clk.Advance(time.Hour)
 	bound := clk.Now()
-	todo, err := s.RunArtifactsToDelete(ctx, bound, 10)
+	todo, err := s.RunArtifactsToDelete(ctx, bound, bound, 10)
 	if err != nil || len(todo) != 1 || todo[0].RunID != run.ID || todo[0].Prefix != prefix {
 		t.Fatalf("to delete: %+v, %v", todo, err)
 	}
@@ -134,7 +134,7 @@ func testRunArtifacts(t *testing.T, b backend) {
 	if err := s.ForgetRunArtifactObjects(ctx, run.ID); err != nil {
 		t.Fatal(err)
 	}
-	if todo, err := s.RunArtifactsToDelete(ctx, bound, 10); err != nil || len(todo) != 0 {
+	if todo, err := s.RunArtifactsToDelete(ctx, bound, bound, 10); err != nil || len(todo) != 0 {
 		t.Fatalf("to delete after forgetting: %+v, %v", todo, err)
 	}
 	if n, err := s.DeleteFinishedRuns(ctx, bound); err != nil || n != 1 {
@@ -142,6 +142,38 @@ func testRunArtifacts(t *testing.T, b backend) {
 	}
 	if arts, coll, err := s.ListRunArtifacts(ctx, run.ID); err != nil || len(arts) != 0 || coll != nil {
 		t.Errorf("records outlived their run: %+v, %+v, %v", arts, coll, err)
+	}
+
+	// A run with a TTL of its own: its objects are due at its expiry,
+	// whatever the retention, and its record goes only after them.
+	ttl := 60
+	tr := agentRun("tok-1", "")
+	tr.TTLSecondsAfterFinished = &ttl
+	timed := mustCreateRun(t, s, tr)
+	mustStartRun(t, s, timed.ID, "replica-a")
+	if err := s.BeginRunArtifacts(ctx, timed.ID, "s3", "agentbox/_runs/"+timed.ID+"/"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.FinishRun(ctx, timed.ID, store.RunResult{Status: store.RunSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	var noRetention time.Time
+	if todo, err := s.RunArtifactsToDelete(ctx, noRetention, clk.Now(), 10); err != nil || len(todo) != 0 {
+		t.Fatalf("to delete before the TTL: %+v, %v", todo, err)
+	}
+	clk.Advance(2 * time.Minute)
+	todo, err = s.RunArtifactsToDelete(ctx, noRetention, clk.Now(), 10)
+	if err != nil || len(todo) != 1 || todo[0].RunID != timed.ID {
+		t.Fatalf("to delete past the TTL: %+v, %v", todo, err)
+	}
+	if n, err := s.DeleteExpiredRuns(ctx, clk.Now()); err != nil || n != 0 {
+		t.Fatalf("delete an expired run with objects left: %d, %v", n, err)
+	}
+	if err := s.ForgetRunArtifactObjects(ctx, timed.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.DeleteExpiredRuns(ctx, clk.Now()); err != nil || n != 1 {
+		t.Fatalf("delete the expired run once its objects are gone: %d, %v", n, err)
 	}
 
 	// A schedule's history limits leave a run with objects to retention.

@@ -114,8 +114,9 @@ type Run struct {
 	Pool    string
 	Command RunCommand
 	Status  RunStatus
-	// Attempts counts StartRunAttempt calls: more than one means an
-	// executor was lost and another took the run over.
+	// Attempts counts StartRunAttempt calls: a job run's retries, or an
+	// executor lost and another taking the run over. Each attempt is
+	// recorded (ListRunAttempts).
 	Attempts int
 	// ExitCode is the command's exit status, when it exited.
 	ExitCode *int
@@ -136,7 +137,23 @@ type Run struct {
 	StartedAt   *time.Time
 	FinishedAt  *time.Time
 	HeartbeatAt *time.Time
+	// BackoffLimit is how many times a job run's failed attempt is
+	// retried (MaxRunBackoffLimit at most).
+	BackoffLimit int
+	// ActiveDeadlineSeconds bounds the whole run, from its creation,
+	// retries and waits included; 0 means no bound.
+	ActiveDeadlineSeconds int
+	// TTLSecondsAfterFinished, when set, is how long the record is kept
+	// after the run ends, instead of the platform's retention.
+	TTLSecondsAfterFinished *int
+	// ExpiresAt is when the record goes: the end plus
+	// TTLSecondsAfterFinished, set when the run ends.
+	ExpiresAt *time.Time
 }
+
+// MaxRunBackoffLimit bounds a run's BackoffLimit: more retries than this
+// are a loop, not a retry policy.
+const MaxRunBackoffLimit = 10
 
 // reasonPattern is what a Reason looks like: a CamelCase word, so that it
 // can be matched on by programs (the message is for people).
@@ -237,6 +254,16 @@ func (s *Store) CreateRun(ctx context.Context, r Run) (Run, bool, error) {
 	if err := r.Command.check(); err != nil {
 		return Run{}, false, err
 	}
+	switch {
+	case r.BackoffLimit < 0 || r.BackoffLimit > MaxRunBackoffLimit:
+		return Run{}, false, fmt.Errorf("%w: run backoff limit %d is not within 0..%d", ErrInvalid, r.BackoffLimit, MaxRunBackoffLimit)
+	case r.BackoffLimit > 0 && r.Mode != RunModeJob:
+		return Run{}, false, fmt.Errorf("%w: only a job run retries (backoff limit)", ErrInvalid)
+	case r.ActiveDeadlineSeconds < 0:
+		return Run{}, false, fmt.Errorf("%w: negative run active deadline", ErrInvalid)
+	case r.TTLSecondsAfterFinished != nil && *r.TTLSecondsAfterFinished < 0:
+		return Run{}, false, fmt.Errorf("%w: negative run TTL after finished", ErrInvalid)
+	}
 	for f, v := range map[string]string{"run id": r.ID, "request id": r.RequestID, "caller": r.Caller,
 		"holder": r.Holder, "workflow id": r.WorkflowID, "agent id": r.AgentID} {
 		if err := checkText(f, v); err != nil {
@@ -255,6 +282,12 @@ func (s *Store) CreateRun(ctx context.Context, r Run) (Run, bool, error) {
 	if r.ID == "" {
 		r.ID = newRunID()
 	}
+	if r.Mode == RunModeJob && r.AgentID == "" {
+		// A job run's sandbox is its own, and so is the agent ID the
+		// sandbox answers to.
+		r.AgentID = r.ID
+	}
+	r.ExpiresAt = nil
 	r.Status, r.Attempts, r.ExitCode = RunQueued, 0, nil
 	r.Reason, r.Message, r.OutputBytes = "", "", 0
 	r.CancelRequestedBy, r.CancelledBy, r.Executor = "", "", ""
@@ -263,11 +296,12 @@ func (s *Store) CreateRun(ctx context.Context, r Run) (Run, bool, error) {
 	// unique index) both leave the row out, and are told apart below.
 	res, err := s.wdb.ExecContext(ctx, `INSERT INTO runs
 		(id, request_id, caller, holder, workflow_id, schedule, mode, agent_id, sandbox, template, pool,
-		 command, status, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+		 command, status, created_at, backoff_limit, active_deadline_seconds, ttl_seconds_after_finished)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 		ON CONFLICT DO NOTHING`,
 		r.ID, r.RequestID, r.Caller, r.Holder, r.WorkflowID, r.Schedule, string(r.Mode), r.AgentID, r.Sandbox,
-		r.Template, r.Pool, string(cmd), string(r.Status), r.CreatedAt)
+		r.Template, r.Pool, string(cmd), string(r.Status), r.CreatedAt, r.BackoffLimit, r.ActiveDeadlineSeconds,
+		nullInt(r.TTLSecondsAfterFinished))
 	if err != nil {
 		return Run{}, false, fmt.Errorf("create run: %w", err)
 	}
@@ -291,18 +325,20 @@ func (s *Store) CreateRun(ctx context.Context, r Run) (Run, bool, error) {
 
 const runColumns = `id, request_id, caller, holder, workflow_id, schedule, mode, agent_id, sandbox, template, pool,
 	command, status, attempts, exit_code, reason, message, output_bytes, cancel_requested_by, cancelled_by, executor,
-	created_at, started_at, finished_at, heartbeat_at`
+	created_at, started_at, finished_at, heartbeat_at, backoff_limit, active_deadline_seconds, ttl_seconds_after_finished,
+	expires_at`
 
 func scanRun(row interface{ Scan(...any) error }) (Run, error) {
 	var (
-		r                            Run
-		mode, status, cmd            string
-		exit                         sql.NullInt64
-		started, finished, heartbeat sql.NullTime
+		r                                     Run
+		mode, status, cmd                     string
+		exit, ttl                             sql.NullInt64
+		started, finished, heartbeat, expires sql.NullTime
 	)
 	if err := row.Scan(&r.ID, &r.RequestID, &r.Caller, &r.Holder, &r.WorkflowID, &r.Schedule, &mode, &r.AgentID,
 		&r.Sandbox, &r.Template, &r.Pool, &cmd, &status, &r.Attempts, &exit, &r.Reason, &r.Message, &r.OutputBytes,
-		&r.CancelRequestedBy, &r.CancelledBy, &r.Executor, &r.CreatedAt, &started, &finished, &heartbeat); err != nil {
+		&r.CancelRequestedBy, &r.CancelledBy, &r.Executor, &r.CreatedAt, &started, &finished, &heartbeat,
+		&r.BackoffLimit, &r.ActiveDeadlineSeconds, &ttl, &expires); err != nil {
 		return Run{}, err
 	}
 	if err := json.Unmarshal([]byte(cmd), &r.Command); err != nil {
@@ -314,6 +350,11 @@ func scanRun(row interface{ Scan(...any) error }) (Run, error) {
 	}
 	r.Mode, r.Status, r.CreatedAt = RunMode(mode), RunStatus(status), r.CreatedAt.UTC()
 	r.StartedAt, r.FinishedAt, r.HeartbeatAt = timePtr(started), timePtr(finished), timePtr(heartbeat)
+	r.ExpiresAt = timePtr(expires)
+	if ttl.Valid {
+		v := int(ttl.Int64)
+		r.TTLSecondsAfterFinished = &v
+	}
 	return r, nil
 }
 
@@ -470,7 +511,8 @@ func collectRuns(rows *sql.Rows, what string) ([]Run, error) {
 // events, if set, are the events the change makes of the run as it
 // becomes (see stateEvents): they are appended in the same transaction,
 // under the row lock the UPDATE took, so that a run's log has its end
-// exactly when the run has ended.
+// exactly when the run has ended. So are the run's attempt records
+// (afterRunChange).
 func (s *Store) updateRun(ctx context.Context, what, id, set, cond string, miss func(Run) error,
 	events func(Run) []RunEvent, args ...any) (Run, error) {
 	args = append([]any{id}, args...)
@@ -486,6 +528,9 @@ func (s *Store) updateRun(ctx context.Context, what, id, set, cond string, miss 
 			var err error
 			if r, err = s.oneRunReturning(ctx, tx, what, query, args...); err != nil {
 				return err
+			}
+			if err := s.afterRunChange(ctx, tx, &r); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
 			}
 			_, err = s.insertRunEvents(ctx, tx, r.ID, events(r))
 			return err
@@ -673,8 +718,12 @@ func (s *Store) FailStaleRuns(ctx context.Context, heartbeatBefore time.Time, re
 			return err
 		}
 		// Each failed run's log ends, under the row lock the UPDATE took.
-		for _, r := range failed {
-			if _, err := s.insertRunEvents(ctx, tx, r.ID, stateEvents(r, false)); err != nil {
+		for i := range failed {
+			r := &failed[i]
+			if err := s.afterRunChange(ctx, tx, r); err != nil {
+				return fmt.Errorf("fail stale runs: %w", err)
+			}
+			if _, err := s.insertRunEvents(ctx, tx, r.ID, stateEvents(*r, false)); err != nil {
 				return fmt.Errorf("fail stale runs: %w", err)
 			}
 		}
@@ -689,13 +738,14 @@ func (s *Store) FailStaleRuns(ctx context.Context, heartbeatBefore time.Time, re
 // DeleteFinishedRuns deletes the records of runs that finished before
 // finishedBefore, with their event logs and artifact records, for
 // retention, and returns how many runs it deleted. Live runs are never
-// deleted, nor are runs whose artifacts may still have objects in the
+// deleted, nor the runs with a TTL of their own (DeleteExpiredRuns
+// deletes those), nor runs whose artifacts may still have objects in the
 // object store (see RunArtifactsToDelete): their records are what finds
 // the objects, so they go only after them.
 func (s *Store) DeleteFinishedRuns(ctx context.Context, finishedBefore time.Time) (int64, error) {
 	res, err := s.wdb.ExecContext(ctx, `DELETE FROM runs
 		WHERE status IN ('succeeded', 'failed', 'timed_out', 'cancelled') AND finished_at < $1
-		  AND `+noArtifactObjects,
+		  AND ttl_seconds_after_finished IS NULL AND `+noArtifactObjects,
 		dbTime(finishedBefore))
 	if err != nil {
 		return 0, fmt.Errorf("delete finished runs: %w", err)
@@ -741,6 +791,229 @@ func (s *Store) PruneScheduleRuns(ctx context.Context, schedule string, keepSucc
 	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, fmt.Errorf("prune runs of schedule %s: %w", schedule, err)
+	}
+	return n, nil
+}
+
+// nullInt maps an optional integer to a column value.
+func nullInt(v *int) sql.NullInt64 {
+	if v == nil {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: int64(*v), Valid: true}
+}
+
+// RunAttempt is the record of one attempt of a run: a job run's first
+// try and its retries, or an attempt that another executor took over.
+type RunAttempt struct {
+	RunID string
+	// Attempt numbers a run's attempts from 1.
+	Attempt int
+	// Sandbox is the namespace/name of the sandbox it ran in, once known.
+	Sandbox string
+	// Status is running while the attempt goes on, then terminal.
+	Status      RunStatus
+	ExitCode    *int
+	Reason      string
+	Message     string
+	OutputBytes int64
+	StartedAt   time.Time
+	FinishedAt  *time.Time
+}
+
+// afterRunChange keeps a run's attempt records and its expiry in step
+// with a change of its row, in the transaction of the change: a start
+// (the run running with an attempt not recorded yet) opens the attempt's
+// record and closes any earlier one left open, which was its lost
+// executor's; an end closes the open attempt as the run ended, and
+// stamps the run's expiry when it has a TTL of its own.
+func (s *Store) afterRunChange(ctx context.Context, tx *sql.Tx, r *Run) error {
+	switch {
+	case r.Status == RunRunning && r.Attempts > 0:
+		at := s.now()
+		if r.HeartbeatAt != nil {
+			at = *r.HeartbeatAt
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE run_attempts
+			SET status = 'failed', reason = $3, message = 'its executor was lost, and another took the run over', finished_at = $4
+			WHERE run_id = $1 AND attempt < $2 AND finished_at IS NULL`,
+			r.ID, r.Attempts, "ExecutorLost", at); err != nil {
+			return fmt.Errorf("close lost attempts: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO run_attempts (run_id, attempt, sandbox, status, started_at)
+			VALUES ($1, $2, $3, 'running', $4) ON CONFLICT DO NOTHING`,
+			r.ID, r.Attempts, r.Sandbox, at); err != nil {
+			return fmt.Errorf("record attempt: %w", err)
+		}
+	case r.Status.Terminal() && r.FinishedAt != nil:
+		// The run's output size is its attempts' sum: the last attempt
+		// gets what the earlier ones did not write.
+		var before int64
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(output_bytes), 0) FROM run_attempts
+			WHERE run_id = $1 AND finished_at IS NOT NULL`, r.ID).Scan(&before); err != nil {
+			return fmt.Errorf("sum attempt output: %w", err)
+		}
+		var exit sql.NullInt64
+		if r.ExitCode != nil {
+			exit = sql.NullInt64{Int64: int64(*r.ExitCode), Valid: true}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE run_attempts
+			SET status = $2, exit_code = $3, reason = $4, message = $5, output_bytes = $6, finished_at = $7
+			WHERE run_id = $1 AND finished_at IS NULL`,
+			r.ID, string(r.Status), exit, r.Reason, r.Message, max(r.OutputBytes-before, 0), *r.FinishedAt); err != nil {
+			return fmt.Errorf("close attempt: %w", err)
+		}
+		if r.TTLSecondsAfterFinished != nil && r.ExpiresAt == nil {
+			exp := r.FinishedAt.Add(time.Duration(*r.TTLSecondsAfterFinished) * time.Second)
+			if _, err := tx.ExecContext(ctx, `UPDATE runs SET expires_at = $2 WHERE id = $1`, r.ID, exp); err != nil {
+				return fmt.Errorf("set run expiry: %w", err)
+			}
+			r.ExpiresAt = &exp
+		}
+	}
+	return nil
+}
+
+// FinishRunAttempt closes attempt of the run with res while the run goes
+// on: a job run's failed attempt that is retried. The run's own end
+// closes its last attempt (FinishRun). An attempt that is not open (not
+// started, or closed already) gives ErrConflict; a run that ended,
+// ErrRunFinished.
+func (s *Store) FinishRunAttempt(ctx context.Context, id string, attempt int, res RunResult) error {
+	if !res.Status.Terminal() {
+		return fmt.Errorf("%w: attempt status %q is not a final one", ErrInvalid, res.Status)
+	}
+	if err := checkReason(res.Reason, false); err != nil {
+		return err
+	}
+	if res.OutputBytes < 0 {
+		return fmt.Errorf("%w: negative attempt output size", ErrInvalid)
+	}
+	if err := checkText("message", res.Message); err != nil {
+		return err
+	}
+	var exit sql.NullInt64
+	if res.ExitCode != nil {
+		exit = sql.NullInt64{Int64: int64(*res.ExitCode), Valid: true}
+	}
+	return s.writeTx(ctx, func(tx *sql.Tx) error {
+		// Only while the run is live: a run that ended closed its
+		// attempts with its end.
+		var status string
+		err := tx.QueryRowContext(ctx, `SELECT status FROM runs WHERE id = $1`, id).Scan(&status)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("finish run attempt: %w", err)
+		}
+		if RunStatus(status).Terminal() {
+			return fmt.Errorf("finish run attempt %s/%d: %w (%s)", id, attempt, ErrRunFinished, status)
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE run_attempts
+			SET status = $3, exit_code = $4, reason = $5, message = $6, output_bytes = $7, finished_at = $8
+			WHERE run_id = $1 AND attempt = $2 AND finished_at IS NULL`,
+			id, attempt, string(res.Status), exit, res.Reason, redact.String(res.Message), res.OutputBytes, s.now())
+		if err != nil {
+			return fmt.Errorf("finish run attempt: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("finish run attempt: %w", err)
+		} else if n == 0 {
+			return fmt.Errorf("%w: attempt %d of run %s is not open", ErrConflict, attempt, id)
+		}
+		return nil
+	})
+}
+
+// ListRunAttempts returns the run's attempts, first first. A run without
+// attempts (queued, or cancelled before it started) has none; so has a
+// run that does not exist.
+func (s *Store) ListRunAttempts(ctx context.Context, id string) ([]RunAttempt, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT run_id, attempt, sandbox, status, exit_code, reason, message,
+		output_bytes, started_at, finished_at FROM run_attempts WHERE run_id = $1 ORDER BY attempt`, id)
+	if err != nil {
+		return nil, fmt.Errorf("list run attempts: %w", err)
+	}
+	defer rows.Close()
+	var out []RunAttempt
+	for rows.Next() {
+		var (
+			a        RunAttempt
+			status   string
+			exit     sql.NullInt64
+			finished sql.NullTime
+		)
+		if err := rows.Scan(&a.RunID, &a.Attempt, &a.Sandbox, &status, &exit, &a.Reason, &a.Message,
+			&a.OutputBytes, &a.StartedAt, &finished); err != nil {
+			return nil, fmt.Errorf("list run attempts: %w", err)
+		}
+		a.Status, a.StartedAt, a.FinishedAt = RunStatus(status), a.StartedAt.UTC(), timePtr(finished)
+		if exit.Valid {
+			c := int(exit.Int64)
+			a.ExitCode = &c
+		}
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list run attempts: %w", err)
+	}
+	return out, nil
+}
+
+// PlaceRun records where a running run executes once its executor knows:
+// a pool run's sandbox and the agent ID it answers to are those of the
+// pool sandbox it leased, after the attempt started. It succeeds only
+// while executor runs it, as HeartbeatRun; the open attempt gets the
+// sandbox too.
+func (s *Store) PlaceRun(ctx context.Context, id, executor, agentID, sandbox string) (Run, error) {
+	if err := checkText("agent id", agentID); err != nil {
+		return Run{}, err
+	}
+	if err := checkRef("sandbox", sandbox); err != nil {
+		return Run{}, err
+	}
+	var r Run
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		r, err = s.oneRunReturning(ctx, tx, "place run", `UPDATE runs SET agent_id = $2, sandbox = $3
+			WHERE id = $1 AND status = 'running' AND executor = $4`, id, agentID, sandbox, executor)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE run_attempts SET sandbox = $3 WHERE run_id = $1 AND attempt = $2`,
+			id, r.Attempts, sandbox)
+		if err != nil {
+			return fmt.Errorf("place run: %w", err)
+		}
+		return nil
+	})
+	if !errors.Is(err, ErrNotFound) {
+		return r, err
+	}
+	cur, err := s.oneRun(ctx, s.wdb, "place run", `id = $1`, id)
+	if err != nil {
+		return Run{}, err
+	}
+	if cur.Status.Terminal() {
+		return cur, fmt.Errorf("place run %s: %w (%s)", id, ErrRunFinished, cur.Status)
+	}
+	return cur, fmt.Errorf("%w: place run %s: it is %s under executor %q, not %q", ErrConflict, id, cur.Status, cur.Executor, executor)
+}
+
+// DeleteExpiredRuns deletes the records of finished runs whose own TTL
+// (TTLSecondsAfterFinished) has passed at now, with their event logs and
+// attempts, and returns how many it deleted.
+func (s *Store) DeleteExpiredRuns(ctx context.Context, now time.Time) (int64, error) {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM runs
+		WHERE expires_at IS NOT NULL AND expires_at <= $1
+		  AND status IN ('succeeded', 'failed', 'timed_out', 'cancelled') AND `+noArtifactObjects, dbTime(now))
+	if err != nil {
+		return 0, fmt.Errorf("delete expired runs: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("delete expired runs: %w", err)
 	}
 	return n, nil
 }

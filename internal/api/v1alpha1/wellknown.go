@@ -40,6 +40,11 @@ const (
 	// LabelNodePool carries, on nodes, the name of the GVisorNodePool that
 	// prepared them; the pool's RuntimeClass schedules onto it.
 	LabelNodePool = GroupName + "/node-pool"
+
+	// LabelRunID carries, on the sandbox the Compute API makes for a job
+	// run, the run's id: the sandbox lives as long as the run, and the
+	// run sweeper deletes one whose run has ended or is gone.
+	LabelRunID = GroupName + "/run-id"
 )
 
 // Annotations of warm-pool sandboxes.

@@ -15,6 +15,8 @@ import (
 )
 
 const runsUsage = `usage: agentbox runs start [flags] AGENT_ID -- CMD [ARGS...]
+       agentbox runs start --mode pool --pool NS/POOL [flags] -- CMD [ARGS...]
+       agentbox runs start --mode job --template NS/NAME [flags] -- CMD [ARGS...]
        agentbox runs logs [-f] [--after ID] [--json] RUN_ID
        agentbox runs get [--json] RUN_ID
        agentbox runs list [--agent A] [--status S] [--json]
@@ -70,11 +72,16 @@ type runOptions struct {
 	artifacts             []string
 	stdout, stderr        io.Writer
 	exit                  int
+	// Where a pool or job run gets its sandbox, and a job's options.
+	mode, pool, template string
+	backoffLimit         int
+	activeDeadline       int
+	ttlAfterFinished     *int
 }
 
 func (o *runOptions) startCommand() command {
 	return command{
-		synopsis: "runs start [flags] AGENT_ID -- CMD [ARGS...]",
+		synopsis: "runs start [flags] AGENT_ID -- CMD [ARGS...]\n       agentbox runs start --mode pool|job [flags] -- CMD [ARGS...]",
 		doc: `Starts a run of the command in the agent's sandbox and prints its run id.
 The run goes on in the control plane when agentbox exits; "runs get" shows
 how it ended. With --wait, agentbox waits for it to end, prints a summary
@@ -85,8 +92,22 @@ stdout, stderr to stderr, as "runs logs -f" does), and exits as --wait
 does. Only the names of --env variables are recorded. --request-id makes
 the start idempotent: a second start with the same id prints the first
 run's id and starts nothing. On a held sandbox, --lease-id presents the
-lease the run acts for.`,
-		leaseAgent: func(args []string) string { return args[0] },
+lease the run acts for.
+
+--mode pool runs the command in a ready sandbox leased from the warm pool
+--pool NS/POOL, recycled after the run; --mode job runs it in a sandbox
+made for the run from the SandboxTemplate --template NS/NAME, deleted
+after the run, retrying a failed attempt up to --backoff-limit times (the
+command sees its attempt number in AGENTBOX_RUN_ATTEMPT). Both take no
+AGENT_ID, and need an admin token. --active-deadline bounds the whole run,
+waits and retries included; --ttl-after-finished keeps its record that
+long after it ends instead of the platform's retention.`,
+		leaseAgent: func(args []string) string {
+			if o.mode != "" && o.mode != client.RunModeAgent {
+				return ""
+			}
+			return args[0]
+		},
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&o.wait, "wait", false, "wait for the run to end and exit with the command's exit code")
 			fs.BoolVar(&o.follow, "follow", false, "print the run's output as it comes and exit with the command's exit code")
@@ -98,9 +119,33 @@ lease the run acts for.`,
 			fs.Var(secondsFlag{&o.timeout}, "timeout", "how long the command may run, in seconds or as a duration (default: the sandbox's, 60s)")
 			fs.BoolVar(&o.asJSON, "json", false, "print the run as JSON instead of its id")
 			fs.Var(stringsFlag{&o.artifacts}, "artifact", "a workspace path or glob whose files are kept once the command ends; repeatable (default: /workspace/artifacts)")
+			fs.StringVar(&o.mode, "mode", client.RunModeAgent, "where the run executes: agent (AGENT_ID's sandbox), pool (--pool) or job (--template)")
+			fs.StringVar(&o.pool, "pool", "", "with --mode pool: the warm pool to lease a sandbox from, as NAMESPACE/POOL")
+			fs.StringVar(&o.template, "template", "", "with --mode job: the SandboxTemplate to make the run's sandbox from, as NAMESPACE/NAME")
+			fs.IntVar(&o.backoffLimit, "backoff-limit", 0, fmt.Sprintf("with --mode job: retries of a failed attempt (0..%d)", client.MaxRunBackoffLimit))
+			fs.Var(secondsFlag{&o.activeDeadline}, "active-deadline", "bound on the whole run, waits and retries included, in seconds or as a duration")
+			fs.Var(optionalSecondsFlag{&o.ttlAfterFinished}, "ttl-after-finished", "keep the run's record this long after it ends, in seconds or as a duration (default: the platform's retention)")
 		},
 		check: func(args []string) error {
+			agentMode := o.mode == client.RunModeAgent
 			switch {
+			case o.mode != client.RunModeAgent && o.mode != client.RunModePool && o.mode != client.RunModeJob:
+				return fmt.Errorf("--mode must be agent, pool or job, got %q", o.mode)
+			case agentMode && (o.pool != "" || o.template != "" || o.backoffLimit != 0):
+				return fmt.Errorf("--pool, --template and --backoff-limit go with --mode pool or job")
+			case o.mode == client.RunModePool && o.pool == "":
+				return fmt.Errorf("--mode pool needs --pool NAMESPACE/POOL")
+			case o.mode == client.RunModePool && (o.template != "" || o.backoffLimit != 0):
+				return fmt.Errorf("--template and --backoff-limit go with --mode job")
+			case o.mode == client.RunModeJob && o.template == "":
+				return fmt.Errorf("--mode job needs --template NAMESPACE/NAME")
+			case o.mode == client.RunModeJob && o.pool != "":
+				return fmt.Errorf("--pool goes with --mode pool")
+			case o.backoffLimit < 0 || o.backoffLimit > client.MaxRunBackoffLimit:
+				return fmt.Errorf("--backoff-limit must be between 0 and %d", client.MaxRunBackoffLimit)
+			case !agentMode && len(args) == 0:
+				return fmt.Errorf("missing the command: agentbox runs start --mode %s ... -- CMD [ARGS...]", o.mode)
+			case !agentMode:
 			case len(args) == 0 || args[0] == "":
 				return fmt.Errorf("missing AGENT_ID")
 			case len(args) == 1:
@@ -113,8 +158,14 @@ lease the run acts for.`,
 			return nil
 		},
 		run: func(ctx context.Context, c *client.Client, args []string) error {
-			req := client.StartRunRequest{AgentID: args[0], Command: args[1:], Cwd: o.cwd, TimeoutSeconds: o.timeout,
-				RequestID: o.requestID, WorkflowID: o.workflowID, Artifacts: o.artifacts}
+			req := client.StartRunRequest{Cwd: o.cwd, TimeoutSeconds: o.timeout, RequestID: o.requestID, WorkflowID: o.workflowID,
+				Mode: o.mode, Pool: o.pool, Template: o.template, BackoffLimit: o.backoffLimit,
+				ActiveDeadlineSeconds: o.activeDeadline, TTLSecondsAfterFinished: o.ttlAfterFinished, Artifacts: o.artifacts}
+			if o.mode == client.RunModeAgent {
+				req.Mode, req.AgentID, req.Command = "", args[0], args[1:]
+			} else {
+				req.Command = args
+			}
 			if len(o.env) > 0 {
 				req.Env = o.env
 			}
@@ -401,6 +452,7 @@ func (o *runOptions) show(r *client.Run) error {
 		return t.Format(time.RFC3339)
 	}
 	line("id", r.ID)
+	line("mode", r.Mode)
 	line("status", r.Status)
 	if r.ExitCode != nil {
 		line("exit_code", fmt.Sprint(*r.ExitCode))
@@ -409,6 +461,8 @@ func (o *runOptions) show(r *client.Run) error {
 	line("message", r.Message)
 	line("agent_id", r.AgentID)
 	line("sandbox", r.Sandbox)
+	line("pool", r.Pool)
+	line("template", r.Template)
 	line("command", strings.Join(r.Command, " "))
 	line("env_names", strings.Join(r.EnvNames, " "))
 	line("cwd", r.Cwd)
@@ -418,11 +472,64 @@ func (o *runOptions) show(r *client.Run) error {
 	line("workflow_id", r.WorkflowID)
 	line("caller", r.Caller)
 	line("attempts", fmt.Sprint(r.Attempts))
+	if r.BackoffLimit > 0 {
+		line("backoff_limit", fmt.Sprint(r.BackoffLimit))
+	}
+	if r.ActiveDeadlineSeconds > 0 {
+		line("active_deadline_seconds", fmt.Sprint(r.ActiveDeadlineSeconds))
+	}
+	if r.TTLSecondsAfterFinished != nil {
+		line("ttl_seconds_after_finished", fmt.Sprint(*r.TTLSecondsAfterFinished))
+	}
 	line("executor", r.Executor)
 	line("cancel_requested_by", r.CancelRequestedBy)
 	line("cancelled_by", r.CancelledBy)
 	line("created_at", r.CreatedAt.Format(time.RFC3339))
 	line("started_at", at(r.StartedAt))
 	line("finished_at", at(r.FinishedAt))
+	line("expires_at", at(r.ExpiresAt))
+	for _, a := range r.AttemptHistory {
+		line(fmt.Sprintf("attempt %d", a.Attempt), attemptSummary(a))
+	}
 	return tw.Flush()
+}
+
+// attemptSummary is one line on an attempt of a run: how it ended, when
+// it started, how long it took, and where.
+func attemptSummary(a client.RunAttempt) string {
+	parts := []string{a.Status}
+	if a.ExitCode != nil {
+		parts = append(parts, fmt.Sprintf("exit_code=%d", *a.ExitCode))
+	}
+	if a.Reason != "" {
+		parts = append(parts, "reason="+a.Reason)
+	}
+	parts = append(parts, "started_at="+a.StartedAt.Format(time.RFC3339))
+	if a.FinishedAt != nil {
+		parts = append(parts, "duration="+a.FinishedAt.Sub(a.StartedAt).Round(time.Millisecond).String())
+	}
+	if a.Sandbox != "" {
+		parts = append(parts, "sandbox="+a.Sandbox)
+	}
+	return strings.Join(parts, " ")
+}
+
+// optionalSecondsFlag is secondsFlag for a value that may be left unset
+// (nil), as opposed to zero.
+type optionalSecondsFlag struct{ seconds **int }
+
+func (f optionalSecondsFlag) String() string {
+	if f.seconds == nil || *f.seconds == nil {
+		return ""
+	}
+	return fmt.Sprint(**f.seconds)
+}
+
+func (f optionalSecondsFlag) Set(s string) error {
+	var n int
+	if err := (secondsFlag{&n}).Set(s); err != nil {
+		return err
+	}
+	*f.seconds = &n
+	return nil
 }

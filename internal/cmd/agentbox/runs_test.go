@@ -119,13 +119,39 @@ func TestRunsCommands(t *testing.T) {
 	}
 
 	for _, args := range [][]string{{"runs"}, {"runs", "start", a}, {"runs", "get"}, {"runs", "list", "extra"}, {"runs", "frob"},
-		{"runs", "list", "--since", "yesterday"}, {"runs", "logs"}, {"runs", "logs", "--after", "-1", id}, {"runs", "start", "--follow", "--wait", a, "--", "true"}} {
+		{"runs", "list", "--since", "yesterday"}, {"runs", "logs"}, {"runs", "logs", "--after", "-1", id}, {"runs", "start", "--follow", "--wait", a, "--", "true"},
+		{"runs", "start", "--mode", "cron", a, "--", "true"}, {"runs", "start", "--mode", "pool", "--", "true"},
+		{"runs", "start", "--mode", "job", "--", "true"}, {"runs", "start", "--pool", "ns/p", a, "--", "true"},
+		{"runs", "start", "--mode", "job", "--template", "ns/t", "--backoff-limit", "11", "--", "true"},
+		{"runs", "start", "--mode", "job", "--template", "ns/t", "--pool", "ns/p", "--", "true"},
+		{"runs", "start", "--mode", "pool", "--pool", "ns/p"}, {"runs", "start", "--ttl-after-finished", "-5", a, "--", "true"}} {
 		if r := runCLI(t, env, "", args...); r.code != exitUsage {
 			t.Errorf("%v: code %d, want %d (stderr %q)", args, r.code, exitUsage, r.stderr)
 		}
 	}
 	if r := runCLI(t, env, "", "runs", "get", "run-00000000000000000000"); r.code != exitAPIError || !strings.Contains(r.stderr, "not_found") {
 		t.Errorf("runs get of no run: code %d, stderr %q", r.code, r.stderr)
+	}
+	// A job run is an admin's: the mode and template reach the API, which
+	// refuses the agent's token.
+	if r := runCLI(t, env, "", "runs", "start", "--mode", "job", "--template", "ns/tpl", "--backoff-limit", "2", "--", "true"); r.code != exitAPIError ||
+		!strings.Contains(r.stderr, "admin token") {
+		t.Errorf("runs start --mode job with an agent token: code %d, stderr %q", r.code, r.stderr)
+	}
+	// The active deadline stops the command and the run ends timed out
+	// (exit 124); its record keeps the options and the attempt.
+	r = runCLI(t, env, "", "runs", "start", "--wait", "--poll", "20ms", "--active-deadline", "2s", "--ttl-after-finished", "1h",
+		a, "--", "sleep", "30")
+	if r.code != exitTimedOut || !strings.Contains(r.stderr, "timed_out reason=DeadlineExceeded") {
+		t.Fatalf("runs start --active-deadline 2s: code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "", "runs", "get", strings.TrimSpace(r.stdout))
+	fields = strings.Join(strings.Fields(r.stdout), " ")
+	for _, want := range []string{"mode: agent", "active_deadline_seconds: 2", "ttl_seconds_after_finished: 3600", "expires_at: ",
+		"attempt 1: timed_out reason=DeadlineExceeded"} {
+		if r.code != 0 || !strings.Contains(fields, want) {
+			t.Errorf("runs get of the run past its deadline: code %d, stdout %q, want %q", r.code, r.stdout, want)
+		}
 	}
 }
 

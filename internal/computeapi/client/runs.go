@@ -30,12 +30,25 @@ func PathRun(id string) string { return PathRuns + "/" + url.PathEscape(id) }
 // PathRunCancel asks for a run to be cancelled.
 func PathRunCancel(id string) string { return PathRun(id) + "/cancel" }
 
-// Run modes. Only RunModeAgent is served yet.
+// Run modes: where a run executes.
 const (
+	// RunModeAgent runs in the sandbox of an agent (AgentID).
 	RunModeAgent = "agent"
-	RunModePool  = "pool"
-	RunModeJob   = "job"
+	// RunModePool runs in a ready sandbox leased from a warm pool (Pool),
+	// recycled after the run. Needs an admin token, as pool leases do.
+	RunModePool = "pool"
+	// RunModeJob runs in a sandbox made for the run from a template
+	// (Template), removed after the run; failed attempts are retried up
+	// to BackoffLimit times. Needs an admin token.
+	RunModeJob = "job"
 )
+
+// MaxRunBackoffLimit bounds a job run's BackoffLimit.
+const MaxRunBackoffLimit = 10
+
+// EnvRunAttempt is the variable a job run's command gets its attempt
+// number in (1 for the first, 2 for the first retry...).
+const EnvRunAttempt = "AGENTBOX_RUN_ATTEMPT"
 
 // Run statuses: queued and running are live, the others final.
 const (
@@ -62,8 +75,26 @@ type StartRunRequest struct {
 	// with the same request id returns the first run.
 	RequestID  string `json:"request_id,omitempty"`
 	WorkflowID string `json:"workflow_id,omitempty"`
-	// Mode is RunModeAgent (the default); the others are refused yet.
+	// Mode is RunModeAgent (the default), RunModePool or RunModeJob.
 	Mode string `json:"mode,omitempty"`
+	// Pool is the warm pool (namespace/name) a pool run leases its
+	// sandbox from; pool runs only.
+	Pool string `json:"pool,omitempty"`
+	// Template is the SandboxTemplate (namespace/name) a job run's
+	// sandbox is made from; job runs only.
+	Template string `json:"template,omitempty"`
+	// BackoffLimit is how many times a job run's failed attempt is
+	// retried, in the same sandbox, after a backoff that doubles from
+	// attempt to attempt up to a cap; 0..MaxRunBackoffLimit, job runs only.
+	BackoffLimit int `json:"backoff_limit,omitempty"`
+	// ActiveDeadlineSeconds bounds the whole run from its start, waits
+	// and retries included: when it passes, the command is killed and the
+	// run ends timed_out with reason DeadlineExceeded. 0: no bound.
+	ActiveDeadlineSeconds int `json:"active_deadline_seconds,omitempty"`
+	// TTLSecondsAfterFinished, when set, is how long the run's record is
+	// kept after it ends, instead of the platform's retention (0: removed
+	// as soon as it ends).
+	TTLSecondsAfterFinished *int `json:"ttl_seconds_after_finished,omitempty"`
 	// Artifacts are the files kept once the command ends: workspace paths
 	// (absolute under /workspace, or relative to it) of files or
 	// directories, whose segments may be globs ("/workspace/out/*.json").
@@ -110,6 +141,34 @@ type Run struct {
 	StartedAt         *time.Time `json:"started_at,omitempty"`
 	FinishedAt        *time.Time `json:"finished_at,omitempty"`
 	HeartbeatAt       *time.Time `json:"heartbeat_at,omitempty"`
+	// Pool and Template are where a pool or job run gets its sandbox.
+	Pool     string `json:"pool,omitempty"`
+	Template string `json:"template,omitempty"`
+	// BackoffLimit, ActiveDeadlineSeconds and TTLSecondsAfterFinished are
+	// as started (see StartRunRequest).
+	BackoffLimit            int  `json:"backoff_limit,omitempty"`
+	ActiveDeadlineSeconds   int  `json:"active_deadline_seconds,omitempty"`
+	TTLSecondsAfterFinished *int `json:"ttl_seconds_after_finished,omitempty"`
+	// ExpiresAt is when the record of a run with a TTL of its own goes.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// AttemptHistory is every attempt of the run, first first; GetRun
+	// and CancelRun return it, a listing does not.
+	AttemptHistory []RunAttempt `json:"attempt_history,omitempty"`
+}
+
+// RunAttempt is one attempt of a run.
+type RunAttempt struct {
+	Attempt int `json:"attempt"`
+	// Sandbox is the namespace/name of the sandbox it ran in, once known.
+	Sandbox string `json:"sandbox,omitempty"`
+	// Status is running while the attempt goes on, then how it ended.
+	Status      string     `json:"status"`
+	ExitCode    *int       `json:"exit_code,omitempty"`
+	Reason      string     `json:"reason,omitempty"`
+	Message     string     `json:"message,omitempty"`
+	OutputBytes int64      `json:"output_bytes"`
+	StartedAt   time.Time  `json:"started_at"`
+	FinishedAt  *time.Time `json:"finished_at,omitempty"`
 }
 
 // Terminal reports whether the run has ended; its record no longer
@@ -142,9 +201,11 @@ type RunFilter struct {
 
 // StartRun starts a run and returns its record, with created false when
 // the caller's request id named a run started before (which is returned
-// as it stands, and not started again). The run executes in the sandbox
-// of req.AgentID, so it presents the lease the client uses on that agent
-// (see UseLease): a held sandbox refuses a run without it (ErrLeaseHeld).
+// as it stands, and not started again). An agent run executes in the
+// sandbox of req.AgentID, so it presents the lease the client uses on that
+// agent (see UseLease): a held sandbox refuses a run without it
+// (ErrLeaseHeld). A pool or job run gets a sandbox of its own (req.Pool,
+// req.Template).
 func (c *Client) StartRun(ctx context.Context, req StartRunRequest) (*Run, bool, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
