@@ -228,6 +228,7 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 	// before the run's end is.
 	output := s.newRunOutput(run.ID, log)
 	defer output.close()
+	ended := s.commandEvents(sb.Namespace, sb.Name, run.AgentID, run.Command.Argv, run.ID)
 	res, err := sup.RunCommandStream(cctx, req, func(ev supervisorapi.CommandEvent) error {
 		outBytes += int64(len(ev.Data))
 		if ev.Truncated {
@@ -236,6 +237,7 @@ func (s *Server) attemptRun(ctx context.Context, cancel context.CancelCauseFunc,
 		output.write(ev.Stream, []byte(ev.Data))
 		return nil
 	})
+	ended(res, err)
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
 			return result(store.RunResult{Status: store.RunTimedOut, Reason: reasonDeadlineExceeded,
@@ -343,6 +345,7 @@ func (s *Server) sweepRuns() {
 		if lastPrune.IsZero() || now.Sub(lastPrune) >= runPruneInterval {
 			lastPrune = now
 			s.pruneRuns(now, log)
+			s.pruneAgentEvents(now, log)
 		}
 	}
 }

@@ -126,6 +126,11 @@ type Options struct {
 	// DefaultRunOutputMaxBytes.
 	RunOutputMaxEvents int
 	RunOutputMaxBytes  int64
+	// AgentEvents records the agents' events (GET /v1/agents/{id}/events)
+	// in Store; the control plane gives the sandbox controller the same
+	// one, and closes it after the Server. Nil, with a Store, makes one
+	// that the Server closes. The events are kept for RunRetention.
+	AgentEvents *AgentEvents
 }
 
 // Server serves the Compute API.
@@ -176,12 +181,16 @@ type Server struct {
 	execs        executors
 	// runNotes wakes the event streams of the runs this Server executes;
 	// the rest configure them (see Options).
-	runNotes           runNotifier
+	runNotes           notifier
 	streamShutdowns    shutdowns
 	runEventPoll       time.Duration
 	runEventKeepalive  time.Duration
 	runOutputMaxEvents int
 	runOutputMaxBytes  int64
+	// agentEvents records agents' events and wakes their streams; nil
+	// without a store. ownAgentEvents: the Server made it, and closes it.
+	agentEvents    *AgentEvents
+	ownAgentEvents bool
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
 	runWork   sync.WaitGroup
@@ -248,6 +257,7 @@ func newServer(opts Options) *Server {
 		runEventKeepalive:  positiveOr(opts.RunEventKeepalive, DefaultRunEventKeepalive),
 		runOutputMaxEvents: positiveOr(opts.RunOutputMaxEvents, DefaultRunOutputMaxEvents),
 		runOutputMaxBytes:  positiveOr(opts.RunOutputMaxBytes, DefaultRunOutputMaxBytes),
+		agentEvents:        opts.AgentEvents,
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()
@@ -292,6 +302,9 @@ func renewInterval(opts Options) time.Duration {
 // Options.FilespacePushDelay), and the sweeper of lost runs.
 func (s *Server) useStore(pushDelay time.Duration) {
 	s.audit = newAuditor(s.store, s.log.WithName("audit"))
+	if s.agentEvents == nil {
+		s.agentEvents, s.ownAgentEvents = NewAgentEvents(s.store, s.log.WithName("agent-events")), true
+	}
 	if pool, ok := s.supervisors.(*SupervisorPool); ok {
 		s.supervisorAudit = &supervisors.AuditSink{Record: s.recordSupervisor, Invalid: s.invalidSupervisorRecord}
 		pool.SetAudit(s.supervisorAudit)
@@ -325,6 +338,9 @@ func (s *Server) close() {
 	}
 	if s.audit != nil {
 		s.audit.close()
+	}
+	if s.ownAgentEvents {
+		s.agentEvents.Close()
 	}
 }
 

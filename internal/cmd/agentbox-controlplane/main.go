@@ -245,6 +245,10 @@ func run(ctx context.Context, o *options) error {
 	}
 	if in.store != nil {
 		defer in.store.Close()
+		// One log writer for the sandbox controller and the Compute API,
+		// closed after both, before the store.
+		in.agentEvents = computeapi.NewAgentEvents(in.store, ctrl.Log.WithName("agent-events"))
+		defer in.agentEvents.Close()
 	}
 	mgr, err := newManager(o)
 	if err != nil {
@@ -333,6 +337,8 @@ type inputs struct {
 	store      *store.Store
 	selfID     *url.URL
 	clientCert *renewingCert
+	// agentEvents records the agents' events; nil without a store.
+	agentEvents *computeapi.AgentEvents
 }
 
 // loadInputs reads the local inputs first, so that a misconfigured pod
@@ -478,6 +484,7 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 		// The Compute API's pool leases take warm sandboxes through the
 		// same store.
 		sandboxes.WarmTakes, warmPools.WarmTakes = st, st
+		sandboxes.AgentEvents = in.agentEvents
 		purger := filespace.BlobPurger{Store: st, Interval: o.purgeInterval, Log: ctrl.Log.WithName("filespace-purge")}
 		if err := mgr.Add(purger); err != nil {
 			return fmt.Errorf("add the filespace purge: %w", err)
@@ -523,6 +530,7 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 		Store:              in.store,
 		FilespacePushDelay: o.pushDelay,
 		RunRetention:       o.runRetention,
+		AgentEvents:        in.agentEvents,
 		DefaultTemplate:    o.defaultTemplate,
 		Replica:            replicaName(),
 	})
