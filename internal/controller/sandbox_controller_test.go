@@ -39,6 +39,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
@@ -110,6 +111,9 @@ type clusterEnv struct {
 	storePath string
 	// apiCAPEM verifies the serving certificate of computeAPI's API.
 	apiCAPEM []byte
+	// agentEvents is platformEnv's agent event log writer, shared by the
+	// reconciler and computeAPIWithStore's API as in the control plane.
+	agentEvents *computeapi.AgentEvents
 }
 
 // newClusterEnv starts a manager for a fresh namespace; configure adds to

@@ -108,6 +108,9 @@ func (e *clusterEnv) computeAPIWithStore(pool *computeapi.SupervisorPool, st *st
 		Sandboxes: sandboxes, Leases: e.c, Supervisors: pool, Authenticator: auth, TrustDomain: testTrustDomain,
 		ResumeTimeout: waitTimeout, Store: st, FilespacePushDelay: -1,
 	}
+	if st != nil {
+		opts.AgentEvents = e.agentEvents
+	}
 	for _, c := range configure {
 		c(&opts)
 	}

@@ -1,0 +1,130 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
+	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+)
+
+// TestAgentEventsBench prints how long an agent's events take to reach a
+// follower of GET /v1/agents/{id}/events on the real cluster, with the
+// control plane's parts in process as on its leader: from a run_command's
+// start as its caller sees it to the command_started event's arrival,
+// from each event's own time to its arrival, and from a run's start to
+// the first event of its stream and to the agent's command_started.
+func TestAgentEventsBench(t *testing.T) {
+	if os.Getenv(EnvBench) == "" {
+		t.Skipf("%s is not set: the benchmarks run only on request", EnvBench)
+	}
+	e, _, api, sbx := apiSandbox(t, "bench-events", nil)
+	agent := sbx.Spec.AgentID
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	type arrival struct {
+		ev apiclient.AgentEvent
+		at time.Time
+	}
+	arrivals := make(chan arrival, 1024)
+	followed := make(chan error, 1)
+	go func() {
+		followed <- api.FollowAgentEvents(ctx, agent, 0, func(ev apiclient.AgentEvent) error {
+			arrivals <- arrival{ev, time.Now()}
+			return nil
+		})
+	}()
+	// next returns the next event of type typ (and run runID) that
+	// arrives, skipping others.
+	next := func(typ, runID string) arrival {
+		t.Helper()
+		timeout := time.After(time.Minute)
+		for {
+			select {
+			case a := <-arrivals:
+				if a.ev.Type == typ && a.ev.RunID == runID {
+					return a
+				}
+			case err := <-followed:
+				t.Fatalf("the follower stopped: %v", err)
+			case <-timeout:
+				t.Fatalf("no %s event within a minute", typ)
+			}
+		}
+	}
+	var ownTime []time.Duration
+	for range 3 { // warm the connections
+		_, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"true"}, Cwd: "/tmp"})
+		must(t, err)
+		next(apiclient.AgentEventCommandEnded, "")
+	}
+	const calls = 100
+	var callToEvent []time.Duration
+	for range calls {
+		start := time.Now()
+		res, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"true"}, Cwd: "/tmp"})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("true: %+v, %v", res, err)
+		}
+		s := next(apiclient.AgentEventCommandStarted, "")
+		x := next(apiclient.AgentEventCommandEnded, "")
+		callToEvent = append(callToEvent, s.at.Sub(start))
+		ownTime = append(ownTime, s.at.Sub(s.ev.Time), x.at.Sub(x.ev.Time))
+	}
+	benchreport.Record(t, benchreport.Figure{
+		Name: "agent event: run_command start (as its caller sees it) to command_started on the stream", Unit: "ms",
+		Values: benchreport.Millis(callToEvent), Target: "<= 100 ms", Met: benchreport.Bool(benchreport.Percentile(benchreport.Millis(callToEvent), 99) <= 100),
+		Note: fmt.Sprintf("`true` through the API, one follower of GET /v1/agents/{id}/events on the same replica (n=%d)", calls),
+	})
+
+	const runs = 20
+	var runToFirst, runToAgent []time.Duration
+	for range runs {
+		start := time.Now()
+		run, _, err := api.StartRun(ctx, apiclient.StartRunRequest{AgentID: agent, Command: []string{"true"}})
+		must(t, err)
+		var first time.Time
+		errFirst := errors.New("first")
+		if err := api.FollowRun(ctx, run.ID, 0, func(apiclient.RunEvent) error {
+			first = time.Now()
+			return errFirst
+		}); !errors.Is(err, errFirst) {
+			t.Fatalf("follow run %s: %v", run.ID, err)
+		}
+		s := next(apiclient.AgentEventCommandStarted, run.ID)
+		runToFirst, runToAgent = append(runToFirst, first.Sub(start)), append(runToAgent, s.at.Sub(start))
+		x := next(apiclient.AgentEventCommandEnded, run.ID)
+		ownTime = append(ownTime, s.at.Sub(s.ev.Time), x.at.Sub(x.ev.Time))
+	}
+	benchreport.Record(t, benchreport.Figure{
+		Name: "run start (POST /v1/runs) to the first event of the run's stream", Unit: "ms", Values: benchreport.Millis(runToFirst),
+		Note: fmt.Sprintf("`true`, the run's stream opened once POST /v1/runs answered (n=%d)", runs),
+	})
+	benchreport.Record(t, benchreport.Figure{
+		Name: "run start (POST /v1/runs) to command_started on the agent's stream", Unit: "ms", Values: benchreport.Millis(runToAgent),
+		Note: fmt.Sprintf("the same runs, followed on GET /v1/agents/{id}/events all along (n=%d)", runs),
+	})
+
+	// The sandbox controller's events: an idle stop and the resume the
+	// next call makes.
+	e.setActivity(sbx.Name, time.Now().Add(-2*time.Hour))
+	for _, typ := range []string{apiclient.AgentEventIdleStopping, apiclient.AgentEventSnapshot, apiclient.AgentEventStopped} {
+		a := next(typ, "")
+		ownTime = append(ownTime, a.at.Sub(a.ev.Time))
+	}
+	_, err := api.RunCommand(ctx, agent, apiclient.RunCommandRequest{Command: []string{"true"}, Cwd: "/tmp"})
+	must(t, err)
+	for _, typ := range []string{apiclient.AgentEventResuming, apiclient.AgentEventResumed} {
+		a := next(typ, "")
+		ownTime = append(ownTime, a.at.Sub(a.ev.Time))
+	}
+	benchreport.Record(t, benchreport.Figure{
+		Name: "agent event: its own time to its arrival on the stream", Unit: "ms", Values: benchreport.Millis(ownTime),
+		Target: "<= 100 ms", Met: benchreport.Bool(benchreport.Percentile(benchreport.Millis(ownTime), 99) <= 100),
+		Note: "command_started/ended of the calls and runs above, and the controller's idle_stopping, snapshot, stopped, resuming, resumed; the event's time is taken where it happens (Compute API, sandbox controller)",
+	})
+}
