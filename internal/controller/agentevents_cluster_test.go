@@ -14,10 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
 // agentEventFollower follows an agent's events through the Go client in
@@ -241,4 +244,85 @@ func TestAgentEventsOnCluster(t *testing.T) {
 		!strings.Contains(lines[ended], " command_ended ") || !strings.Contains(lines[ended], "exit_code=3") {
 		t.Fatalf("agentbox events: %d lines for %d events:\n%s", len(lines), len(got), cliOut.String())
 	}
+}
+
+// denyProbe asks the agent's egress proxy, from inside the sandbox, for a
+// name off its allowlist argv[1] times; the proxy refuses each by name,
+// before any lookup or connection.
+const denyProbe = `
+import sys, urllib.request, urllib.error
+for _ in range(int(sys.argv[1])):
+    try:
+        urllib.request.urlopen("http://not-allowed.invalid/", timeout=20).read()
+        print("allowed?")
+    except urllib.error.HTTPError as e:
+        print(e.code)
+`
+
+// TestEgressDeniedEventsOnCluster: a sandbox behind a PerAgent egress
+// proxy asks for a name off the allowlist; the leader's EgressDenials
+// reads the refusal from the proxy's access log, and the agent's event
+// stream gets egress_denied at once for the first, then one event
+// counting the refusals of the rest of the window.
+func TestEgressDeniedEventsOnCluster(t *testing.T) {
+	t.Parallel()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: the test runs commands through the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	e, st, pool := platformEnv(t)
+	e.startEgressManager(testEgressReconciler())
+	api := e.computeAPIWithStore(pool, st)
+	logs, err := kubernetes.NewForConfig(e.cfg)
+	must(t, err)
+	denials := &EgressDenials{Pods: e.c, Logs: logs, Namespaces: ServedNamespaces{e.ns}, Events: e.agentEvents, Log: logr.Discard()}
+	dctx, stopDenials := context.WithCancel(e.ctx)
+	denialsDone := make(chan error, 1)
+	go func() { denialsDone <- denials.Start(dctx) }()
+	t.Cleanup(func() {
+		stopDenials()
+		<-denialsDone
+	})
+
+	proxy := &v1alpha1.EgressProxy{
+		ObjectMeta: metav1.ObjectMeta{Name: "egress", Namespace: e.ns},
+		Spec: v1alpha1.EgressProxySpec{
+			Mode:           v1alpha1.EgressProxyModePerAgent,
+			AllowedDomains: []v1alpha1.Domain{"allowed.invalid"},
+		},
+	}
+	must(t, e.c.Create(e.ctx, proxy))
+	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+		tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
+	})
+	const name = "denied"
+	agent := "agent:" + name + "@example.com"
+	e.sandbox(name, "tpl")
+	sbx := e.waitReason(name, v1alpha1.ReasonRunning)
+	f := &agentEventFollower{t: t, api: api, agent: agent}
+	f.connect(e.ctx)
+	defer f.cut()
+	ready := f.waitFor(apiclient.AgentEventReady, 0)
+
+	sup := e.supervisor(t, sbx)
+	asked := time.Now()
+	res, err := sup.RunCommand(e.ctx, supervisorapi.CommandRequest{Command: []string{"python3", "-c", denyProbe, "6"}, Cwd: "/tmp"})
+	if err != nil || res.ExitCode != 0 || strings.Count(res.Stdout, "403") != 6 {
+		t.Fatalf("probe: %+v, %v", res, err)
+	}
+	first := f.waitFor(apiclient.AgentEventEgressDenied, ready)
+	rest := f.waitFor(apiclient.AgentEventEgressDenied, first+1)
+	f.mu.Lock()
+	a, b, arrived := f.got[first], f.got[rest], f.arrived[first]
+	f.mu.Unlock()
+	if a.Host != "not-allowed.invalid" || a.Port != 80 || a.Reason != "not_allowed" || a.Count != 1 || a.Sandbox != name || a.Namespace != e.ns {
+		t.Errorf("first denial: %+v", a)
+	}
+	if b.Host != a.Host || b.Count != 5 {
+		t.Errorf("the window's denials: %+v, want a count of 5", b)
+	}
+	t.Logf("egress_denied: the probe began %s before the first event arrived (%s after the proxy logged it); the window's count came %s later",
+		arrived.Sub(asked).Round(time.Millisecond), arrived.Sub(a.Time).Round(time.Millisecond), b.Time.Sub(a.Time).Round(time.Millisecond))
 }

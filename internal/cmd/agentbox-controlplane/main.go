@@ -32,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -485,6 +486,15 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 		// same store.
 		sandboxes.WarmTakes, warmPools.WarmTakes = st, st
 		sandboxes.AgentEvents = in.agentEvents
+		logs, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return fmt.Errorf("egress denials: %w", err)
+		}
+		denials := &controller.EgressDenials{Pods: mgr.GetAPIReader(), Logs: logs, Namespaces: o.sandboxNamespaces,
+			Events: in.agentEvents, Log: ctrl.Log.WithName("egress-denials")}
+		if err := mgr.Add(denials); err != nil {
+			return fmt.Errorf("add the egress denials: %w", err)
+		}
 		purger := filespace.BlobPurger{Store: st, Interval: o.purgeInterval, Log: ctrl.Log.WithName("filespace-purge")}
 		if err := mgr.Add(purger); err != nil {
 			return fmt.Errorf("add the filespace purge: %w", err)
