@@ -104,16 +104,28 @@ func (d *EgressDenials) Start(ctx context.Context) error {
 // scan starts following the proxy pods not followed yet, and stops
 // following those that are gone.
 func (d *EgressDenials) scan(ctx context.Context, started time.Time, wg *sync.WaitGroup) {
-	var pods corev1.PodList
-	if err := d.Pods.List(ctx, &pods, client.HasLabels{v1alpha1.LabelEgressProxy}); err != nil {
-		if ctx.Err() == nil {
-			d.Log.Error(err, "list egress proxy pods")
+	// In each served namespace: the control plane may read pods only
+	// there (its Roles), unless it serves every namespace.
+	namespaces := []string(d.Namespaces)
+	if len(namespaces) == 0 {
+		namespaces = []string{""}
+	}
+	var pods []corev1.Pod
+	for _, ns := range namespaces {
+		var list corev1.PodList
+		if err := d.Pods.List(ctx, &list, client.InNamespace(ns), client.HasLabels{v1alpha1.LabelEgressProxy}); err != nil {
+			if ctx.Err() == nil {
+				d.Log.Error(err, "list egress proxy pods", "namespace", ns)
+			}
+			// A pod not listed is not let go: a failed list says
+			// nothing of it.
+			return
 		}
-		return
+		pods = append(pods, list.Items...)
 	}
 	seen := map[types.UID]bool{}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
+	for i := range pods {
+		pod := &pods[i]
 		if !d.Namespaces.Serves(pod.Namespace) || pod.Status.StartTime == nil {
 			continue
 		}
