@@ -107,13 +107,7 @@ func TestAgentEventsOnCluster(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: the Compute API needs the real sandbox image's supervisor", EnvSandboxImage)
 	}
-	e, st, pool := platformEnv(t)
-	api := e.computeAPIWithStore(pool, st)
-	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
-		tpl.Spec.Image = image
-		// Longer than the test: only setActivity makes the sandbox idle.
-		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
-	})
+	e, _, api := apiTemplate(t, image, nil)
 	const name = "events"
 	agent := "agent:" + name + "@example.com"
 	f := &agentEventFollower{t: t, api: api, agent: agent}
@@ -197,13 +191,8 @@ func TestAgentEventsOnCluster(t *testing.T) {
 	if curl, err := exec.LookPath("curl"); err != nil {
 		t.Log("curl is not installed: the stream is not read by a third-party SSE client")
 	} else {
-		caFile := filepath.Join(t.TempDir(), "api-ca.crt")
-		must(t, os.WriteFile(caFile, e.apiCAPEM, 0o600))
 		const resume = 2
-		cmd := exec.CommandContext(e.ctx, curl, "-sS", "-N", "--max-time", "3", "--cacert", caFile,
-			"-H", "Authorization: Bearer "+api.Token(), "-H", fmt.Sprintf("Last-Event-ID: %d", resume),
-			api.Endpoint()+apiclient.PathAgentEvents(agent))
-		out, err := cmd.Output()
+		out, err := e.curlEvents(curl, api, apiclient.PathAgentEvents(agent), resume, "3")
 		var exitErr *exec.ExitError
 		if !errors.As(err, &exitErr) || exitErr.ExitCode() != 28 {
 			t.Fatalf("curl: %v, want its timeout (28)", err)
@@ -270,9 +259,10 @@ func TestEgressDeniedEventsOnCluster(t *testing.T) {
 	if image == "" {
 		t.Skipf("%s is not set: the test runs commands through the real sandbox image's supervisor", EnvSandboxImage)
 	}
-	e, st, pool := platformEnv(t)
+	e, _, api := apiTemplate(t, image, func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
+	})
 	e.startEgressManager(testEgressReconciler())
-	api := e.computeAPIWithStore(pool, st)
 	logs, err := kubernetes.NewForConfig(e.cfg)
 	must(t, err)
 	denials := &EgressDenials{Pods: e.c, Logs: logs, Namespaces: ServedNamespaces{e.ns}, Events: e.agentEvents, Log: logr.Discard()}
@@ -292,11 +282,6 @@ func TestEgressDeniedEventsOnCluster(t *testing.T) {
 		},
 	}
 	must(t, e.c.Create(e.ctx, proxy))
-	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
-		tpl.Spec.Image = image
-		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
-		tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
-	})
 	const name = "denied"
 	agent := "agent:" + name + "@example.com"
 	e.sandbox(name, "tpl")
@@ -325,4 +310,15 @@ func TestEgressDeniedEventsOnCluster(t *testing.T) {
 	}
 	t.Logf("egress_denied: the probe began %s before the first event arrived (%s after the proxy logged it); the window's count came %s later",
 		arrived.Sub(asked).Round(time.Millisecond), arrived.Sub(a.Time).Round(time.Millisecond), b.Time.Sub(a.Time).Round(time.Millisecond))
+}
+
+// curlEvents reads an event stream of the API with curl -N, from after
+// event lastEventID, for at most maxTime seconds, and returns what it read.
+func (e *clusterEnv) curlEvents(curl string, api *apiclient.Client, path string, lastEventID int, maxTime string) ([]byte, error) {
+	caFile := filepath.Join(e.t.TempDir(), "api-ca.crt")
+	must(e.t, os.WriteFile(caFile, e.apiCAPEM, 0o600))
+	cmd := exec.CommandContext(e.ctx, curl, "-sS", "-N", "--fail", "--max-time", maxTime, "--cacert", caFile,
+		"-H", "Authorization: Bearer "+api.Token(), "-H", fmt.Sprintf("Last-Event-ID: %d", lastEventID),
+		api.Endpoint()+path)
+	return cmd.Output()
 }

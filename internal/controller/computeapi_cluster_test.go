@@ -372,6 +372,17 @@ func apiSandbox(t *testing.T, name string, configure func(*v1alpha1.SandboxTempl
 	if image == "" {
 		t.Skipf("%s is not set: the Compute API needs the real sandbox image's supervisor", EnvSandboxImage)
 	}
+	e, st, api := apiTemplate(t, image, configure)
+	e.sandbox(name, "tpl")
+	sbx, _ := e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	return e, st, api, sbx
+}
+
+// apiTemplate is platformEnv with the Compute API in front of it and the
+// template "tpl" of image (idle timeout an hour, so that only setActivity
+// makes a sandbox idle), changed by configure.
+func apiTemplate(t *testing.T, image string, configure func(*v1alpha1.SandboxTemplate)) (*clusterEnv, *store.Store, *apiclient.Client) {
+	t.Helper()
 	e, st, pool := platformEnv(t)
 	api := e.computeAPIWithStore(pool, st)
 	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
@@ -381,7 +392,5 @@ func apiSandbox(t *testing.T, name string, configure func(*v1alpha1.SandboxTempl
 			configure(tpl)
 		}
 	})
-	e.sandbox(name, "tpl")
-	sbx, _ := e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
-	return e, st, api, sbx
+	return e, st, api
 }

@@ -38,18 +38,9 @@ func agentEvent(typ, msg string) store.AgentEvent {
 // allAgentEvents lists an agent's whole log, a small page at a time.
 func allAgentEvents(t *testing.T, s *store.Store, agent string, after int64) []store.AgentEvent {
 	t.Helper()
-	var out []store.AgentEvent
-	for {
-		page, err := s.ListAgentEvents(context.Background(), agent, after, 7)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(page) == 0 {
-			return out
-		}
-		out = append(out, page...)
-		after = page[len(page)-1].Seq
-	}
+	return allPages(t, after, func(after int64) ([]store.AgentEvent, error) {
+		return s.ListAgentEvents(context.Background(), agent, after, 7)
+	}, func(e store.AgentEvent) int64 { return e.Seq })
 }
 
 func testAgentEventsAppendList(t *testing.T, b backend) {
