@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -148,5 +150,39 @@ func TestAgentEventsRetention(t *testing.T) {
 	evs, err := st.ListAgentEvents(context.Background(), "agent-1", 0, 0)
 	if err != nil || len(evs) != 1 || evs[0].Seq != 2 {
 		t.Fatalf("after pruning: %+v, %v", evs, err)
+	}
+}
+
+// TestAgentEventMatchesOpenAPI checks the document's AgentEvent against
+// the Go type both ways (every field a property, every field always sent
+// required) and its type enum against the client's types.
+func TestAgentEventMatchesOpenAPI(t *testing.T) {
+	c := loadContract(t)
+	schema := c.doc["components"].(map[string]any)["schemas"].(map[string]any)["AgentEvent"].(map[string]any)
+	props := schema["properties"].(map[string]any)
+	var required []string
+	for _, r := range schema["required"].([]any) {
+		required = append(required, r.(string))
+	}
+	ours := jsonFields(reflect.TypeFor[api.AgentEvent]())
+	for name, omitempty := range ours {
+		if _, ok := props[name]; !ok {
+			t.Errorf("the OpenAPI AgentEvent has no property %q, which the API sends", name)
+		}
+		if !omitempty && !slices.Contains(required, name) {
+			t.Errorf("the OpenAPI AgentEvent does not require %q, which the API always sends", name)
+		}
+	}
+	for name := range props {
+		if _, ok := ours[name]; !ok {
+			t.Errorf("the OpenAPI AgentEvent has property %q, which the API's type does not have", name)
+		}
+	}
+	var enum []string
+	for _, v := range props["type"].(map[string]any)["enum"].([]any) {
+		enum = append(enum, v.(string))
+	}
+	if !slices.Equal(enum, api.AgentEventTypes) {
+		t.Errorf("the OpenAPI AgentEvent types %v, the client's %v", enum, api.AgentEventTypes)
 	}
 }

@@ -131,6 +131,13 @@ func TestAgentEventsOnCluster(t *testing.T) {
 	stopping := f.waitFor(apiclient.AgentEventIdleStopping, ended)
 	snapshot := f.waitFor(apiclient.AgentEventSnapshot, stopping)
 	stopped := f.waitFor(apiclient.AgentEventStopped, snapshot)
+	// Following the agent does not wake its sandbox.
+	time.Sleep(2 * time.Second)
+	var still v1alpha1.Sandbox
+	must(t, e.get(name, &still))
+	if still.Status.Phase != v1alpha1.SandboxPhaseStopped {
+		t.Fatalf("the followed sandbox is %s, not Stopped", still.Status.Phase)
+	}
 	f.cut()
 
 	// The next call resumes the sandbox.

@@ -77,6 +77,10 @@ type denialWindow struct {
 	key   string
 }
 
+// NeedLeaderElection: one replica follows the proxies, so that each
+// denial is read once.
+func (d *EgressDenials) NeedLeaderElection() bool { return true }
+
 // Start follows the proxies until ctx ends.
 func (d *EgressDenials) Start(ctx context.Context) error {
 	d.following, d.windows = map[types.UID]context.CancelFunc{}, map[denialKey]*denialWindow{}

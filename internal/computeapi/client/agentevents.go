@@ -78,6 +78,15 @@ const (
 	AgentEventEgressDenied = "egress_denied"
 )
 
+// AgentEventTypes are the agent event types, in the order of their
+// constants.
+var AgentEventTypes = []string{
+	AgentEventCreated, AgentEventPodCreated, AgentEventReady, AgentEventIdleStopping, AgentEventSnapshot,
+	AgentEventStopped, AgentEventIdleStopCancelled, AgentEventResuming, AgentEventResumed, AgentEventPodReplaced,
+	AgentEventPodFailed, AgentEventNodeLost, AgentEventError, AgentEventNotice, AgentEventCommandStarted,
+	AgentEventCommandEnded, AgentEventEgressDenied,
+}
+
 // AgentEvent is one event of an agent.
 type AgentEvent struct {
 	// ID is the event's number in the agent's log, from 1.
