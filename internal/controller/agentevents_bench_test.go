@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
@@ -23,7 +24,17 @@ func TestAgentEventsBench(t *testing.T) {
 	if os.Getenv(EnvBench) == "" {
 		t.Skipf("%s is not set: the benchmarks run only on request", EnvBench)
 	}
-	e, _, api, sbx := apiSandbox(t, "bench-events", nil)
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: the Compute API needs the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	// The activity clocks through the manager's client, cached, as the
+	// control plane has them: the test's direct client reads each call's
+	// Lease through client-go's default rate limit (5/s), which alone
+	// makes a call take 200 ms in a loop.
+	e, _, api := apiTemplate(t, image, nil, func(e *clusterEnv, o *computeapi.Options) { o.Leases = e.r.Client })
+	e.sandbox("bench-events", "tpl")
+	sbx, _ := e.waitPhase("bench-events", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
 	agent := sbx.Spec.AgentID
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
