@@ -172,7 +172,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.DurationVar(&o.purgeInterval, "filespace-purge-interval", filespace.DefaultPurgeInterval, "how often the leader removes filespace contents no file names any more (rewritten or deleted files' old contents)")
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
 	runRetention := fs.String("run-retention", cmp.Or(getenv("AGENTBOX_RUN_RETENTION"), computeapi.DefaultRunRetention.String()),
-		"how long the records of finished runs, with their event logs, are kept before the run sweeper deletes them; 0 keeps them forever [AGENTBOX_RUN_RETENTION]")
+		"how long the records of finished runs, with their event logs, and agents' events are kept before the run sweeper deletes them; 0 keeps them forever [AGENTBOX_RUN_RETENTION]")
 	defaultTemplate := fs.String("default-template", getenv("AGENTBOX_DEFAULT_TEMPLATE"),
 		"NAMESPACE/NAME of the SandboxTemplate the Compute API's deploy_or_resume creates an agent's missing sandbox from when the call names none; empty means such calls must name one [AGENTBOX_DEFAULT_TEMPLATE]")
 	sandboxNamespaces, err := registerScopeFlags(fs, getenv, o)
