@@ -23,6 +23,8 @@ type commandCall struct {
 	// ctx bounds the call by the command's timeout and a grace.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// ended records the command's end in the agent's events.
+	ended func(*supervisorapi.CommandResult, error)
 }
 
 // startCommand does what both run_command calls start with: authorize,
@@ -49,7 +51,7 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, op string)
 		return nil
 	}
 
-	sup, _, log, apiErr := s.reach(r.Context(), agentID, log)
+	sup, sb, log, apiErr := s.reach(r.Context(), agentID, log)
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return nil
@@ -60,7 +62,8 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, op string)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout)*time.Second+supervisorGrace)
 	// The API's run_command request is the supervisor's command request.
-	return &commandCall{sup: sup, log: log, ctx: ctx, cancel: cancel, req: req}
+	return &commandCall{sup: sup, log: log, ctx: ctx, cancel: cancel, req: req,
+		ended: s.commandEvents(sb.Namespace, sb.Name, agentID, req.Command, "")}
 }
 
 // commandResult is the supervisor's result as the API sends it. The
@@ -79,6 +82,7 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	defer call.cancel()
 	res, err := call.sup.RunCommand(call.ctx, call.req)
+	call.ended(res, err)
 	if err != nil {
 		apiErr := supervisorError(call.ctx, err)
 		s.logFailure(call.log, apiErr, err)
@@ -122,6 +126,7 @@ func (s *Server) runCommandStream(w http.ResponseWriter, r *http.Request) {
 	res, err := call.sup.RunCommandStream(call.ctx, call.req, func(ev supervisorapi.CommandEvent) error {
 		return send(api.CommandEvent{Stream: ev.Stream, Data: ev.Data, Truncated: ev.Truncated})
 	})
+	call.ended(res, err)
 	if err != nil {
 		apiErr := supervisorError(call.ctx, err)
 		s.logFailure(call.log, apiErr, err)

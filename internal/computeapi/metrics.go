@@ -53,6 +53,14 @@ var (
 		Name: "agentbox_run_event_streams",
 		Help: "Run event streams (GET /v1/runs/{id}/events) open on this replica.",
 	})
+	metricAgentEventStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "agentbox_agent_event_streams",
+		Help: "Agent event streams (GET /v1/agents/{id}/events) open on this replica.",
+	})
+	metricAgentEventsDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "agentbox_agent_events_dropped_total",
+		Help: "Agent events this replica could not record: its queue was full, or the store kept failing.",
+	})
 	metricRunsDeleted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "agentbox_runs_deleted_total",
 		Help: "Finished runs whose records this replica's sweeper deleted once past the run retention or their own TTL.",
@@ -61,5 +69,6 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds, metricColdStarts,
-		metricRunsStarted, metricRunAttempts, metricRunsFinished, metricRunSeconds, metricRunEventStreams, metricRunsDeleted)
+		metricRunsStarted, metricRunAttempts, metricRunsFinished, metricRunSeconds, metricRunEventStreams, metricRunsDeleted,
+		metricAgentEventStreams, metricAgentEventsDropped)
 }

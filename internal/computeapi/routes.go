@@ -69,6 +69,7 @@ func (s *Server) addRoutes(route func(pattern string, methods ...method)) {
 	route("/v1/agents/{agent_id}/lease/heartbeat", method{post, "heartbeat_lease", s.heartbeatLease})
 	route("/v1/namespaces/{namespace}/warm-pools/{pool}/leases", method{post, "acquire_pool_lease", s.acquirePoolLease})
 	route("/v1/agents/{agent_id}/status", method{get, "status", s.status})
+	route("/v1/agents/{agent_id}/events", method{get, "agent_events", s.agentEventStream})
 	route("/v1/agents/{agent_id}/deploy_or_resume", method{post, "deploy_or_resume", s.deployOrResume})
 	route("/v1/agents/{agent_id}/sync_filespace", method{post, "sync_filespace", s.syncFilespace})
 	route("/v1/agents/{agent_id}/terminate", method{post, "terminate", s.terminate})

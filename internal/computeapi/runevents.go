@@ -53,16 +53,16 @@ const (
 	runEventRecheck = 5 * time.Second
 )
 
-// runNotifier tells the streams of a run on this replica that its log
-// grew, so that they need not wait for their next poll.
-type runNotifier struct {
+// notifier tells the streams of a log (a run's, an agent's) on this
+// replica that it grew, so that they need not wait for their next poll.
+type notifier struct {
 	mu   sync.Mutex
 	subs map[string]map[chan struct{}]struct{}
 }
 
 // subscribe returns a channel that receives after each notify of id, and
 // the function that ends the subscription.
-func (n *runNotifier) subscribe(id string) (<-chan struct{}, func()) {
+func (n *notifier) subscribe(id string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -83,9 +83,9 @@ func (n *runNotifier) subscribe(id string) (<-chan struct{}, func()) {
 	}
 }
 
-// notify wakes the streams of run id. A stream that has a wake-up pending
+// notify wakes the streams of log id. A stream that has a wake-up pending
 // needs no second one: it reads everything new when it wakes.
-func (n *runNotifier) notify(id string) {
+func (n *notifier) notify(id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for ch := range n.subs[id] {
@@ -392,13 +392,13 @@ func (w *sseWriter) write(b []byte) error {
 	return w.rc.Flush()
 }
 
-func (w *sseWriter) event(e api.RunEvent) error {
-	data, err := json.Marshal(e)
+func (w *sseWriter) event(e sseEvent) error {
+	data, err := json.Marshal(e.data)
 	if err != nil {
 		return err
 	}
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "id: %d\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data)
+	fmt.Fprintf(&b, "id: %d\nevent: %s\ndata: %s\n\n", e.id, e.typ, data)
 	return w.write(b.Bytes())
 }
 
@@ -419,16 +419,91 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	ctx := r.Context()
-	shutdown := s.streamShutdowns.watch(r)
-	log := s.callLog(r, "run events").WithValues("run", run.ID)
 	// Subscribed before the first read, so that no notification falls
 	// between a read and the wait.
 	woken, unsubscribe := s.runNotes.subscribe(run.ID)
 	defer unsubscribe()
 	metricRunEventStreams.Inc()
 	defer metricRunEventStreams.Dec()
+	s.serveEventStream(w, r, eventLog{
+		log:   s.callLog(r, "run events").WithValues("run", run.ID),
+		woken: woken,
+		read: func(ctx context.Context, after int64) ([]sseEvent, error) {
+			evs, err := s.store.ListRunEvents(ctx, run.ID, after, store.MaxRunEventsPage)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]sseEvent, len(evs))
+			for i, e := range evs {
+				ev, err := wireRunEvent(e)
+				if err != nil {
+					return nil, err
+				}
+				out[i] = sseEvent{id: e.Seq, typ: ev.Type, data: ev, last: e.Type == store.RunEventEnd}
+			}
+			return out, nil
+		},
+		page: store.MaxRunEventsPage,
+		idle: func(ctx context.Context, after int64) ([]sseEvent, bool, error) {
+			cur, err := s.store.GetRun(ctx, run.ID)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				return nil, true, nil // deleted by retention
+			case err != nil:
+				return nil, true, err
+			case !cur.Status.Terminal():
+				return nil, false, nil
+			}
+			// The store writes a run's end into its log with its final
+			// state, so a second look finds every event there is.
+			more, err := s.store.ListRunEvents(ctx, run.ID, after, 1)
+			if err != nil || len(more) > 0 {
+				return nil, false, nil
+			}
+			// Nothing after the follower's id: it has seen the end, or
+			// names an id past it. A run with no log at all ended before
+			// runs had logs: its record ends it.
+			if after == 0 {
+				end := legacyEnd(cur)
+				return []sseEvent{{id: end.ID, typ: end.Type, data: end, last: true}}, true, nil
+			}
+			return nil, true, nil
+		},
+	}, after)
+}
 
+// sseEvent is one event of a stream: its id, its type, and its data,
+// sent as JSON; last ends the stream.
+type sseEvent struct {
+	id   int64
+	typ  string
+	data any
+	last bool
+}
+
+// eventLog is a numbered log that serveEventStream streams.
+type eventLog struct {
+	log logr.Logger
+	// woken receives when the log may have grown.
+	woken <-chan struct{}
+	// read returns the events after id after, in order, at most page.
+	read func(ctx context.Context, after int64) ([]sseEvent, error)
+	page int
+	// idle, when set, is called when a read found nothing new, at most
+	// every runEventRecheck: it may send last events and end the stream.
+	idle func(ctx context.Context, after int64) ([]sseEvent, bool, error)
+}
+
+// serveEventStream streams l's events after id after as Server-Sent
+// Events, live: it reads the log again when woken, and every poll
+// interval besides for what another replica wrote, and sends a comment
+// when idle so that proxies keep the connection. It ends after an event
+// marked last, when idle says so, or when the follower goes away, the
+// Server closes or the http.Server serving it shuts down; a follower
+// resumes with Last-Event-ID.
+func (s *Server) serveEventStream(w http.ResponseWriter, r *http.Request, l eventLog, after int64) {
+	ctx := r.Context()
+	shutdown := s.streamShutdowns.watch(r)
 	w.Header().Set("Content-Type", api.ContentTypeEventStream)
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
@@ -442,58 +517,43 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 	defer poll.Stop()
 	keepalive := time.NewTicker(s.runEventKeepalive)
 	defer keepalive.Stop()
+	// send sends events and reports whether the stream goes on.
+	send := func(evs []sseEvent) bool {
+		for _, e := range evs {
+			if err := sse.event(e); err != nil {
+				return false
+			}
+			after = e.id
+			if e.last {
+				return false
+			}
+		}
+		return true
+	}
 	var checked time.Time
 	for {
-		evs, err := s.store.ListRunEvents(ctx, run.ID, after, store.MaxRunEventsPage)
+		evs, err := l.read(ctx, after)
 		if err != nil {
 			if ctx.Err() == nil {
 				// The follower reconnects and resumes; it cannot be told
 				// with a status any more.
-				log.Error(err, "read run events; ending the stream")
+				l.log.Error(err, "read events; ending the stream")
 			}
 			return
 		}
-		for _, e := range evs {
-			ev, err := wireRunEvent(e)
-			if err != nil {
-				log.Error(err, "stored run event; ending the stream")
-				return
-			}
-			if err := sse.event(ev); err != nil {
-				return
-			}
-			after = e.Seq
-			if e.Type == store.RunEventEnd {
-				return
-			}
+		if !send(evs) {
+			return
 		}
-		if len(evs) == store.MaxRunEventsPage {
+		if len(evs) == l.page {
 			continue
 		}
-		if len(evs) == 0 && time.Since(checked) >= runEventRecheck {
+		if len(evs) == 0 && l.idle != nil && time.Since(checked) >= runEventRecheck {
 			checked = time.Now()
-			cur, err := s.store.GetRun(ctx, run.ID)
-			switch {
-			case errors.Is(err, store.ErrNotFound):
-				return // deleted by retention
-			case err != nil:
-				if ctx.Err() == nil {
-					log.Error(err, "read run; ending the stream")
-				}
-				return
-			case cur.Status.Terminal():
-				// The store writes a run's end into its log with its final
-				// state, so a second look finds every event there is.
-				more, err := s.store.ListRunEvents(ctx, run.ID, after, 1)
-				if err != nil || len(more) > 0 {
-					continue
-				}
-				// Nothing after the follower's id: it has seen the end, or
-				// names an id past it. A run with no log at all ended
-				// before runs had logs: its record ends it.
-				if after == 0 {
-					_ = sse.event(legacyEnd(cur))
-				}
+			last, end, err := l.idle(ctx, after)
+			if err != nil && ctx.Err() == nil {
+				l.log.Error(err, "check the stream's source; ending the stream")
+			}
+			if !send(last) || end {
 				return
 			}
 		}
@@ -504,7 +564,7 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-shutdown:
 			return
-		case <-woken:
+		case <-l.woken:
 		case <-poll.C:
 		case <-keepalive.C:
 			if err := sse.write([]byte(": keepalive\n\n")); err != nil {

@@ -116,36 +116,54 @@ func TestRunEventsReplay(t *testing.T) {
 		}
 	}
 	// Resume after each event, by the header and by the query.
-	h := srv.Handler()
-	for after := range int64(len(evs)) + 1 {
+	checkResumes(t, srv.Handler(), api.PathRunEvents(run.ID), adminToken, len(evs), 0)
+}
+
+// checkResumes reads the stream at path after each id from 0 to n, by the
+// Last-Event-ID header (which wins over the query) and by the after
+// query, and checks that exactly the events after it come, numbered on.
+// A stream that does not end by itself is read for wait.
+func checkResumes(t *testing.T, h http.Handler, path, token string, n int, wait time.Duration) {
+	t.Helper()
+	for after := range int64(n) + 1 {
 		for _, how := range []string{"header", "query"} {
-			req := httptest.NewRequest(http.MethodGet, api.PathRunEvents(run.ID), nil)
-			req.Header.Set("Authorization", "Bearer "+adminToken)
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if wait > 0 {
+				ctx, cancel = context.WithTimeout(ctx, wait)
+			}
+			req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
+			req.Header.Set("Authorization", "Bearer "+token)
 			if how == "header" {
 				req.Header.Set(api.HeaderLastEventID, fmt.Sprint(after))
-				// The header wins over the query.
 				req.URL.RawQuery = "after=0"
 			} else {
 				req.URL.RawQuery = fmt.Sprintf("after=%d", after)
 			}
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, req)
+			cancel()
 			if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != api.ContentTypeEventStream {
 				t.Fatalf("after %d by %s: %d %s", after, how, rec.Code, rec.Body)
 			}
 			var got []int64
 			if err := api.ReadEventStream(rec.Body, func(ev api.EventStreamEvent) error {
-				var e api.RunEvent
+				var e struct {
+					ID   int64  `json:"id"`
+					Type string `json:"type"`
+				}
 				if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 					return err
+				}
+				if ev.ID != fmt.Sprint(e.ID) || ev.Event != e.Type {
+					return fmt.Errorf("event %+v", ev)
 				}
 				got = append(got, e.ID)
 				return nil
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != len(evs)-int(after) || (len(got) > 0 && got[0] != after+1) {
-				t.Errorf("after %d by %s: events %v of %d", after, how, got, len(evs))
+			if len(got) != n-int(after) || (len(got) > 0 && got[0] != after+1) {
+				t.Errorf("after %d by %s: events %v of %d", after, how, got, n)
 			}
 		}
 	}

@@ -321,7 +321,7 @@ func (e *runExecution) ended(ctx context.Context, res store.RunResult) store.Run
 // hold the context presents, if any, is the one the run holds.
 func (e *runExecution) command(ctx context.Context, agentID string, in runInput) store.RunResult {
 	s, run, log := e.s, e.run, e.log
-	sup, _, log, apiErr := s.reach(ctx, agentID, log)
+	sup, sb, log, apiErr := s.reach(ctx, agentID, log)
 	if apiErr != nil {
 		return e.ended(ctx, apiFailure(apiErr))
 	}
@@ -337,6 +337,7 @@ func (e *runExecution) command(ctx context.Context, agentID string, in runInput)
 	// before the run's end is.
 	output := s.newRunOutput(run.ID, log)
 	defer output.close()
+	ended := s.commandEvents(sb.Namespace, sb.Name, agentID, run.Command.Argv, run.ID)
 	res, err := sup.RunCommandStream(cctx, req, func(ev supervisorapi.CommandEvent) error {
 		e.outBytes += int64(len(ev.Data))
 		if ev.Truncated {
@@ -345,6 +346,7 @@ func (e *runExecution) command(ctx context.Context, agentID string, in runInput)
 		output.write(ev.Stream, []byte(ev.Data))
 		return nil
 	})
+	ended(res, err)
 	out := e.commandResult(ctx, cctx, res, err, timeout, log)
 	// The artifacts are the run's, kept once: after the attempt whose
 	// end is the run's, not after one that is retried in the same sandbox.
@@ -484,6 +486,7 @@ func (s *Server) sweepRuns() {
 		if lastPrune.IsZero() || now.Sub(lastPrune) >= runPruneInterval {
 			lastPrune = now
 			s.pruneRuns(now, log)
+			s.pruneAgentEvents(now, log)
 		}
 	}
 }

@@ -134,6 +134,11 @@ type Options struct {
 	// RunRetryBackoffMax. They default to DefaultRunRetryBackoff and
 	// DefaultRunRetryBackoffMax.
 	RunRetryBackoff, RunRetryBackoffMax time.Duration
+	// AgentEvents records the agents' events (GET /v1/agents/{id}/events)
+	// in Store; the control plane gives the sandbox controller the same
+	// one, and closes it after the Server. Nil, with a Store, makes one
+	// that the Server closes. The events are kept for RunRetention.
+	AgentEvents *AgentEvents
 }
 
 // Server serves the Compute API.
@@ -184,7 +189,7 @@ type Server struct {
 	execs        executors
 	// runNotes wakes the event streams of the runs this Server executes;
 	// the rest configure them (see Options).
-	runNotes           runNotifier
+	runNotes           notifier
 	streamShutdowns    shutdowns
 	runEventPoll       time.Duration
 	runEventKeepalive  time.Duration
@@ -194,6 +199,10 @@ type Server struct {
 	artifacts RunArtifactsOptions
 	// runRetryBackoff and runRetryBackoffMax: see Options.
 	runRetryBackoff, runRetryBackoffMax time.Duration
+	// agentEvents records agents' events and wakes their streams; nil
+	// without a store. ownAgentEvents: the Server made it, and closes it.
+	agentEvents    *AgentEvents
+	ownAgentEvents bool
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
 	runWork   sync.WaitGroup
@@ -263,6 +272,7 @@ func newServer(opts Options) *Server {
 		artifacts:          opts.RunArtifacts.withDefaults(),
 		runRetryBackoff:    positiveOr(opts.RunRetryBackoff, DefaultRunRetryBackoff),
 		runRetryBackoffMax: positiveOr(opts.RunRetryBackoffMax, DefaultRunRetryBackoffMax),
+		agentEvents:        opts.AgentEvents,
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()
@@ -307,6 +317,9 @@ func renewInterval(opts Options) time.Duration {
 // Options.FilespacePushDelay), and the sweeper of lost runs.
 func (s *Server) useStore(pushDelay time.Duration) {
 	s.audit = newAuditor(s.store, s.log.WithName("audit"))
+	if s.agentEvents == nil {
+		s.agentEvents, s.ownAgentEvents = NewAgentEvents(s.store, s.log.WithName("agent-events")), true
+	}
 	if pool, ok := s.supervisors.(*SupervisorPool); ok {
 		s.supervisorAudit = &supervisors.AuditSink{Record: s.recordSupervisor, Invalid: s.invalidSupervisorRecord}
 		pool.SetAudit(s.supervisorAudit)
@@ -340,6 +353,9 @@ func (s *Server) close() {
 	}
 	if s.audit != nil {
 		s.audit.close()
+	}
+	if s.ownAgentEvents {
+		s.agentEvents.Close()
 	}
 }
 

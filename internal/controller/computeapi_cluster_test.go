@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
@@ -372,8 +373,25 @@ func apiSandbox(t *testing.T, name string, configure func(*v1alpha1.SandboxTempl
 	if image == "" {
 		t.Skipf("%s is not set: the Compute API needs the real sandbox image's supervisor", EnvSandboxImage)
 	}
+	e, st, api := apiTemplate(t, image, configure)
+	e.sandbox(name, "tpl")
+	sbx, _ := e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	return e, st, api, sbx
+}
+
+// apiTemplate is platformEnv with the Compute API in front of it (its
+// options changed by options) and the template "tpl" of image (idle
+// timeout an hour, so that only setActivity makes a sandbox idle),
+// changed by configure.
+func apiTemplate(t *testing.T, image string, configure func(*v1alpha1.SandboxTemplate),
+	options ...func(*clusterEnv, *computeapi.Options)) (*clusterEnv, *store.Store, *apiclient.Client) {
+	t.Helper()
 	e, st, pool := platformEnv(t)
-	api := e.computeAPIWithStore(pool, st)
+	api := e.computeAPIWithStore(pool, st, func(o *computeapi.Options) {
+		for _, opt := range options {
+			opt(e, o)
+		}
+	})
 	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
 		tpl.Spec.Image = image
 		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
@@ -381,7 +399,5 @@ func apiSandbox(t *testing.T, name string, configure func(*v1alpha1.SandboxTempl
 			configure(tpl)
 		}
 	})
-	e.sandbox(name, "tpl")
-	sbx, _ := e.waitPhase(name, v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
-	return e, st, api, sbx
+	return e, st, api
 }

@@ -74,6 +74,9 @@ package controller
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// The control plane follows the proxies' access logs for their denials
+// (EgressDenials).
+// +kubebuilder:rbac:groups="",resources=pods/log,verbs=get
 // A Shared proxy runs as a Deployment owned by its EgressProxy.
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 //

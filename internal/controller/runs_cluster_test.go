@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -265,13 +263,8 @@ echo "to stderr" >&2`, before, total)
 	if curl, err := exec.LookPath("curl"); err != nil {
 		t.Log("curl is not installed: the stream is not read by a third-party SSE client")
 	} else {
-		caFile := filepath.Join(t.TempDir(), "api-ca.crt")
-		must(t, os.WriteFile(caFile, e.apiCAPEM, 0o600))
 		const resume = 10
-		cmd := exec.CommandContext(ctx, curl, "-sS", "-N", "--fail", "--max-time", "60", "--cacert", caFile,
-			"-H", "Authorization: Bearer "+api.Token(), "-H", fmt.Sprintf("Last-Event-ID: %d", resume),
-			api.Endpoint()+apiclient.PathRunEvents(run.ID))
-		out, err := cmd.Output()
+		out, err := e.curlEvents(curl, api, apiclient.PathRunEvents(run.ID), resume, "60")
 		if err != nil {
 			t.Fatalf("curl: %v", err)
 		}

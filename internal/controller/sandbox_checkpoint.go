@@ -163,8 +163,9 @@ func (r *SandboxReconciler) recordCheckpoint(ctx context.Context, sbx *v1alpha1.
 	if t := sbx.Status.LastCheckpointTime; t != nil {
 		began = " begun " + t.UTC().Format(time.RFC3339) + ","
 	}
-	r.event(sbx, pod, corev1.EventTypeNormal, EventCheckpointed, "Checkpoint",
-		fmt.Sprintf("checkpoint %s of the workspace is ready (%s,%s %s driver); %d kept", name, formatBytes(state.SizeBytes), began, snapshot.ID(r.Snapshots), len(list)))
+	msg := fmt.Sprintf("checkpoint %s of the workspace is ready (%s,%s %s driver); %d kept", name, formatBytes(state.SizeBytes), began, snapshot.ID(r.Snapshots), len(list))
+	r.event(sbx, pod, corev1.EventTypeNormal, EventCheckpointed, "Checkpoint", msg)
+	r.snapshotCut(sbx, EventCheckpointed, name, state.SizeBytes, msg)
 }
 
 // dropPendingCheckpoint abandons the checkpoint being taken, if any: an

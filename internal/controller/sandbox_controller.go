@@ -127,6 +127,9 @@ type SandboxReconciler struct {
 	// elsewhere only gets the NamespaceNotServed condition. Empty serves
 	// every namespace.
 	Namespaces ServedNamespaces
+	// AgentEvents, when set, takes the events of the agents' sandboxes
+	// into their event logs; see AgentEventSink.
+	AgentEvents AgentEventSink
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.

@@ -113,6 +113,9 @@ type clusterEnv struct {
 	apiCAPEM []byte
 	// supervisors is platformEnv's supervisor pool.
 	supervisors *computeapi.SupervisorPool
+	// agentEvents is platformEnv's agent event log writer, shared by the
+	// reconciler and computeAPIWithStore's API as in the control plane.
+	agentEvents *computeapi.AgentEvents
 }
 
 // newClusterEnv starts a manager for a fresh namespace; configure adds to

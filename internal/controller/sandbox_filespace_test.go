@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -178,11 +179,15 @@ func platformEnvAt(t *testing.T, dir string) (*clusterEnv, *store.Store, *comput
 	must(t, err)
 	t.Cleanup(func() { st.Close() })
 	var pool *computeapi.SupervisorPool
+	// Closed before the store (cleanups run last first).
+	agentEvents := computeapi.NewAgentEvents(st, logr.Discard())
+	t.Cleanup(agentEvents.Close)
 	e := newClusterEnv(t, withSnapshots(t, arch, &pool), func(r *SandboxReconciler) {
 		r.Filespaces = filespace.Syncer{Store: st}
 		r.WarmTakes = st
+		r.AgentEvents = agentEvents
 	})
-	e.storePath, e.supervisors = dbPath, pool
+	e.storePath, e.supervisors, e.agentEvents = dbPath, pool, agentEvents
 	return e, st, pool
 }
 

@@ -250,6 +250,8 @@ func (r *SandboxReconciler) completeStop(ctx context.Context, sbx *v1alpha1.Sand
 	if !started.IsZero() {
 		metricSnapshotSeconds.WithLabelValues(r.Snapshots.Name()).Observe(r.now().Sub(started).Seconds())
 	}
+	r.snapshotCut(sbx, EventIdleStopping, name, state.SizeBytes, fmt.Sprintf("snapshot %s of the workspace is ready (%s, %s driver)",
+		name, formatBytes(state.SizeBytes), snapshot.ID(r.Snapshots)))
 	r.finishStop(sbx, pod, started, fmt.Sprintf("the workspace is in snapshot %s (%s, %s driver); the next activity resumes the sandbox",
 		name, formatBytes(state.SizeBytes), snapshot.ID(r.Snapshots)))
 	return nil

@@ -118,6 +118,9 @@ func (e *clusterEnv) startComputeAPI(pool *computeapi.SupervisorPool, st *store.
 		Sandboxes: sandboxes, Leases: e.c, Supervisors: pool, Authenticator: auth, TrustDomain: testTrustDomain,
 		ResumeTimeout: waitTimeout, Store: st, FilespacePushDelay: -1,
 	}
+	if st != nil {
+		opts.AgentEvents = e.agentEvents
+	}
 	for _, c := range configure {
 		c(&opts)
 	}

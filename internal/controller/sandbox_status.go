@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 )
 
 // The Sandbox reconciler's status: what it observes of the pod, and the
@@ -181,6 +182,8 @@ func (r *SandboxReconciler) eventOnNewReason(prevReason string, sbx *v1alpha1.Sa
 
 func (r *SandboxReconciler) event(sbx *v1alpha1.Sandbox, related runtime.Object, eventType, reason, action, note string) {
 	recordEvent(r.Recorder, sbx, related, eventType, reason, action, note)
+	r.recordAgentEvent(sbx, related, api.AgentEvent{Type: agentEventType(eventType, reason), Reason: reason,
+		Message: truncateMessage(note)})
 }
 
 func readyReason(sbx *v1alpha1.Sandbox) string { return readyReasonOf(sbx.Status.Conditions) }

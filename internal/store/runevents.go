@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -64,9 +63,6 @@ const (
 	// DefaultRunEventsPage and MaxRunEventsPage bound ListRunEvents.
 	DefaultRunEventsPage = 500
 	MaxRunEventsPage     = 1000
-	// insertChunk is how many events go in one INSERT statement: five
-	// parameters each stay far below either backend's limit.
-	insertChunk = 200
 )
 
 // stateEvents are the events of a change of state that made r what it is:
@@ -120,24 +116,12 @@ func (s *Store) insertRunEvents(ctx context.Context, tx *sql.Tx, runID string, e
 		e.At = dbTime(e.At)
 		out[i] = e
 	}
-	for start := 0; start < len(out); start += insertChunk {
-		chunk := out[start:min(start+insertChunk, len(out))]
-		var (
-			q    strings.Builder
-			args []any
-		)
-		q.WriteString(`INSERT INTO run_events (run_id, seq, type, data, at) VALUES `)
-		for i, e := range chunk {
-			if i > 0 {
-				q.WriteString(", ")
-			}
-			n := len(args)
-			fmt.Fprintf(&q, "($%d, $%d, $%d, $%d, $%d)", n+1, n+2, n+3, n+4, n+5)
-			args = append(args, e.RunID, e.Seq, string(e.Type), e.Data, e.At)
-		}
-		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-			return nil, fmt.Errorf("run events: %w", err)
-		}
+	rows := make([][]any, len(out))
+	for i, e := range out {
+		rows[i] = []any{e.RunID, e.Seq, string(e.Type), e.Data, e.At}
+	}
+	if err := insertRows(ctx, tx, "run_events", []string{"run_id", "seq", "type", "data", "at"}, rows); err != nil {
+		return nil, fmt.Errorf("run events: %w", err)
 	}
 	return out, nil
 }

@@ -30,10 +30,18 @@ func eventState(t *testing.T, e store.RunEvent) store.RunState {
 // allEvents lists a run's whole log, a small page at a time.
 func allEvents(t *testing.T, s *store.Store, id string) []store.RunEvent {
 	t.Helper()
-	var out []store.RunEvent
-	var after int64
+	return allPages(t, 0, func(after int64) ([]store.RunEvent, error) {
+		return s.ListRunEvents(context.Background(), id, after, 7)
+	}, func(e store.RunEvent) int64 { return e.Seq })
+}
+
+// allPages reads a numbered log from after, a page at a time, until a
+// page is empty.
+func allPages[E any](t *testing.T, after int64, list func(after int64) ([]E, error), seq func(E) int64) []E {
+	t.Helper()
+	var out []E
 	for {
-		page, err := s.ListRunEvents(context.Background(), id, after, 7)
+		page, err := list(after)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +49,7 @@ func allEvents(t *testing.T, s *store.Store, id string) []store.RunEvent {
 			return out
 		}
 		out = append(out, page...)
-		after = page[len(page)-1].Seq
+		after = seq(page[len(page)-1])
 	}
 }
 

@@ -70,7 +70,8 @@ func testMigrations(t *testing.T, b backend) {
 	}
 	t.Logf("schema version %d, tables %v", cur, tables)
 	for _, want := range []string{store.MigrationsTable, "api_tokens", "audit_log", "audit_head", "console_sessions",
-		"snapshots", "lease_events", "tool_catalogs", "filespace_nodes", "warm_takes", "console_transcript", "runs", "run_events"} {
+		"snapshots", "lease_events", "tool_catalogs", "filespace_nodes", "warm_takes", "console_transcript", "runs", "run_events",
+		"agent_events", "agent_event_heads"} {
 		if !contains(tables, want) {
 			t.Errorf("table %s missing", want)
 		}

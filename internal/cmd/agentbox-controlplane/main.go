@@ -32,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -173,7 +174,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	fs.DurationVar(&o.purgeInterval, "filespace-purge-interval", filespace.DefaultPurgeInterval, "how often the leader removes filespace contents no file names any more (rewritten or deleted files' old contents)")
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
 	runRetention := fs.String("run-retention", cmp.Or(getenv("AGENTBOX_RUN_RETENTION"), computeapi.DefaultRunRetention.String()),
-		"how long the records of finished runs, with their event logs, are kept before the run sweeper deletes them; 0 keeps them forever [AGENTBOX_RUN_RETENTION]")
+		"how long the records of finished runs, with their event logs, and agents' events are kept before the run sweeper deletes them; 0 keeps them forever [AGENTBOX_RUN_RETENTION]")
 	defaultTemplate := fs.String("default-template", getenv("AGENTBOX_DEFAULT_TEMPLATE"),
 		"NAMESPACE/NAME of the SandboxTemplate the Compute API's deploy_or_resume creates an agent's missing sandbox from when the call names none; empty means such calls must name one [AGENTBOX_DEFAULT_TEMPLATE]")
 	sandboxNamespaces, err := registerScopeFlags(fs, getenv, o)
@@ -251,6 +252,10 @@ func run(ctx context.Context, o *options) error {
 	}
 	if in.store != nil {
 		defer in.store.Close()
+		// One log writer for the sandbox controller and the Compute API,
+		// closed after both, before the store.
+		in.agentEvents = computeapi.NewAgentEvents(in.store, ctrl.Log.WithName("agent-events"))
+		defer in.agentEvents.Close()
 	}
 	mgr, err := newManager(o)
 	if err != nil {
@@ -340,6 +345,8 @@ type inputs struct {
 	store      *store.Store
 	selfID     *url.URL
 	clientCert *renewingCert
+	// agentEvents records the agents' events; nil without a store.
+	agentEvents *computeapi.AgentEvents
 }
 
 // loadInputs reads the local inputs first, so that a misconfigured pod
@@ -485,6 +492,16 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 		// The Compute API's pool leases take warm sandboxes through the
 		// same store.
 		sandboxes.WarmTakes, warmPools.WarmTakes = st, st
+		sandboxes.AgentEvents = in.agentEvents
+		logs, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return fmt.Errorf("egress denials: %w", err)
+		}
+		denials := &controller.EgressDenials{Pods: mgr.GetAPIReader(), Logs: logs, Namespaces: o.sandboxNamespaces,
+			Events: in.agentEvents, Log: ctrl.Log.WithName("egress-denials")}
+		if err := mgr.Add(denials); err != nil {
+			return fmt.Errorf("add the egress denials: %w", err)
+		}
 		purger := filespace.BlobPurger{Store: st, Interval: o.purgeInterval, Log: ctrl.Log.WithName("filespace-purge")}
 		if err := mgr.Add(purger); err != nil {
 			return fmt.Errorf("add the filespace purge: %w", err)
@@ -539,6 +556,7 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 		FilespacePushDelay: o.pushDelay,
 		RunRetention:       o.runRetention,
 		RunArtifacts:       o.runArtifacts,
+		AgentEvents:        in.agentEvents,
 		DefaultTemplate:    o.defaultTemplate,
 		Replica:            replicaName(),
 	})

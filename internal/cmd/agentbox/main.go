@@ -6,6 +6,7 @@
 //	agentbox console --reason TEXT [--ttl 15m] AGENT_ID   (staff token)
 //	agentbox cp [--mode 0755] SRC DST                  (one side AGENT_ID:PATH, - for stdin/stdout)
 //	agentbox status [--json] AGENT_ID
+//	agentbox events [-f] [--after ID] [--json] AGENT_ID
 //	agentbox deploy [--wait] [--timeout 10m] [--template NS/NAME] [--request-id ID] AGENT_ID
 //	agentbox leases acquire|heartbeat|release [flags] AGENT_ID
 //	agentbox leases acquire-pool [--wait 60s] [flags] NAMESPACE POOL
@@ -65,6 +66,7 @@ commands:
   console       open a staff console on an agent's sandbox, with a reason (staff)
   cp            copy a file to or from an agent's workspace
   status        show an agent's sandbox, without waking it
+  events        print or follow the life of an agent's sandbox (created, ready, stopped, commands...)
   deploy        start, resume or create an agent's sandbox
   leases        acquire, heartbeat and release sandbox leases
   runs          start commands that run to completion in the background, follow and cancel them
@@ -98,6 +100,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return cpCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
 	case "status":
 		return statusCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "events":
+		return eventsCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "deploy":
 		return deployCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "leases":

@@ -108,12 +108,22 @@ func (c *Client) FollowRun(ctx context.Context, id string, afterID int64, fn fun
 	if id == "" {
 		return errors.New("empty run ID")
 	}
+	return follow(ctx, c, "run "+id, PathRunEvents(id), afterID, func(e RunEvent) (int64, bool) {
+		return e.ID, e.Type == RunEventEnd
+	}, fn)
+}
+
+// follow reads the event stream at path after event afterID, giving fn
+// each event once, in order, and reconnecting as FollowRun says. idOf
+// tells an event's id and whether it is the stream's last.
+func follow[E any](ctx context.Context, c *Client, what, path string, afterID int64,
+	idOf func(E) (int64, bool), fn func(E) error) error {
 	if afterID < 0 {
 		return fmt.Errorf("negative event id %d", afterID)
 	}
 	backoff := followBackoffFirst
 	for failures := 0; ; {
-		last, ended, err := c.followOnce(ctx, id, afterID, fn)
+		last, ended, err := followOnce(ctx, c, path, afterID, idOf, fn)
 		if ended {
 			return nil
 		}
@@ -122,7 +132,7 @@ func (c *Client) FollowRun(ctx context.Context, id string, afterID int64, fn fun
 		case errors.As(err, &fnErr):
 			return fnErr.err
 		case ctx.Err() != nil:
-			return fmt.Errorf("follow run %s: %w", id, ctx.Err())
+			return fmt.Errorf("follow %s: %w", what, ctx.Err())
 		case !retryable(err):
 			return err
 		}
@@ -131,13 +141,13 @@ func (c *Client) FollowRun(ctx context.Context, id string, afterID int64, fn fun
 		}
 		failures++
 		if failures > followRetries {
-			return fmt.Errorf("follow run %s after event %d: %w: %w", id, afterID, ErrFollowIncomplete, err)
+			return fmt.Errorf("follow %s after event %d: %w: %w", what, afterID, ErrFollowIncomplete, err)
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("follow run %s: %w", id, ctx.Err())
+			return fmt.Errorf("follow %s: %w", what, ctx.Err())
 		case <-t.C:
 		}
 		backoff = min(2*backoff, followBackoffMax)
@@ -162,10 +172,10 @@ func retryable(err error) bool {
 // followOnce reads one connection's stream. It returns the id of the
 // last event given to fn, whether that was the end, and why the stream
 // stopped otherwise.
-func (c *Client) followOnce(ctx context.Context, id string, after int64, fn func(RunEvent) error) (int64, bool, error) {
+func followOnce[E any](ctx context.Context, c *Client, path string, after int64,
+	idOf func(E) (int64, bool), fn func(E) error) (int64, bool, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	path := PathRunEvents(id)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.endpoint+path, nil)
 	if err != nil {
 		return after, false, fmt.Errorf("build request: %w", err)
@@ -192,11 +202,12 @@ func (c *Client) followOnce(ctx context.Context, id string, after int64, fn func
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		var e RunEvent
+		var e E
 		if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 			return fmt.Errorf("GET %s: event %q: %w", path, ev.ID, err)
 		}
-		if e.ID <= after {
+		n, last := idOf(e)
+		if n <= after {
 			// Already given to fn: a server never sends one, but a
 			// follower must not see an event twice.
 			return nil
@@ -204,8 +215,8 @@ func (c *Client) followOnce(ctx context.Context, id string, after int64, fn func
 		if err := fn(e); err != nil {
 			return fnError{err}
 		}
-		after = e.ID
-		if e.Type == RunEventEnd {
+		after = n
+		if last {
 			return errStreamEnd
 		}
 		return nil
@@ -214,12 +225,12 @@ func (c *Client) followOnce(ctx context.Context, id string, after int64, fn func
 	case errors.Is(err, errStreamEnd):
 		return after, true, nil
 	case err == nil:
-		return after, false, fmt.Errorf("GET %s: the stream closed before the run's end", path)
+		return after, false, fmt.Errorf("GET %s: the stream closed before its end", path)
 	}
 	return after, false, err
 }
 
-var errStreamEnd = errors.New("end of the run's events")
+var errStreamEnd = errors.New("end of the event stream")
 
 // EventStreamEvent is one event of a text/event-stream.
 type EventStreamEvent struct {
