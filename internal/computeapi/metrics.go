@@ -1,8 +1,12 @@
 package computeapi
 
 import (
+	"unicode/utf8"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
 // Metrics of the Compute API, on the control plane's metrics endpoint with
@@ -71,4 +75,36 @@ func init() {
 	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds, metricColdStarts,
 		metricRunsStarted, metricRunAttempts, metricRunsFinished, metricRunSeconds, metricRunEventStreams, metricRunsDeleted,
 		metricAgentEventStreams, metricAgentEventsDropped)
+}
+
+// maxExemplarRunes is the most an exemplar's label names and values may
+// hold together (OpenMetrics); the client panics past it.
+const maxExemplarRunes = 128
+
+// runExemplar ties a run's samples to its record, its events and its log
+// lines: the run id always, then the agent and the request id while they
+// fit in an exemplar. Exemplars are served to a scraper that asks for
+// OpenMetrics, which the control plane's metrics endpoint offers.
+func runExemplar(r store.Run) prometheus.Labels {
+	l := prometheus.Labels{"run_id": r.ID}
+	used := len("run_id") + utf8.RuneCountInString(r.ID)
+	for _, kv := range [][2]string{{"agent", r.AgentID}, {"request_id", r.RequestID}} {
+		n := len(kv[0]) + utf8.RuneCountInString(kv[1])
+		if kv[1] == "" || used+n > maxExemplarRunes {
+			continue
+		}
+		l[kv[0]] = kv[1]
+		used += n
+	}
+	return l
+}
+
+// countRun adds one to c's series of labels, with r's exemplar.
+func countRun(c *prometheus.CounterVec, r store.Run, labels ...string) {
+	c.WithLabelValues(labels...).(prometheus.ExemplarAdder).AddWithExemplar(1, runExemplar(r))
+}
+
+// observeRun observes v in h's series of labels, with r's exemplar.
+func observeRun(h *prometheus.HistogramVec, r store.Run, v float64, labels ...string) {
+	h.WithLabelValues(labels...).(prometheus.ExemplarObserver).ObserveWithExemplar(v, runExemplar(r))
 }

@@ -192,11 +192,11 @@ func (s *Server) runExecutor(ctx context.Context, cancel context.CancelCauseFunc
 		log.Error(err, "record the end of a run; the sweeper will fail it")
 	default:
 		log.V(1).Info("run ended", "status", string(ended.Status), "reason", ended.Reason, "output_bytes", ended.OutputBytes)
-		metricRunsFinished.WithLabelValues(string(ended.Status), string(ended.Mode)).Inc()
+		countRun(metricRunsFinished, ended, string(ended.Status), string(ended.Mode))
 		// A run cancelled while queued never started, and has no
 		// duration.
 		if ended.StartedAt != nil && ended.FinishedAt != nil {
-			metricRunSeconds.WithLabelValues(string(ended.Mode)).Observe(ended.FinishedAt.Sub(*ended.StartedAt).Seconds())
+			observeRun(metricRunSeconds, ended, ended.FinishedAt.Sub(*ended.StartedAt).Seconds(), string(ended.Mode))
 		}
 	}
 }
@@ -252,7 +252,7 @@ func (e *runExecution) startAttempt(ctx context.Context, sandbox string) (starte
 		return started, store.RunResult{Status: store.RunFailed, Reason: "Internal", Message: "could not record the start of the run"}, false
 	}
 	s.runNotes.notify(e.run.ID)
-	metricRunAttempts.WithLabelValues(string(started.Mode)).Inc()
+	countRun(metricRunAttempts, started, string(started.Mode))
 	if started.CancelRequestedBy != "" {
 		e.cancel(cancelled{by: started.CancelRequestedBy})
 	}
@@ -503,7 +503,7 @@ func (s *Server) failStaleRuns(now time.Time, log logr.Logger) {
 	}
 	for _, r := range failed {
 		s.runNotes.notify(r.ID)
-		metricRunsFinished.WithLabelValues(string(r.Status), string(r.Mode)).Inc()
+		countRun(metricRunsFinished, r, string(r.Status), string(r.Mode))
 		log.Info("failed a run whose executor was lost", "run", r.ID, "agent", r.AgentID,
 			"executor", r.Executor, "last_heartbeat", r.HeartbeatAt)
 		if r.Mode == store.RunModePool {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -210,6 +211,36 @@ func TestRunMetrics(t *testing.T) {
 	if got := histogramCount(t, metricRunSeconds, "agent") - durations; got != 2 {
 		t.Errorf("agentbox_run_duration_seconds{mode=agent} observed %d runs, want 2", got)
 	}
+	// The samples carry the run as their exemplar: the start, the start
+	// of its attempt, its end and its duration name the failing run, the
+	// last of each.
+	wantExemplar := map[string]string{"run_id": bad.ID, "agent": "agent-1"}
+	for name, m := range map[string]prometheus.Metric{
+		"agentbox_runs_started_total":                 metricRunsStarted.WithLabelValues("agent").(prometheus.Metric),
+		"agentbox_run_attempts_total":                 metricRunAttempts.WithLabelValues("agent").(prometheus.Metric),
+		"agentbox_runs_finished_total{status=failed}": metricRunsFinished.WithLabelValues("failed", "agent").(prometheus.Metric),
+		"agentbox_run_duration_seconds":               metricRunSeconds.WithLabelValues("agent").(prometheus.Metric),
+	} {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		ex := d.GetCounter().GetExemplar()
+		if h := d.GetHistogram(); h != nil {
+			for _, b := range h.GetBucket() {
+				if e := b.GetExemplar(); e != nil && (ex == nil || e.GetTimestamp().AsTime().After(ex.GetTimestamp().AsTime())) {
+					ex = e
+				}
+			}
+		}
+		got := map[string]string{}
+		for _, l := range ex.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if len(got) != len(wantExemplar) || got["run_id"] != wantExemplar["run_id"] || got["agent"] != wantExemplar["agent"] {
+			t.Errorf("%s exemplar %v, want %v", name, got, wantExemplar)
+		}
+	}
 
 	// A run cancelled while queued (recorded, its executor not started)
 	// ends, and is counted, at the cancel.
@@ -249,4 +280,20 @@ func TestRunMetrics(t *testing.T) {
 		t.Errorf("agentbox_run_event_streams while following: %v, want %v", open, streams+1)
 	}
 	waitFor(t, "uncounting of the ended stream", func() bool { return testutil.ToFloat64(metricRunEventStreams) == streams })
+}
+
+// An exemplar holds at most 128 runes of label names and values, and the
+// client panics past it: a label that does not fit is left out, the run
+// id always stays.
+func TestRunExemplarFits(t *testing.T) {
+	long := strings.Repeat("a", 200)
+	got := runExemplar(store.Run{ID: "run-0123456789abcdef0123", AgentID: long, RequestID: "req-1"})
+	if len(got) != 2 || got["run_id"] != "run-0123456789abcdef0123" || got["request_id"] != "req-1" {
+		t.Errorf("exemplar %v: want the run id and the request id, without the 200-rune agent", got)
+	}
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exemplar_fit_total", Help: "test"}, []string{"mode"})
+	countRun(c, store.Run{ID: "run-0123456789abcdef0123", AgentID: long, RequestID: long}, "agent")
+	if v := testutil.ToFloat64(c.WithLabelValues("agent")); v != 1 {
+		t.Errorf("counter %v after one run with long labels, want 1", v)
+	}
 }

@@ -97,7 +97,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wireRun(run))
 		return
 	}
-	metricRunsStarted.WithLabelValues(string(run.Mode)).Inc()
+	countRun(metricRunsStarted, run, string(run.Mode))
 	s.executeRun(r.Context(), run, runInput{env: req.Env, stdin: req.Stdin})
 	writeJSON(w, http.StatusAccepted, wireRun(run))
 }
@@ -300,14 +300,21 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
+	s.cancelled(run)
+	writeJSON(w, http.StatusOK, s.wireRunAttempts(r, run))
+}
+
+// cancelled acts on a cancel the store has just recorded: a running run's
+// executor on this replica stops it at once (another replica's at its
+// next heartbeat); a run that was queued has ended cancelled, and its
+// streams and metrics learn it here, since no executor will.
+func (s *Server) cancelled(run store.Run) {
 	if run.Status == store.RunRunning {
 		s.execs.cancel(run.ID, run.CancelRequestedBy)
-	} else {
-		// It was queued and ended cancelled here.
-		s.runNotes.notify(run.ID)
-		metricRunsFinished.WithLabelValues(string(run.Status), string(run.Mode)).Inc()
+		return
 	}
-	writeJSON(w, http.StatusOK, s.wireRunAttempts(r, run))
+	s.runNotes.notify(run.ID)
+	countRun(metricRunsFinished, run, string(run.Status), string(run.Mode))
 }
 
 // wireRun is a run's record as the API sends it.

@@ -76,6 +76,7 @@ func (s *Server) StartRunInProcess(ctx context.Context, req InProcessRun) (store
 		return store.Run{}, false, fmt.Errorf("create run: %w", err)
 	}
 	if created {
+		countRun(metricRunsStarted, run, string(run.Mode))
 		s.executeRun(ctx, run, runInput{env: req.Env})
 	}
 	return run, created, nil
@@ -97,8 +98,6 @@ func (s *Server) CancelRunInProcess(ctx context.Context, id, by string) (store.R
 	case err != nil:
 		return store.Run{}, fmt.Errorf("cancel run %s: %w", id, err)
 	}
-	if run.Status == store.RunRunning {
-		s.execs.cancel(run.ID, run.CancelRequestedBy)
-	}
+	s.cancelled(run)
 	return run, nil
 }

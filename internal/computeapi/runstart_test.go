@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
@@ -25,6 +27,7 @@ func TestStartRunInProcess(t *testing.T) {
 		server: func(s *Server) { srv = s },
 	})(adminToken)
 	ctx := context.Background()
+	started := testutil.ToFloat64(metricRunsStarted.WithLabelValues("agent"))
 	req := InProcessRun{Caller: "schedule:team-a/nightly", RequestID: "schedule-20261122T100000Z", Schedule: "team-a/nightly",
 		Namespace: "team-a", AgentID: "agent-1", Command: []string{"sh", "-c", "echo $GREETING"}, Env: map[string]string{"GREETING": "hi"}}
 	run, created, err := srv.StartRunInProcess(ctx, req)
@@ -38,6 +41,10 @@ func TestStartRunInProcess(t *testing.T) {
 	again, created, err := srv.StartRunInProcess(ctx, req)
 	if err != nil || created || again.ID != run.ID {
 		t.Errorf("repeated start: %+v, created %v, %v", again, created, err)
+	}
+	// Counted as started once, as POST /v1/runs counts.
+	if got := testutil.ToFloat64(metricRunsStarted.WithLabelValues("agent")) - started; got != 1 {
+		t.Errorf("agentbox_runs_started_total{mode=agent} grew by %v, want 1", got)
 	}
 	list, err := c.ListRuns(ctx, api.RunFilter{Schedule: "team-a/nightly"})
 	if err != nil || len(list.Runs) != 1 || list.Runs[0].ID != run.ID {
@@ -79,5 +86,20 @@ func TestStartRunInProcess(t *testing.T) {
 	}
 	if _, err := srv.CancelRunInProcess(ctx, run.ID, "someone"); err != nil {
 		t.Errorf("cancel of a finished run: %v", err)
+	}
+
+	// A run cancelled while queued ends there, and is counted, as
+	// through the API.
+	queued, _, err := st.CreateRun(ctx, store.Run{Caller: "schedule:team-a/nightly", Mode: store.RunModeAgent, AgentID: "agent-1",
+		Command: store.RunCommand{Argv: []string{"true"}, TimeoutSeconds: 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelledRuns := testutil.ToFloat64(metricRunsFinished.WithLabelValues("cancelled", "agent"))
+	if r, err := srv.CancelRunInProcess(ctx, queued.ID, "schedule:team-a/nightly"); err != nil || r.Status != store.RunCancelled {
+		t.Fatalf("cancel a queued run in process: %+v, %v", r, err)
+	}
+	if got := testutil.ToFloat64(metricRunsFinished.WithLabelValues("cancelled", "agent")) - cancelledRuns; got != 1 {
+		t.Errorf("agentbox_runs_finished_total{status=cancelled} grew by %v, want 1", got)
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,7 +49,8 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cp := startControlPlane(ctx, t)
+	metricsAddr := freeAddr(t)
+	cp := startControlPlane(ctx, t, "--metrics-listen", metricsAddr)
 	kube, svc, exited := cp.kube, cp.svc, cp.exited
 
 	pool, err := pki.CertPoolFromPEM(cp.caPEM)
@@ -94,6 +97,12 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	if errors.As(lastErr, &e) && e.Details["reason"] != v1alpha1.ReasonTemplateNotFound {
 		t.Errorf("not-ready reason %q, want %s", e.Details["reason"], v1alpha1.ReasonTemplateNotFound)
 	}
+	// A run is recorded (and fails, the sandbox not serving); its start is
+	// counted with the run as the sample's exemplar.
+	run, _, err := c.StartRun(ctx, apiclient.StartRunRequest{AgentID: "agent-1", Command: []string{"true"}, RequestID: "metrics-run"})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The exclusive lease end to end: a hold taken through the API and
 	// then abandoned is reclaimed by the controller at its expiry, and the
@@ -137,6 +146,41 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	if l, err := c.AcquireLease(ctx, "agent-1", next); err != nil || l.Holder != "run-2" {
 		t.Errorf("acquire after the reclaim: %+v, %v", l, err)
 	}
+	// The metrics endpoint speaks OpenMetrics to a scraper that asks for
+	// it, which carries the exemplars; the state metrics count the hold.
+	exemplarOf := func(text, sample string) string {
+		for _, line := range strings.Split(text, "\n") {
+			if rest, ok := strings.CutPrefix(line, sample+" # {"); ok {
+				labels, _, _ := strings.Cut(rest, "}")
+				return labels
+			}
+		}
+		return ""
+	}
+	var scraped string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last scrape of the metrics:\n%s", scraped)
+		}
+	})
+	waitFor(t, exited, "the metrics to show the hold and the run", func() bool {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
+		req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		scraped = string(b)
+		if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/openmetrics-text") {
+			return false
+		}
+		ex := strings.Split(exemplarOf(scraped, `agentbox_runs_started_total{mode="agent"} 1.0`), ",")
+		slices.Sort(ex)
+		return strings.Contains(scraped, "\n"+`agentbox_sandbox_holds_active{namespace="team-a"} 1.0`+"\n") &&
+			slices.Equal(ex, []string{`agent="agent-1"`, `request_id="metrics-run"`, `run_id="` + run.ID + `"`})
+	})
 
 	// Tokens from the SQLite store: an agent token reaches its own agent
 	// only, and every call so far is in a verifiable audit chain.

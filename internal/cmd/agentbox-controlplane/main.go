@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -397,9 +398,12 @@ func newManager(o *options) (ctrl.Manager, error) {
 	}
 	managerGrace := shutdownGrace + 5*time.Second
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
-		Scheme:                        scheme,
-		Cache:                         cacheOptions(o.sandboxNamespaces),
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsListen, ExtraHandlers: profileHandlers(o.pprof)},
+		Scheme: scheme,
+		Cache:  cacheOptions(o.sandboxNamespaces),
+		Metrics: metricsserver.Options{BindAddress: o.metricsListen, ExtraHandlers: profileHandlers(o.pprof),
+			// OpenMetrics, to a scraper that asks for it, carries the
+			// exemplars that tie the runs' samples to their records.
+			HandlerOpts: []func(*promhttp.HandlerOpts){func(h *promhttp.HandlerOpts) { h.EnableOpenMetrics = true }}},
 		HealthProbeBindAddress:        o.healthListen,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              leaderElectionID,
