@@ -124,6 +124,70 @@ func TestBenchComputeAPI(t *testing.T) {
 	t.Run("cold", b.cold)
 	t.Run("true", b.runTrue)
 	t.Run("files", b.files)
+	t.Run("runs", b.poolRuns)
+}
+
+// poolRuns measures runs from the warm pool as a workflow engine starts
+// them: a batch started together, each leasing a ready sandbox of the
+// pool, running `true` and recycling the sandbox, timed from the first
+// start to the last end.
+func (b *apiBench) poolRuns(t *testing.T) {
+	const size, rounds = 8, 2
+	var rates []float64
+	var latencies []time.Duration
+	for r := range rounds {
+		b.setReplicas(t, size)
+		ids := make([]string, size)
+		lat := make([]time.Duration, size)
+		errs := make([]error, size)
+		gate := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range size {
+			wg.Go(func() {
+				<-gate
+				s := time.Now()
+				run, _, err := b.api.StartRun(t.Context(), apiclient.StartRunRequest{Mode: apiclient.RunModePool,
+					Pool: b.ns + "/" + b.pool, Command: []string{"true"}, RequestID: requestID()})
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				ids[i] = run.ID
+				ended, err := b.api.WaitRun(t.Context(), run.ID, 20*time.Millisecond)
+				switch {
+				case err != nil:
+					errs[i] = err
+				case ended.Status != apiclient.RunSucceeded:
+					errs[i] = fmt.Errorf("run %s ended %s: %s", ended.ID, ended.Status, ended.Message)
+				}
+				lat[i] = time.Since(s)
+			})
+		}
+		start := time.Now()
+		close(gate)
+		wg.Wait()
+		wall := time.Since(start)
+		ok := 0
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("round %d run %d (%s): %v", r, i, ids[i], err)
+				continue
+			}
+			ok++
+			latencies = append(latencies, lat[i])
+		}
+		rates = append(rates, float64(ok)/wall.Seconds())
+		t.Logf("round %d: %d of %d pool runs succeeded in %v", r, ok, size, wall.Round(time.Millisecond))
+		// The leased sandboxes are recycled; the next round starts from a
+		// full pool and a quiet node.
+		b.waitQuiet(t)
+	}
+	benchreport.Record(t, benchreport.Figure{
+		Name: "pool runs per second", Unit: "/s", Values: rates,
+		Note: fmt.Sprintf("%d runs of `true` started together on %d ready warm sandboxes, each leased, run and recycled; "+
+			"start to end p50 %.0f ms, p99 %.0f ms; %d rounds", size, size,
+			benchreport.Percentile(benchreport.Millis(latencies), 50), benchreport.Percentile(benchreport.Millis(latencies), 99), rounds),
+	})
 }
 
 type apiBench struct {
