@@ -137,15 +137,25 @@ func (s *Server) deployTemplate(r *http.Request, name string) (types.NamespacedN
 	return tpl, nil
 }
 
-// createAgentSandbox creates agentID's sandbox from tpl, unless the same
-// call (or another for the agent) got there first.
-func (s *Server) createAgentSandbox(ctx context.Context, agentID string, tpl types.NamespacedName, requestID string) *api.Error {
+// templateExists refuses a sandbox of a template that does not exist
+// before it is created: the controller would only report it on the
+// Sandbox, after the caller's wait.
+func (s *Server) templateExists(ctx context.Context, tpl types.NamespacedName) *api.Error {
 	var t v1alpha1.SandboxTemplate
 	if err := s.sandboxes.Get(ctx, tpl, &t); apierrors.IsNotFound(err) {
 		return api.Errorf(api.CodeInvalidArgument, "SandboxTemplate %s does not exist", tpl)
 	} else if err != nil {
 		s.log.Error(err, "get sandbox template", "template", tpl.String())
 		return api.Errorf(api.CodeInternal, "could not look up SandboxTemplate %s", tpl)
+	}
+	return nil
+}
+
+// createAgentSandbox creates agentID's sandbox from tpl, unless the same
+// call (or another for the agent) got there first.
+func (s *Server) createAgentSandbox(ctx context.Context, agentID string, tpl types.NamespacedName, requestID string) *api.Error {
+	if apiErr := s.templateExists(ctx, tpl); apiErr != nil {
+		return apiErr
 	}
 	sb := &v1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{

@@ -210,12 +210,8 @@ func jobSandboxName(runID string) string { return runID }
 // run's id (v1alpha1.LabelRunID), unless it exists already (a takeover
 // of the run).
 func (s *Server) createJobSandbox(ctx context.Context, run store.Run, tpl types.NamespacedName, name string) *api.Error {
-	var t v1alpha1.SandboxTemplate
-	if err := s.sandboxes.Get(ctx, tpl, &t); apierrors.IsNotFound(err) {
-		return api.Errorf(api.CodeInvalidArgument, "SandboxTemplate %s does not exist", tpl)
-	} else if err != nil {
-		s.log.Error(err, "get sandbox template", "template", tpl.String())
-		return api.Errorf(api.CodeInternal, "could not look up SandboxTemplate %s", tpl)
+	if apiErr := s.templateExists(ctx, tpl); apiErr != nil {
+		return apiErr
 	}
 	sb := &v1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{
