@@ -18,6 +18,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,11 +121,18 @@ provider "agentbox" {
 }
 `
 
-const platformConfig = configHeader + `
+// benchNamespaces are the namespaces the benchmarks make their sandboxes,
+// pools and templates in: the platform serves them (sandbox_namespaces),
+// so they are made before it is installed, and each benchmark deletes its
+// own when it is done.
+var benchNamespaces = []string{benchNamespace, imagesNamespace, scaleNamespaceName, scaleTFNamespace}
+
+var platformConfig = configHeader + `
 # --pprof lets the benchmarks profile the control plane while they run.
 resource "agentbox_platform" "this" {
-  image_tag = var.image_tag
-  values    = yamlencode({ extraArgs = ["--pprof"] })
+  image_tag          = var.image_tag
+  values             = yamlencode({ extraArgs = ["--pprof"] })
+  sandbox_namespaces = ["` + strings.Join(benchNamespaces, `", "`) + `"]
 }
 
 output "api_endpoint" { value = agentbox_platform.this.api_endpoint }
@@ -148,6 +157,12 @@ func installPlatform(kubeconfig string, kube client.Client) (*platformEnv, error
 		return nil, err
 	}
 	p := &platformEnv{tf: tf, kubeconfig: kubeconfig, imageTag: tag, dir: dir, kube: kube}
+	for _, name := range benchNamespaces {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := kube.Create(context.Background(), ns); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create namespace %s: %w", name, err)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "main.tf"), []byte(platformConfig), 0o600); err != nil {
 		return nil, err
 	}

@@ -42,6 +42,9 @@ const (
 	scaleSample = 60 * time.Second
 )
 
+// scaleNamespaceName holds the control plane scale benchmark's sandboxes.
+const scaleNamespaceName = "agentbox-bench-scale"
+
 // TestBenchControlPlaneScale measures the control plane pod's memory and
 // CPU with no sandboxes, then with a thousand idle ones that it has brought
 // to Running.
@@ -49,7 +52,7 @@ func TestBenchControlPlaneScale(t *testing.T) {
 	platform(t)
 	cs, cfg, kubeconfig := scaleClient(t)
 	fakeNode(t, cs, kubeconfig)
-	const ns = "agentbox-bench-scale"
+	const ns = scaleNamespaceName
 	scaleNamespace(t, cs, ns)
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
