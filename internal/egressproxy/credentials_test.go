@@ -1,9 +1,15 @@
 package egressproxy
 
 import (
+	"io"
+	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
 func TestCompileCredentials(t *testing.T) {
@@ -74,5 +80,60 @@ func TestCompileCredentialsRefuses(t *testing.T) {
 	}
 	if err := p.SetCredentials([]Credential{ok}); err == nil || !strings.Contains(err.Error(), "interception CA") {
 		t.Errorf("SetCredentials without a CA: %v", err)
+	}
+}
+
+// A credential whose secret file is missing or empty is refused as a
+// whole: the credentials and policy in force stay.
+func TestReloadCredentials(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "policy.yaml")
+	secretPath := filepath.Join(dir, "token")
+	writeFile(t, secretPath, "first\n")
+	writeFile(t, cfgPath, "allowedDomains: [api.example]\ncredentials:\n- name: tok\n  hosts: [api.example]\n  header: {name: X-Key}\n  secretFile: "+secretPath+"\n")
+	ca, err := pki.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{InterceptCA: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Reloader{Proxy: p, ConfigFile: cfgPath, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if err := r.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	value := func() string {
+		h := http.Header{}
+		c := p.creds.Load().lookup("api.example")
+		if c == nil {
+			return "<none>"
+		}
+		c.apply(h)
+		return h.Get("X-Key")
+	}
+	if got := value(); got != "first" {
+		t.Fatalf("after load: %q", got)
+	}
+	writeFile(t, secretPath, "")
+	if err := r.Reload(); err == nil || !strings.Contains(err.Error(), "secret is empty") {
+		t.Errorf("empty secret: %v", err)
+	}
+	os.Remove(secretPath)
+	if err := r.Reload(); err == nil || !strings.Contains(err.Error(), `read secret of credential "tok"`) {
+		t.Errorf("missing secret: %v", err)
+	}
+	if got := value(); got != "first" {
+		t.Errorf("after failed reloads: %q, want the first value kept", got)
+	}
+	writeFile(t, secretPath, "second")
+	if err := r.Reload(); err != nil || value() != "second" {
+		t.Errorf("rotation: %v, %q", err, value())
+	}
+	// Without an interception CA the file's credentials are refused.
+	p2, _ := New(Config{})
+	r2 := &Reloader{Proxy: p2, ConfigFile: cfgPath, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if err := r2.Reload(); err == nil || !strings.Contains(err.Error(), "interception CA") {
+		t.Errorf("no CA: %v", err)
 	}
 }
