@@ -117,10 +117,11 @@ type EgressProxySpec struct {
 
 	// destinationCABundle holds PEM certificates that verify the
 	// destinations of credentials instead of the system roots, for
-	// destinations with a private CA. Read when a proxy pod starts.
+	// destinations with a private CA. Read when a proxy pod starts; a
+	// bundle without a certificate stops the proxy from starting, and the
+	// Ready condition shows its error.
 	// +optional
 	// +kubebuilder:validation:MaxLength=262144
-	// +kubebuilder:validation:XValidation:rule="self.contains('-----BEGIN CERTIFICATE-----')",message="must hold PEM certificates"
 	DestinationCABundle string `json:"destinationCABundle,omitempty"`
 }
 
