@@ -118,8 +118,8 @@ type EgressProxySpec struct {
 	// destinationCABundle holds PEM certificates that verify the
 	// destinations of credentials instead of the system roots, for
 	// destinations with a private CA. Read when a proxy pod starts; a
-	// bundle without a certificate stops the proxy from starting, and the
-	// Ready condition shows its error.
+	// bundle without a certificate stops the proxy from starting, with the
+	// error in its log and the sandbox's status.
 	// +optional
 	// +kubebuilder:validation:MaxLength=262144
 	DestinationCABundle string `json:"destinationCABundle,omitempty"`
