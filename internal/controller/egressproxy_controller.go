@@ -38,6 +38,8 @@ const (
 	EventProxyCreated           = "ProxyCreated"
 	EventProxyAvailable         = "ProxyAvailable"
 	EventUpstreamSecretNotFound = "UpstreamSecretNotFound"
+	// EventCredentialSecretNotFound: a credential's Secret or key is missing.
+	EventCredentialSecretNotFound = "CredentialSecretNotFound"
 )
 
 // annotationEgressPodHash, on a proxy pod, is the hash of the pod spec it
@@ -154,6 +156,12 @@ func (r *EgressProxyReconciler) proxiesForSecret(ctx context.Context, o client.O
 		if up := list.Items[i].Spec.Upstream; up != nil && up.CredentialsSecretRef != nil && up.CredentialsSecretRef.Name == o.GetName() {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
+		for _, c := range list.Items[i].Spec.Credentials {
+			if c.SecretRef.Name == o.GetName() {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+				break
+			}
+		}
 	}
 	return reqs
 }
@@ -225,6 +233,19 @@ func (r *EgressProxyReconciler) reconcileProxy(ctx context.Context, prevReason s
 		r.setReady(ep, metav1.ConditionFalse, v1alpha1.ReasonUpstreamSecretNotFound, msg)
 		r.eventOnNewReason(prevReason, ep, corev1.EventTypeWarning, EventUpstreamSecretNotFound, "Wait", msg)
 		return ctrl.Result{}, nil
+	}
+	if msg, missing, err := r.checkCredentialSecrets(ctx, ep); err != nil {
+		return ctrl.Result{}, err
+	} else if missing {
+		ep.Status.ReadyEndpoints = nil
+		r.setReady(ep, metav1.ConditionFalse, v1alpha1.ReasonCredentialSecretNotFound, msg)
+		r.eventOnNewReason(prevReason, ep, corev1.EventTypeWarning, EventCredentialSecretNotFound, "Wait", msg)
+		return ctrl.Result{}, nil
+	}
+	if hasCredentials(ep) {
+		if err := ensureEgressCA(ctx, r.Client, r.Scheme, ep); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 
 	sandboxes, err := r.sandboxesOf(ctx, ep)

@@ -122,6 +122,8 @@ func egressPolicyData(ep *v1alpha1.EgressProxy) (string, error) {
 		DeniedDomains  []string `json:"deniedDomains,omitempty"`
 		DeniedCIDRs    []string `json:"deniedCIDRs,omitempty"`
 		AllowedCIDRs   []string `json:"allowedCIDRs,omitempty"`
+		// Credentials name their values' files, never the values.
+		Credentials []egressproxy.FileCredential `json:"credentials,omitempty"`
 	}
 	for _, d := range ep.Spec.AllowedDomains {
 		cfg.AllowedDomains = append(cfg.AllowedDomains, string(d))
@@ -137,12 +139,23 @@ func egressPolicyData(ep *v1alpha1.EgressProxy) (string, error) {
 	}
 	cfg.AllowedDomains, cfg.DeniedDomains, cfg.DeniedCIDRs = sorted(cfg.AllowedDomains), sorted(cfg.DeniedDomains), sorted(cfg.DeniedCIDRs)
 	cfg.AllowedCIDRs = sorted(cfg.AllowedCIDRs)
+	cfg.Credentials = egressFileCredentials(ep)
 	// JSON is YAML, and the proxy reads either.
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		return "", fmt.Errorf("encode the policy of EgressProxy %s: %w", ep.Name, err)
 	}
 	return string(b) + "\n", nil
+}
+
+// egressConfigData is the policy ConfigMap's data: the policy file and,
+// when the spec has one, the destinations' CA bundle.
+func egressConfigData(ep *v1alpha1.EgressProxy, policy string) map[string]string {
+	data := map[string]string{egressPolicyKey: policy}
+	if ep.Spec.DestinationCABundle != "" {
+		data[egressDestinationsKey] = ep.Spec.DestinationCABundle
+	}
+	return data
 }
 
 func desiredEgressConfigMap(ep *v1alpha1.EgressProxy) (*corev1.ConfigMap, error) {
@@ -156,7 +169,7 @@ func desiredEgressConfigMap(ep *v1alpha1.EgressProxy) (*corev1.ConfigMap, error)
 			Namespace: ep.Namespace,
 			Labels:    map[string]string{v1alpha1.LabelEgressProxy: ep.Name},
 		},
-		Data: map[string]string{egressPolicyKey: data},
+		Data: egressConfigData(ep, data),
 	}, nil
 }
 
@@ -265,6 +278,8 @@ func egressProxyInputs(ep *v1alpha1.EgressProxy, o egressPodOptions) ([]string, 
 			mounts = append(mounts, corev1.VolumeMount{Name: egressVolumeUpstream, MountPath: egressUpstreamDir, ReadOnly: true})
 		}
 	}
+	credArgs, credVolumes, credMounts := egressCredentialInputs(ep)
+	args, volumes, mounts = append(args, credArgs...), append(volumes, credVolumes...), append(mounts, credMounts...)
 	if o.clientAuth {
 		args = append(args, "-client-credentials-file="+egressClientsDir+"/"+egressClientsKey)
 		volumes = append(volumes, corev1.Volume{Name: egressVolumeClients, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{

@@ -49,6 +49,15 @@ func (r *SandboxReconciler) wireEgress(ctx context.Context, sbx *v1alpha1.Sandbo
 	if ep == nil {
 		return nil
 	}
+	if hasCredentials(ep) {
+		// The proxy answers the credentials' HTTPS destinations with
+		// certificates from its CA; the sandbox must trust it from its
+		// first request.
+		if err := ensureEgressCA(ctx, r.Client, r.Scheme, ep); err != nil {
+			return err
+		}
+		setEgressTrust(pod, ep)
+	}
 	if proxyMode(ep) == v1alpha1.EgressProxyModeShared {
 		return r.wireSharedEgress(ctx, sbx, ep, pod)
 	}

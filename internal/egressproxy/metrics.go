@@ -22,6 +22,9 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	tunnels  prometheus.Gauge
 	reloads  *prometheus.CounterVec
+	// injections counts requests a credential was added to, by the
+	// credential's name (a bounded, operator-given set) and scheme.
+	injections *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -49,8 +52,12 @@ func newMetrics() *metrics {
 			Name: "agentbox_egress_config_reloads_total",
 			Help: "Configuration reloads by result (success, failure); a failed reload keeps the previous policy.",
 		}, []string{"result"}),
+		injections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentbox_egress_credential_injections_total",
+			Help: "Requests a credential was added to, by credential name and scheme (http, https).",
+		}, []string{"credential", "scheme"}),
 	}
-	m.reg.MustRegister(m.requests, m.bytes, m.duration, m.tunnels, m.reloads,
+	m.reg.MustRegister(m.requests, m.bytes, m.duration, m.tunnels, m.reloads, m.injections,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -207,6 +207,13 @@ const (
 	// the upstream's 407, which would invite it to send credentials.
 	ReasonUpstreamAuth    = "upstream_auth"
 	ReasonUpstreamRefused = "upstream_refused"
+	// Credential injection (credentials.go): the destination's certificate
+	// failed verification, the sandbox's TLS handshake with the proxy
+	// failed (usually: it does not trust the proxy's CA), or the proxy
+	// could not issue a certificate.
+	ReasonUpstreamTLS    = "upstream_tls"
+	ReasonClientTLS      = "client_tls"
+	ReasonInterceptError = "intercept_error"
 )
 
 // DeniedError is returned when policy refuses a destination. It is kept

@@ -29,6 +29,7 @@ package egressproxy
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
 // Resolver looks up the addresses of a host; *net.Resolver is one. Tests
@@ -89,6 +92,15 @@ type Config struct {
 	// must send as Basic Proxy-Authorization; the user name is logged as
 	// the agent. See clientauth.go.
 	ClientCredentials map[string]string
+	// InterceptCA, if set, issues the certificates the proxy answers an
+	// intercepted CONNECT with; Credentials need it. See credentials.go.
+	InterceptCA *pki.CA
+	// DestinationRoots verify the destinations of intercepted connections;
+	// nil means the system roots.
+	DestinationRoots *x509.CertPool
+	// Credentials are added to requests bound for their hosts;
+	// SetCredentials replaces them later.
+	Credentials []Credential
 }
 
 // Proxy is an http.Handler serving forward-proxy requests.
@@ -107,6 +119,11 @@ type Proxy struct {
 	log         *slog.Logger
 	forward     *httputil.ReverseProxy
 	transport   *http.Transport
+	// Credential injection (credentials.go, intercept.go).
+	creds              atomic.Pointer[credentialSet]
+	leaves             *leafCache // nil: no interception CA
+	interceptFwd       *httputil.ReverseProxy
+	interceptTransport *http.Transport
 }
 
 // New checks cfg and returns a Proxy.
@@ -134,6 +151,13 @@ func New(cfg Config) (*Proxy, error) {
 	p.fillDefaults()
 	p.transport = p.newDirectTransport()
 	p.forward = p.newForwarder()
+	if cfg.InterceptCA != nil {
+		p.leaves = newLeafCache(cfg.InterceptCA)
+	}
+	p.interceptFwd = p.newInterceptForwarder(cfg.DestinationRoots)
+	if err := p.SetCredentials(cfg.Credentials); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -196,6 +220,7 @@ func (p *Proxy) newForwarder() *httputil.ReverseProxy {
 					pr.Out.Header.Set("Proxy-Authorization", *a)
 				}
 			}
+			p.injectCredential(pr.In, pr.Out)
 		},
 		ModifyResponse: p.checkUpstreamResponse,
 		// Without a pool ReverseProxy allocates a fresh 32 KiB copy
@@ -222,6 +247,7 @@ func (p *Proxy) Close() {
 	if t, ok := p.forward.Transport.(*http.Transport); ok {
 		t.CloseIdleConnections()
 	}
+	p.interceptTransport.CloseIdleConnections()
 }
 
 // SetPolicy replaces the allowlist, denylist and denied CIDRs for requests
@@ -264,6 +290,11 @@ type entry struct {
 	bytesIn  int64  // client to upstream
 	bytesOut int64  // upstream to client
 	status   int
+	// credential names the credential added to the request, if any.
+	credential string
+	// intercepted marks a CONNECT whose TLS the proxy terminated, and the
+	// requests read from it.
+	intercepted bool
 }
 
 func (e *entry) set(decision, reason string) {
@@ -286,6 +317,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cw := &countingWriter{ResponseWriter: w}
 	pol := p.policy.Load()
 	ctx := context.WithValue(r.Context(), entryKey{}, e)
+	ctx = context.WithValue(ctx, credsKey{}, p.creds.Load())
 	r = r.WithContext(context.WithValue(ctx, policyKey{}, pol))
 
 	agent := p.agent
@@ -308,7 +340,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		askForAuth(cw, e)
 	case r.Method == http.MethodConnect:
-		host, port = p.serveConnect(cw, r, e)
+		host, port = p.serveConnect(cw, r, e, agent)
 	case r.URL.IsAbs():
 		host, port = p.serveForward(cw, r, e)
 	case r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead):
@@ -320,7 +352,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.set("deny", ReasonBadRequest)
 		http.Error(cw, "agentbox egress proxy: not a proxy request (use an absolute URL or CONNECT)", http.StatusBadRequest)
 	}
+	p.logAccess(r, agent, host, port, e, cw, start)
+}
 
+// logAccess writes the access-log line for a request and counts it.
+func (p *Proxy) logAccess(r *http.Request, agent, host, port string, e *entry, cw *countingWriter, start time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	status := e.status
@@ -357,6 +393,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		slog.String("upstream", e.upstream),
 		slog.String("via", via),
 		slog.String("client", r.RemoteAddr),
+		slog.String("credential", e.credential),
+		slog.Bool("intercepted", e.intercepted),
 	)
 }
 
@@ -380,17 +418,24 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, e *entry) (
 	if port == "" {
 		port = "80"
 	}
+	p.forwardChecked(w, r, e, host, p.forward)
+	return host, port
+}
+
+// forwardChecked applies the policy to host and, if it passes, forwards r
+// through fwd.
+func (p *Proxy) forwardChecked(w http.ResponseWriter, r *http.Request, e *entry, host string, fwd *httputil.ReverseProxy) {
 	pol := p.policyFor(r.Context())
 	if d := pol.checkHost(host); d != nil {
 		deny(w, e, d)
-		return host, port
+		return
 	}
 	if p.upstream != nil {
 		// The transport dials the upstream proxy, not the target, so the
 		// address check happens here instead of in dialChecked.
 		if _, err := p.resolveChecked(r.Context(), pol, host); err != nil {
 			p.forwardError(w, r, err)
-			return host, port
+			return
 		}
 	}
 	if r.Body != nil && r.Body != http.NoBody {
@@ -401,8 +446,7 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, e *entry) (
 	}
 	r = r.WithContext(httptrace.WithClientTrace(r.Context(), trace))
 	e.set("allow", "")
-	p.forward.ServeHTTP(w, r)
-	return host, port
+	fwd.ServeHTTP(w, r)
 }
 
 func (p *Proxy) forwardError(w http.ResponseWriter, r *http.Request, err error) {
@@ -419,6 +463,8 @@ func (p *Proxy) forwardError(w http.ResponseWriter, r *http.Request, err error) 
 		reason = ReasonResolveError
 	case errors.As(err, &upErr):
 		reason = upErr.reason()
+	case upstreamTLSError(err):
+		reason = ReasonUpstreamTLS
 	}
 	if errors.Is(err, context.Canceled) {
 		// The client went away; there is no one to answer.
@@ -430,7 +476,7 @@ func (p *Proxy) forwardError(w http.ResponseWriter, r *http.Request, err error) 
 	http.Error(w, "agentbox egress proxy: upstream: "+err.Error(), http.StatusBadGateway)
 }
 
-func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, e *entry) (host, port string) {
+func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, e *entry, agent string) (host, port string) {
 	h, port, err := net.SplitHostPort(r.Host)
 	if err != nil || port == "" {
 		e.set("deny", ReasonBadRequest)
@@ -440,6 +486,10 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, e *entry) (
 	host = normalizeHost(h)
 	if d := p.policyFor(r.Context()).checkHost(host); d != nil {
 		deny(w, e, d)
+		return host, port
+	}
+	if p.leaves != nil && p.credentialsFor(r).lookup(host) != nil {
+		p.serveIntercepted(w, r, e, agent, host, port)
 		return host, port
 	}
 	var upstream net.Conn

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -25,6 +26,60 @@ type FileConfig struct {
 	// AllowedCIDRs are holes in the base ranges (see Policy.AllowedCIDRs);
 	// the file's own DeniedCIDRs still apply inside them.
 	AllowedCIDRs []string `json:"allowedCIDRs,omitempty"`
+	// Credentials are added to requests bound for their hosts (see
+	// credentials.go). Their values are read from SecretFile, a mounted
+	// Secret key, never from this file.
+	Credentials []FileCredential `json:"credentials,omitempty"`
+}
+
+// FileCredential is one credential in the policy file: the EgressProxy
+// resource's credentials entry with its Secret mounted at SecretFile.
+type FileCredential struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+	// Header and BasicAuth: exactly one.
+	Header    *FileCredentialHeader `json:"header,omitempty"`
+	BasicAuth *FileCredentialBasic  `json:"basicAuth,omitempty"`
+	// SecretFile holds the secret; one trailing line break is dropped, as
+	// files written by hand usually end in one.
+	SecretFile string `json:"secretFile"`
+}
+
+// FileCredentialHeader sends the secret in a header.
+type FileCredentialHeader struct {
+	Name string `json:"name"`
+	// ValueTemplate contains {{secret}}; empty means the secret alone.
+	ValueTemplate string `json:"valueTemplate,omitempty"`
+}
+
+// FileCredentialBasic sends the secret as HTTP basic authentication.
+type FileCredentialBasic struct {
+	// Username, if set, is sent with the secret as the password;
+	// otherwise the secret is user:password.
+	Username string `json:"username,omitempty"`
+}
+
+// credentials turns the file's credentials into Credentials, taking each
+// value from secrets (contents by SecretFile).
+func (c *FileConfig) credentials(secrets map[string][]byte) ([]Credential, error) {
+	out := make([]Credential, 0, len(c.Credentials))
+	for _, fc := range c.Credentials {
+		if fc.SecretFile == "" {
+			return nil, fmt.Errorf("credential %q: needs secretFile", fc.Name)
+		}
+		v := string(secrets[fc.SecretFile])
+		v = strings.TrimSuffix(v, "\n")
+		v = strings.TrimSuffix(v, "\r")
+		cred := Credential{Name: fc.Name, Hosts: fc.Hosts, Secret: v}
+		if fc.Header != nil {
+			cred.Header, cred.Template = fc.Header.Name, fc.Header.ValueTemplate
+		}
+		if fc.BasicAuth != nil {
+			cred.BasicAuth, cred.BasicUser = true, fc.BasicAuth.Username
+		}
+		out = append(out, cred)
+	}
+	return out, nil
 }
 
 // ParseFileConfig reads a policy file. Unknown fields are errors: a typo
@@ -72,12 +127,12 @@ type Reloader struct {
 func (r *Reloader) Reload() error { return r.reload(true) }
 
 func (r *Reloader) reload(force bool) error {
-	cfg, creds, clients, sum, err := r.read()
+	cfg, creds, clients, secrets, sum, err := r.read()
 	if err == nil && !force && sum == r.applied {
 		return nil
 	}
 	if err == nil {
-		err = r.apply(cfg, creds, clients)
+		err = r.apply(cfg, creds, clients, secrets)
 	}
 	if err != nil {
 		if force || sum != r.failed {
@@ -92,7 +147,7 @@ func (r *Reloader) reload(force bool) error {
 	pol := r.Proxy.CurrentPolicy()
 	r.log().Info("egress config applied", "allow", pol.Allow, "deny", pol.Deny,
 		"denied_cidrs", len(pol.DeniedCIDRs)+len(pol.ExtraDeniedCIDRs), "allowed_cidrs", prefixStrings(pol.AllowedCIDRs),
-		"sha256", fmt.Sprintf("%x", sum[:6]))
+		"credentials", r.Proxy.CredentialNames(), "sha256", fmt.Sprintf("%x", sum[:6]))
 	return nil
 }
 
@@ -103,9 +158,11 @@ func (r *Reloader) log() *slog.Logger {
 	return r.Proxy.log
 }
 
-// read returns the files' contents and a hash over both. On an error the
-// hash still covers what was read, so a broken file is reported once.
-func (r *Reloader) read() (cfg, creds, clients []byte, sum [32]byte, err error) {
+// read returns the files' contents and a hash over them all, the secret
+// files the policy file names included, so that a rotated Secret is
+// picked up like an edited policy. On an error the hash still covers what
+// was read, so a broken file is reported once.
+func (r *Reloader) read() (cfg, creds, clients []byte, secrets map[string][]byte, sum [32]byte, err error) {
 	h := sha256.New()
 	var errs []error
 	if r.ConfigFile != "" {
@@ -131,13 +188,31 @@ func (r *Reloader) read() (cfg, creds, clients []byte, sum [32]byte, err error) 
 		}
 		h.Write(clients)
 	}
+	if cfg != nil {
+		// A file that does not parse is reported by apply.
+		if fc, perr := ParseFileConfig(cfg); perr == nil {
+			secrets = map[string][]byte{}
+			for _, c := range fc.Credentials {
+				if _, done := secrets[c.SecretFile]; done || c.SecretFile == "" {
+					continue
+				}
+				b, err := os.ReadFile(c.SecretFile)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("read secret of credential %q: %w", c.Name, err))
+				}
+				secrets[c.SecretFile] = b
+				h.Write([]byte{0})
+				h.Write(b)
+			}
+		}
+	}
 	h.Sum(sum[:0])
-	return cfg, creds, clients, sum, errors.Join(errs...)
+	return cfg, creds, clients, secrets, sum, errors.Join(errs...)
 }
 
 // apply validates everything first and only then swaps, so that a bad
 // credentials file cannot leave a new policy with old credentials.
-func (r *Reloader) apply(cfg, creds, clients []byte) error {
+func (r *Reloader) apply(cfg, creds, clients []byte, secrets map[string][]byte) error {
 	pol := Policy{
 		Allow:            slices.Clone(r.Base.Allow),
 		Deny:             slices.Clone(r.Base.Deny),
@@ -145,10 +220,21 @@ func (r *Reloader) apply(cfg, creds, clients []byte) error {
 		AllowedCIDRs:     r.Base.AllowedCIDRs,
 		ExtraDeniedCIDRs: r.Base.ExtraDeniedCIDRs,
 	}
+	var credentials *credentialSet
 	if r.ConfigFile != "" {
 		fc, err := ParseFileConfig(cfg)
 		if err != nil {
 			return err
+		}
+		list, err := fc.credentials(secrets)
+		if err != nil {
+			return fmt.Errorf("policy file: %w", err)
+		}
+		if credentials, err = compileCredentials(list); err != nil {
+			return fmt.Errorf("policy file: %w", err)
+		}
+		if len(credentials.creds) > 0 && r.Proxy.leaves == nil {
+			return errors.New("policy file: credentials need an interception CA (-intercept-ca-cert-file and -intercept-ca-key-file)")
 		}
 		cidrs, err := ParseCIDRs(fc.DeniedCIDRs)
 		if err != nil {
@@ -183,6 +269,9 @@ func (r *Reloader) apply(cfg, creds, clients []byte) error {
 	}
 	r.Proxy.policy.Store(compiled)
 	r.Proxy.Close() // see SetPolicy
+	if credentials != nil {
+		r.Proxy.creds.Store(credentials)
+	}
 	if r.CredentialsFile != "" {
 		r.Proxy.SetUpstreamCredentials(user, password)
 	}

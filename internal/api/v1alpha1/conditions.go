@@ -316,6 +316,10 @@ const (
 	// ReasonUpstreamSecretNotFound: the Secret or key named in
 	// spec.upstream.credentialsSecretRef does not exist.
 	ReasonUpstreamSecretNotFound = "UpstreamSecretNotFound"
+
+	// ReasonCredentialSecretNotFound: the Secret or key named in a
+	// spec.credentials entry's secretRef does not exist.
+	ReasonCredentialSecretNotFound = "CredentialSecretNotFound"
 )
 
 // Reasons of a GVisorNodePool's Ready condition.

@@ -101,6 +101,93 @@ type EgressProxySpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	Replicas *int32 `json:"replicas,omitempty"`
+
+	// credentials are secrets the proxy adds to requests bound for their
+	// hosts, so that the sandbox never holds them. The values stay in
+	// Secrets mounted only into the proxy pods. For HTTPS destinations
+	// with a credential the proxy terminates TLS with a certificate from a
+	// CA of its own, which the control plane creates (Secret
+	// <name>-egress-ca) and puts into the sandboxes' trust store; other
+	// destinations stay end-to-end encrypted tunnels.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Credentials []EgressCredential `json:"credentials,omitempty"`
+
+	// destinationCABundle holds PEM certificates that verify the
+	// destinations of credentials instead of the system roots, for
+	// destinations with a private CA. Read when a proxy pod starts; a
+	// bundle without a certificate stops the proxy from starting, with the
+	// error in its log and the sandbox's status.
+	// +optional
+	// +kubebuilder:validation:MaxLength=262144
+	DestinationCABundle string `json:"destinationCABundle,omitempty"`
+}
+
+// EgressCredential is a secret added to requests bound for some hosts,
+// either in a header or as HTTP basic authentication.
+// +kubebuilder:validation:XValidation:rule="has(self.header) != has(self.basicAuth)",message="give exactly one of header and basicAuth"
+type EgressCredential struct {
+	// name identifies the credential in the proxy's access log and
+	// metrics; it is not secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// hosts the credential is sent to, in the syntax of allowedDomains.
+	// Only hosts the proxy also allows are reached.
+	// +required
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	Hosts []Domain `json:"hosts"`
+
+	// secretRef selects the Secret key holding the value, in the proxy's
+	// namespace.
+	// +required
+	SecretRef SecretKeySelector `json:"secretRef"`
+
+	// header sends the value in a request header, replacing any header
+	// of that name the sandbox sent (such as a placeholder).
+	// +optional
+	Header *EgressCredentialHeader `json:"header,omitempty"`
+
+	// basicAuth sends the value as HTTP basic authentication.
+	// +optional
+	BasicAuth *EgressCredentialBasicAuth `json:"basicAuth,omitempty"`
+}
+
+// EgressCredentialHeader is a header carrying a credential.
+// +kubebuilder:validation:XValidation:rule="!(self.name.lowerAscii() in ['host', 'connection', 'proxy-connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'content-length'])",message="must be a header that reaches the destination"
+type EgressCredentialHeader struct {
+	// name of the header, such as Authorization or X-Api-Key.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[-!#$%&'*+.^_|~0-9A-Za-z]+$`
+	Name string `json:"name"`
+
+	// valueTemplate is the header's value with {{secret}} where the
+	// secret goes, such as "Bearer {{secret}}"; unset sends the secret
+	// alone.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	// +kubebuilder:validation:XValidation:rule="self.contains('{{secret}}')",message="must contain {{secret}}"
+	ValueTemplate string `json:"valueTemplate,omitempty"`
+}
+
+// EgressCredentialBasicAuth sends a credential as HTTP basic
+// authentication.
+type EgressCredentialBasicAuth struct {
+	// username sent with the secret as the password. Unset, the secret
+	// holds "user:password".
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[^:\r\n]*$`
+	Username string `json:"username,omitempty"`
 }
 
 // EgressUpstream is the proxy an egress proxy chains to.

@@ -408,7 +408,7 @@ func TestHelpers(t *testing.T) {
 		v1alpha1.ReasonPoolFull, v1alpha1.ReasonScaling, v1alpha1.ReasonProxyAvailable,
 		v1alpha1.ReasonProxyProgressing, v1alpha1.ReasonUpstreamSecretNotFound, v1alpha1.ReasonNodesReady,
 		v1alpha1.ReasonInstalling, v1alpha1.ReasonNoMatchingNodes, v1alpha1.ReasonRuntimeClassNotFound,
-		v1alpha1.ReasonRuntimeClassConflict,
+		v1alpha1.ReasonRuntimeClassConflict, v1alpha1.ReasonCredentialSecretNotFound,
 	} {
 		if r == "" || !isCamel(r) {
 			t.Errorf("reason %q is not CamelCase", r)

@@ -14,8 +14,17 @@
 //	-upstream-credentials-file  AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE  file holding user:password for the upstream, reloaded
 //	-agent                      AGENTBOX_EGRESS_AGENT                      the agent served, for the access log
 //	-client-credentials-file    AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE    Shared mode: user:password per line; clients must authenticate and the user is logged as the agent; reloaded
+//	-intercept-ca-cert-file     AGENTBOX_EGRESS_INTERCEPT_CA_CERT_FILE     PEM CA certificate the proxy issues certificates from for HTTPS destinations with credentials
+//	-intercept-ca-key-file      AGENTBOX_EGRESS_INTERCEPT_CA_KEY_FILE      its private key
+//	-destination-ca-file        AGENTBOX_EGRESS_DESTINATION_CA_FILE        PEM bundle that verifies those destinations instead of the system roots
 //	-metrics-listen             AGENTBOX_EGRESS_METRICS_LISTEN             address for Prometheus /metrics; empty (the default) serves none
 //	-log-level                  AGENTBOX_LOG_LEVEL                         info
+//
+// The policy file's credentials (see egressproxy.FileCredential) are added
+// to requests bound for their hosts; HTTPS destinations with a credential
+// are reached by terminating the sandbox's TLS with a certificate from the
+// interception CA, which the sandbox trusts, and verifying the destination
+// anew. Every other CONNECT stays a tunnel the proxy cannot read.
 //
 // SIGHUP, or a change to the content of -config or either credentials
 // file, reloads all three (polled by content hash; see egressproxy.Reloader
@@ -40,6 +49,7 @@ import (
 	"time"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/egressproxy"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -54,6 +64,9 @@ type options struct {
 	upstream        string
 	credentialsFile string
 	clientCredsFile string
+	interceptCert   string
+	interceptKey    string
+	destinationCA   string
 	agent           string
 	metricsListen   string
 	shutdownGrace   time.Duration
@@ -163,6 +176,9 @@ func defineFlags(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) (*opti
 	fs.StringVar(&o.upstream, "upstream", env("AGENTBOX_EGRESS_UPSTREAM", ""), "http://host:port of an upstream proxy that allowed requests go through")
 	fs.StringVar(&o.credentialsFile, "upstream-credentials-file", env("AGENTBOX_EGRESS_UPSTREAM_CREDENTIALS_FILE", ""), "file holding user:password for the upstream proxy (a mounted Secret); reloaded like -config")
 	fs.StringVar(&o.clientCredsFile, "client-credentials-file", env("AGENTBOX_EGRESS_CLIENT_CREDENTIALS_FILE", ""), "file of user:password lines clients must authenticate with (Shared mode); the user is logged as the agent; reloaded like -config")
+	fs.StringVar(&o.interceptCert, "intercept-ca-cert-file", env("AGENTBOX_EGRESS_INTERCEPT_CA_CERT_FILE", ""), "PEM CA certificate for the certificates answering intercepted HTTPS (destinations with credentials); sandboxes must trust it")
+	fs.StringVar(&o.interceptKey, "intercept-ca-key-file", env("AGENTBOX_EGRESS_INTERCEPT_CA_KEY_FILE", ""), "PEM private key of -intercept-ca-cert-file")
+	fs.StringVar(&o.destinationCA, "destination-ca-file", env("AGENTBOX_EGRESS_DESTINATION_CA_FILE", ""), "PEM bundle verifying intercepted destinations instead of the system roots")
 	fs.StringVar(&o.agent, "agent", env("AGENTBOX_EGRESS_AGENT", ""), "the agent this proxy serves, for the access log")
 	fs.StringVar(&o.metricsListen, "metrics-listen", env("AGENTBOX_EGRESS_METRICS_LISTEN", ""), "address serving Prometheus /metrics (e.g. :9090); empty serves none")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long open requests and tunnels may continue after SIGTERM")
@@ -183,6 +199,9 @@ func (o *options) complete(raw *rawFlags) error {
 	}
 	if o.credentialsFile != "" && o.upstream == "" {
 		return fmt.Errorf("-upstream-credentials-file needs -upstream")
+	}
+	if (o.interceptCert == "") != (o.interceptKey == "") {
+		return fmt.Errorf("-intercept-ca-cert-file and -intercept-ca-key-file go together")
 	}
 	if raw.cidrsSet {
 		p, err := egressproxy.ParseCIDRs(raw.cidrs)
@@ -249,14 +268,39 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 }
 
 func newProxy(o *options, log *slog.Logger) (*egressproxy.Proxy, error) {
-	return egressproxy.New(egressproxy.Config{
+	cfg := egressproxy.Config{
 		Allow:       o.allow,
 		Deny:        o.deny,
 		DeniedCIDRs: o.deniedCIDRs,
 		Logger:      log,
 		Agent:       o.agent,
 		Upstream:    o.upstream,
-	})
+	}
+	// The CA and the bundle are read once: a new CA must reach the
+	// sandboxes' trust stores too, which takes new pods anyway.
+	if o.interceptCert != "" {
+		certPEM, err := os.ReadFile(o.interceptCert)
+		if err != nil {
+			return nil, fmt.Errorf("interception CA: %w", err)
+		}
+		keyPEM, err := os.ReadFile(o.interceptKey)
+		if err != nil {
+			return nil, fmt.Errorf("interception CA: %w", err)
+		}
+		if cfg.InterceptCA, err = pki.LoadCA(certPEM, keyPEM); err != nil {
+			return nil, fmt.Errorf("interception CA: %w", err)
+		}
+	}
+	if o.destinationCA != "" {
+		b, err := os.ReadFile(o.destinationCA)
+		if err != nil {
+			return nil, fmt.Errorf("-destination-ca-file: %w", err)
+		}
+		if cfg.DestinationRoots, err = pki.CertPoolFromPEM(b); err != nil {
+			return nil, fmt.Errorf("-destination-ca-file: %w", err)
+		}
+	}
+	return egressproxy.New(cfg)
 }
 
 func newReloader(o *options, proxy *egressproxy.Proxy, log *slog.Logger) *egressproxy.Reloader {
@@ -336,6 +380,7 @@ func logListening(log *slog.Logger, o *options, proxy *egressproxy.Proxy, addr, 
 	log.Info("listening", "addr", addr, "version", version, "agent", o.agent,
 		"allow", pol.Allow, "deny", pol.Deny, "denied_cidrs", len(pol.DeniedCIDRs),
 		"upstream", o.upstream, "config", o.configFile, "client_auth", o.clientCredsFile != "",
+		"intercept_ca", o.interceptCert != "", "credentials", proxy.CredentialNames(),
 		"metrics_addr", metricsAddr)
 	if len(pol.Allow) == 0 {
 		log.Warn("the allowlist is empty: every request will be denied")
