@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/datasource"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/ephemeral"
 	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/provider"
 	"github.com/hashicorp/terraform-plugin-framework/provider/schema"
@@ -30,6 +31,8 @@ import (
 var (
 	_ provider.Provider                   = (*AgentboxProvider)(nil)
 	_ provider.ProviderWithValidateConfig = (*AgentboxProvider)(nil)
+	// The user token is ephemeral, never written to plan or state.
+	_ provider.ProviderWithEphemeralResources = (*AgentboxProvider)(nil)
 )
 
 const (
@@ -497,6 +500,14 @@ func (p *AgentboxProvider) DataSources(_ context.Context) []func() datasource.Da
 		NewNodePoolDataSource,
 		NewSandboxTemplateDataSource,
 		NewSandboxDataSource,
+	}
+}
+
+// EphemeralResources are what is opened for one plan or apply and never
+// stored.
+func (p *AgentboxProvider) EphemeralResources(_ context.Context) []func() ephemeral.EphemeralResource {
+	return []func() ephemeral.EphemeralResource{
+		NewUserTokenEphemeralResource,
 	}
 }
 

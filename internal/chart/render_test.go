@@ -258,6 +258,28 @@ func TestRunRetention(t *testing.T) {
 	}
 }
 
+// TestUserTokenIssuerValues checks that computeApi.userTokens reaches the
+// control plane as the variables its --user-token-* flags default to, the
+// issuer only when set.
+func TestUserTokenIssuerValues(t *testing.T) {
+	c := container(t, renderRaw(t, "").deployment())
+	for name, want := range map[string]string{"AGENTBOX_USER_TOKEN_KEY_ROTATION": "24h", "AGENTBOX_USER_TOKEN_MAX_LIFETIME": "1h"} {
+		if e, ok := envValue(c, name); !ok || e.Value != want {
+			t.Errorf("defaults: %s = %+v, %v; want %s", name, e, ok, want)
+		}
+	}
+	if e, ok := envValue(c, "AGENTBOX_USER_TOKEN_ISSUER"); ok {
+		t.Errorf("defaults set the issuer: %+v", e)
+	}
+	c = container(t, renderRaw(t, "computeApi: {userTokens: {issuer: 'https://agentbox.example', keyRotation: 6h, maxLifetime: 15m}}\n").deployment())
+	for name, want := range map[string]string{"AGENTBOX_USER_TOKEN_KEY_ROTATION": "6h", "AGENTBOX_USER_TOKEN_MAX_LIFETIME": "15m",
+		"AGENTBOX_USER_TOKEN_ISSUER": "https://agentbox.example"} {
+		if e, ok := envValue(c, name); !ok || e.Value != want {
+			t.Errorf("set: %s = %+v, %v; want %s", name, e, ok, want)
+		}
+	}
+}
+
 // TestRunArtifactLimits checks that computeApi.runArtifacts reaches the
 // control plane as the variables its flags default to.
 func TestRunArtifactLimits(t *testing.T) {
@@ -795,6 +817,8 @@ func TestSchemaRejects(t *testing.T) {
 		"bad run retention":    {"computeApi: {runRetention: a week}", "runRetention"},
 		"run retention number": {"computeApi: {runRetention: 7}", "runRetention"},
 		"bad artifact size":    {"computeApi: {runArtifacts: {maxFileSize: huge}}", "maxFileSize"},
+		"plain http issuer":    {"computeApi: {userTokens: {issuer: 'http://agentbox.example'}}", "issuer"},
+		"bad key rotation":     {"computeApi: {userTokens: {keyRotation: daily}}", "keyRotation"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

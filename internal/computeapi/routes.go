@@ -35,6 +35,7 @@ func (s *Server) routeTable() http.Handler {
 		}
 	}
 	s.addRoutes(route)
+	s.unauthenticatedRoutes(mux)
 	// Unknown paths get the same JSON error shape as everything else, and
 	// only after authentication, so the route table is not probeable
 	// anonymously.
@@ -91,6 +92,8 @@ func (s *Server) addRoutes(route func(pattern string, methods ...method)) {
 	route("/v1/runs/{run_id}/artifacts/{path...}", method{get, "get_run_artifact", s.getRunArtifact})
 	route("/v1/tokens", method{post, "create_token", s.createToken})
 	route("/v1/tokens/{token_id}", method{del, "revoke_token", s.revokeToken})
+	route("/v1/token", method{post, "exchange_token", s.exchangeToken})
+	route("/v1/token/revoke", method{post, "revoke_user_token", s.revokeUserToken})
 	route("/v1/audit", method{get, "query_audit", s.queryAudit})
 	route("/v1/audit/verify", method{get, "verify_audit", s.verifyAudit})
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/supervisors"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
 
 const (
@@ -139,6 +140,9 @@ type Options struct {
 	// one, and closes it after the Server. Nil, with a Store, makes one
 	// that the Server closes. The events are kept for RunRetention.
 	AgentEvents *AgentEvents
+	// UserTokens issues the user tokens of POST /v1/token and publishes
+	// their keys under /.well-known; nil turns user tokens off.
+	UserTokens *usertoken.Issuer
 }
 
 // Server serves the Compute API.
@@ -203,6 +207,8 @@ type Server struct {
 	// without a store. ownAgentEvents: the Server made it, and closes it.
 	agentEvents    *AgentEvents
 	ownAgentEvents bool
+	// userTokenIssuer: see Options.UserTokens.
+	userTokenIssuer *usertoken.Issuer
 	// runWork holds the run executors and the sweeper, which last until
 	// Close (apart from background, which settles between calls).
 	runWork   sync.WaitGroup
@@ -273,6 +279,7 @@ func newServer(opts Options) *Server {
 		runRetryBackoff:    positiveOr(opts.RunRetryBackoff, DefaultRunRetryBackoff),
 		runRetryBackoffMax: positiveOr(opts.RunRetryBackoffMax, DefaultRunRetryBackoffMax),
 		agentEvents:        opts.AgentEvents,
+		userTokenIssuer:    opts.UserTokens,
 	}
 	if s.replica == "" {
 		s.replica = defaultReplica()

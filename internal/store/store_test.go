@@ -71,7 +71,7 @@ func testMigrations(t *testing.T, b backend) {
 	t.Logf("schema version %d, tables %v", cur, tables)
 	for _, want := range []string{store.MigrationsTable, "api_tokens", "audit_log", "audit_head", "console_sessions",
 		"snapshots", "lease_events", "tool_catalogs", "filespace_nodes", "warm_takes", "console_transcript", "runs", "run_events",
-		"agent_events", "agent_event_heads"} {
+		"agent_events", "agent_event_heads", "user_token_keys", "user_token_revocations"} {
 		if !contains(tables, want) {
 			t.Errorf("table %s missing", want)
 		}

@@ -91,11 +91,13 @@ type options struct {
 	kubeBurst            int
 	pushDelay            time.Duration
 	runRetention         time.Duration
-	runArtifacts         computeapi.RunArtifactsOptions // limits; the store is the snapshot driver's, set once it is made
-	purgeInterval        time.Duration
-	showVersion          bool
-	storeDSN             string
-	dataDir              string
+	// userTokens configure the user token issuer (POST /v1/token).
+	userTokens    userTokenFlags
+	runArtifacts  computeapi.RunArtifactsOptions // limits; the store is the snapshot driver's, set once it is made
+	purgeInterval time.Duration
+	showVersion   bool
+	storeDSN      string
+	dataDir       string
 	// defaultTemplate is what deploy_or_resume creates a missing sandbox
 	// from when the call names no template; zero if not configured.
 	defaultTemplate types.NamespacedName
@@ -184,6 +186,7 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.snapshot = registerSnapshotFlags(fs, getenv)
+	o.userTokens.register(fs, getenv)
 	artifactFlags := registerRunArtifactFlags(fs, getenv)
 	config.RegisterFlags(fs)
 	o.zap.BindFlags(fs)
@@ -225,6 +228,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 		o.defaultTemplate = types.NamespacedName{Namespace: ns, Name: name}
 	}
 	if o.sandboxNamespaces, err = parseSandboxNamespaces(*sandboxNamespaces, o.namespace); err != nil {
+		return nil, err
+	}
+	if err := o.userTokens.check(); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -547,6 +553,10 @@ func setupReconcilers(mgr ctrl.Manager, o *options, sandboxes *controller.Sandbo
 // replica, and the health checks to mgr. The caller drains the server
 // (drainAPI) once the manager has returned, then closes the API.
 func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.SupervisorPool, servingCert *renewingCert) (*computeapi.Server, *apiServer, error) {
+	issuer, err := o.userTokens.issuer(in.store, o)
+	if err != nil {
+		return nil, nil, err
+	}
 	api, err := computeapi.NewServer(computeapi.Options{
 		Sandboxes:          mgr.GetCache(),
 		Serves:             o.sandboxNamespaces.Serves,
@@ -561,6 +571,7 @@ func addComputeAPI(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.Su
 		RunRetention:       o.runRetention,
 		RunArtifacts:       o.runArtifacts,
 		AgentEvents:        in.agentEvents,
+		UserTokens:         issuer,
 		DefaultTemplate:    o.defaultTemplate,
 		Replica:            replicaName(),
 	})

@@ -21,6 +21,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
 
 // realAPI is the real Compute API with a real SQLite store (and an empty
@@ -48,8 +49,12 @@ func realAPI(t *testing.T) (endpoint, caFile string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	issuer, err := usertoken.New(usertoken.Options{Issuer: "https://agentbox.test", Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv, err := computeapi.NewServer(computeapi.Options{Sandboxes: kube, Leases: kube, Supervisors: pool,
-		Authenticator: computeapi.ChainAuthenticators(admin, computeapi.NewStoreAuthenticator(st)), Store: st})
+		Authenticator: computeapi.ChainAuthenticators(admin, computeapi.NewStoreAuthenticator(st)), Store: st, UserTokens: issuer})
 	if err != nil {
 		t.Fatal(err)
 	}

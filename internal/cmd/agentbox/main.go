@@ -71,6 +71,7 @@ commands:
   leases        acquire, heartbeat and release sandbox leases
   runs          start commands that run to completion in the background, follow and cancel them
   tokens        create or revoke API tokens (admin)
+  token         exchange a user id for a short-lived user token an agent acts with, or revoke one (admin)
   audit         verify the audit log's hash chain, query it, or read a console session back (admin)
   version       print the version
 
@@ -112,6 +113,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return runsCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "tokens":
 		return tokensCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "token":
+		return userTokenCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 		return 0
