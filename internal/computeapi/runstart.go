@@ -64,9 +64,8 @@ func (s *Server) StartRunInProcess(ctx context.Context, in InProcessRun) (store.
 	}
 	req := api.StartRunRequest{
 		RequestID: in.RequestID, Mode: in.Mode, AgentID: in.AgentID, Pool: in.Pool, Template: in.Template,
-		BackoffLimit: in.BackoffLimit, ActiveDeadlineSeconds: in.ActiveDeadlineSeconds,
-		TTLSecondsAfterFinished: in.TTLSecondsAfterFinished,
-		Command:                 in.Command, Env: in.Env, Cwd: in.Cwd, TimeoutSeconds: in.TimeoutSeconds,
+		BackoffLimit: in.BackoffLimit, ActiveDeadlineSeconds: in.ActiveDeadlineSeconds, TTLSecondsAfterFinished: in.TTLSecondsAfterFinished,
+		Command: in.Command, Env: in.Env, Cwd: in.Cwd, TimeoutSeconds: in.TimeoutSeconds,
 	}
 	apiErr := s.checkRunTarget(&req)
 	if apiErr == nil {
