@@ -50,7 +50,7 @@ func TestAccRunSchedule_onPlatform(t *testing.T) {
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	const agent = "scheduled-agent"
-	cfg := func(second bool) string {
+	cfg := func(first bool) string {
 		return testAccProviderConfig() + fmt.Sprintf(`
 resource "agentbox_platform" "this" {
   namespace    = %[1]q
@@ -127,7 +127,7 @@ resource "agentbox_run_schedule" "job" {
   ttl_seconds_after_finished = 3600
   suspend                    = %[5]t
 }
-`, ns, tag, agent, !second, second)
+`, ns, tag, agent, first, !first)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
