@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	"github.com/hashicorp/terraform-plugin-testing/statecheck"
 	"github.com/hashicorp/terraform-plugin-testing/terraform"
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,7 +35,13 @@ import (
 //     a second run has succeeded, the first one's record is gone;
 //   - "missed" is created suspended with a starting deadline of 5 seconds;
 //     unsuspended more than 5 seconds after a boundary it missed, it skips
-//     that time as MissedDeadline and starts nothing.
+//     that time as MissedDeadline and starts nothing;
+//   - "pool" targets a warm pool: its run leases the pool's sandbox and
+//     succeeds in it (run mode pool);
+//   - "job" targets a template with the job's options: its run gets a
+//     sandbox made from the template, succeeds in it, and the sandbox is
+//     deleted after (run mode job). Both are suspended in the second step,
+//     so that they make no more sandboxes than they need.
 //
 // Every wait is for a minute boundary of the real clock: the test takes
 // about three minutes beyond the platform's install.
@@ -41,7 +50,7 @@ func TestAccRunSchedule_onPlatform(t *testing.T) {
 	tag := testAccPlatformImageTag(t)
 	c, ns := testAccCluster(t)
 	const agent = "scheduled-agent"
-	cfg := func(missedSuspended bool) string {
+	cfg := func(first bool) string {
 		return testAccProviderConfig() + fmt.Sprintf(`
 resource "agentbox_platform" "this" {
   namespace    = %[1]q
@@ -90,7 +99,35 @@ resource "agentbox_run_schedule" "missed" {
   starting_deadline_seconds = 5
   suspend                   = %[4]t
 }
-`, ns, tag, agent, missedSuspended)
+
+resource "agentbox_warm_pool" "py" {
+  name      = "py"
+  namespace = agentbox_platform.this.namespace
+  template  = agentbox_sandbox_template.standard.name
+  replicas  = 1
+}
+
+resource "agentbox_run_schedule" "pool" {
+  name      = "pool"
+  namespace = agentbox_platform.this.namespace
+  schedule  = "* * * * *"
+  pool      = agentbox_warm_pool.py.name
+  command   = ["sh", "-c", "echo from the pool"]
+  suspend   = %[5]t
+}
+
+resource "agentbox_run_schedule" "job" {
+  name                       = "job"
+  namespace                  = agentbox_platform.this.namespace
+  schedule                   = "* * * * *"
+  template                   = agentbox_sandbox_template.standard.name
+  command                    = ["sh", "-c", "echo from a job"]
+  backoff_limit              = 1
+  active_deadline_seconds    = 600
+  ttl_seconds_after_finished = 3600
+  suspend                    = %[5]t
+}
+`, ns, tag, agent, first, !first)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -106,6 +143,8 @@ resource "agentbox_run_schedule" "missed" {
 					statecheck.ExpectKnownValue("agentbox_run_schedule.forbid", tfjsonpath.New("concurrency_policy"), knownvalue.StringExact("Forbid")),
 					statecheck.ExpectKnownValue("agentbox_run_schedule.history", tfjsonpath.New("successful_runs_history_limit"), knownvalue.Int64Exact(1)),
 					statecheck.ExpectKnownValue("agentbox_run_schedule.missed", tfjsonpath.New("suspend"), knownvalue.Bool(true)),
+					statecheck.ExpectKnownValue("agentbox_run_schedule.pool", tfjsonpath.New("agent_id"), knownvalue.Null()),
+					statecheck.ExpectKnownValue("agentbox_run_schedule.job", tfjsonpath.New("backoff_limit"), knownvalue.Int64Exact(1)),
 				},
 				Check: func(s *terraform.State) error {
 					api, err := platformAPI(s, "agentbox_platform.this")
@@ -115,9 +154,11 @@ resource "agentbox_run_schedule" "missed" {
 					defer api.CloseIdleConnections()
 					// Side by side: the history check must see the
 					// schedule's first run before it is pruned.
-					history := make(chan error, 1)
+					history, pool, job := make(chan error, 1), make(chan error, 1), make(chan error, 1)
 					go func() { history <- checkHistory(ctx, t, c, api, key("history")) }()
-					return errors.Join(checkForbid(ctx, t, c, api, key("forbid")), <-history)
+					go func() { pool <- checkTargetRun(ctx, t, c, api, key("pool"), apiclient.RunModePool) }()
+					go func() { job <- checkTargetRun(ctx, t, c, api, key("job"), apiclient.RunModeJob) }()
+					return errors.Join(checkForbid(ctx, t, c, api, key("forbid")), <-history, <-pool, <-job)
 				},
 			},
 			{
@@ -270,5 +311,71 @@ func checkMissed(ctx context.Context, t *testing.T, c client.Client, api *apicli
 		}
 	}
 	t.Logf("missed: %s", rs.Status.LastSkipped.Message)
+	return nil
+}
+
+// checkTargetRun: the schedule of a pool or template target starts a run
+// of that mode, with the pool or template of its namespace (and the job's
+// options), which succeeds in a sandbox of the pool or made for it, and is
+// listed by schedule; a job run's sandbox is deleted once it ends.
+func checkTargetRun(ctx context.Context, t *testing.T, c client.Client, api *apiclient.Client, key types.NamespacedName, mode string) error {
+	var run *apiclient.Run
+	rs, err := waitSchedule(ctx, c, key, 4*time.Minute, func(rs *agentboxv1alpha1.RunSchedule) (bool, error) {
+		if rs.Status.LastRunID == "" {
+			return false, fmt.Errorf("no run yet")
+		}
+		var err error
+		if run, err = api.GetRun(ctx, rs.Status.LastRunID); err != nil {
+			return false, err
+		}
+		return run.Terminal(), fmt.Errorf("run %s is %s", run.ID, run.Status)
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", mode, err)
+	}
+	if c := readyCondition(rs); c == nil || !strings.Contains(c.Message, "mode "+mode) {
+		return fmt.Errorf("%s: Ready %+v does not say the target", mode, c)
+	}
+	ok := run.Status == apiclient.RunSucceeded && run.Mode == mode && run.Schedule == key.String() &&
+		run.Caller == "schedule:"+key.String() && strings.HasPrefix(run.Sandbox, key.Namespace+"/") && run.OutputBytes > 0
+	switch mode {
+	case apiclient.RunModePool:
+		ok = ok && run.Pool == key.Namespace+"/py" && run.Template == ""
+	case apiclient.RunModeJob:
+		ok = ok && run.Template == key.Namespace+"/standard" && run.Pool == "" && run.BackoffLimit == 1 &&
+			run.ActiveDeadlineSeconds == 600 && run.TTLSecondsAfterFinished != nil && *run.TTLSecondsAfterFinished == 3600
+	}
+	if !ok {
+		return fmt.Errorf("%s: run %+v", mode, run)
+	}
+	list, err := api.ListRuns(ctx, apiclient.RunFilter{Schedule: key.String()})
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(list.Runs, func(r apiclient.Run) bool { return r.ID == run.ID }) {
+		return fmt.Errorf("%s: runs of the schedule %+v miss %s", mode, list.Runs, run.ID)
+	}
+	if mode == apiclient.RunModeJob {
+		ns, name, _ := strings.Cut(run.Sandbox, "/")
+		err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+			var sb agentboxv1alpha1.Sandbox
+			err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &sb)
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			return fmt.Errorf("job: the run's sandbox %s is not deleted a minute after it ended: %w", run.Sandbox, err)
+		}
+	}
+	t.Logf("%s: run %s of %s succeeded in sandbox %s (%d bytes of output); Ready: %s", mode, run.ID, key, run.Sandbox,
+		run.OutputBytes, readyCondition(rs).Message)
+	return nil
+}
+
+func readyCondition(rs *agentboxv1alpha1.RunSchedule) *metav1.Condition {
+	for i := range rs.Status.Conditions {
+		if rs.Status.Conditions[i].Type == agentboxv1alpha1.ConditionReady {
+			return &rs.Status.Conditions[i]
+		}
+	}
 	return nil
 }

@@ -2,7 +2,9 @@ package provider
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
@@ -11,6 +13,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
 	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
@@ -24,10 +27,11 @@ import (
 )
 
 var (
-	_ resource.Resource                = (*runScheduleResource)(nil)
-	_ resource.ResourceWithConfigure   = (*runScheduleResource)(nil)
-	_ resource.ResourceWithImportState = (*runScheduleResource)(nil)
-	_ resource.ResourceWithModifyPlan  = (*runScheduleResource)(nil)
+	_ resource.Resource                     = (*runScheduleResource)(nil)
+	_ resource.ResourceWithConfigure        = (*runScheduleResource)(nil)
+	_ resource.ResourceWithImportState      = (*runScheduleResource)(nil)
+	_ resource.ResourceWithModifyPlan       = (*runScheduleResource)(nil)
+	_ resource.ResourceWithConfigValidators = (*runScheduleResource)(nil)
 )
 
 // NewRunScheduleResource manages a RunSchedule.
@@ -42,6 +46,11 @@ type runScheduleModel struct {
 	Schedule                types.String   `tfsdk:"schedule"`
 	TimeZone                types.String   `tfsdk:"time_zone"`
 	AgentID                 types.String   `tfsdk:"agent_id"`
+	Pool                    types.String   `tfsdk:"pool"`
+	Template                types.String   `tfsdk:"template"`
+	BackoffLimit            types.Int64    `tfsdk:"backoff_limit"`
+	ActiveDeadlineSeconds   types.Int64    `tfsdk:"active_deadline_seconds"`
+	TTLSecondsAfterFinished types.Int64    `tfsdk:"ttl_seconds_after_finished"`
 	Command                 types.List     `tfsdk:"command"`
 	Env                     types.Map      `tfsdk:"env"`
 	Cwd                     types.String   `tfsdk:"cwd"`
@@ -90,9 +99,85 @@ var (
 		string(agentboxv1alpha1.ConcurrencyReplace)}
 	// The CRD's ranges.
 	runTimeoutRange      = int64validator.Between(0, math.MaxInt32)
+	runBackoffLimitRange = int64validator.Between(0, 10)
+	runDeadlineRange     = int64validator.AtLeast(1)
+	runTTLRange          = int64validator.Between(0, math.MaxInt32)
 	startingDeadlineMin  = int64validator.AtLeast(1)
 	runHistoryLimitRange = int64validator.Between(0, math.MaxInt32)
 )
+
+// runScheduleTargets are the attributes that name where a schedule's runs
+// go, one per run mode: exactly one is set. The schema's descriptions and
+// the config validator are built from this one list.
+var runScheduleTargets = []struct{ attr, what string }{
+	{"agent_id", "an agent's own sandbox"},
+	{"pool", "a sandbox leased from a warm pool"},
+	{"template", "a sandbox made from a template for the run (a job run)"},
+}
+
+// runScheduleJobOptions are the attributes of a job run, which apply to a
+// `template` target only.
+var runScheduleJobOptions = []string{"backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished"}
+
+func runScheduleTargetNames() []string {
+	names := make([]string, 0, len(runScheduleTargets))
+	for _, t := range runScheduleTargets {
+		names = append(names, t.attr)
+	}
+	return names
+}
+
+// runScheduleTargetRule is the rule on the targets, as the docs and the
+// error say it.
+func runScheduleTargetRule() string {
+	return "Exactly one of " + codeAlternatives(runScheduleTargetNames()) + " must be set"
+}
+
+// jobOptionOnly is the validator of a job option: it needs `template`.
+func jobOptionOnly() validator.Int64 {
+	return int64validator.AlsoRequires(path.MatchRoot("template"))
+}
+
+func (r *runScheduleResource) ConfigValidators(context.Context) []resource.ConfigValidator {
+	return []resource.ConfigValidator{runScheduleTargetCheck{}}
+}
+
+// runScheduleTargetCheck refuses a configuration that sets no target or
+// several, saying which it set and what each would mean.
+type runScheduleTargetCheck struct{}
+
+func (runScheduleTargetCheck) Description(ctx context.Context) string {
+	return runScheduleTargetRule()
+}
+
+func (runScheduleTargetCheck) MarkdownDescription(ctx context.Context) string {
+	return runScheduleTargetRule()
+}
+
+func (runScheduleTargetCheck) ValidateResource(ctx context.Context, req resource.ValidateConfigRequest, resp *resource.ValidateConfigResponse) {
+	var set, choices []string
+	for _, t := range runScheduleTargets {
+		var v types.String
+		resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root(t.attr), &v)...)
+		if v.IsUnknown() {
+			// Known at apply; the CRD's rule checks it then.
+			return
+		}
+		if !v.IsNull() {
+			set = append(set, t.attr)
+		}
+		choices = append(choices, fmt.Sprintf("`%s` (%s)", t.attr, t.what))
+	}
+	if len(set) == 1 {
+		return
+	}
+	got := "none is set"
+	if len(set) > 1 {
+		got = codeList(set) + " are set"
+	}
+	resp.Diagnostics.AddError("Invalid run schedule target",
+		fmt.Sprintf("%s: where the runs go, %s; %s.", runScheduleTargetRule(), strings.Join(choices, ", "), got))
+}
 
 func (r *runScheduleResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
 	resp.TypeName = req.ProviderTypeName + "_" + runScheduleTFType
@@ -103,12 +188,14 @@ func (r *runScheduleResource) Schema(ctx context.Context, _ resource.SchemaReque
 		return schema.StringAttribute{Computed: true, MarkdownDescription: desc}
 	}
 	resp.Schema = schema.Schema{
-		MarkdownDescription: "A run schedule: the control plane starts a run of a command in an agent's sandbox at the " +
-			"times of a cron schedule, through the Compute API's runs (`GET /v1/runs?schedule=<namespace>/<name>` lists " +
-			"them). It becomes a `RunSchedule` object. Each due time starts at most one run, across control plane " +
-			"restarts and replicas. Requires `agentbox_platform` (with its store, the default) and the agent's " +
-			"`agentbox_sandbox` in the same namespace. Destroying it cancels its live runs; their records stay for the " +
-			"platform's run retention.",
+		MarkdownDescription: "A run schedule: the control plane starts a run of a command at the times of a cron " +
+			"schedule, through the Compute API's runs (`GET /v1/runs?schedule=<namespace>/<name>` lists them), in one of " +
+			"the runs' modes: in an agent's sandbox (`agent_id`), in a sandbox leased from a warm pool (`pool`), or in a " +
+			"sandbox made from a template for the run (`template`, a job run). It becomes a `RunSchedule` object. Each " +
+			"due time starts at most one run, across control plane restarts and replicas. Requires `agentbox_platform` " +
+			"(with its store, the default) and the agent's `agentbox_sandbox`, the `agentbox_warm_pool` or the " +
+			"`agentbox_sandbox_template` in the same namespace: a schedule reaches nothing outside its namespace. " +
+			"Destroying it cancels its live runs; their records stay for the platform's run retention.",
 		Attributes: map[string]schema.Attribute{
 			"id":        idAttribute(runScheduleKind),
 			"name":      nameAttribute(runScheduleKind),
@@ -124,10 +211,46 @@ func (r *runScheduleResource) Schema(ctx context.Context, _ resource.SchemaReque
 				Validators:          []validator.String{timeZoneCheck},
 			},
 			"agent_id": schema.StringAttribute{
-				Required: true,
-				MarkdownDescription: "The agent whose sandbox runs the command: " + agentIDCheck.description + ". Its sandbox " +
-					"must be in the schedule's namespace; a stopped one is woken for the run.",
+				Optional: true,
+				MarkdownDescription: "The agent whose sandbox runs the command (run mode `agent`): " + agentIDCheck.description +
+					". Its sandbox must be in the schedule's namespace; a stopped one is woken for the run. " +
+					runScheduleTargetRule() + ".",
 				Validators: []validator.String{agentIDCheck},
+			},
+			"pool": schema.StringAttribute{
+				Optional: true,
+				MarkdownDescription: "Name of the `agentbox_warm_pool` (same namespace) each run leases a ready sandbox from " +
+					"(run mode `pool`), waiting for one if none is free; the pool recycles it once the run ends. Must be " +
+					dnsSubdomainCheck.description + ". " + runScheduleTargetRule() + ".",
+				Validators: []validator.String{dnsSubdomainCheck},
+			},
+			"template": schema.StringAttribute{
+				Optional: true,
+				MarkdownDescription: "Name of the `agentbox_sandbox_template` (same namespace) each run gets a sandbox made " +
+					"from, for the run alone (run mode `job`), deleted once the run ends; " + codeList(runScheduleJobOptions) +
+					" tune it. Must be " + dnsSubdomainCheck.description + ". " + runScheduleTargetRule() + ".",
+				Validators: []validator.String{dnsSubdomainCheck},
+			},
+			"backoff_limit": schema.Int64Attribute{
+				Optional: true,
+				MarkdownDescription: "How many times a failed attempt of a job run is retried, in the same sandbox, after a " +
+					"backoff that doubles from attempt to attempt. Unset means no retry. The " +
+					runBackoffLimitRange.MarkdownDescription(ctx) + "; with `template` only.",
+				Validators: []validator.Int64{runBackoffLimitRange, jobOptionOnly()},
+			},
+			"active_deadline_seconds": schema.Int64Attribute{
+				Optional: true,
+				MarkdownDescription: "Bounds each job run from its start, the sandbox's start and retries included: when it " +
+					"passes, the run ends `timed_out`. Unset means no bound beyond `timeout_seconds` per attempt. The " +
+					runDeadlineRange.MarkdownDescription(ctx) + "; with `template` only.",
+				Validators: []validator.Int64{runDeadlineRange, jobOptionOnly()},
+			},
+			"ttl_seconds_after_finished": schema.Int64Attribute{
+				Optional: true,
+				MarkdownDescription: "How long a job run's record (and its artifacts) is kept after it ends, instead of the " +
+					"platform's run retention; `0` removes it as soon as it ends. The history limits may delete it earlier. The " +
+					runTTLRange.MarkdownDescription(ctx) + "; with `template` only.",
+				Validators: []validator.Int64{runTTLRange, jobOptionOnly()},
 			},
 			"command": schema.ListAttribute{
 				Required: true, ElementType: types.StringType,
@@ -250,7 +373,15 @@ func (r *runScheduleResource) Read(ctx context.Context, req resource.ReadRequest
 	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
 	state.Schedule = types.StringValue(s.Schedule)
 	state.TimeZone = stringOrNull(s.TimeZone)
-	state.AgentID = types.StringValue(s.Target.AgentID)
+	state.AgentID = stringOrNull(s.Target.AgentID)
+	state.Pool = stringOrNull(s.Target.Pool)
+	state.Template = stringOrNull(s.Target.Template)
+	state.BackoffLimit, state.ActiveDeadlineSeconds, state.TTLSecondsAfterFinished = types.Int64Null(), types.Int64Null(), types.Int64Null()
+	if j := s.Target.Job; j != nil {
+		state.BackoffLimit = int32OrNull(j.BackoffLimit)
+		state.ActiveDeadlineSeconds = types.Int64PointerValue(j.ActiveDeadlineSeconds)
+		state.TTLSecondsAfterFinished = int32OrNull(j.TTLSecondsAfterFinished)
+	}
 	state.Command = listValue(ctx, state.Command, s.Command.Argv, &resp.Diagnostics)
 	state.Env = mapValue(ctx, state.Env, s.Command.Env, &resp.Diagnostics)
 	state.Cwd = stringOrNull(s.Command.Cwd)
@@ -305,6 +436,34 @@ func (r *runScheduleResource) ImportState(ctx context.Context, req resource.Impo
 	importObject(ctx, r.data, req, resp)
 }
 
+func int32OrNull(p *int32) types.Int64 {
+	if p == nil {
+		return types.Int64Null()
+	}
+	return types.Int64Value(int64(*p))
+}
+
+func int32Pointer(v types.Int64) *int32 {
+	if v.IsNull() || v.IsUnknown() {
+		return nil
+	}
+	n := int32(v.ValueInt64())
+	return &n
+}
+
+// target is the schedule's spec.target; the job's options go into its
+// job block, which is left out when none is set.
+func (m *runScheduleModel) target() agentboxv1alpha1.RunScheduleTarget {
+	t := agentboxv1alpha1.RunScheduleTarget{AgentID: m.AgentID.ValueString(), Pool: m.Pool.ValueString(),
+		Template: m.Template.ValueString()}
+	job := agentboxv1alpha1.RunScheduleJob{BackoffLimit: int32Pointer(m.BackoffLimit),
+		ActiveDeadlineSeconds: m.ActiveDeadlineSeconds.ValueInt64Pointer(), TTLSecondsAfterFinished: int32Pointer(m.TTLSecondsAfterFinished)}
+	if job != (agentboxv1alpha1.RunScheduleJob{}) {
+		t.Job = &job
+	}
+	return t
+}
+
 func int32OrDefault(p *int32, def int64) types.Int64 {
 	if p == nil {
 		return types.Int64Value(def)
@@ -317,7 +476,7 @@ func (m *runScheduleModel) spec(ctx context.Context, diags *diag.Diagnostics) ag
 	return agentboxv1alpha1.RunScheduleSpec{
 		Schedule: m.Schedule.ValueString(),
 		TimeZone: m.TimeZone.ValueString(),
-		Target:   agentboxv1alpha1.RunScheduleTarget{AgentID: m.AgentID.ValueString()},
+		Target:   m.target(),
 		Command: agentboxv1alpha1.RunScheduleCommand{
 			Argv: goStrings(ctx, m.Command, diags), Env: goMap(ctx, m.Env, diags), Cwd: m.Cwd.ValueString(),
 			TimeoutSeconds: int32(m.TimeoutSeconds.ValueInt64()),

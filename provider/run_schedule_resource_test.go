@@ -190,6 +190,17 @@ resource "agentbox_run_schedule" "bad" {
 }
 `, ns, schedule, extra)
 	}
+	cfgNoAgent := func(target string) string {
+		return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_run_schedule" "bad" {
+  name      = "bad"
+  namespace = %q
+  schedule  = "* * * * *"
+  command   = ["true"]
+%s
+}
+`, ns, target)
+	}
 	resource.Test(t, resource.TestCase{
 		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
 		Steps: []resource.TestStep{
@@ -199,6 +210,20 @@ resource "agentbox_run_schedule" "bad" {
 			{Config: cfg("* * * * *", `  time_zone = "Mars/Olympus"`), ExpectError: regexp.MustCompile(`unknown\s+time\s+zone\s+Mars/Olympus`)},
 			{Config: cfg("* * * * *", `  concurrency_policy = "Sometimes"`), ExpectError: regexp.MustCompile(`Forbid`)},
 			{Config: cfg("* * * * *", `  starting_deadline_seconds = 0`), ExpectError: regexp.MustCompile(`at\s+least\s+1`)},
+			// Exactly one target, and job options with a template only.
+			{Config: cfg("* * * * *", `  pool = "py"`),
+				ExpectError: regexp.MustCompile(`Exactly\s+one\s+of\s+.agent_id.,\s+.pool.\s+or\s+.template.\s+must\s+be\s+set(.|\n)*.agent_id.\s+and\s+.pool.\s+are\s+set`)},
+			{Config: cfgNoAgent(`  template = "standard"
+  pool     = "py"`), ExpectError: regexp.MustCompile(`.pool.\s+and\s+.template.\s+are\s+set`)},
+			{Config: cfgNoAgent(""), ExpectError: regexp.MustCompile(`Invalid\s+run\s+schedule\s+target(.|\n)*none\s+is\s+set`)},
+			{Config: cfg("* * * * *", `  backoff_limit = 1`), ExpectError: regexp.MustCompile(`"template"\s+must\s+be\s+specified`)},
+			{Config: cfgNoAgent(`  pool = "py"
+  ttl_seconds_after_finished = 60`), ExpectError: regexp.MustCompile(`"template"\s+must\s+be\s+specified`)},
+			{Config: cfgNoAgent(`  template = "standard"
+  backoff_limit = 11`), ExpectError: regexp.MustCompile(`between\s+0\s+and\s+10`)},
+			{Config: cfgNoAgent(`  template = "standard"
+  active_deadline_seconds = 0`), ExpectError: regexp.MustCompile(`active_deadline_seconds`)},
+			{Config: cfgNoAgent(`  pool = "team/py"`), ExpectError: regexp.MustCompile(`pool`)},
 		},
 	})
 }
@@ -208,4 +233,117 @@ func checkRunScheduleSpec(t *testing.T, c client.Client, key types.NamespacedNam
 		rs := getObject[agentboxv1alpha1.RunSchedule](t, c, key)
 		return check(&rs.Spec)
 	}
+}
+
+// TestAccRunSchedule_targets: the target moves between a pool, a template
+// with the job's options, and an agent, in place, each written to
+// spec.target (the job's options in its job block), imported and read
+// back without drift; an out-of-band edit of a job option shows as drift.
+func TestAccRunSchedule_targets(t *testing.T) {
+	t.Parallel()
+	c, ns := testAccCluster(t)
+	addr := "agentbox_run_schedule.test"
+	key := types.NamespacedName{Namespace: ns, Name: "targets"}
+	cfg := func(target string) string {
+		return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_run_schedule" "test" {
+  name      = "targets"
+  namespace = %[1]q
+  schedule  = "*/5 * * * *"
+  command   = ["true"]
+%[2]s
+}
+`, ns, target)
+	}
+	const pool = `  pool = "py"`
+	const job = `  template                   = "standard"
+  backoff_limit              = 2
+  active_deadline_seconds    = 300
+  ttl_seconds_after_finished = 0`
+	importStep := resource.TestStep{
+		ResourceName: addr, ImportState: true, ImportStateId: ns + "/targets", ImportStateVerify: true,
+		ImportStateVerifyIgnore: []string{"timeouts", "status"},
+	}
+	noDrift := func(target string) resource.TestStep {
+		return resource.TestStep{Config: cfg(target),
+			ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}}}
+	}
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []resource.TestStep{
+			{
+				Config: cfg(pool),
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("pool"), knownvalue.StringExact("py")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("agent_id"), knownvalue.Null()),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("template"), knownvalue.Null()),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("backoff_limit"), knownvalue.Null()),
+				},
+				Check: checkRunScheduleSpec(t, c, key, func(s *agentboxv1alpha1.RunScheduleSpec) error {
+					if s.Target != (agentboxv1alpha1.RunScheduleTarget{Pool: "py"}) {
+						return fmt.Errorf("target %+v", s.Target)
+					}
+					return nil
+				}),
+			},
+			noDrift(pool),
+			importStep,
+			{
+				// From the pool to a template with the job's options, in place.
+				Config: cfg(job),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
+				},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("pool"), knownvalue.Null()),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("template"), knownvalue.StringExact("standard")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("backoff_limit"), knownvalue.Int64Exact(2)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("active_deadline_seconds"), knownvalue.Int64Exact(300)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("ttl_seconds_after_finished"), knownvalue.Int64Exact(0)),
+				},
+				Check: checkRunScheduleSpec(t, c, key, func(s *agentboxv1alpha1.RunScheduleSpec) error {
+					tg, j := s.Target, s.Target.Job
+					if tg.Template != "standard" || tg.Pool != "" || tg.AgentID != "" || j == nil || j.BackoffLimit == nil ||
+						*j.BackoffLimit != 2 || j.ActiveDeadlineSeconds == nil || *j.ActiveDeadlineSeconds != 300 ||
+						j.TTLSecondsAfterFinished == nil || *j.TTLSecondsAfterFinished != 0 {
+						return fmt.Errorf("target %+v, job %+v", tg, j)
+					}
+					return nil
+				}),
+			},
+			noDrift(job),
+			importStep,
+			{
+				// An out-of-band edit of a job option shows as drift, and the
+				// apply puts Terraform's value back.
+				PreConfig: func() {
+					mutate(t, c, key, func(rs *agentboxv1alpha1.RunSchedule) { rs.Spec.Target.Job.BackoffLimit = new(int32(5)) })
+				},
+				Config: cfg(job),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{
+						plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
+						plancheck.ExpectKnownValue(addr, tfjsonpath.New("backoff_limit"), knownvalue.Int64Exact(2)),
+					},
+				},
+				Check: checkRunScheduleSpec(t, c, key, func(s *agentboxv1alpha1.RunScheduleSpec) error {
+					if j := s.Target.Job; j == nil || j.BackoffLimit == nil || *j.BackoffLimit != 2 {
+						return fmt.Errorf("job %+v", j)
+					}
+					return nil
+				}),
+			},
+			{
+				// Back to an agent: the template and the job block go.
+				Config: cfg(`  agent_id = "agent-1"`),
+				Check: checkRunScheduleSpec(t, c, key, func(s *agentboxv1alpha1.RunScheduleSpec) error {
+					if s.Target != (agentboxv1alpha1.RunScheduleTarget{AgentID: "agent-1"}) {
+						return fmt.Errorf("target %+v", s.Target)
+					}
+					return nil
+				}),
+			},
+			noDrift(`  agent_id = "agent-1"`),
+		},
+	})
 }

@@ -37,25 +37,12 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	if req.Mode == "" {
-		req.Mode = api.RunModeAgent
-	}
 	if apiErr := s.checkRunMode(r, &req); apiErr != nil {
 		writeError(w, apiErr)
 		return
 	}
-	switch {
-	case len(req.Command) == 0:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "command must not be empty"))
-		return
-	case req.TimeoutSeconds < 0:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds))
-		return
-	case req.ActiveDeadlineSeconds < 0:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "active_deadline_seconds must not be negative, got %d", req.ActiveDeadlineSeconds))
-		return
-	case req.TTLSecondsAfterFinished != nil && *req.TTLSecondsAfterFinished < 0:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl_seconds_after_finished must not be negative, got %d", *req.TTLSecondsAfterFinished))
+	if apiErr := checkRunCommand(&req); apiErr != nil {
+		writeError(w, apiErr)
 		return
 	}
 	if req.Mode == api.RunModeAgent {
@@ -76,18 +63,7 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	timeout := req.TimeoutSeconds
-	if timeout == 0 {
-		timeout = supervisorapi.DefaultTimeoutSeconds
-	}
-	names := slices.Sorted(maps.Keys(req.Env))
-	run, created, err := s.store.CreateRun(r.Context(), store.Run{
-		RequestID: req.RequestID, Caller: PrincipalFrom(r.Context()).Name, WorkflowID: req.WorkflowID,
-		Mode: store.RunMode(req.Mode), AgentID: req.AgentID, Pool: req.Pool, Template: req.Template,
-		Command:      store.RunCommand{Argv: req.Command, EnvNames: names, Cwd: req.Cwd, TimeoutSeconds: timeout, Artifacts: artifacts},
-		BackoffLimit: req.BackoffLimit, ActiveDeadlineSeconds: req.ActiveDeadlineSeconds,
-		TTLSecondsAfterFinished: req.TTLSecondsAfterFinished,
-	})
+	run, created, err := s.store.CreateRun(r.Context(), runRecord(&req, PrincipalFrom(r.Context()).Name, "", artifacts))
 	if apiErr := s.runStoreError(r, "create run", err); apiErr != nil {
 		writeError(w, apiErr)
 		return
@@ -102,9 +78,71 @@ func (s *Server) startRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, wireRun(run))
 }
 
-// checkRunMode checks that the caller may start a run of req's mode and
-// that req names where the run goes, and nothing of another mode's.
+// checkRunCommand checks the command and the bounds of a run request,
+// whoever starts it.
+func checkRunCommand(req *api.StartRunRequest) *api.Error {
+	switch {
+	case len(req.Command) == 0:
+		return api.Errorf(api.CodeInvalidArgument, "command must not be empty")
+	case req.TimeoutSeconds < 0:
+		return api.Errorf(api.CodeInvalidArgument, "timeout_seconds must not be negative, got %d", req.TimeoutSeconds)
+	case req.ActiveDeadlineSeconds < 0:
+		return api.Errorf(api.CodeInvalidArgument, "active_deadline_seconds must not be negative, got %d", req.ActiveDeadlineSeconds)
+	case req.TTLSecondsAfterFinished != nil && *req.TTLSecondsAfterFinished < 0:
+		return api.Errorf(api.CodeInvalidArgument, "ttl_seconds_after_finished must not be negative, got %d", *req.TTLSecondsAfterFinished)
+	}
+	return nil
+}
+
+// runRecord is the record of a checked run request, started by caller
+// (and by schedule, if a RunSchedule starts it), keeping artifacts.
+func runRecord(req *api.StartRunRequest, caller, schedule string, artifacts []string) store.Run {
+	timeout := req.TimeoutSeconds
+	if timeout == 0 {
+		timeout = supervisorapi.DefaultTimeoutSeconds
+	}
+	return store.Run{
+		RequestID: req.RequestID, Caller: caller, WorkflowID: req.WorkflowID, Schedule: schedule,
+		Mode: store.RunMode(req.Mode), AgentID: req.AgentID, Pool: req.Pool, Template: req.Template,
+		Command: store.RunCommand{Argv: req.Command, EnvNames: slices.Sorted(maps.Keys(req.Env)), Cwd: req.Cwd,
+			TimeoutSeconds: timeout, Artifacts: artifacts},
+		BackoffLimit: req.BackoffLimit, ActiveDeadlineSeconds: req.ActiveDeadlineSeconds,
+		TTLSecondsAfterFinished: req.TTLSecondsAfterFinished,
+	}
+}
+
+// checkRunMode checks that req names where the run goes (checkRunTarget)
+// and that the caller may start a run of its mode.
 func (s *Server) checkRunMode(r *http.Request, req *api.StartRunRequest) *api.Error {
+	if apiErr := s.checkRunTarget(req); apiErr != nil {
+		return apiErr
+	}
+	if req.Mode == api.RunModeAgent {
+		if apiErr := s.authorize(r, req.AgentID); apiErr != nil {
+			return apiErr
+		}
+		noteAuditAgent(r.Context(), req.AgentID)
+		return nil
+	}
+	if p := PrincipalFrom(r.Context()); p == nil || !p.AllAgents {
+		// A pool sandbox belongs to no agent until leased, and a job's
+		// template decides the namespace, image and limits it runs with:
+		// as for pool leases and creating from any template, an admin's
+		// call.
+		return api.Errorf(api.CodePermissionDenied, "a run of mode %q needs an admin token, as %s does", req.Mode,
+			map[string]string{api.RunModePool: "leasing from a warm pool", api.RunModeJob: "creating a sandbox from a chosen template"}[req.Mode])
+	}
+	return nil
+}
+
+// checkRunTarget checks that req names where the run goes in its mode
+// (an empty mode is agent), in a namespace the platform serves, and
+// nothing of another mode's, whoever starts it: a caller over HTTP or a
+// RunSchedule in process.
+func (s *Server) checkRunTarget(req *api.StartRunRequest) *api.Error {
+	if req.Mode == "" {
+		req.Mode = api.RunModeAgent
+	}
 	refuse := func(field, mode string) *api.Error {
 		return api.Errorf(api.CodeInvalidArgument, "%s does not apply to a run of mode %q", field, mode)
 	}
@@ -117,11 +155,9 @@ func (s *Server) checkRunMode(r *http.Request, req *api.StartRunRequest) *api.Er
 			return refuse("template", req.Mode)
 		case req.BackoffLimit != 0:
 			return refuse("backoff_limit", req.Mode)
+		case req.AgentID == "":
+			return api.Errorf(api.CodeInvalidArgument, "agent ID must not be empty")
 		}
-		if apiErr := s.authorize(r, req.AgentID); apiErr != nil {
-			return apiErr
-		}
-		noteAuditAgent(r.Context(), req.AgentID)
 		return nil
 	case api.RunModePool, api.RunModeJob:
 	default:
@@ -157,14 +193,6 @@ func (s *Server) checkRunMode(r *http.Request, req *api.StartRunRequest) *api.Er
 	}
 	if !s.serves(ns) {
 		return api.Errorf(api.CodeInvalidArgument, "the platform does not serve sandboxes in namespace %q (%s %s)", ns, field, ref)
-	}
-	if p := PrincipalFrom(r.Context()); p == nil || !p.AllAgents {
-		// A pool sandbox belongs to no agent until leased, and a job's
-		// template decides the namespace, image and limits it runs with:
-		// as for pool leases and creating from any template, an admin's
-		// call.
-		return api.Errorf(api.CodePermissionDenied, "a run of mode %q needs an admin token, as %s does", req.Mode,
-			map[string]string{api.RunModePool: "leasing from a warm pool", api.RunModeJob: "creating a sandbox from a chosen template"}[req.Mode])
 	}
 	return nil
 }

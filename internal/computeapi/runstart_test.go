@@ -3,6 +3,7 @@ package computeapi
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +102,72 @@ func TestStartRunInProcess(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(metricRunsFinished.WithLabelValues("cancelled", "agent")) - cancelledRuns; got != 1 {
 		t.Errorf("agentbox_runs_finished_total{status=cancelled} grew by %v, want 1", got)
+	}
+}
+
+// TestStartRunInProcessModes: a schedule's pool and job runs, started in
+// process, are checked as POST /v1/runs checks them (the same messages),
+// recorded with their mode and options, and bounded by the schedule's
+// namespace: a pool or template of another namespace is refused.
+func TestStartRunInProcessModes(t *testing.T) {
+	ctx := context.Background()
+	f := servedPoolFixture(t)
+	c := f.client(t, adminToken)
+	srv := f.services
+	base := InProcessRun{Caller: "schedule:team-a/nightly", Schedule: "team-a/nightly", Namespace: "team-a", Command: []string{"true"}}
+
+	pool := base
+	pool.RequestID, pool.Mode, pool.Pool = "schedule-20261122T100000Z", api.RunModePool, "team-a/p"
+	run, created, err := srv.StartRunInProcess(ctx, pool)
+	if err != nil || !created || run.Mode != "pool" || run.Pool != "team-a/p" || run.Schedule != "team-a/nightly" || run.Caller != base.Caller {
+		t.Fatalf("start pool run: %+v, created %v, %v", run, created, err)
+	}
+	if done := waitRun(t, c, run.ID); done.Sandbox != "team-a/w-1" || done.Schedule != "team-a/nightly" {
+		t.Errorf("pool run ended %+v, want it in the pool's sandbox", done)
+	}
+
+	ttl := 600
+	job := base
+	job.RequestID, job.Mode, job.Template = "schedule-20261122T100100Z", api.RunModeJob, "team-a/nope"
+	job.BackoffLimit, job.ActiveDeadlineSeconds, job.TTLSecondsAfterFinished = 2, 300, &ttl
+	run, created, err = srv.StartRunInProcess(ctx, job)
+	if err != nil || !created || run.Mode != "job" || run.Template != "team-a/nope" || run.BackoffLimit != 2 ||
+		run.ActiveDeadlineSeconds != 300 || run.TTLSecondsAfterFinished == nil || *run.TTLSecondsAfterFinished != 600 {
+		t.Fatalf("start job run: %+v, created %v, %v", run, created, err)
+	}
+	if done := waitRun(t, c, run.ID); done.Status != api.RunFailed || done.Reason != "InvalidArgument" || done.Schedule != "team-a/nightly" {
+		t.Errorf("job run of a missing template ended %+v", done)
+	}
+
+	for _, bad := range []struct {
+		name, want string
+		mutate     func(*InProcessRun)
+	}{
+		{"pool of another namespace", `pool team-b/p is in namespace "team-b", not "team-a"`,
+			func(r *InProcessRun) { r.Mode, r.Pool = api.RunModePool, "team-b/p" }},
+		{"template of another namespace", `template team-b/t is in namespace "team-b", not "team-a"`,
+			func(r *InProcessRun) { r.Mode, r.Template = api.RunModeJob, "team-b/t" }},
+		{"backoff limit of a pool run", `backoff_limit does not apply to a run of mode "pool"`,
+			func(r *InProcessRun) { r.Mode, r.Pool, r.BackoffLimit = api.RunModePool, "team-a/p", 1 }},
+		{"backoff limit out of range", "backoff_limit must be between 0 and 10, got 11",
+			func(r *InProcessRun) { r.Mode, r.Template, r.BackoffLimit = api.RunModeJob, "team-a/t", 11 }},
+		{"agent of a job run", `agent_id does not apply to a run of mode "job"`,
+			func(r *InProcessRun) { r.Mode, r.Template, r.AgentID = api.RunModeJob, "team-a/t", "agent-1" }},
+		{"no agent", "agent ID must not be empty", func(r *InProcessRun) {}},
+		{"negative deadline", "active_deadline_seconds must not be negative",
+			func(r *InProcessRun) { r.Mode, r.Template, r.ActiveDeadlineSeconds = api.RunModeJob, "team-a/t", -1 }},
+	} {
+		req := base
+		req.RequestID = "schedule-bad"
+		bad.mutate(&req)
+		if _, _, err := srv.StartRunInProcess(ctx, req); !errors.Is(err, store.ErrInvalid) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", bad.name, err, bad.want)
+		}
+	}
+	// The same checks as the API's: its answer to the same request says
+	// the same.
+	_, _, err = c.StartRun(ctx, api.StartRunRequest{Mode: api.RunModePool, Pool: "team-a/p", BackoffLimit: 1, Command: []string{"true"}})
+	if api.CodeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), `backoff_limit does not apply to a run of mode "pool"`) {
+		t.Errorf("POST /v1/runs of the same request: %v", err)
 	}
 }

@@ -64,13 +64,23 @@ type ScheduledRun struct {
 	RequestID string
 	// Schedule is the schedule's namespace/name, recorded on the run.
 	Schedule string
-	// Namespace is the schedule's: the agent's sandbox must be there.
-	Namespace      string
-	AgentID        string
-	Command        []string
-	Env            map[string]string
-	Cwd            string
-	TimeoutSeconds int
+	// Namespace is the schedule's: the agent's sandbox, the pool or the
+	// template must be there.
+	Namespace string
+	// Mode is the run mode the target picks: agent with AgentID, pool
+	// with Pool, job with Template and the job's options.
+	Mode    store.RunMode
+	AgentID string
+	// Pool and Template are namespace/name, in the schedule's namespace.
+	Pool                    string
+	Template                string
+	BackoffLimit            int
+	ActiveDeadlineSeconds   int
+	TTLSecondsAfterFinished *int
+	Command                 []string
+	Env                     map[string]string
+	Cwd                     string
+	TimeoutSeconds          int
 }
 
 // RunStarter starts and cancels runs, as the Compute API does. The control
@@ -310,9 +320,59 @@ func (r *RunScheduleReconciler) reconcileSchedule(ctx context.Context, prevReaso
 		zone = rs.Spec.TimeZone
 	}
 	r.setReady(rs, metav1.ConditionTrue, v1alpha1.ReasonScheduled,
-		fmt.Sprintf("starts a run in agent %q's sandbox at the times of %q (%s)", rs.Spec.Target.AgentID, rs.Spec.Schedule, zone))
+		fmt.Sprintf("starts a run %s at the times of %q (%s)", targetDescription(&rs.Spec.Target), rs.Spec.Schedule, zone))
 	result.RequeueAfter = minPositive(result.RequeueAfter, next.Sub(now)+scheduleLateBy)
 	return result, nil
+}
+
+// scheduledRun is the run rs starts for the request id reqID, in the mode
+// its target picks; pools and templates are those of its namespace.
+func scheduledRun(rs *v1alpha1.RunSchedule, reqID string) ScheduledRun {
+	key := scheduleKey(rs)
+	t := &rs.Spec.Target
+	run := ScheduledRun{
+		Caller: "schedule:" + key, RequestID: reqID, Schedule: key, Namespace: rs.Namespace,
+		Mode: store.RunModeAgent, AgentID: t.AgentID, Command: rs.Spec.Command.Argv, Env: rs.Spec.Command.Env,
+		Cwd: rs.Spec.Command.Cwd, TimeoutSeconds: int(rs.Spec.Command.TimeoutSeconds),
+	}
+	switch {
+	case t.Pool != "":
+		run.Mode, run.Pool = store.RunModePool, rs.Namespace+"/"+t.Pool
+	case t.Template != "":
+		run.Mode, run.Template = store.RunModeJob, rs.Namespace+"/"+t.Template
+		if j := t.Job; j != nil {
+			if j.BackoffLimit != nil {
+				run.BackoffLimit = int(*j.BackoffLimit)
+			}
+			if j.ActiveDeadlineSeconds != nil {
+				run.ActiveDeadlineSeconds = int(*j.ActiveDeadlineSeconds)
+			}
+			if j.TTLSecondsAfterFinished != nil {
+				ttl := int(*j.TTLSecondsAfterFinished)
+				run.TTLSecondsAfterFinished = &ttl
+			}
+		}
+	}
+	// Several targets set at once (an object written before the CRD's
+	// rule, or with it bypassed) are not picked from: the agent ID stays
+	// with a pool or template mode, and the Compute API refuses the run.
+	return run
+}
+
+// targetDescription says where a schedule's runs execute, for its Ready
+// condition.
+func targetDescription(t *v1alpha1.RunScheduleTarget) string {
+	switch {
+	case t.Pool != "":
+		return fmt.Sprintf("in a sandbox leased from warm pool %q (mode pool)", t.Pool)
+	case t.Template != "":
+		backoff := int32(0)
+		if t.Job != nil && t.Job.BackoffLimit != nil {
+			backoff = *t.Job.BackoffLimit
+		}
+		return fmt.Sprintf("in a sandbox made from template %q for the run (mode job, backoffLimit %d)", t.Template, backoff)
+	}
+	return fmt.Sprintf("in agent %q's sandbox", t.AgentID)
 }
 
 // historyLimits are the schedule's run history limits, with the CRD's
@@ -403,11 +463,7 @@ func (r *RunScheduleReconciler) actOn(ctx context.Context, rs *v1alpha1.RunSched
 			}
 		}
 	}
-	run, err := r.Runs.StartRun(ctx, ScheduledRun{
-		Caller: "schedule:" + key, RequestID: reqID, Schedule: key, Namespace: rs.Namespace,
-		AgentID: rs.Spec.Target.AgentID, Command: rs.Spec.Command.Argv, Env: rs.Spec.Command.Env,
-		Cwd: rs.Spec.Command.Cwd, TimeoutSeconds: int(rs.Spec.Command.TimeoutSeconds),
-	})
+	run, err := r.Runs.StartRun(ctx, scheduledRun(rs, reqID))
 	if errors.Is(err, store.ErrInvalid) {
 		r.skip(rs, due, v1alpha1.SkipRefused, corev1.EventTypeWarning, "the run was refused: "+err.Error())
 		return live, nil

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,9 @@ type storeStarter struct{ st *store.Store }
 
 func (s storeStarter) StartRun(ctx context.Context, run ScheduledRun) (store.Run, error) {
 	r, _, err := s.st.CreateRun(ctx, store.Run{Caller: run.Caller, RequestID: run.RequestID, Schedule: run.Schedule,
-		Mode: store.RunModeAgent, AgentID: run.AgentID, Command: store.RunCommand{Argv: run.Command}})
+		Mode: run.Mode, AgentID: run.AgentID, Pool: run.Pool, Template: run.Template, BackoffLimit: run.BackoffLimit,
+		ActiveDeadlineSeconds: run.ActiveDeadlineSeconds, TTLSecondsAfterFinished: run.TTLSecondsAfterFinished,
+		Command: store.RunCommand{Argv: run.Command}})
 	return r, err
 }
 
@@ -266,5 +269,50 @@ func TestRunScheduleDeletionCancelsItsLiveRuns(t *testing.T) {
 		if id == live && run.CancelledBy != "schedule:"+key.String() {
 			t.Errorf("run %s cancelled by %q, want the schedule", id, run.CancelledBy)
 		}
+	}
+}
+
+// TestRunScheduleTargets: a schedule starts its runs in the mode its target
+// picks, with the pool or template of its own namespace and the job's
+// options, and its Ready condition says where its runs go.
+func TestRunScheduleTargets(t *testing.T) {
+	created := time.Date(2026, 11, 22, 10, 0, 30, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		target v1alpha1.RunScheduleTarget
+		ready  string
+		check  func(store.Run) bool
+	}{
+		{"agent", v1alpha1.RunScheduleTarget{AgentID: "agent-1"}, `in agent "agent-1"'s sandbox`,
+			func(r store.Run) bool { return r.Mode == store.RunModeAgent && r.AgentID == "agent-1" && r.Pool == "" }},
+		{"pool", v1alpha1.RunScheduleTarget{Pool: "py"}, `leased from warm pool "py"`,
+			func(r store.Run) bool {
+				return r.Mode == store.RunModePool && r.Pool == unitNS+"/py" && r.Template == ""
+			}},
+		{"job", v1alpha1.RunScheduleTarget{Template: "standard", Job: &v1alpha1.RunScheduleJob{
+			BackoffLimit: new(int32(2)), ActiveDeadlineSeconds: new(int64(300)), TTLSecondsAfterFinished: new(int32(600))}},
+			`made from template "standard" for the run (mode job, backoffLimit 2)`,
+			func(r store.Run) bool {
+				return r.Mode == store.RunModeJob && r.Template == unitNS+"/standard" && r.BackoffLimit == 2 &&
+					r.ActiveDeadlineSeconds == 300 && r.TTLSecondsAfterFinished != nil && *r.TTLSecondsAfterFinished == 600
+			}},
+		{"job without options", v1alpha1.RunScheduleTarget{Template: "standard"}, "backoffLimit 0",
+			func(r store.Run) bool {
+				return r.Mode == store.RunModeJob && r.BackoffLimit == 0 && r.ActiveDeadlineSeconds == 0 && r.TTLSecondsAfterFinished == nil
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newScheduleEnv(t, unitSchedule(created, func(rs *v1alpha1.RunSchedule) { rs.Spec.Target = tc.target }))
+			e.clock.SetTime(created.Truncate(time.Minute).Add(time.Minute + scheduleLateBy))
+			_, rs := e.reconcile()
+			if c := readyCond(rs); c.Reason != v1alpha1.ReasonScheduled || !strings.Contains(c.Message, tc.ready) {
+				t.Errorf("Ready %+v, want a message saying %q", c, tc.ready)
+			}
+			run, err := e.st.GetRun(context.Background(), rs.Status.LastRunID)
+			must(t, err)
+			if !tc.check(run) || run.Schedule != unitNS+"/every-minute" {
+				t.Errorf("run %+v", run)
+			}
+		})
 	}
 }

@@ -28,3 +28,18 @@ resource "agentbox_sandbox" "reporter" {
   agent_id  = "reporter"
   template  = "python"
 }
+
+# Every hour, run a clean-up as a job: each run gets a sandbox of its own,
+# made from the template and deleted after, with one retry of a failed
+# attempt and at most 20 minutes in all; its record is kept for a day.
+resource "agentbox_run_schedule" "hourly_cleanup" {
+  name      = "hourly-cleanup"
+  namespace = "agents"
+  schedule  = "@hourly"
+
+  template                   = "python"
+  backoff_limit              = 1
+  active_deadline_seconds    = 1200
+  ttl_seconds_after_finished = 86400
+  command                    = ["python", "-m", "cleanup"]
+}

@@ -18,16 +18,74 @@ const (
 	ConcurrencyReplace ConcurrencyPolicy = "Replace"
 )
 
-// RunScheduleTarget is where a schedule's runs execute. Runs execute in an
-// agent's own sandbox only, so the agent is all a target names.
+// RunScheduleTarget is where a schedule's runs execute, one of the
+// Compute API's run modes: an agent's own sandbox (agentID, mode agent), a
+// sandbox leased from a warm pool for the run (pool, mode pool), or a
+// sandbox made from a template for the run (template, mode job). Pools and
+// templates are those of the schedule's namespace: a schedule is in-cluster
+// configuration, and its namespace bounds what it reaches.
+// +kubebuilder:validation:XValidation:rule="[has(self.agentID), has(self.pool), has(self.template)].filter(x, x).size() == 1",message="set exactly one of agentID, pool and template"
+// +kubebuilder:validation:XValidation:rule="!has(self.job) || has(self.template)",message="job applies only to a template target (a job run)"
 type RunScheduleTarget struct {
 	// agentID is the agent whose sandbox runs the command, as the Compute
 	// API's runs take it (mode agent): a stopped sandbox is woken for the
-	// run, as for any call.
-	// +required
+	// run, as for any call. Its sandbox must be in the schedule's
+	// namespace.
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	AgentID string `json:"agentID"`
+	AgentID string `json:"agentID,omitempty"`
+
+	// pool is the name of a SandboxWarmPool in the schedule's namespace:
+	// each run leases a ready sandbox from it (mode pool), waiting for one
+	// if none is free, and the pool recycles the sandbox once the run ends.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Pool string `json:"pool,omitempty"`
+
+	// template is the name of a SandboxTemplate in the schedule's
+	// namespace: each run gets a sandbox made from it for the run alone
+	// (mode job), deleted once the run ends; job tunes its retries and
+	// bounds.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Template string `json:"template,omitempty"`
+
+	// job holds the options of a job run, with a template target only.
+	// +optional
+	Job *RunScheduleJob `json:"job,omitempty"`
+}
+
+// RunScheduleJob holds the options of a schedule's job runs (a template
+// target), named as in a Kubernetes Job's spec, whose meaning they share.
+type RunScheduleJob struct {
+	// backoffLimit is how many times a failed attempt of a run is retried,
+	// in the same sandbox, after a backoff that doubles from attempt to
+	// attempt up to a cap. Unset means 0: no retry.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10
+	BackoffLimit *int32 `json:"backoffLimit,omitempty"`
+
+	// activeDeadlineSeconds bounds each run from its start, the sandbox's
+	// start and retries included: when it passes, the command is killed
+	// and the run ends timed_out (reason DeadlineExceeded). Unset means no
+	// bound beyond command.timeoutSeconds per attempt.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
+
+	// ttlSecondsAfterFinished is how long a run's record (and its
+	// artifacts) is kept after it ends, instead of the platform's run
+	// retention; 0 removes it as soon as it ends. The history limits
+	// still delete records beyond them earlier.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
 }
 
 // RunScheduleCommand is the command each run executes.
@@ -198,8 +256,9 @@ type RunScheduleStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
 
-// RunSchedule starts a run of a command in an agent's sandbox at the times
-// of a cron schedule, through the Compute API's runs. Only the control
+// RunSchedule starts a run of a command at the times of a cron schedule, in
+// an agent's sandbox, a sandbox leased from a warm pool, or one made from a
+// template for the run (spec.target), through the Compute API's runs. Only the control
 // plane's leader starts runs, and each due time starts at most one run,
 // across restarts and replicas. Deleting a schedule cancels its live runs.
 //
@@ -208,6 +267,8 @@ type RunScheduleStatus struct {
 // +kubebuilder:resource:scope=Namespaced,shortName=runsched,categories=agentbox
 // +kubebuilder:printcolumn:name="Schedule",type=string,JSONPath=`.spec.schedule`
 // +kubebuilder:printcolumn:name="Agent",type=string,JSONPath=`.spec.target.agentID`
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.target.pool`,priority=1
+// +kubebuilder:printcolumn:name="Template",type=string,JSONPath=`.spec.target.template`,priority=1
 // +kubebuilder:printcolumn:name="Suspend",type=boolean,JSONPath=`.spec.suspend`
 // +kubebuilder:printcolumn:name="Last",type=date,JSONPath=`.status.lastScheduleTime`
 // +kubebuilder:printcolumn:name="Next",type=string,JSONPath=`.status.nextScheduleTime`

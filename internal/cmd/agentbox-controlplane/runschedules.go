@@ -20,7 +20,9 @@ type scheduleRuns struct{ api *computeapi.Server }
 func (s scheduleRuns) StartRun(ctx context.Context, run controller.ScheduledRun) (store.Run, error) {
 	r, _, err := s.api.StartRunInProcess(ctx, computeapi.InProcessRun{
 		Caller: run.Caller, RequestID: run.RequestID, Schedule: run.Schedule, Namespace: run.Namespace,
-		AgentID: run.AgentID, Command: run.Command, Env: run.Env, Cwd: run.Cwd, TimeoutSeconds: run.TimeoutSeconds,
+		Mode: string(run.Mode), AgentID: run.AgentID, Pool: run.Pool, Template: run.Template, BackoffLimit: run.BackoffLimit,
+		ActiveDeadlineSeconds: run.ActiveDeadlineSeconds, TTLSecondsAfterFinished: run.TTLSecondsAfterFinished,
+		Command: run.Command, Env: run.Env, Cwd: run.Cwd, TimeoutSeconds: run.TimeoutSeconds,
 	})
 	return r, err
 }
