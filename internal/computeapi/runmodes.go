@@ -141,6 +141,7 @@ func (e *runExecution) jobRun(ctx context.Context) store.RunResult {
 	ns, tpl, _ := strings.Cut(run.Template, "/")
 	name := jobSandboxName(run.ID)
 	for n := 1; ; n++ {
+		e.attempt = n
 		started, res, ok := e.startAttempt(ctx, ns+"/"+name)
 		if !ok {
 			return res
@@ -161,11 +162,9 @@ func (e *runExecution) jobRun(ctx context.Context) store.RunResult {
 				in.env = map[string]string{}
 			}
 			in.env[api.EnvRunAttempt] = strconv.Itoa(started.Attempts)
-			e.attempt = n
 			res = e.command(ctx, run.AgentID, in)
 		}
 		// The attempt has ended here.
-		e.attempt = n
 		if !e.retries(ctx, res) {
 			return res
 		}
