@@ -353,11 +353,16 @@ const (
 	TokenKindAdmin = "admin"
 	// TokenKindStaff mints time-boxed console sessions.
 	TokenKindStaff = "staff"
+	// TokenKindExchange acts for users: it exchanges a user's identity for
+	// user tokens (POST /v1/token) and revokes them, and addresses no
+	// sandbox.
+	TokenKindExchange = "exchange"
 )
 
 // CreateTokenRequest asks for a new API token.
 type CreateTokenRequest struct {
-	// Kind is TokenKindAgent, TokenKindAdmin or TokenKindStaff.
+	// Kind is TokenKindAgent, TokenKindAdmin, TokenKindStaff or
+	// TokenKindExchange.
 	Kind string `json:"kind"`
 	// AgentID binds an agent token; required for agent tokens, refused for
 	// the others.
