@@ -50,6 +50,7 @@ type options struct {
 	envMaxCount      int
 	envMaxSize       int64
 	envCreateTimeout time.Duration
+	envTTL           time.Duration
 	pythonIndex      string
 	pythonExtra      []string
 	pythonAllowed    []string
@@ -66,6 +67,7 @@ type options struct {
 // read them: sizes, lists, durations with their own messages.
 type rawFlags struct {
 	allowed, passEnv, logLevel, workspaceCap, envMaxSize, pythonExtra, pythonAllowed string
+	envMaxCount, envTTL                                                              string
 	pythonTimeout, pythonMaxTimeout                                                  string
 	pidsLimit, memoryLimit, memoryReserve                                            string
 }
@@ -133,7 +135,8 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.StringVar(&raw.pythonMaxTimeout, "python-max-timeout", env("AGENTBOX_PYTHON_MAX_TIMEOUT", supervisor.DefaultPythonMaxTimeout.String()), "largest timeout a python_exec call may ask for")
 	fs.StringVar(&o.mcpServers, "mcp-servers", env("AGENTBOX_MCP_SERVERS", ""), "JSON file listing the template's stdio MCP servers ([{name, command, args, env, dir}]), started on boot and served at /mcp (default: none)")
 	fs.StringVar(&o.envDir, "env-dir", env("AGENTBOX_ENV_DIR", filepath.Join(os.TempDir(), "agentbox-envs")), "directory of the cached Python environments (/v1/envs, /v1/execute); empty turns them off")
-	fs.IntVar(&o.envMaxCount, "env-max-count", pyenv.DefaultMaxEnvs, "cached Python environments kept; past it the least recently used idle one is removed")
+	fs.StringVar(&raw.envMaxCount, "env-max-count", env("AGENTBOX_ENV_MAX_COUNT", strconv.Itoa(pyenv.DefaultMaxEnvs)), "cached Python environments kept; past it the least recently used idle one is removed")
+	fs.StringVar(&raw.envTTL, "env-ttl", env("AGENTBOX_ENV_TTL", "0s"), "an idle cached Python environment unused for longer than this is removed; 0 for never (the count and size limits still evict)")
 	fs.StringVar(&raw.envMaxSize, "env-max-size", env("AGENTBOX_ENV_MAX_SIZE", "2GiB"), "disk the cached Python environments may use together, as -workspace-cap; past it the least recently used idle ones are removed")
 	fs.DurationVar(&o.envCreateTimeout, "env-create-timeout", pyenv.DefaultCreateTimeout, "longest a Python environment may take to build")
 	fs.StringVar(&o.pythonIndex, "python-index", env("AGENTBOX_PYTHON_INDEX", ""), "package index (PEP 503 simple URL) environments install from (default: the installer's own)")
@@ -181,6 +184,12 @@ func (o *options) parseLimits(raw *rawFlags) error {
 	}
 	if o.envMaxSize, err = parseSize(raw.envMaxSize); err != nil {
 		return fmt.Errorf("-env-max-size: %w", err)
+	}
+	if o.envMaxCount, err = strconv.Atoi(raw.envMaxCount); err != nil {
+		return fmt.Errorf("-env-max-count: want a positive count, got %q", raw.envMaxCount)
+	}
+	if o.envTTL, err = time.ParseDuration(raw.envTTL); err != nil || o.envTTL < 0 {
+		return fmt.Errorf("-env-ttl: want a duration such as 168h, or 0 for none, got %q", raw.envTTL)
 	}
 	if o.envMaxCount <= 0 || o.envCreateTimeout <= 0 {
 		return fmt.Errorf("-env-max-count and -env-create-timeout must be positive")
