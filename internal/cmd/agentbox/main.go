@@ -68,6 +68,7 @@ commands:
   status        show an agent's sandbox, without waking it
   events        print or follow the life of an agent's sandbox (created, ready, stopped, commands...)
   deploy        start, resume or create an agent's sandbox
+  envs          list, build ahead or delete an agent's cached Python environments
   leases        acquire, heartbeat and release sandbox leases
   runs          start commands that run to completion in the background, follow and cancel them
   tokens        create or revoke API tokens (admin)
@@ -107,6 +108,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return deployCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "leases":
 		return leasesCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "envs":
+		return envsCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "audit":
 		return auditCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "runs":
