@@ -509,6 +509,14 @@ func (m *Manager) Ensure(ctx context.Context, r Request) (pin *Pin, created bool
 			return &Pin{m: m, e: e}, created, nil
 		}
 		b := m.builds[name]
+		if b == nil && m.envs[name] == nil {
+			// Restored since the last look (see adoptLocked)?
+			if remove := m.adoptLocked(); len(remove) > 0 || m.envs[name] != nil {
+				m.mu.Unlock()
+				m.removeDirs(remove)
+				continue
+			}
+		}
 		leader := false
 		if b == nil {
 			if asIs && !r.CreateEmpty {
@@ -715,6 +723,8 @@ func (m *Manager) removeDirs(dirs []string) {
 // index at once and from disk when its runs end.
 func (m *Manager) Delete(name string) (Info, error) {
 	m.mu.Lock()
+	adoptRemove := m.adoptLocked()
+	defer m.removeDirs(adoptRemove)
 	if m.builds[name] != nil {
 		m.mu.Unlock()
 		return Info{}, errorf(KindBusy, "environment %q is being built; delete it when the build has finished", name)
@@ -731,10 +741,53 @@ func (m *Manager) Delete(name string) (Info, error) {
 	return info, nil
 }
 
+// adoptLocked takes in the finished environments that appeared in the
+// directory since the manager loaded it: an idle stop's snapshot is
+// restored into a fresh workspace through the running supervisor, whose
+// manager started on the empty directory. Directories it does not know and
+// cannot read are left alone (they may be builds in progress); an
+// environment whose name is taken keeps the one in the index. It returns
+// the directories that the limits then evict.
+func (m *Manager) adoptLocked() []string {
+	if m.closed {
+		return nil
+	}
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		return nil
+	}
+	known := make(map[string]bool, len(m.envs))
+	for _, e := range m.envs {
+		known[filepath.Base(e.dir)] = true
+	}
+	adopted := 0
+	for _, de := range entries {
+		name := de.Name()
+		if !de.IsDir() || known[name] || strings.HasPrefix(name, ".") {
+			continue
+		}
+		e, err := readMeta(filepath.Join(m.dir, name))
+		if err != nil || m.envs[e.name] != nil || m.builds[e.name] != nil {
+			continue
+		}
+		m.envs[e.name] = e
+		adopted++
+	}
+	if adopted == 0 {
+		return nil
+	}
+	m.log.Info("found restored Python environments", "count", adopted, "dir", m.dir)
+	return m.enforceLocked(nil)
+}
+
 // List describes the environments, sorted by name.
 func (m *Manager) List() []Info {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	remove := m.adoptLocked()
+	defer func() {
+		m.mu.Unlock()
+		m.removeDirs(remove)
+	}()
 	out := make([]Info, 0, len(m.envs))
 	for _, e := range m.envs {
 		out = append(out, e.info())

@@ -454,3 +454,53 @@ func TestManagerTTLAndRestart(t *testing.T) {
 		t.Errorf("%d downloads, want 2 (the first build and the rebuild)", n)
 	}
 }
+
+// Environments restored into the directory of a running manager (an idle
+// stop's snapshot is extracted through the supervisor after it started on
+// the empty workspace) are taken in when they are next listed or asked
+// for, checked before their first use, and not rebuilt.
+func TestManagerAdoptsRestoredEnvironments(t *testing.T) {
+	ix := pyenvtest.NewIndex(t, greet)
+	ctx := context.Background()
+	built := newTestManager(t, Config{IndexURL: ix.URL})
+	p, _, err := built.Ensure(ctx, Request{Requirements: []string{"agentbox-greet"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Release()
+	src := p.Dir()
+	built.Close()
+
+	dir := t.TempDir()
+	m := newTestManager(t, Config{Dir: dir, IndexURL: ix.URL})
+	if len(m.List()) != 0 {
+		t.Fatal("a fresh manager lists environments")
+	}
+	// cp -a, as the restore does: links as links, modes kept.
+	if out, err := exec.Command("cp", "-a", src, filepath.Join(dir, filepath.Base(src))).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	// An unfinished directory beside it is left alone: it may be a build.
+	if err := os.MkdirAll(filepath.Join(dir, "half.5678"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	list := m.List()
+	if len(list) != 1 || list[0].State != StateUnverified || list[0].Packages[0] != "agentbox-greet==1.0" {
+		t.Fatalf("after the restore: %+v", list)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "half.5678")); err != nil {
+		t.Errorf("an unknown directory was removed: %v", err)
+	}
+	p, created, err := m.Ensure(ctx, Request{Requirements: []string{"agentbox-greet"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	if created || p.Info().State != StateReady || ix.Downloads("agentbox-greet") != 1 {
+		t.Fatalf("restored environment: created %v, %+v, %d downloads", created, p.Info(), ix.Downloads("agentbox-greet"))
+	}
+	out, err := exec.Command(p.Python(), "-c", "import agentbox_greet; print(agentbox_greet.hello('restored'))").Output()
+	if err != nil || string(out) != "hello restored\n" {
+		t.Fatalf("restored environment: %q, %v", out, err)
+	}
+}
