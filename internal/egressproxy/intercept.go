@@ -106,10 +106,10 @@ func (p *Proxy) newInterceptForwarder(roots *x509.CertPool) *httputil.ReversePro
 		// The tunnel is opened by the same code as a sandbox's own
 		// CONNECT, not by the transport's Proxy support: that reports an
 		// upstream's 407 as a bare error string (logged as a dial error
-		// rather than upstream_auth), accepts no 2xx but 200, and leaves
-		// its handshake unbounded by DialTimeout. The transport then
-		// speaks TLS to the destination inside the tunnel, as it would
-		// over a direct connection.
+		// rather than upstream_auth), accepts no 2xx but 200, and bounds
+		// its handshake by a minute of its own, not DialTimeout. The
+		// transport then speaks TLS to the destination inside the
+		// tunnel, as it would over a direct connection.
 		t.DialContext = func(ctx context.Context, _, address string) (net.Conn, error) {
 			host, port, err := net.SplitHostPort(address)
 			if err != nil {
