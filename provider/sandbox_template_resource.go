@@ -285,8 +285,10 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 				},
 			},
 			"mcp_servers": schema.ListNestedAttribute{
-				Optional:            true,
-				MarkdownDescription: "stdio MCP servers the supervisor starts in every sandbox, restarts on failure and bridges to the Compute API.",
+				Optional: true,
+				MarkdownDescription: "stdio MCP servers the supervisor starts in every sandbox, restarts on failure and bridges to the Compute API. " +
+					"A user token given with an `mcp_request` (header `X-Agentbox-User-Token`) must have the server's name as an audience; " +
+					"the server receives it in the request's `params._meta` under `agentbox.dev/user-token`, never in its environment.",
 				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
 					"name":    schema.StringAttribute{Required: true, MarkdownDescription: "Name the server is addressed by."},
 					"command": schema.StringAttribute{Required: true, MarkdownDescription: "Program to run."},

@@ -80,6 +80,13 @@ const (
 	// CodeEnvNotFound: the agent's sandbox has no cached Python
 	// environment of that name (it may have been evicted).
 	CodeEnvNotFound Code = "env_not_found"
+	// CodeInvalidUserToken: the user token a call carries (the
+	// X-Agentbox-User-Token header) is refused: malformed, not signed by
+	// the platform, expired, revoked, for another agent or for another
+	// audience; the message says which, never quoting the token. HTTP 403:
+	// the caller's own credentials are fine (401 would say they are not),
+	// the token it passes on is not.
+	CodeInvalidUserToken Code = "invalid_user_token"
 )
 
 // Codes only the supervisor sends.
@@ -112,7 +119,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusBadRequest
 	case CodeUnauthenticated:
 		return http.StatusUnauthorized
-	case CodePermissionDenied, CodePathEscapesWorkspace:
+	case CodePermissionDenied, CodePathEscapesWorkspace, CodeInvalidUserToken:
 		return http.StatusForbidden
 	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound, CodeFileNotFound, CodeEnvNotFound:
 		return http.StatusNotFound
