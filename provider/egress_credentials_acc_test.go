@@ -1,0 +1,360 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	tfresource "github.com/hashicorp/terraform-plugin-testing/helper/resource"
+	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
+	"github.com/hashicorp/terraform-plugin-testing/plancheck"
+	"github.com/hashicorp/terraform-plugin-testing/statecheck"
+	"github.com/hashicorp/terraform-plugin-testing/terraform"
+	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+)
+
+// injectedCred is one credential of the test's configurations.
+type injectedCred struct {
+	name, hosts, how string
+	// value and version for value_wo; secretRef otherwise.
+	value     string
+	version   int
+	secretRef string
+}
+
+func (c injectedCred) hcl() string {
+	src := c.secretRef
+	if src == "" {
+		src = fmt.Sprintf("value_wo = %q\n      value_wo_version = %d", c.value, c.version)
+	}
+	return fmt.Sprintf(`    {
+      name  = %q
+      hosts = [%s]
+      %s
+      %s
+    },
+`, c.name, c.hosts, c.how, src)
+}
+
+// injectedProxyBody renders the proxy's arguments with the credentials.
+func injectedProxyBody(bundle string, creds ...injectedCred) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `
+  allowed_domains       = ["api.example.com", "search.example.com", "registry.example.com"]
+  destination_ca_bundle = %q
+  credentials = [
+`, bundle)
+	for _, c := range creds {
+		b.WriteString(c.hcl())
+	}
+	b.WriteString("  ]\n")
+	return b.String()
+}
+
+// TestAccEgressProxy_credentials: injected credentials through the real
+// terraform CLI against the API server, without a control plane (the
+// proxy is created without waiting). Two credentials are given by value_wo
+// and one by secret_ref. The values are random per run, so finding one in
+// a plan, in `terraform show -json` or in the raw state file is a leak and
+// not a coincidence.
+//
+// Not parallel: it points TF_ACC_TEMP_DIR at a folder of its own, so that
+// it can read the raw state files Terraform writes there.
+func TestAccEgressProxy_credentials(t *testing.T) {
+	c, ns := testAccCluster(t)
+	workDir := t.TempDir()
+	t.Setenv("TF_ACC_TEMP_DIR", workDir)
+	ctx := context.Background()
+	addr := "agentbox_egress_proxy.test"
+	name := "injecting"
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	secretKey := types.NamespacedName{Namespace: ns, Name: injectedSecretName(name)}
+	api1, api2, api3 := "sk-first-"+randomSuffix(t), "sk-second-"+randomSuffix(t), "sk-unapplied-"+randomSuffix(t)
+	search1 := "search-" + randomSuffix(t)
+	registry := "registry-pw-" + randomSuffix(t)
+	secrets := []string{api1, api2, api3, search1, registry}
+	ca, err := pki.NewCA("private destinations CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := string(ca.CertPEM)
+
+	header := `header = { name = "Authorization", value_template = "Bearer {{secret}}" }`
+	api := func(value string, version int) injectedCred {
+		return injectedCred{name: "api-token", hosts: `"api.example.com"`, how: header, value: value, version: version}
+	}
+	search := injectedCred{name: "search", hosts: `"search.example.com"`, how: `header = { name = "X-Api-Key" }`, value: search1, version: 1}
+	reg := injectedCred{name: "registry", hosts: `"registry.example.com"`, how: `basic_auth = { username = "bot" }`,
+		secretRef: `secret_ref = { name = "registry-creds", key = "password" }`}
+	config := func(creds ...injectedCred) string {
+		return egressProxyConfig(ns, name, injectedProxyBody(bundle, creds...))
+	}
+	config1 := config(api(api1, 1), search, reg)
+
+	str := knownvalue.StringExact
+	credState := func(name string, version knownvalue.Check, secretRef knownvalue.Check, header, basic knownvalue.Check) knownvalue.Check {
+		return knownvalue.ObjectExact(map[string]knownvalue.Check{
+			"name": str(name), "hosts": knownvalue.SetSizeExact(1), "header": header, "basic_auth": basic,
+			"secret_ref": secretRef, "value_wo": knownvalue.Null(), "value_wo_version": version,
+		})
+	}
+	apiState := func(version int64) knownvalue.Check {
+		return credState("api-token", knownvalue.Int64Exact(version), knownvalue.Null(),
+			knownvalue.ObjectExact(map[string]knownvalue.Check{"name": str("Authorization"), "value_template": str("Bearer {{secret}}")}),
+			knownvalue.Null())
+	}
+	searchState := credState("search", knownvalue.Int64Exact(1), knownvalue.Null(),
+		knownvalue.ObjectExact(map[string]knownvalue.Check{"name": str("X-Api-Key"), "value_template": knownvalue.Null()}), knownvalue.Null())
+	regState := credState("registry", knownvalue.Null(),
+		knownvalue.ObjectExact(map[string]knownvalue.Check{"name": str("registry-creds"), "key": str("password")}),
+		knownvalue.Null(), knownvalue.ObjectExact(map[string]knownvalue.Check{"username": str("bot")}))
+
+	noLeak := tfresource.ComposeTestCheckFunc(flatStateLacks(secrets...), rawStateLacks(workDir, name, secrets...))
+	stateNoLeak := stateLacks(secrets...)
+	planNoLeak := plancheck.PlanCheck(planLacks(secrets...))
+	tfresource.Test(t, tfresource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []tfresource.TestStep{
+			{
+				PreConfig: func() {
+					s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "registry-creds"}, StringData: map[string]string{"password": registry}}
+					if err := c.Create(ctx, s); err != nil {
+						t.Fatal(err)
+					}
+				},
+				Config:           config1,
+				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{planNoLeak}},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("credentials"), knownvalue.ListExact([]knownvalue.Check{
+						apiState(1), searchState, regState,
+					})),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("credentials").AtSliceIndex(0).AtMapKey("hosts"),
+						knownvalue.SetExact([]knownvalue.Check{str("api.example.com")})),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("destination_ca_bundle"), str(bundle)),
+					stateNoLeak,
+				},
+				Check: tfresource.ComposeTestCheckFunc(
+					checkEgressProxy(c, key, func(ep *agentboxv1alpha1.EgressProxy) error {
+						want := []agentboxv1alpha1.EgressCredential{
+							{Name: "api-token", Hosts: []agentboxv1alpha1.Domain{"api.example.com"}, SecretRef: injectedSecretRef(name, "api-token"),
+								Header: &agentboxv1alpha1.EgressCredentialHeader{Name: "Authorization", ValueTemplate: "Bearer {{secret}}"}},
+							{Name: "search", Hosts: []agentboxv1alpha1.Domain{"search.example.com"}, SecretRef: injectedSecretRef(name, "search"),
+								Header: &agentboxv1alpha1.EgressCredentialHeader{Name: "X-Api-Key"}},
+							{Name: "registry", Hosts: []agentboxv1alpha1.Domain{"registry.example.com"},
+								SecretRef: agentboxv1alpha1.SecretKeySelector{Name: "registry-creds", Key: "password"},
+								BasicAuth: &agentboxv1alpha1.EgressCredentialBasicAuth{Username: "bot"}},
+						}
+						if fmt.Sprintf("%+v", ep.Spec.Credentials) != fmt.Sprintf("%+v", want) || ep.Spec.DestinationCABundle != bundle {
+							return fmt.Errorf("spec.credentials %+v, want %+v; bundle set %v", ep.Spec.Credentials, want, ep.Spec.DestinationCABundle != "")
+						}
+						return nil
+					}),
+					checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api1, "search": search1}),
+					noLeak,
+				),
+			},
+			{
+				// A new value under the same version is not applied, and
+				// plans nothing: the version is what asks for a write.
+				Config:           config(api(api3, 1), search, reg),
+				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+				Check:            checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api1, "search": search1}),
+			},
+			{
+				ResourceName:      addr,
+				ImportState:       true,
+				ImportStateId:     ns + "/" + name,
+				ImportStateVerify: true,
+				// Terraform's own settings; and the versions of the
+				// write-only values, which only the configuration knows:
+				// they import as null (the value itself is null on both
+				// sides). The secret_ref credential imports whole.
+				ImportStateVerifyIgnore: []string{"wait_for_ready", "timeouts", "credentials.0.value_wo_version", "credentials.1.value_wo_version"},
+				ImportStateCheck: func(states []*terraform.InstanceState) error {
+					if len(states) != 1 {
+						return fmt.Errorf("%d imported states", len(states))
+					}
+					a := states[0].Attributes
+					if a["credentials.0.value_wo_version"] != "" || a["credentials.1.value_wo_version"] != "" ||
+						a["credentials.2.secret_ref.name"] != "registry-creds" {
+						return fmt.Errorf("imported credentials %v", a)
+					}
+					return nil
+				},
+			},
+			{
+				// Rotation: a new version writes the new value; the other
+				// credential's key is left as it was.
+				Config: config(api(api2, 2), search, reg),
+				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
+					plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate), planNoLeak,
+				}},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("credentials"), knownvalue.ListExact([]knownvalue.Check{
+						apiState(2), searchState, regState,
+					})),
+					stateNoLeak,
+				},
+				Check: tfresource.ComposeTestCheckFunc(
+					checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api2, "search": search1}), noLeak),
+			},
+			{
+				Config:           config(api(api2, 2), search, reg),
+				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+			},
+			{
+				// The owned Secret deleted out of band: the plan shows the
+				// versions as changed, the apply writes the Secret again.
+				PreConfig: func() {
+					if err := c.Delete(ctx, &corev1.Secret{ObjectMeta: objectMeta(secretKey)}); err != nil {
+						t.Fatal(err)
+					}
+				},
+				Config: config(api(api2, 2), search, reg),
+				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
+					plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
+					plancheck.ExpectKnownValue(addr, tfjsonpath.New("credentials").AtSliceIndex(0).AtMapKey("value_wo_version"), knownvalue.Int64Exact(2)),
+					planNoLeak,
+				}},
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("credentials"), knownvalue.ListExact([]knownvalue.Check{
+						apiState(2), searchState, regState,
+					})),
+					stateNoLeak,
+				},
+				Check: tfresource.ComposeTestCheckFunc(
+					checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api2, "search": search1}), noLeak),
+			},
+			{
+				// A credential dropped: its key goes.
+				Config: config(api(api2, 2), reg),
+				Check: tfresource.ComposeTestCheckFunc(
+					checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api2}),
+					checkEgressProxy(c, key, func(ep *agentboxv1alpha1.EgressProxy) error {
+						if len(ep.Spec.Credentials) != 2 {
+							return fmt.Errorf("spec.credentials %+v, want api-token and registry", ep.Spec.Credentials)
+						}
+						return nil
+					}),
+				),
+			},
+			{
+				// No value_wo left: the Secret goes.
+				Config: config(reg),
+				Check:  checkSecretGone(c, secretKey),
+			},
+			{
+				// And comes back with one, to go with the proxy on destroy.
+				Config: config(api(api2, 2), reg),
+				Check:  checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api2}),
+			},
+		},
+		CheckDestroy: func(*terraform.State) error {
+			if err := c.Get(ctx, key, &agentboxv1alpha1.EgressProxy{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("egress proxy %s after destroy: %v", key, err)
+			}
+			return checkSecretGone(c, secretKey)(nil)
+		},
+	})
+}
+
+// checkInjectedSecret requires the resource's injected-credentials Secret
+// to hold exactly want, owned by the proxy and labelled as the resource's.
+func checkInjectedSecret(c client.Client, key types.NamespacedName, proxy string, want map[string]string) tfresource.TestCheckFunc {
+	return func(*terraform.State) error {
+		var s corev1.Secret
+		if err := c.Get(context.Background(), key, &s); err != nil {
+			return fmt.Errorf("injected credentials Secret: %w", err)
+		}
+		got := map[string]string{}
+		for k, v := range s.Data {
+			got[k] = string(v)
+		}
+		if !maps.Equal(got, want) {
+			// Keys only: the values are secret.
+			return fmt.Errorf("Secret %s has keys %v, want %v, or other values than the configuration's",
+				key, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+		}
+		owners := s.GetOwnerReferences()
+		if len(owners) != 1 || owners[0].Kind != egressProxyKind || owners[0].Name != proxy || s.Labels[injectedSecretLabel] != proxy {
+			return fmt.Errorf("Secret %s: owners %+v, labels %v", key, owners, s.Labels)
+		}
+		return nil
+	}
+}
+
+// flatStateLacks looks at every attribute of the state the testing
+// framework read back (the shimmed state that Check functions see).
+func flatStateLacks(secrets ...string) tfresource.TestCheckFunc {
+	return func(s *terraform.State) error {
+		for _, m := range s.Modules {
+			for addr, r := range m.Resources {
+				for k, v := range r.Primary.Attributes {
+					for _, sec := range secrets {
+						if strings.Contains(v, sec) {
+							return fmt.Errorf("state attribute %s.%s holds a secret value", addr, k)
+						}
+					}
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// rawStateLacks reads the state files Terraform wrote under dir (the
+// TF_ACC_TEMP_DIR of the test), byte for byte. control is a string the
+// state must hold, so that a state file that is not the test's, or none at
+// all, cannot pass.
+func rawStateLacks(dir, control string, secrets ...string) tfresource.TestCheckFunc {
+	return func(*terraform.State) error {
+		found := 0
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && d.Name() == ".terraform" {
+				return filepath.SkipDir
+			}
+			if d.IsDir() || !strings.Contains(d.Name(), ".tfstate") {
+				return nil
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			if !bytes.Contains(b, []byte(control)) {
+				return nil
+			}
+			found++
+			for _, s := range secrets {
+				if bytes.Contains(b, []byte(s)) {
+					return fmt.Errorf("the state file %s holds a secret value", p)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if found == 0 {
+			return fmt.Errorf("no state file naming %q under %s: the check proves nothing", control, dir)
+		}
+		return nil
+	}
+}
