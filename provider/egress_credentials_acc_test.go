@@ -3,11 +3,13 @@ package provider
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -159,8 +161,10 @@ func TestAccEgressProxy_credentials(t *testing.T) {
 								SecretRef: agentboxv1alpha1.SecretKeySelector{Name: "registry-creds", Key: "password"},
 								BasicAuth: &agentboxv1alpha1.EgressCredentialBasicAuth{Username: "bot"}},
 						}
-						if fmt.Sprintf("%+v", ep.Spec.Credentials) != fmt.Sprintf("%+v", want) || ep.Spec.DestinationCABundle != bundle {
-							return fmt.Errorf("spec.credentials %+v, want %+v; bundle set %v", ep.Spec.Credentials, want, ep.Spec.DestinationCABundle != "")
+						if !reflect.DeepEqual(ep.Spec.Credentials, want) || ep.Spec.DestinationCABundle != bundle {
+							got, _ := json.Marshal(ep.Spec.Credentials)
+							return fmt.Errorf("spec.credentials %s, want them in the configuration's order; bundle as configured %v",
+								got, ep.Spec.DestinationCABundle == bundle)
 						}
 						return nil
 					}),

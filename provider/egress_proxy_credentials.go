@@ -200,6 +200,17 @@ func injectedSecretRef(proxy, credential string) agentboxv1alpha1.SecretKeySelec
 	return agentboxv1alpha1.SecretKeySelector{Name: injectedSecretName(proxy), Key: credential}
 }
 
+// usesInjectedSecret reports whether a credential of the proxy takes its
+// value from the resource's own Secret.
+func usesInjectedSecret(ep *agentboxv1alpha1.EgressProxy) bool {
+	for _, c := range ep.Spec.Credentials {
+		if c.SecretRef == injectedSecretRef(ep.Name, c.Name) {
+			return true
+		}
+	}
+	return false
+}
+
 func egressCredentialsAttribute() schema.ListNestedAttribute {
 	return schema.ListNestedAttribute{
 		Optional: true,

@@ -377,10 +377,13 @@ func (r *egressProxyResource) Read(ctx context.Context, req resource.ReadRequest
 	// As for the upstream credentials, Read sees of the value_wo only
 	// whether its key is in the resource's Secret; a missing one makes
 	// fromSpec forget the credential's version, which plans a rewrite.
-	present, err := injectedSecret(obj.Name).keys(ctx, c, &obj)
-	if err != nil {
-		injectedSecretDiag(&resp.Diagnostics, "read", key, err)
-		return
+	var present map[string]bool
+	if usesInjectedSecret(&obj) {
+		var err error
+		if present, err = injectedSecret(obj.Name).keys(ctx, c, &obj); err != nil {
+			injectedSecretDiag(&resp.Diagnostics, "read", key, err)
+			return
+		}
 	}
 	state.fromSpec(ctx, &obj, present, &resp.Diagnostics)
 	if !state.UpstreamCredentialsWOVersion.IsNull() {
