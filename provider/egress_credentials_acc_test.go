@@ -87,9 +87,9 @@ func TestAccEgressProxy_credentials(t *testing.T) {
 	key := types.NamespacedName{Namespace: ns, Name: name}
 	secretKey := types.NamespacedName{Namespace: ns, Name: injectedSecretName(name)}
 	api1, api2, api3 := "sk-first-"+randomSuffix(t), "sk-second-"+randomSuffix(t), "sk-unapplied-"+randomSuffix(t)
-	search1 := "search-" + randomSuffix(t)
+	search1, search2 := "search-"+randomSuffix(t), "search-later-"+randomSuffix(t)
 	registry := "registry-pw-" + randomSuffix(t)
-	secrets := []string{api1, api2, api3, search1, registry}
+	secrets := []string{api1, api2, api3, search1, search2, registry}
 	ca, err := pki.NewCA("private destinations CA")
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +100,10 @@ func TestAccEgressProxy_credentials(t *testing.T) {
 	api := func(value string, version int) injectedCred {
 		return injectedCred{name: "api-token", hosts: `"api.example.com"`, how: header, value: value, version: version}
 	}
-	search := injectedCred{name: "search", hosts: `"search.example.com"`, how: `header = { name = "X-Api-Key" }`, value: search1, version: 1}
+	searchWith := func(value string) injectedCred {
+		return injectedCred{name: "search", hosts: `"search.example.com"`, how: `header = { name = "X-Api-Key" }`, value: value, version: 1}
+	}
+	search := searchWith(search1)
 	reg := injectedCred{name: "registry", hosts: `"registry.example.com"`, how: `basic_auth = { username = "bot" }`,
 		secretRef: `secret_ref = { name = "registry-creds", key = "password" }`}
 	config := func(creds ...injectedCred) string {
@@ -202,9 +205,10 @@ func TestAccEgressProxy_credentials(t *testing.T) {
 				},
 			},
 			{
-				// Rotation: a new version writes the new value; the other
-				// credential's key is left as it was.
-				Config: config(api(api2, 2), search, reg),
+				// Rotation: a new version writes the new value. The other
+				// credential's key is left as it was, although its value in
+				// the configuration changed: its version did not.
+				Config: config(api(api2, 2), searchWith(search2), reg),
 				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
 					plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate), planNoLeak,
 				}},
@@ -218,18 +222,19 @@ func TestAccEgressProxy_credentials(t *testing.T) {
 					checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api2, "search": search1}), noLeak),
 			},
 			{
-				Config:           config(api(api2, 2), search, reg),
+				Config:           config(api(api2, 2), searchWith(search2), reg),
 				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
 			},
 			{
 				// The owned Secret deleted out of band: the plan shows the
-				// versions as changed, the apply writes the Secret again.
+				// versions as changed, the apply writes the Secret again,
+				// with the configuration's values.
 				PreConfig: func() {
 					if err := c.Delete(ctx, &corev1.Secret{ObjectMeta: objectMeta(secretKey)}); err != nil {
 						t.Fatal(err)
 					}
 				},
-				Config: config(api(api2, 2), search, reg),
+				Config: config(api(api2, 2), searchWith(search2), reg),
 				ConfigPlanChecks: tfresource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
 					plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
 					plancheck.ExpectKnownValue(addr, tfjsonpath.New("credentials").AtSliceIndex(0).AtMapKey("value_wo_version"), knownvalue.Int64Exact(2)),
@@ -242,7 +247,7 @@ func TestAccEgressProxy_credentials(t *testing.T) {
 					stateNoLeak,
 				},
 				Check: tfresource.ComposeTestCheckFunc(
-					checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api2, "search": search1}), noLeak),
+					checkInjectedSecret(c, secretKey, name, map[string]string{"api-token": api2, "search": search2}), noLeak),
 			},
 			{
 				// A credential dropped: its key goes.

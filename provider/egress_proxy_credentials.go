@@ -361,7 +361,7 @@ func validateEgressCredentials(ctx context.Context, config tfsdk.Config, diags *
 			if len(given) > 0 {
 				what = codeList(given) + " set"
 			}
-			diags.AddAttributeError(at, "Invalid credential", fmt.Sprintf("In %s %s (%s).", label, r.description, what))
+			diags.AddAttributeError(at, "Invalid credential", fmt.Sprintf("%s: %s (%s).", label, r.description, what))
 		}
 		var cred egressCredentialModel
 		if d := obj.As(ctx, &cred, objectAsOptions); d.HasError() {
