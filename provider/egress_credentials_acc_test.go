@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	tfresource "github.com/hashicorp/terraform-plugin-testing/helper/resource"
 	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
@@ -24,10 +25,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentboxv1alpha1 "github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/toolchain"
 )
 
 // injectedCred is one credential of the test's configurations.
@@ -366,4 +372,159 @@ func rawStateLacks(dir, control string, secrets ...string) tfresource.TestCheckF
 		}
 		return nil
 	}
+}
+
+// TestAccEgressCredentialsThroughProxy: a credential given by value_wo
+// reaches its destination, put in by the proxy, while the sandbox sends
+// no such header and Terraform's state never holds the value. The
+// platform, a PerAgent proxy, a template and a sandbox are applied with
+// the real terraform CLI; the agent fetches, through the Compute API, a
+// page from a web server pod the test made, whose CGI script logs the
+// header it received (to the pod's log, which the test reads).
+//
+// Network safety: the only destination is that pod, allowed by its IP as
+// in TestAccEgressSandboxThroughProxy.
+func TestAccEgressCredentialsThroughProxy(t *testing.T) {
+	t.Parallel()
+	tag := testAccPlatformImageTag(t)
+	c, ns := testAccCluster(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv(testAccKubeconfigEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	web := startHeaderEchoPod(ctx, t, c, ns, "echo")
+	secret := "sk-live-" + randomSuffix(t)
+	const agent = "cred-agent"
+	config := testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_platform" "this" {
+  namespace    = %[1]q
+  release_name = "acc-egress-creds"
+  image_tag    = %[2]q
+}
+
+resource "agentbox_egress_proxy" "web" {
+  name               = "web"
+  namespace          = agentbox_platform.this.namespace
+  allowed_domains    = [%[3]q]
+  allowed_cidrs      = ["%[3]s/32"]
+  runtime_class_name = "gvisor"
+  credentials = [{
+    name             = "echo-key"
+    hosts            = [%[3]q]
+    header           = { name = "X-Api-Key" }
+    value_wo         = %[4]q
+    value_wo_version = 1
+  }]
+}
+
+resource "agentbox_sandbox_template" "python" {
+  name               = "python"
+  namespace          = agentbox_platform.this.namespace
+  runtime_class_name = "gvisor"
+  egress_proxy       = agentbox_egress_proxy.web.name
+  workspace = {
+    size = "256Mi"
+  }
+}
+
+resource "agentbox_sandbox" "agent" {
+  name      = %[5]q
+  namespace = agentbox_platform.this.namespace
+  agent_id  = %[5]q
+  template  = agentbox_sandbox_template.python.name
+}
+`, ns, tag, web, secret, agent)
+
+	start := time.Now()
+	tfresource.Test(t, tfresource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []tfresource.TestStep{{
+			Config: config,
+			ConfigStateChecks: []statecheck.StateCheck{
+				statecheck.ExpectKnownValue("agentbox_egress_proxy.web", tfjsonpath.New("status").AtMapKey("ready"), knownvalue.Bool(true)),
+				statecheck.ExpectKnownValue("agentbox_egress_proxy.web", tfjsonpath.New("credentials").AtSliceIndex(0).AtMapKey("value_wo_version"),
+					knownvalue.Int64Exact(1)),
+				stateLacks(secret),
+			},
+			Check: tfresource.ComposeTestCheckFunc(
+				flatStateLacks(secret),
+				func(s *terraform.State) error {
+					t.Logf("apply (platform, proxy with a credential, template, sandbox running): %s", time.Since(start).Round(time.Millisecond))
+					out, err := runEgressAccProbe(ctx, s, agent, "http://"+web+":8080/cgi-bin/echo")
+					if err != nil {
+						return err
+					}
+					if got := strings.TrimSpace(out.Body); got != "echo-ok" {
+						return fmt.Errorf("the page through the proxy: %q", got)
+					}
+					// The server logged the header the proxy put in (the
+					// sandbox sent none), and the proxy the credential's name
+					// but not its value. Logs reach the kubelet a little
+					// later, so they are polled.
+					var pods corev1.PodList
+					if err := c.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{agentboxv1alpha1.LabelEgressProxy: "web"}); err != nil {
+						return err
+					}
+					if len(pods.Items) != 1 {
+						return fmt.Errorf("%d proxy pods, want the sandbox's one", len(pods.Items))
+					}
+					var webLogs, proxyLogs []byte
+					err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+						var err error
+						if webLogs, err = cs.CoreV1().Pods(ns).GetLogs("echo", &corev1.PodLogOptions{}).DoRaw(ctx); err != nil {
+							return false, nil
+						}
+						proxyLogs, err = cs.CoreV1().Pods(ns).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "proxy"}).DoRaw(ctx)
+						return err == nil && bytes.Contains(webLogs, []byte("X_API_KEY=")) &&
+							bytes.Contains(proxyLogs, []byte(`"credential":"echo-key"`)), nil
+					})
+					hide := func(b []byte) []byte { return bytes.ReplaceAll(b, []byte(secret), []byte("<secret>")) }
+					if err != nil || !bytes.Contains(webLogs, []byte("X_API_KEY="+secret+"\n")) || bytes.Contains(proxyLogs, []byte(secret)) {
+						return fmt.Errorf("want the credential in the web server's log and its name alone in the proxy's (%v):\n%s\n%s",
+							err, hide(webLogs), hide(proxyLogs))
+					}
+					return nil
+				},
+			),
+		}},
+	})
+}
+
+// startHeaderEchoPod runs a busybox web server whose CGI script
+// /cgi-bin/echo logs the X-Api-Key header it receives to the pod's log
+// and answers "echo-ok", and returns the pod's IP.
+func startHeaderEchoPod(ctx context.Context, t *testing.T, c client.Client, ns, name string) string {
+	t.Helper()
+	script := `#!/bin/sh\necho "X_API_KEY=$HTTP_X_API_KEY" >&2\necho "Content-Type: text/plain"\necho\necho echo-ok\n`
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Containers: []corev1.Container{{
+				Name: "httpd", Image: toolchain.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/bin/sh", "-c", "mkdir -p /tmp/www/cgi-bin && printf '" + script + "' > /tmp/www/cgi-bin/echo && " +
+					"chmod +x /tmp/www/cgi-bin/echo && exec httpd -f -vv -p 8080 -h /tmp/www"},
+			}},
+		},
+	}
+	if err := c.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			return false, nil
+		}
+		return pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "", nil
+	})
+	if err != nil {
+		t.Fatalf("web server pod %s: %v (phase %s)", name, err, pod.Status.Phase)
+	}
+	return pod.Status.PodIP
 }
