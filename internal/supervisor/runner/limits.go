@@ -29,16 +29,25 @@ const DefaultCommandPidsLimit = 1024
 // 10 MB further between two samples.
 const DefaultMemoryGuardInterval = 50 * time.Millisecond
 
-// memorySettle is how long the guard waits after a kill before it samples
-// again.
+// memorySettle is how long after a kill the guard makes allowance for
+// the memory the killed group still holds: gVisor counts a dead process's
+// pages in the sandbox's meminfo (as the sentry's own, "System") until its
+// page allocator has handed them back to the host, a moment later.
 const memorySettle = 500 * time.Millisecond
 
+// settleSlack is how far the memory in use may rise past its lowest
+// reading since a kill, while the guard waits for the killed group's
+// memory to come back, before it takes that for a new command's growth:
+// the supervisor's own allocations and page-table noise stay under it.
+const settleSlack = 4 << 20
+
 // defaultMemoryReserve is what the guard keeps back under the pod's limit
-// when none is configured. The sandbox kernel's own memory (its heap, the
-// page tables, memory its processes freed but it has not yet returned to
-// the host) is charged to the pod but invisible in /proc/meminfo; in a
-// 256 MiB gVisor pod after a run of hostile commands it was near 64 MiB,
-// so the floor is half as much again.
+// when none is configured. It covers what the pod is charged that the
+// sandbox's /proc/meminfo does not show, the sandbox kernel's and gofer's
+// own memory (see guardPolicy): about 15 MiB in a fresh pod, but near
+// 64 MiB in a 256 MiB pod after a fork bomb. On top of that, a bomb grows
+// by about 15 MiB past the threshold before the kill lands. So the floor
+// is half as much again as 64 MiB.
 func defaultMemoryReserve(limit int64) int64 { return max(96<<20, limit/8) }
 
 // startConfined starts cmd as children.start does, with the per-command
@@ -54,12 +63,74 @@ func (rn *Runner) startConfined(cmd *exec.Cmd) error {
 // sandbox's memory in use passes threshold, as an OOM killer would, but
 // before the pod's limit is met and never the supervisor.
 type memoryGuard struct {
-	threshold int64
-	interval  time.Duration
+	policy   guardPolicy
+	interval time.Duration
 	// inUse reports the sandbox's memory in use, in bytes.
 	inUse func() (int64, error)
 	stop  chan struct{}
 	done  chan struct{}
+}
+
+// guardPolicy decides, from one reading of the memory in use, whether the
+// guard kills now and how soon it samples again. It holds no clock or
+// process of its own, so that its decisions can be tested alone.
+//
+// What gVisor does that the policy is built on (gVisor's
+// pkg/sentry/pgalloc/pgalloc.go and pkg/sentry/fsimpl/proc/tasks_files.go):
+// the sandbox's /proc/meminfo is the sentry's usage.MemoryAccounting,
+// which counts every committed page of the memfd that backs application
+// memory, tmpfs and the sentry's page cache. When a process dies its
+// pages become "waste", still counted (as System) until the MemoryFile's
+// releaser goroutine decommits them with fallocate(PUNCH_HOLE), which is
+// also when the host uncharges them from the pod, so meminfo and the pod's
+// charge fall together, within milliseconds. What meminfo never shows is
+// the sentry's and gofer's own memory outside that memfd (their Go heaps,
+// host page tables and page cache): about 15 MiB in a fresh 256 MiB pod,
+// more after a fork bomb (its thousands of tasks grow the sentry's heap,
+// which the Go runtime returns to the host only slowly). The reserve
+// covers that and the bomb's growth between two samples.
+//
+// A guard that stops sampling after a kill is blind just when a second
+// bomb is most likely: a bomb grows by about 1 GB/s in gVisor, so one
+// started while the guard slept 500 ms met the pod's limit and the whole
+// sandbox was OOM-killed. So the guard samples on, fast, and while the
+// killed group's memory may still be on its way back it only kills again
+// once the memory in use rises past the lowest reading since the kill:
+// what the dead group still holds is not blamed on the next command, and
+// anything that grows on top of it is.
+type guardPolicy struct {
+	threshold int64
+	interval  time.Duration
+	// killedAt is when the guard last killed; floor the lowest reading
+	// since.
+	killedAt time.Time
+	floor    int64
+}
+
+// sample returns whether to kill the largest command group, given the
+// memory in use now, and how long to wait before the next sample.
+func (p *guardPolicy) sample(used int64, now time.Time) (kill bool, wait time.Duration) {
+	fast := p.interval / 5
+	settling := !p.killedAt.IsZero() && now.Sub(p.killedAt) < memorySettle
+	if settling {
+		p.floor = min(p.floor, used)
+	}
+	switch {
+	case used < p.threshold:
+		// Past three quarters of the threshold, and while a killed
+		// group's memory comes back, the guard samples five times as
+		// often: a bomb on a busy node gets further between two samples
+		// than the reserve allows for, and the pod's limit ends the whole
+		// sandbox.
+		if settling || used > p.threshold/4*3 {
+			return false, fast
+		}
+		return false, p.interval
+	case settling && used <= p.floor+settleSlack:
+		return false, fast
+	}
+	p.killedAt, p.floor = now, used
+	return true, fast
 }
 
 // StartMemoryGuard runs the guard until Close. limit is the pod's memory
@@ -76,7 +147,7 @@ func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration,
 	if interval <= 0 {
 		interval = DefaultMemoryGuardInterval
 	}
-	g := &memoryGuard{threshold: limit - reserve, interval: interval, inUse: inUse,
+	g := &memoryGuard{policy: guardPolicy{threshold: limit - reserve, interval: interval}, interval: interval, inUse: inUse,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	rn.memGuard = g
 	go rn.guardMemory(g)
@@ -85,10 +156,6 @@ func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration,
 
 func (rn *Runner) guardMemory(g *memoryGuard) {
 	defer close(g.done)
-	// Past three quarters of the threshold the guard samples five times
-	// as often: a bomb on a busy node gets further between two samples
-	// than the reserve allows for, and the pod's limit ends the whole
-	// sandbox.
 	wait := g.interval
 	for {
 		select {
@@ -107,10 +174,9 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		if err != nil {
 			continue
 		}
-		if used < g.threshold {
-			if used > g.threshold/4*3 {
-				wait = g.interval / 5
-			}
+		var kill bool
+		kill, wait = g.policy.sample(used, time.Now())
+		if !kill {
 			continue
 		}
 		pgid, rss := rn.largestGroup()
@@ -121,15 +187,8 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		rn.oomKilled[pgid] = true
 		rn.mu.Unlock()
 		rn.cfg.Log.Warn("sandbox memory near its limit: killed the command using the most",
-			"in_use_bytes", used, "threshold_bytes", g.threshold, "pgid", pgid, "group_rss_bytes", rss)
+			"in_use_bytes", used, "threshold_bytes", g.policy.threshold, "pgid", pgid, "group_rss_bytes", rss)
 		sweepGroup(pgid)
-		// The sandbox returns a dead group's memory a moment later; a
-		// sample before then would blame the next command too.
-		select {
-		case <-g.stop:
-			return
-		case <-time.After(memorySettle):
-		}
 	}
 }
 
@@ -139,12 +198,16 @@ func (g *memoryGuard) close() {
 }
 
 // largestGroup returns the tracked process group whose processes hold the
-// most resident memory, and that amount.
+// most resident memory, and that amount. Groups the guard has already
+// killed are left out: they are on their way out, and the next kill must
+// hit what still grows.
 func (rn *Runner) largestGroup() (pgid int, rss int64) {
 	rn.mu.Lock()
 	tracked := make(map[int]int64, len(rn.groups))
 	for g := range rn.groups {
-		tracked[g] = 0
+		if !rn.oomKilled[g] {
+			tracked[g] = 0
+		}
 	}
 	rn.mu.Unlock()
 	entries, err := os.ReadDir("/proc")
