@@ -438,15 +438,10 @@ for name, flags in (('O_NOFOLLOW|O_DIRECTORY', os.O_NOFOLLOW | os.O_DIRECTORY), 
 		}
 	})
 
-	// The memory bomb gets a fresh pod of its own. The sandbox kernel keeps
-	// much of the memory that commands use after they end, charged to the
-	// pod but not seen by the guard, which reads the sandbox's own
-	// meminfo: in a 256 MiB pod the pod's memory cgroup read 29 MiB before
-	// this bomb and 136 MiB after the guard had killed it at 112 MiB (a
-	// fork bomb left 90 MiB behind from 30). A second bomb in the same pod
-	// then took the whole sandbox down, and so did this one twice in CI
-	// after the subtests above. That is a limit of the guard, not
-	// something this test should stumble on at random.
+	// The memory bomb gets a fresh pod of its own, so that its figures do
+	// not depend on what the subtests above left in the sandbox (files in
+	// /tmp, the sandbox kernel's heap). Bombs in a row in one sandbox, and
+	// what the pod is charged meanwhile, are TestMemoryGuardRepeatedOnCluster's.
 	t.Run("memory bomb", func(t *testing.T) {
 		p := e.gvisorPod(t, "hostile-memory", gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "32MiB", emptyDirSize: "256Mi", pidsLimit: strconv.Itoa(pidsLimit)})
 		restarts := p.restarts(t)
