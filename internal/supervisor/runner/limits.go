@@ -24,6 +24,27 @@ import (
 // only commands are refused.
 const DefaultCommandPidsLimit = 1024
 
+// minCommandPidsLimit is the least process limit CommandPidsLimitFor gives
+// a small sandbox: enough for a shell, a build tool and its workers.
+const minCommandPidsLimit = 64
+
+// CommandPidsLimitFor is the commands' default process limit in a gVisor
+// sandbox whose pod has the given memory limit and guard reserve (zero: the
+// default reserve). Each process costs the pod about 0.63 MiB on the host
+// (see ChargeEstimate), so DefaultCommandPidsLimit is more than a small
+// pod can hold: under it, a fork bomb took a 256 MiB sandbox down in two
+// seconds, faster than the memory guard could act, while under 256 the
+// same bomb left it serving. So the limit is what the memory below the
+// guard's threshold holds at that cost, within [64, 1024]: 256 for a
+// 256 MiB pod, 1024 from about 740 MiB on.
+func CommandPidsLimitFor(memoryLimit, reserve int64) int {
+	if reserve <= 0 {
+		reserve = defaultMemoryReserve(memoryLimit)
+	}
+	n := (memoryLimit - reserve) / chargePerProcess
+	return int(min(max(n, minCommandPidsLimit), DefaultCommandPidsLimit))
+}
+
 // DefaultMemoryGuardInterval is how often the memory guard samples the
 // sandbox's memory while commands run: a bomb that touches 200 MB/s gets
 // 10 MB further between two samples.
@@ -43,11 +64,12 @@ const settleSlack = 4 << 20
 
 // defaultMemoryReserve is what the guard keeps back under the pod's limit
 // when none is configured. It covers what the pod is charged that the
-// sandbox's /proc/meminfo does not show, the sandbox kernel's and gofer's
-// own memory (see guardPolicy): about 15 MiB in a fresh pod, but near
-// 64 MiB in a 256 MiB pod after a fork bomb. On top of that, a bomb grows
-// by about 15 MiB past the threshold before the kill lands. So the floor
-// is half as much again as 64 MiB.
+// guard's reading does not show: the sandbox kernel's and gofer's own
+// memory (see guardPolicy), about 15 MiB in a fresh pod; a bomb's growth
+// past the threshold before the kill lands, about 15 MiB at 1 GB/s; and
+// the error of ChargeEstimate's figures per process, which were measured
+// on idle processes (a process with more mappings has bigger page tables).
+// A 256 MiB pod peaked at 201 MiB through three memory bombs in a row.
 func defaultMemoryReserve(limit int64) int64 { return max(96<<20, limit/8) }
 
 // startConfined starts cmd as children.start does, with the per-command
@@ -83,12 +105,14 @@ type memoryGuard struct {
 // pages become "waste", still counted (as System) until the MemoryFile's
 // releaser goroutine decommits them with fallocate(PUNCH_HOLE), which is
 // also when the host uncharges them from the pod, so meminfo and the pod's
-// charge fall together, within milliseconds. What meminfo never shows is
-// the sentry's and gofer's own memory outside that memfd (their Go heaps,
-// host page tables and page cache): about 15 MiB in a fresh 256 MiB pod,
-// more after a fork bomb (its thousands of tasks grow the sentry's heap,
-// which the Go runtime returns to the host only slowly). The reserve
-// covers that and the bomb's growth between two samples.
+// charge fall together: in a 1 GiB pod, 0.2 s after a bomb of 860 MiB was
+// killed, both were back where they started. (meminfo's figure rests on
+// the host's own count of the memfd's pages: MemoryFile.UpdateUsage
+// checks its fstat block count and mincore.) What meminfo does not show
+// is the memory of the sentry and the gofer outside that memfd, about
+// 15 MiB in a fresh pod, and what each process costs on the host
+// (ChargeEstimate adds that). The reserve covers the former and a bomb's
+// growth between two samples.
 //
 // A guard that stops sampling after a kill is blind just when a second
 // bomb is most likely: a bomb grows by about 1 GB/s in gVisor, so one
@@ -179,7 +203,7 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		if !kill {
 			continue
 		}
-		pgid, rss := rn.largestGroup()
+		pgid, cost := rn.largestGroup()
 		if pgid == 0 {
 			continue
 		}
@@ -187,7 +211,7 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		rn.oomKilled[pgid] = true
 		rn.mu.Unlock()
 		rn.cfg.Log.Warn("sandbox memory near its limit: killed the command using the most",
-			"in_use_bytes", used, "threshold_bytes", g.policy.threshold, "pgid", pgid, "group_rss_bytes", rss)
+			"in_use_bytes", used, "threshold_bytes", g.policy.threshold, "pgid", pgid, "group_bytes", cost)
 		sweepGroup(pgid)
 	}
 }
@@ -197,11 +221,13 @@ func (g *memoryGuard) close() {
 	<-g.done
 }
 
-// largestGroup returns the tracked process group whose processes hold the
-// most resident memory, and that amount. Groups the guard has already
-// killed are left out: they are on their way out, and the next kill must
-// hit what still grows.
-func (rn *Runner) largestGroup() (pgid int, rss int64) {
+// largestGroup returns the tracked process group that costs the pod the
+// most, and that amount: its processes' resident memory, and for each
+// process what the sandbox kernel holds for it beyond that
+// (hiddenPerProcess), so that a fork bomb of small processes is found.
+// Groups the guard has already killed are left out: they are on their way
+// out, and the next kill must hit what still grows.
+func (rn *Runner) largestGroup() (pgid int, cost int64) {
 	rn.mu.Lock()
 	tracked := make(map[int]int64, len(rn.groups))
 	for g := range rn.groups {
@@ -222,15 +248,15 @@ func (rn *Runner) largestGroup() (pgid int, rss int64) {
 		}
 		g, pages, ok := procGroupRSS(pid)
 		if _, ours := tracked[g]; ok && ours {
-			tracked[g] += pages * page
+			tracked[g] += pages*page + hiddenPerProcess
 		}
 	}
 	for g, n := range tracked {
-		if n > rss {
-			pgid, rss = g, n
+		if n > cost {
+			pgid, cost = g, n
 		}
 	}
-	return pgid, rss
+	return pgid, cost
 }
 
 // procGroupRSS reads a process's group and resident pages from its stat

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -90,4 +91,69 @@ func TestGuardPolicyIdleAfterSettling(t *testing.T) {
 		{fast, 50 * mib, false, fast},
 		{memorySettle, 50 * mib, false, slow},
 	})
+}
+
+func TestChargeEstimateAddsLiveAndPooledProcesses(t *testing.T) {
+	var used int64 = 30 * mib
+	procs := 4
+	c := &ChargeEstimate{
+		InUse:     func() (int64, error) { return used, nil },
+		Processes: func() (int, error) { return procs, nil },
+	}
+	check := func(what string, want int64) {
+		t.Helper()
+		got, err := c.Charged()
+		if err != nil || got != want {
+			t.Errorf("%s: Charged() = %d, %v; want %d", what, got, err, want)
+		}
+	}
+	check("at rest", 30*mib+4*hiddenPerProcess)
+	// A fork bomb: 300 processes alive, each costing the pod more than
+	// meminfo shows.
+	used, procs = 75*mib, 300
+	check("fork bomb", 75*mib+300*hiddenPerProcess)
+	// Killed: meminfo is back, but the stubs of the 296 processes that
+	// ended stay charged.
+	used, procs = 30*mib, 4
+	check("after the fork bomb", 30*mib+4*hiddenPerProcess+296*pooledPerProcess)
+	// Fewer processes than the peak but more than now reuse pooled stubs.
+	procs = 104
+	check("100 new processes", 30*mib+104*hiddenPerProcess+196*pooledPerProcess)
+}
+
+func TestChargeEstimateErrors(t *testing.T) {
+	boom := errors.New("boom")
+	for name, c := range map[string]*ChargeEstimate{
+		"meminfo":   {InUse: func() (int64, error) { return 0, boom }, Processes: func() (int, error) { return 1, nil }},
+		"processes": {InUse: func() (int64, error) { return 1, nil }, Processes: func() (int, error) { return 0, boom }},
+	} {
+		if _, err := c.Charged(); !errors.Is(err, boom) {
+			t.Errorf("%s fails: Charged() error %v, want %v", name, err, boom)
+		}
+	}
+}
+
+func TestCountProcesses(t *testing.T) {
+	n, err := CountProcesses()
+	if err != nil || n < 1 {
+		t.Fatalf("CountProcesses() = %d, %v; want at least this test's process", n, err)
+	}
+}
+
+func TestCommandPidsLimitFor(t *testing.T) {
+	for _, c := range []struct {
+		limit, reserve int64
+		want           int
+	}{
+		{256 * mib, 0, 256},        // 160 MiB under the guard's threshold
+		{1 << 30, 0, 1024},         // would be 1433
+		{736 * mib, 0, 1024},       // 640 MiB under the threshold
+		{512 * mib, 0, 665},        // 416 MiB
+		{128 * mib, 32 * mib, 153}, // a configured reserve
+		{128 * mib, 0, 64},         // 32 MiB would be 51
+	} {
+		if got := CommandPidsLimitFor(c.limit, c.reserve); got != c.want {
+			t.Errorf("CommandPidsLimitFor(%d MiB, %d MiB) = %d, want %d", c.limit/mib, c.reserve/mib, got, c.want)
+		}
+	}
 }
