@@ -253,3 +253,82 @@ func (c podCgroup) logPeak(t *testing.T) {
 			c.read("memory.failcnt"))
 	}
 }
+
+// TestMemoryGuardAfterForkBombOnCluster: every process in a gVisor
+// sandbox costs the pod memory on the host that the sandbox's meminfo
+// does not show, and keeps part of it charged after it ends (see
+// runner.ChargeEstimate). Under a process limit of 1024, the default for
+// every sandbox before, a fork bomb took a 256 MiB sandbox down in two
+// seconds, faster than the guard could act. Now the default limit is what
+// the pod's memory holds (256 here), the guard counts what processes cost,
+// the guard or the timeout stops the bomb, and memory bombs after it, in
+// the same sandbox, still meet the guard and not the pod's limit.
+func TestMemoryGuardAfterForkBombOnCluster(t *testing.T) {
+	e, _, api, sbx := apiSandbox(t, "memfork", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Resources = corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+		}
+	})
+	agent := sbx.Spec.AgentID
+	ctx := e.ctx
+	podName := PodName(sbx.WorkloadName())
+	var pod corev1.Pod
+	must(t, e.get(podName, &pod))
+	cg := podMemoryCgroup(string(pod.UID))
+	run := func(req apiclient.RunCommandRequest) (*apiclient.CommandResult, error) {
+		req.Cwd = "/tmp"
+		return api.RunCommand(ctx, agent, req)
+	}
+	charged := func(when string) {
+		t.Helper()
+		res, err := run(apiclient.RunCommandRequest{Command: []string{"sh", "-c",
+			`awk '/^MemTotal/{t=$2} /^MemAvailable/{a=$2} END{print int((t-a)/1024)}' /proc/meminfo`}})
+		inside := "?"
+		if err == nil && res.ExitCode == 0 {
+			inside = strings.TrimSpace(res.Stdout)
+		}
+		t.Logf("%s: sandbox meminfo in use %s MiB; pod cgroup on the node: %s", when, inside, cg.describe())
+	}
+	charged("start")
+	res, err := run(apiclient.RunCommandRequest{Command: []string{"sh", "-c", "grep 'Max processes' /proc/self/limits"}})
+	if err != nil {
+		t.Fatalf("reading the commands' process limit: %v", err)
+	}
+	if f := strings.Fields(res.Stdout); len(f) < 4 || f[2] != "256" {
+		t.Errorf("the commands' process limit in a 256 MiB sandbox: %+v, %v; want 256", res, err)
+	}
+	start := time.Now()
+	res, err = run(apiclient.RunCommandRequest{Command: []string{"sh", "-c", "f(){ f | f & }; f; sleep 300"}, TimeoutSeconds: 10})
+	if err != nil {
+		t.Fatalf("fork bomb: %v", err)
+	}
+	t.Logf("fork bomb: ended after %v, timed out %v, signal %q, out of memory %v", time.Since(start).Round(time.Millisecond), res.TimedOut, res.Signal, res.OutOfMemory)
+	if !res.TimedOut && !res.OutOfMemory {
+		t.Errorf("fork bomb: exit %d, signal %q; want it stopped by the memory guard or the timeout", res.ExitCode, res.Signal)
+	}
+	charged("right after the fork bomb")
+	time.Sleep(5 * time.Second)
+	charged("5 s after the fork bomb")
+
+	for i := range 3 {
+		start = time.Now()
+		res, err = run(apiclient.RunCommandRequest{Command: []string{"python3", "-c", memoryBomb}, TimeoutSeconds: 120})
+		if err != nil {
+			t.Fatalf("memory bomb %d after the fork bomb: the API did not answer after %v: %v", i+1, time.Since(start).Round(time.Millisecond), err)
+		}
+		lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+		if !res.OutOfMemory || res.Signal != "SIGKILL" {
+			t.Fatalf("memory bomb %d after the fork bomb: want it stopped by the memory guard, got exit %d, signal %q, out of memory %v, last output %q",
+				i+1, res.ExitCode, res.Signal, res.OutOfMemory, lines[len(lines)-1])
+		}
+		charged(fmt.Sprintf("memory bomb %d after the fork bomb stopped at %q", i+1, lines[len(lines)-1]))
+	}
+	must(t, e.get(podName, &pod))
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.RestartCount != 0 {
+			t.Errorf("container %s restarted %d times (last state %+v)", cs.Name, cs.RestartCount, cs.LastTerminationState.Terminated)
+		}
+	}
+	cg.logPeak(t)
+}
