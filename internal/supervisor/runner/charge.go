@@ -21,8 +21,16 @@ import (
 // charged 0.63 MiB, of which meminfo showed 0.15; after they had all been
 // killed, meminfo was back where it started but the pod stayed charged
 // 0.32 MiB for each, for as long as it ran (13 s later, unchanged). A fork
-// bomb under the default limit of 1024 processes took a 256 MiB sandbox
-// down in two seconds without the guard seeing anything.
+// bomb under a limit of 1024 processes took a 256 MiB sandbox down in two
+// seconds without the guard seeing anything.
+//
+// Nothing the sandbox can read holds the pod's real charge: its cgroupfs
+// memory.usage_in_bytes is the same sentry accounting as meminfo
+// (pkg/sentry/fsimpl/cgroupfs/memory.go). And nothing in runsc's
+// configuration shrinks the pool: no runsc flag or dev.gvisor.* annotation
+// bounds it (runsc/config/flags.go), and the sentry's Usage.Reduce control
+// call, which only the node can make, waits for page cache evictions and
+// runs Go's GC (pkg/sentry/control/usage.go). So the guard estimates.
 const (
 	// hiddenPerProcess is what a live process costs the pod beyond what
 	// meminfo shows.
