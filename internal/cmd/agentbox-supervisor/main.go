@@ -24,7 +24,7 @@
 //	-python-extra-indexes AGENTBOX_PYTHON_EXTRA_INDEXES none (comma-separated)
 //	-python-allowed-packages AGENTBOX_PYTHON_ALLOWED_PACKAGES all (comma-separated project names)
 //	-uv                  AGENTBOX_UV                  uv, looked up in the commands' PATH; pip if absent
-//	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024 (RLIMIT_NPROC of commands; -1: none)
+//	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024, or what -memory-limit holds (RLIMIT_NPROC of commands; -1: none)
 //	-memory-limit        AGENTBOX_MEMORY_LIMIT        off (the pod's memory limit; the controller sets it)
 //	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
 //	-health-listen       AGENTBOX_HEALTH_LISTEN       off (plain HTTP, /livez and /healthz only; the controller sets 127.0.0.1:8444)

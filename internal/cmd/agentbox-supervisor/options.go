@@ -125,7 +125,7 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.StringVar(&raw.passEnv, "pass-env", env("AGENTBOX_PASS_ENV", strings.Join(supervisor.DefaultPassEnv, ",")), "variables passed from this process's environment to every process it starts (commands, python_exec, execute, terminals, MCP servers): comma-separated, or a JSON array of names, none of them GODEBUG or starting with "+supervisorapi.ReservedEnvPrefix+"; or "+supervisor.PassAllEnv+" alone for the whole environment except GODEBUG, "+supervisorapi.ReservedEnvPrefix+"*, KUBERNETES_SERVICE_* and KUBERNETES_PORT* (an image's own ENV reaches commands so); PATH falls back to the default when the environment has none")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
-	fs.StringVar(&raw.pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", strconv.Itoa(supervisor.DefaultCommandPidsLimit)), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none")
+	fs.StringVar(&raw.pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", ""), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none (default: "+strconv.Itoa(supervisor.DefaultCommandPidsLimit)+", or with -memory-limit what that memory holds at about 0.63 MiB a process, at least 64)")
 	fs.StringVar(&raw.memoryLimit, "memory-limit", env("AGENTBOX_MEMORY_LIMIT", ""), "the pod's memory limit, as -workspace-cap; when set, the command holding the most memory is killed before the sandbox reaches it (default: off)")
 	fs.StringVar(&raw.memoryReserve, "memory-reserve", env("AGENTBOX_MEMORY_RESERVE", ""), "memory kept back under -memory-limit for the sandbox kernel, as -workspace-cap (default: the larger of 96MiB and an eighth of the limit)")
 	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
@@ -168,8 +168,10 @@ func (o *options) parseLimits(raw *rawFlags) error {
 	if o.workspaceCap, err = parseSize(raw.workspaceCap); err != nil {
 		return fmt.Errorf("-workspace-cap: %w", err)
 	}
-	if o.pidsLimit, err = strconv.Atoi(raw.pidsLimit); err != nil || o.pidsLimit == 0 || o.pidsLimit < -1 {
-		return fmt.Errorf("-command-pids-limit: want a positive count or -1 for none, got %q", raw.pidsLimit)
+	if raw.pidsLimit != "" {
+		if o.pidsLimit, err = strconv.Atoi(raw.pidsLimit); err != nil || o.pidsLimit == 0 || o.pidsLimit < -1 {
+			return fmt.Errorf("-command-pids-limit: want a positive count or -1 for none, got %q", raw.pidsLimit)
+		}
 	}
 	for _, f := range []struct {
 		name, value string
