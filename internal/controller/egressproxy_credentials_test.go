@@ -56,24 +56,76 @@ print(json.dumps(out))
 `
 
 // secretSearch runs in the sandbox and looks for a string in every
-// process's environment and in every file outside /proc, /sys and /dev.
-// The string arrives reversed and base64-encoded, so that the command
-// line the supervisor runs (and may record) does not hold it; the
-// second argument is a control the search must find, to show it looks
-// where it says.
+// process's environment and in every file outside /proc, /sys and /dev,
+// and with a third argument "mem" in every process's memory it may read
+// (/proc/PID/mem, its readable mappings) but its own, which holds the
+// string to look for. With a fourth, a URL, the process holding the
+// control first GETs it with a placeholder Authorization, so that the
+// memory of a process that used a credentialed destination is searched. The string arrives reversed and base64-encoded, so
+// that the command line the supervisor runs (and may record) does not
+// hold it; the second argument is a control the search must find, in a
+// file and, for "mem", in the memory of a process that holds it nowhere
+// else, to show it looks where it says.
 const secretSearch = `
-import base64, json, os, sys
+import base64, json, os, subprocess, sys
 def dec(a): return base64.b64decode(a)[::-1]
 needle, control = dec(sys.argv[1]), dec(sys.argv[2])
+search_mem = len(sys.argv) > 3 and sys.argv[3] == "mem"
 open("/tmp/search-control", "wb").write(control)
 hits, control_hits, files = [], [], 0
+mem = {"procs": 0, "pids": 0, "bytes": 0, "control_pid": False}
+holder = None
+if search_mem:
+    open("/tmp/search-control-mem", "wb").write(control[::-1])
+    holder = subprocess.Popen([sys.executable, "-c",
+        "import os, sys, time, urllib.request\n"
+        "b = bytes(reversed(open('/tmp/search-control-mem', 'rb').read()))\n"
+        "os.remove('/tmp/search-control-mem')\n"
+        "if len(sys.argv) > 1:\n"
+        "    req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer PLACEHOLDER'})\n"
+        "    body = urllib.request.urlopen(req, timeout=20).read()\n"
+        "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(600)\n"] + sys.argv[4:5], stdout=subprocess.PIPE)
+    if holder.stdout.readline() != b"ready\n":
+        sys.exit("the process holding the control failed")
+def scan_mem(pid):
+    try:
+        maps = open("/proc/%s/maps" % pid).read().splitlines()
+        f = open("/proc/%s/mem" % pid, "rb", 0)
+    except OSError:
+        return None
+    found, ctl, n = False, False, 0
+    with f:
+        for line in maps:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if "r" not in parts[1] or hi - lo > 256 << 20:
+                continue
+            try:
+                f.seek(lo)
+                b = f.read(hi - lo)
+            except (OSError, ValueError, OverflowError):
+                continue
+            n += len(b)
+            found = found or needle in b
+            ctl = ctl or control in b
+    return found, ctl, n
 for pid in os.listdir("/proc"):
     if pid.isdigit():
         try:
             env = open("/proc/%s/environ" % pid, "rb").read()
         except OSError:
-            continue
+            env = b""
         if needle in env: hits.append("environ of pid " + pid)
+        if search_mem and int(pid) != os.getpid():
+            mem["procs"] += 1
+            r = scan_mem(pid)
+            if r is not None and r[2] > 0:
+                mem["pids"] += 1
+                mem["bytes"] += r[2]
+                if r[0]: hits.append("memory of pid " + pid)
+                if r[1] and holder is not None and int(pid) == holder.pid: mem["control_pid"] = True
+if holder is not None:
+    holder.kill()
 for root, dirs, names in os.walk("/"):
     if root == "/":
         dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
@@ -88,7 +140,7 @@ for root, dirs, names in os.walk("/"):
         files += 1
         if needle in b: hits.append(p)
         if control in b: control_hits.append(p)
-print(json.dumps({"hits": hits, "control_hits": control_hits, "files": files}))
+print(json.dumps({"hits": hits, "control_hits": control_hits, "files": files, "mem": mem}))
 `
 
 // TestEgressProxyCredentials: an EgressProxy declares a credential for an
@@ -218,7 +270,7 @@ func TestEgressProxyCredentials(t *testing.T) {
 	control := "control-" + hex.EncodeToString(secretBytes[:8])
 	searchStart := time.Now()
 	res, err = sup.RunCommand(e.ctx, supervisorapi.CommandRequest{
-		Command: []string{"python3", "-c", secretSearch, enc(secret), enc(control)}, Cwd: "/tmp", TimeoutSeconds: 300,
+		Command: []string{"python3", "-c", secretSearch, enc(secret), enc(control), "mem", url}, Cwd: "/tmp", TimeoutSeconds: 300,
 	})
 	must(t, err)
 	if res.ExitCode != 0 {
@@ -228,6 +280,12 @@ func TestEgressProxyCredentials(t *testing.T) {
 		Hits        []string `json:"hits"`
 		ControlHits []string `json:"control_hits"`
 		Files       int      `json:"files"`
+		Mem         struct {
+			Procs      int   `json:"procs"`
+			PIDs       int   `json:"pids"`
+			Bytes      int64 `json:"bytes"`
+			ControlPID bool  `json:"control_pid"`
+		} `json:"mem"`
 	}
 	must(t, json.Unmarshal([]byte(strings.TrimSpace(res.Stdout)), &search))
 	if len(search.Hits) != 0 {
@@ -236,8 +294,14 @@ func TestEgressProxyCredentials(t *testing.T) {
 	if len(search.ControlHits) == 0 || search.Files < 100 {
 		t.Errorf("the search did not find its control file (%v) or read few files (%d): it proves nothing", search.ControlHits, search.Files)
 	}
-	t.Logf("searched %d files and every process's environment in the sandbox in %s; the secret is in none",
-		search.Files, time.Since(searchStart).Round(time.Millisecond))
+	// Processes of other users (the supervisor's) are not readable to
+	// the agent's commands, and so cannot leak to them this way either.
+	if !search.Mem.ControlPID {
+		t.Errorf("the memory search (%d of %d processes readable) did not find its control in the process holding it: it proves nothing",
+			search.Mem.PIDs, search.Mem.Procs)
+	}
+	t.Logf("searched %d files, every process's environment and the memory of the %d of %d other processes the agent can read (%d MiB) in the sandbox in %s; the secret is in none",
+		search.Files, search.Mem.PIDs, search.Mem.Procs, search.Mem.Bytes>>20, time.Since(searchStart).Round(time.Millisecond))
 
 	// The proxy reads destinationCABundle only as it starts, so a new
 	// bundle must replace its pod. A bundle of an unrelated CA alone makes
