@@ -326,3 +326,45 @@ func PythonEnvState(sb *Sandbox, name string) string {
 	}
 	return sb.Annotations[key]
 }
+
+// PrewarmEnvsAnnotation is the value of AnnotationPrewarmEnvs for a pool's
+// environments; "" for none.
+func PrewarmEnvsAnnotation(envs []WarmPythonEnvironment) string {
+	if len(envs) == 0 {
+		return ""
+	}
+	// Plain data: a marshal error cannot happen.
+	b, _ := json.Marshal(envs)
+	return string(b)
+}
+
+// PrewarmEnvs are the environments a warm sandbox is to build ahead, as
+// its AnnotationPrewarmEnvs says; nil for none, or for a value that does
+// not parse.
+func PrewarmEnvs(sb *Sandbox) []WarmPythonEnvironment {
+	v := sb.Annotations[AnnotationPrewarmEnvs]
+	if v == "" {
+		return nil
+	}
+	var envs []WarmPythonEnvironment
+	if json.Unmarshal([]byte(v), &envs) != nil {
+		return nil
+	}
+	return envs
+}
+
+// PrewarmSettled reports whether a warm sandbox is done with its pool's
+// environments: it has none to build, or its PythonEnvironmentsReady
+// condition says they were built (or that a build failed: a sandbox whose
+// build failed is leased all the same, rather than never).
+func PrewarmSettled(sb *Sandbox) bool {
+	if sb.Annotations[AnnotationPrewarmEnvs] == "" {
+		return true
+	}
+	for _, c := range sb.Status.Conditions {
+		if c.Type == ConditionPythonEnvironmentsReady {
+			return c.Status == metav1.ConditionTrue || c.Reason == ReasonPrewarmFailed
+		}
+	}
+	return false
+}

@@ -392,10 +392,11 @@ func inPool(sb *v1alpha1.Sandbox, pool string) bool {
 }
 
 // Takeable reports whether a pool sandbox is ready and nobody has it: not
-// leased, not claimed by an adopting Sandbox, not taken over already.
+// leased, not claimed by an adopting Sandbox, not taken over already, and
+// done building its pool's python environments (v1alpha1.PrewarmSettled).
 func Takeable(sb *v1alpha1.Sandbox) bool {
 	return sb.DeletionTimestamp.IsZero() && !v1alpha1.PoolLeased(sb) && sb.Annotations[v1alpha1.AnnotationAdoptedBy] == "" &&
-		sb.Status.Workload == "" && sandboxstate.Serving(sb)
+		sb.Status.Workload == "" && sandboxstate.Serving(sb) && v1alpha1.PrewarmSettled(sb)
 }
 
 // takenMemory is how long a replica remembers a sandbox it took, so that
