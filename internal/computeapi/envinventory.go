@@ -79,12 +79,14 @@ func (s *Server) noteEnvs(ctx context.Context, sb *v1alpha1.Sandbox, set map[str
 	}
 }
 
-// envListed makes sb's inventory the list's: environments it records that
-// the supervisor no longer has (evicted, expired) go.
+// envListed makes sb's inventory the list's: environments it records
+// built that the supervisor no longer has (evicted, expired) go. Those
+// recorded building stay: a list does not show builds under way, and the
+// call building one records how it ended.
 func (s *Server) envListed(ctx context.Context, sb *v1alpha1.Sandbox, list *supervisorapi.EnvList) {
 	set := map[string]string{}
-	for k := range sb.Annotations {
-		if name, ok := strings.CutPrefix(k, v1alpha1.AnnotationPythonEnvPrefix); ok {
+	for k, v := range sb.Annotations {
+		if name, ok := strings.CutPrefix(k, v1alpha1.AnnotationPythonEnvPrefix); ok && v == v1alpha1.PythonEnvBuilt {
 			set[name] = ""
 		}
 	}
