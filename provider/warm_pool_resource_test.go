@@ -188,6 +188,10 @@ func TestAccWarmPool_invalid(t *testing.T) {
 			Config:      strings.Replace(testAccWarmPoolConfig(ns, "python-pool", 1), "replicas       = 1", "replicas       = -1", 1),
 			PlanOnly:    true,
 			ExpectError: regexp.MustCompile(`must\s+be\s+between\s+0\s+and\s+2147483647`),
+		}, {
+			Config:      testAccWarmPoolConfigEnvs(ns, `[{ requirements = [] }]`),
+			PlanOnly:    true,
+			ExpectError: regexp.MustCompile(`must\s+contain\s+at\s+least\s+1`),
 		}},
 	})
 }
@@ -289,11 +293,6 @@ func TestAccWarmPool_pythonEnvironments(t *testing.T) {
 					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
 				},
 				Check: checkEnvs(pandas),
-			},
-			{
-				Config:      testAccWarmPoolConfigEnvs(ns, `[{ requirements = [] }]`),
-				PlanOnly:    true,
-				ExpectError: regexp.MustCompile(`at least 1`),
 			},
 		},
 	})
