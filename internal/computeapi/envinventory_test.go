@@ -219,3 +219,38 @@ func TestPoolLeaseRoutesByEnvironment(t *testing.T) {
 	_, err = c.AcquireLease(ctx, "agent-1", api.AcquireLeaseRequest{Holder: "h-7", RequestID: "r-7", EnvName: "x"})
 	wantAPIError(t, err, api.CodeInvalidArgument, 400)
 }
+
+// A pool-mode run names its environment as a pool lease does, and its
+// lease is routed (and counted) the same way; other modes refuse it.
+func TestPoolRunRoutesByEnvironment(t *testing.T) {
+	ctx := context.Background()
+	f := servedPoolFixture(t)
+	sb := f.sandboxNamed(t, "w-1")
+	patch := client.MergeFrom(sb.DeepCopy())
+	sb.Annotations = map[string]string{v1alpha1.AnnotationPythonEnvPrefix + "data": v1alpha1.PythonEnvBuilt}
+	if err := f.kube.Patch(ctx, sb, patch); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client(t, adminToken)
+	hits := testutil.ToFloat64(metricPoolLeaseEnvRouting.WithLabelValues(api.RoutingHit))
+	run, created, err := c.StartRun(ctx, api.StartRunRequest{Mode: api.RunModePool, Pool: "team-a/p", PoolEnvName: "data", Command: []string{"true"}})
+	if err != nil || !created {
+		t.Fatalf("start: %+v, %v", run, err)
+	}
+	// (The fixture's supervisor runs no commands: the lease is what counts.)
+	if done := waitRun(t, c, run.ID); done.Sandbox != "team-a/w-1" {
+		t.Fatalf("pool run ended %+v", done)
+	}
+	if got := testutil.ToFloat64(metricPoolLeaseEnvRouting.WithLabelValues(api.RoutingHit)) - hits; got != 1 {
+		t.Errorf("routing hits counted for the run: %v", got)
+	}
+	for _, req := range []api.StartRunRequest{
+		{AgentID: "agent-1", PoolEnvName: "data", Command: []string{"true"}},
+		{Mode: api.RunModePool, Pool: "team-a/p", PoolEnvName: "data", PoolRequirements: []string{"numpy"}, Command: []string{"true"}},
+		{Mode: api.RunModePool, Pool: "team-a/p", PoolRequirements: []string{"x @ https://example.invalid/x.whl"}, Command: []string{"true"}},
+	} {
+		if _, _, err := c.StartRun(ctx, req); api.CodeOf(err) != api.CodeInvalidArgument {
+			t.Errorf("%+v: %v, want invalid_argument", req, err)
+		}
+	}
+}
