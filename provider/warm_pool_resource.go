@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"regexp"
 	"time"
 
 	"github.com/hashicorp/terraform-plugin-framework-timeouts/resource/timeouts"
 	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/listvalidator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
 	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
@@ -41,9 +44,16 @@ type warmPoolModel struct {
 	Template     types.String   `tfsdk:"template"`
 	Replicas     types.Int64    `tfsdk:"replicas"`
 	ColdStart    types.Bool     `tfsdk:"cold_start_when_exhausted"`
+	PythonEnvs   []warmPoolEnv  `tfsdk:"python_environments"`
 	WaitForReady types.Bool     `tfsdk:"wait_for_ready"`
 	Status       types.Object   `tfsdk:"status"`
 	Timeouts     timeouts.Value `tfsdk:"timeouts"`
+}
+
+// warmPoolEnv is one of python_environments.
+type warmPoolEnv struct {
+	Name         types.String `tfsdk:"name"`
+	Requirements []string     `tfsdk:"requirements"`
 }
 
 type warmPoolStatusModel struct {
@@ -107,6 +117,32 @@ func (r *warmPoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"start one from the template for it instead of waiting for the pool to refill: an ephemeral sandbox of the " +
 					"pool, handed out once ready and deleted when its lease ends, like any leased one. A lease without " +
 					"`wait_seconds` is still refused at once (`pool_exhausted`). Defaults to `false`.",
+			},
+			"python_environments": schema.ListNestedAttribute{
+				Optional: true,
+				MarkdownDescription: "Python environments every warm sandbox of the pool builds (through its supervisor, " +
+					"bounded by the build timeout) before a pool lease may take it, so that the first `execute` of a leased " +
+					"sandbox finds them cached; a pool lease that names one is routed to a sandbox holding it. At most 8. " +
+					"A change builds the new environments in the warm sandboxes the pool has; none is replaced. A build that " +
+					"fails shows in the pool's and the sandbox's `PythonEnvironmentsReady` condition (reason `PrewarmFailed`) " +
+					"and an event, and the sandbox is leased without it.",
+				Validators: []validator.List{listvalidator.SizeAtMost(8)},
+				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
+					"name": schema.StringAttribute{
+						Optional: true,
+						MarkdownDescription: "Names the environment (as `env_name` does in `execute`). Unset, it is the " +
+							"environment of its requirement set, the one an `execute` with the same `requirements` uses.",
+						Validators: []validator.String{stringvalidator.LengthBetween(1, 63),
+							stringvalidator.RegexMatches(regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`), "must start with a letter or digit and hold only letters, digits, '.', '_' and '-'")},
+					},
+					"requirements": schema.ListAttribute{
+						Required: true, ElementType: types.StringType,
+						MarkdownDescription: "Requirements to install: names with version specifiers from the template's " +
+							"package index (`pandas>=2.0`), never URLs or paths. 1 to 100.",
+						Validators: []validator.List{listvalidator.SizeBetween(1, 100),
+							listvalidator.ValueStringsAre(stringvalidator.LengthBetween(1, 256))},
+					},
+				}},
 			},
 			"wait_for_ready": schema.BoolAttribute{
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
@@ -177,6 +213,7 @@ func (r *warmPoolResource) Read(ctx context.Context, req resource.ReadRequest, r
 	state.Template = types.StringValue(obj.Spec.TemplateRef.Name)
 	state.Replicas = types.Int64Value(int64(obj.Spec.Replicas))
 	state.ColdStart = types.BoolValue(obj.Spec.ColdStartWhenExhausted)
+	state.PythonEnvs = warmPoolEnvsOf(obj.Spec.PythonEnvironments)
 	state.setStatus(ctx, &obj.Status, &resp.Diagnostics)
 	defaultWaitForReady(&state.WaitForReady)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
@@ -242,7 +279,30 @@ func (m *warmPoolModel) spec() agentboxv1alpha1.SandboxWarmPoolSpec {
 		TemplateRef:            agentboxv1alpha1.LocalObjectReference{Name: m.Template.ValueString()},
 		Replicas:               int32(m.Replicas.ValueInt64()),
 		ColdStartWhenExhausted: m.ColdStart.ValueBool(),
+		PythonEnvironments:     m.pythonEnvironments(),
 	}
+}
+
+func (m *warmPoolModel) pythonEnvironments() []agentboxv1alpha1.WarmPythonEnvironment {
+	var out []agentboxv1alpha1.WarmPythonEnvironment
+	for _, e := range m.PythonEnvs {
+		out = append(out, agentboxv1alpha1.WarmPythonEnvironment{Name: e.Name.ValueString(), Requirements: e.Requirements})
+	}
+	return out
+}
+
+// warmPoolEnvsOf is python_environments as the pool's spec holds them; nil
+// (null) for none.
+func warmPoolEnvsOf(envs []agentboxv1alpha1.WarmPythonEnvironment) []warmPoolEnv {
+	var out []warmPoolEnv
+	for _, e := range envs {
+		name := types.StringNull()
+		if e.Name != "" {
+			name = types.StringValue(e.Name)
+		}
+		out = append(out, warmPoolEnv{Name: name, Requirements: e.Requirements})
+	}
+	return out
 }
 
 func (m *warmPoolModel) setStatus(ctx context.Context, s *agentboxv1alpha1.SandboxWarmPoolStatus, diags *diag.Diagnostics) {

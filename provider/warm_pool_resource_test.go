@@ -188,6 +188,10 @@ func TestAccWarmPool_invalid(t *testing.T) {
 			Config:      strings.Replace(testAccWarmPoolConfig(ns, "python-pool", 1), "replicas       = 1", "replicas       = -1", 1),
 			PlanOnly:    true,
 			ExpectError: regexp.MustCompile(`must\s+be\s+between\s+0\s+and\s+2147483647`),
+		}, {
+			Config:      testAccWarmPoolConfigEnvs(ns, `[{ requirements = [] }]`),
+			PlanOnly:    true,
+			ExpectError: regexp.MustCompile(`must\s+contain\s+at\s+least\s+1`),
 		}},
 	})
 }
@@ -201,4 +205,95 @@ func checkWarmPoolSpec(t *testing.T, c client.Client, key types.NamespacedName, 
 		}
 		return nil
 	}
+}
+
+// testAccWarmPoolConfigEnvs declares python_environments (HCL) on the pool.
+func testAccWarmPoolConfigEnvs(ns, envs string) string {
+	return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_sandbox_template" "python" {
+  name      = "python"
+  namespace = %[1]q
+}
+
+resource "agentbox_warm_pool" "test" {
+  name           = "envs-pool"
+  namespace      = %[1]q
+  template       = agentbox_sandbox_template.python.name
+  replicas       = 1
+  wait_for_ready = false
+  python_environments = %[2]s
+}
+`, ns, envs)
+}
+
+// python_environments through to the pool's spec, in place, imported, and
+// put back after an out-of-band edit; no control plane runs, so nothing is
+// built.
+func TestAccWarmPool_pythonEnvironments(t *testing.T) {
+	t.Parallel()
+	c, ns := testAccCluster(t)
+	addr := "agentbox_warm_pool.test"
+	key := types.NamespacedName{Namespace: ns, Name: "envs-pool"}
+	two := `[
+    { requirements = ["pandas>=2.0", "numpy"] },
+    { name = "plots", requirements = ["matplotlib"] },
+  ]`
+	one := `[{ requirements = ["pandas>=2.0", "numpy"] }]`
+	checkEnvs := func(want ...agentboxv1alpha1.WarmPythonEnvironment) resource.TestCheckFunc {
+		return func(*terraform.State) error {
+			pool := getObject[agentboxv1alpha1.SandboxWarmPool](t, c, key)
+			if fmt.Sprint(pool.Spec.PythonEnvironments) != fmt.Sprint(want) {
+				return fmt.Errorf("spec.pythonEnvironments %+v, want %+v", pool.Spec.PythonEnvironments, want)
+			}
+			return nil
+		}
+	}
+	pandas := agentboxv1alpha1.WarmPythonEnvironment{Requirements: []string{"pandas>=2.0", "numpy"}}
+	plots := agentboxv1alpha1.WarmPythonEnvironment{Name: "plots", Requirements: []string{"matplotlib"}}
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []resource.TestStep{
+			{
+				Config: testAccWarmPoolConfigEnvs(ns, two),
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python_environments"), knownvalue.ListExact([]knownvalue.Check{
+						knownvalue.ObjectExact(map[string]knownvalue.Check{"name": knownvalue.Null(),
+							"requirements": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("pandas>=2.0"), knownvalue.StringExact("numpy")})}),
+						knownvalue.ObjectExact(map[string]knownvalue.Check{"name": knownvalue.StringExact("plots"),
+							"requirements": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("matplotlib")})}),
+					})),
+				},
+				Check: checkEnvs(pandas, plots),
+			},
+			{
+				Config:           testAccWarmPoolConfigEnvs(ns, two),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+			},
+			{
+				ResourceName:            addr,
+				ImportState:             true,
+				ImportStateId:           ns + "/envs-pool",
+				ImportStateVerify:       true,
+				ImportStateVerifyIgnore: []string{"wait_for_ready", "timeouts"},
+			},
+			{
+				// In place: the pool builds the change in the sandboxes it has.
+				Config: testAccWarmPoolConfigEnvs(ns, one),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
+				},
+				Check: checkEnvs(pandas),
+			},
+			{
+				PreConfig: func() {
+					mutate(t, c, key, func(p *agentboxv1alpha1.SandboxWarmPool) { p.Spec.PythonEnvironments = nil })
+				},
+				Config: testAccWarmPoolConfigEnvs(ns, one),
+				ConfigPlanChecks: resource.ConfigPlanChecks{
+					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
+				},
+				Check: checkEnvs(pandas),
+			},
+		},
+	})
 }

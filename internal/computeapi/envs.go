@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/pyenv"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
@@ -27,7 +28,7 @@ const envBuildTimeout = pyenv.DefaultCreateTimeout + supervisorGrace
 const envCallTimeout = time.Minute
 
 func (s *Server) listEnvs(w http.ResponseWriter, r *http.Request) {
-	sup, log, apiErr := s.supervisorFor(r, "list_envs")
+	sup, sb, log, apiErr := s.supervisorAndSandboxFor(r, "list_envs")
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
@@ -41,6 +42,7 @@ func (s *Server) listEnvs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
+	s.envListed(ctx, sb, list)
 	writeJSON(w, http.StatusOK, list)
 }
 
@@ -54,25 +56,34 @@ func (s *Server) createEnv(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "an environment needs requirements, or a name (with requirements, or alone for an empty one)"))
 		return
 	}
-	sup, log, apiErr := s.supervisorFor(r, "create_env")
+	sup, sb, log, apiErr := s.supervisorAndSandboxFor(r, "create_env")
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), envBuildTimeout)
 	defer cancel()
+	key := s.executeEnvKey(ctx, sb, supervisorapi.ExecuteRequest{EnvName: req.Name, Requirements: req.Requirements, PythonIndex: req.PythonIndex})
+	building := key != "" && len(req.Requirements) > 0 && v1alpha1.PythonEnvState(sb, key) != v1alpha1.PythonEnvBuilt
+	if building {
+		s.noteEnvs(ctx, sb, map[string]string{key: v1alpha1.PythonEnvBuilding})
+	}
 	res, err := sup.EnsureEnv(ctx, req)
 	if err != nil {
 		apiErr := envError(ctx, err)
 		s.logFailure(log, apiErr, err)
 		writeError(w, apiErr)
+		if building {
+			s.noteEnvs(ctx, sb, map[string]string{key: ""})
+		}
 		return
 	}
+	s.noteEnvs(ctx, sb, map[string]string{res.Name: v1alpha1.PythonEnvBuilt})
 	writeJSON(w, http.StatusOK, res)
 }
 
 func (s *Server) deleteEnv(w http.ResponseWriter, r *http.Request) {
-	sup, log, apiErr := s.supervisorFor(r, "delete_env")
+	sup, sb, log, apiErr := s.supervisorAndSandboxFor(r, "delete_env")
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
@@ -84,8 +95,12 @@ func (s *Server) deleteEnv(w http.ResponseWriter, r *http.Request) {
 		apiErr := envError(ctx, err)
 		s.logFailure(log, apiErr, err)
 		writeError(w, apiErr)
+		if apiErr.Code == api.CodeEnvNotFound {
+			s.noteEnvs(ctx, sb, map[string]string{r.PathValue("env"): ""})
+		}
 		return
 	}
+	s.noteEnvs(ctx, sb, map[string]string{info.Name: ""})
 	writeJSON(w, http.StatusOK, info)
 }
 

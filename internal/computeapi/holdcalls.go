@@ -27,6 +27,9 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 	if apiErr == nil && req.WaitSeconds != 0 {
 		apiErr = api.Errorf(api.CodeInvalidArgument, "wait_seconds applies to pool leases only")
 	}
+	if apiErr == nil && (len(req.Requirements) > 0 || req.EnvName != "") {
+		apiErr = api.Errorf(api.CodeInvalidArgument, "requirements and env_name route pool leases only")
+	}
 	var hold api.Lease
 	if apiErr == nil {
 		hold, apiErr = s.holds.Acquire(r.Context(), sb, req)
@@ -120,8 +123,9 @@ func (s *Server) acquirePoolLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb := pl.Sandbox
+	noteEnvRouting(r.Context(), pl.Routing)
 	log.WithValues("sandbox", sb.Name).V(1).Info("pool lease acquired", "holder", req.Holder, "request_id", req.RequestID, "settled", pl.Settled)
-	writeJSON(w, http.StatusOK, api.PoolLease{Lease: pl.Lease, AgentID: sb.Spec.AgentID, Namespace: sb.Namespace, Sandbox: sb.Name})
+	writeJSON(w, http.StatusOK, api.PoolLease{Lease: pl.Lease, AgentID: sb.Spec.AgentID, Namespace: sb.Namespace, Sandbox: sb.Name, Routing: pl.Routing})
 }
 
 // poolLeaseRequest checks the caller and decodes and checks a pool
@@ -137,6 +141,9 @@ func (s *Server) poolLeaseRequest(w http.ResponseWriter, r *http.Request) (api.A
 		return req, apiErr
 	}
 	if apiErr := holds.ValidateAcquire(&req); apiErr != nil {
+		return req, apiErr
+	}
+	if apiErr := holds.ValidatePoolEnv(req); apiErr != nil {
 		return req, apiErr
 	}
 	if req.WaitSeconds < 0 || req.WaitSeconds > api.MaxPoolLeaseWaitSeconds {

@@ -65,6 +65,10 @@ var (
 		Name: "agentbox_agent_events_dropped_total",
 		Help: "Agent events this replica could not record: its queue was full, or the store kept failing.",
 	})
+	metricPoolLeaseEnvRouting = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentbox_pool_lease_env_routing_total",
+		Help: "Pool leases (and pool-mode runs) that named a Python environment, by how their sandbox was chosen: hit (it held the environment), building (it was building it) or miss.",
+	}, []string{"result"})
 	metricRunsDeleted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "agentbox_runs_deleted_total",
 		Help: "Finished runs whose records this replica's sweeper deleted once past the run retention or their own TTL.",
@@ -74,7 +78,7 @@ var (
 func init() {
 	metrics.Registry.MustRegister(metricRequestSeconds, metricAuditQueue, metricAuditFailures, metricKubeWriteSeconds, metricColdStarts,
 		metricRunsStarted, metricRunAttempts, metricRunsFinished, metricRunSeconds, metricRunEventStreams, metricRunsDeleted,
-		metricAgentEventStreams, metricAgentEventsDropped)
+		metricAgentEventStreams, metricAgentEventsDropped, metricPoolLeaseEnvRouting)
 }
 
 // maxExemplarRunes is the most an exemplar's label names and values may

@@ -42,6 +42,16 @@ func (s *Server) supervisorFor(r *http.Request, op string) (*supervisorapi.Clien
 	return sup, log, apiErr
 }
 
+// supervisorAndSandboxFor is supervisorFor, also returning the sandbox.
+func (s *Server) supervisorAndSandboxFor(r *http.Request, op string) (*supervisorapi.Client, *v1alpha1.Sandbox, logr.Logger, *api.Error) {
+	agentID := r.PathValue("agent_id")
+	log := s.callLog(r, op).WithValues("agent", agentID)
+	if apiErr := s.authorize(r, agentID); apiErr != nil {
+		return nil, nil, log, apiErr
+	}
+	return s.reach(r.Context(), agentID, log)
+}
+
 // status reports the agent's sandbox without waking it.
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	agentID := r.PathValue("agent_id")
@@ -193,7 +203,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	sup, log, apiErr := s.supervisorFor(r, "execute")
+	sup, sb, log, apiErr := s.supervisorAndSandboxFor(r, "execute")
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
@@ -201,12 +211,29 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	// Environment builds can take minutes; the supervisor bounds them.
 	ctx, cancel := context.WithTimeout(r.Context(), DefaultResumeTimeout+supervisorapi.MaxPythonTimeoutSeconds*time.Second)
 	defer cancel()
+	// A run that may build an environment the inventory does not record
+	// says so first, so that pool leases meanwhile can prefer this sandbox
+	// to one that would build it all over.
+	key := s.executeEnvKey(ctx, sb, req)
+	if key != "" && len(req.Requirements) > 0 && v1alpha1.PythonEnvState(sb, key) != v1alpha1.PythonEnvBuilt {
+		s.noteEnvs(ctx, sb, map[string]string{key: v1alpha1.PythonEnvBuilding})
+	}
 	res, err := sup.Execute(ctx, req)
 	if err != nil {
 		apiErr := supervisorError(ctx, err)
 		s.logFailure(log, apiErr, err)
 		writeError(w, apiErr)
+		if key != "" && len(req.Requirements) > 0 && v1alpha1.PythonEnvState(sb, key) != v1alpha1.PythonEnvBuilt {
+			s.noteEnvs(ctx, sb, map[string]string{key: ""})
+		}
 		return
+	}
+	switch {
+	case res.Env != nil:
+		s.noteEnvs(ctx, sb, map[string]string{res.Env.Name: v1alpha1.PythonEnvBuilt})
+	case key != "":
+		// The environment could not be had (evicted, or its build failed).
+		s.noteEnvs(ctx, sb, map[string]string{key: ""})
 	}
 	writeJSON(w, http.StatusOK, res)
 }

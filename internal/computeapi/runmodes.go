@@ -53,10 +53,14 @@ func (e *runExecution) poolRun(ctx context.Context) store.RunResult {
 	// The run is the lease's holder and request, so that a retried
 	// acquire (and the sweeper) finds the run's take in the store.
 	req := api.AcquireLeaseRequest{Holder: run.ID, RequestID: run.ID, TTLSeconds: s.poolRunHoldTTL(),
-		WaitSeconds: api.MaxPoolLeaseWaitSeconds}
+		WaitSeconds: api.MaxPoolLeaseWaitSeconds, Requirements: run.Command.PoolRequirements, EnvName: run.Command.PoolEnvName}
 	pl, apiErr := s.holds.AcquirePoolLease(ctx, ns, pool, req, s.conns.Warm)
 	if apiErr != nil {
 		return e.ended(ctx, apiFailure(apiErr))
+	}
+	if pl.Routing != nil {
+		metricPoolLeaseEnvRouting.WithLabelValues(pl.Routing.Result).Inc()
+		e.log.Info("pool run routed by environment", "sandbox", pl.Sandbox.Name, "result", pl.Routing.Result, "env_key", pl.Routing.EnvKey)
 	}
 	sb, leaseID := pl.Sandbox, pl.Lease.LeaseID
 	renew := func(ctx context.Context) {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/holds"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -105,7 +106,7 @@ func runRecord(req *api.StartRunRequest, caller, schedule string, artifacts []st
 		RequestID: req.RequestID, Caller: caller, WorkflowID: req.WorkflowID, Schedule: schedule,
 		Mode: store.RunMode(req.Mode), AgentID: req.AgentID, Pool: req.Pool, Template: req.Template,
 		Command: store.RunCommand{Argv: req.Command, EnvNames: slices.Sorted(maps.Keys(req.Env)), Cwd: req.Cwd,
-			TimeoutSeconds: timeout, Artifacts: artifacts},
+			TimeoutSeconds: timeout, Artifacts: artifacts, PoolRequirements: req.PoolRequirements, PoolEnvName: req.PoolEnvName},
 		BackoffLimit: req.BackoffLimit, ActiveDeadlineSeconds: req.ActiveDeadlineSeconds,
 		TTLSecondsAfterFinished: req.TTLSecondsAfterFinished,
 	}
@@ -145,6 +146,12 @@ func (s *Server) checkRunTarget(req *api.StartRunRequest) *api.Error {
 	}
 	refuse := func(field, mode string) *api.Error {
 		return api.Errorf(api.CodeInvalidArgument, "%s does not apply to a run of mode %q", field, mode)
+	}
+	if req.Mode != api.RunModePool && (len(req.PoolRequirements) > 0 || req.PoolEnvName != "") {
+		return refuse("pool_requirements and pool_env_name", req.Mode)
+	}
+	if apiErr := holds.ValidatePoolEnv(api.AcquireLeaseRequest{Requirements: req.PoolRequirements, EnvName: req.PoolEnvName}); apiErr != nil {
+		return apiErr
 	}
 	switch req.Mode {
 	case api.RunModeAgent:

@@ -1,11 +1,9 @@
 package controller
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
-	"path"
 	"strings"
 	"testing"
 	"time"
@@ -61,19 +59,9 @@ func TestPythonEnvironmentsSurviveIdleStop(t *testing.T) {
 
 	// The package index: a static tree in /tmp (the pod's emptyDir, gone
 	// after the stop) served by the image's python3 on loopback.
-	tree, err := pyenvtest.StaticTree(pyenvtest.Package{Name: "agentbox-greet", Version: "1.0", Files: map[string][]byte{
+	serveTestIndex(t, ctx, sup, pyenvtest.Package{Name: "agentbox-greet", Version: "1.0", Files: map[string][]byte{
 		"agentbox_greet/__init__.py": []byte("def hello(who):\n    return 'hello ' + who\n"),
 	}})
-	must(t, err)
-	for p, data := range tree {
-		_, err := sup.PutFile(ctx, path.Join("pyindex", p), bytes.NewReader(data), 0o644)
-		must(t, err)
-	}
-	run(t, ctx, sup, "mv /workspace/pyindex /tmp/pyindex")
-	_, err = sup.StartProcess(ctx, supervisorapi.ProcessRequest{Command: []string{"python3", "-m", "http.server", pyenvIndexPort,
-		"--bind", "127.0.0.1", "--directory", "/tmp/pyindex"}, Cwd: "/tmp"})
-	must(t, err)
-	run(t, ctx, sup, `for i in $(seq 100); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:`+pyenvIndexPort+`/simple/agentbox-greet/')" 2>/dev/null && exit 0; sleep 0.2; done; exit 1`)
 
 	requirements := []string{"agentbox-greet==1.0"}
 	start := time.Now()

@@ -130,6 +130,9 @@ type SandboxReconciler struct {
 	// AgentEvents, when set, takes the events of the agents' sandboxes
 	// into their event logs; see AgentEventSink.
 	AgentEvents AgentEventSink
+
+	// prewarming are the warm pool environment builds under way.
+	prewarming prewarms
 }
 
 // SetupWithManager registers the reconciler and its watches with mgr.
@@ -499,6 +502,7 @@ func (r *SandboxReconciler) runWorkload(ctx context.Context, prevReason string, 
 		return ctrl.Result{}, err
 	}
 	requeueWithin(&result, next)
+	requeueWithin(&result, r.prewarm(sbx, tpl, pod))
 	return result, nil
 }
 

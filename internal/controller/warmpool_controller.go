@@ -179,7 +179,11 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.passPrewarm(ctx, pool, current); err != nil {
+		return ctrl.Result{}, err
+	}
 	r.report(prevReason, pool, tpl != nil, current, pending+created, m.leased)
+	r.reportPrewarm(pool, current)
 	return result, nil
 }
 
@@ -356,6 +360,9 @@ func (r *SandboxWarmPoolReconciler) createWarm(ctx context.Context, pool *v1alph
 			AgentID:     warmAgentID(pool.Name),
 			TemplateRef: pool.Spec.TemplateRef,
 		},
+	}
+	if envs := v1alpha1.PrewarmEnvsAnnotation(pool.Spec.PythonEnvironments); envs != "" {
+		s.Annotations[v1alpha1.AnnotationPrewarmEnvs] = envs
 	}
 	if err := controllerutil.SetControllerReference(pool, s, r.Scheme); err != nil {
 		return fmt.Errorf("set owner of warm sandbox: %w", err)

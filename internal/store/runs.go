@@ -83,6 +83,10 @@ type RunCommand struct {
 	// Artifacts are the workspace-relative paths and globs of the files
 	// the run keeps as artifacts once its command has ended.
 	Artifacts []string `json:"artifacts,omitempty"`
+	// PoolRequirements and PoolEnvName are the Python environment a pool
+	// run's lease is routed by.
+	PoolRequirements []string `json:"pool_requirements,omitempty"`
+	PoolEnvName      string   `json:"pool_env_name,omitempty"`
 }
 
 // Run is the record of one run-to-completion job. CreateRun makes it

@@ -374,3 +374,31 @@ func ErrorResumesOnActivity(reason string) bool {
 	}
 	return false
 }
+
+// ConditionPythonEnvironmentsReady reports the pre-warm of a warm pool's
+// pythonEnvironments: on a warm Sandbox of such a pool, whether it holds
+// them; on the pool, whether all its ready sandboxes do. A pool lease takes
+// a warm sandbox once the condition is True or its reason PrewarmFailed,
+// never while it is Prewarming.
+const ConditionPythonEnvironmentsReady = "PythonEnvironmentsReady"
+
+// Reasons of the PythonEnvironmentsReady condition.
+const (
+	// ReasonPrewarmed (status True): every environment was built.
+	ReasonPrewarmed = "Prewarmed"
+	// ReasonPrewarming: the environments are being built.
+	ReasonPrewarming = "Prewarming"
+	// ReasonPrewarmFailed: a build failed (the message has the installer's
+	// error); the sandbox is leased all the same, and the build is not
+	// tried again until the pool's environments change.
+	ReasonPrewarmFailed = "PrewarmFailed"
+)
+
+// AnnotationPrewarmEnvs, on a warm sandbox, carries its pool's
+// pythonEnvironments (JSON) for the Sandbox controller to build;
+// AnnotationPrewarmFailed records, for the same value's hash, the error of
+// a build that failed, so that it is not retried in a loop.
+const (
+	AnnotationPrewarmEnvs   = GroupName + "/prewarm-python-environments"
+	AnnotationPrewarmFailed = GroupName + "/prewarm-failed"
+)

@@ -28,6 +28,41 @@ type SandboxWarmPoolSpec struct {
 	// wait_seconds is still answered at once.
 	// +optional
 	ColdStartWhenExhausted bool `json:"coldStartWhenExhausted,omitempty"`
+
+	// pythonEnvironments are built in every warm sandbox of the pool (through
+	// its supervisor, as POST /v1/agents/{id}/envs builds one, bounded by
+	// the supervisor's build timeout) before a pool lease may take it, so
+	// that the first execute of a leased sandbox finds them cached. They are
+	// the pool's rather than the template's: they are what the pool's
+	// callers will ask for, and changing them rebuilds nothing the template
+	// makes (no warm sandbox is replaced; the missing environments are built
+	// in place). A build that fails sets the sandbox's
+	// PythonEnvironmentsReady condition to False (reason PrewarmFailed),
+	// with an event, and the sandbox is leased all the same: a broken
+	// requirement must not empty the pool.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	PythonEnvironments []WarmPythonEnvironment `json:"pythonEnvironments,omitempty"`
+}
+
+// WarmPythonEnvironment is a Python environment a warm pool builds ahead.
+type WarmPythonEnvironment struct {
+	// name names the environment. Unset, it is the environment of its
+	// requirement set, the one an execute with the same requirements uses.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9._-]*$`
+	Name string `json:"name,omitempty"`
+
+	// requirements are installed into it: names with version specifiers
+	// from the template's package index ("pandas>=2.0"), never URLs or paths.
+	// +required
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=100
+	// +kubebuilder:validation:items:MaxLength=256
+	Requirements []string `json:"requirements"`
 }
 
 // SandboxWarmPoolStatus is the observed state of a warm pool.
@@ -52,7 +87,10 @@ type SandboxWarmPoolStatus struct {
 	Selector string `json:"selector,omitempty"`
 
 	// conditions hold the Ready condition: True when readyReplicas reaches
-	// spec.replicas.
+	// spec.replicas; and, for a pool with pythonEnvironments, the
+	// PythonEnvironmentsReady condition: False with reason PrewarmFailed
+	// while a warm sandbox's build has failed, Prewarming while some are
+	// being built, True once every ready one holds them.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -409,6 +409,7 @@ func TestHelpers(t *testing.T) {
 		v1alpha1.ReasonProxyProgressing, v1alpha1.ReasonUpstreamSecretNotFound, v1alpha1.ReasonNodesReady,
 		v1alpha1.ReasonInstalling, v1alpha1.ReasonNoMatchingNodes, v1alpha1.ReasonRuntimeClassNotFound,
 		v1alpha1.ReasonRuntimeClassConflict, v1alpha1.ReasonCredentialSecretNotFound,
+		v1alpha1.ReasonPrewarmed, v1alpha1.ReasonPrewarming, v1alpha1.ReasonPrewarmFailed,
 	} {
 		if r == "" || !isCamel(r) {
 			t.Errorf("reason %q is not CamelCase", r)

@@ -10,6 +10,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Labels the control plane puts on the objects it creates, so that they can
@@ -290,3 +291,80 @@ const (
 // DefaultCheckpointsKept is how many checkpoints a running sandbox keeps
 // when its template does not say; the CRD's default for checkpointsKept.
 const DefaultCheckpointsKept = 3
+
+// The Python environment inventory of a sandbox: one annotation per cached
+// environment, AnnotationPythonEnvPrefix followed by the environment's
+// name (for an environment asked for by requirements alone, the stable
+// key of its requirement set), whose value is PythonEnvBuilt or
+// PythonEnvBuilding. The Compute API writes them as it learns of a change
+// (an environment built, deleted, or missing from a list or an execute's
+// answer), so that a pool lease can prefer a sandbox that holds the
+// environment its caller asks for without asking every sandbox. It is a
+// hint: an environment evicted since is learned of on the next list or
+// execute. Names longer than an annotation name allows are not recorded.
+const (
+	AnnotationPythonEnvPrefix = "pyenv." + GroupName + "/"
+	PythonEnvBuilt            = "built"
+	PythonEnvBuilding         = "building"
+)
+
+// PythonEnvAnnotation is the inventory annotation of the environment
+// named name, or "" when the name does not fit an annotation's name part.
+func PythonEnvAnnotation(name string) string {
+	if len(validation.IsQualifiedName(AnnotationPythonEnvPrefix+name)) > 0 {
+		return ""
+	}
+	return AnnotationPythonEnvPrefix + name
+}
+
+// PythonEnvState is the state sb's inventory records for the environment
+// named name: PythonEnvBuilt, PythonEnvBuilding or "".
+func PythonEnvState(sb *Sandbox, name string) string {
+	key := PythonEnvAnnotation(name)
+	if key == "" {
+		return ""
+	}
+	return sb.Annotations[key]
+}
+
+// PrewarmEnvsAnnotation is the value of AnnotationPrewarmEnvs for a pool's
+// environments; "" for none.
+func PrewarmEnvsAnnotation(envs []WarmPythonEnvironment) string {
+	if len(envs) == 0 {
+		return ""
+	}
+	// Plain data: a marshal error cannot happen.
+	b, _ := json.Marshal(envs)
+	return string(b)
+}
+
+// PrewarmEnvs are the environments a warm sandbox is to build ahead, as
+// its AnnotationPrewarmEnvs says; nil for none, or for a value that does
+// not parse.
+func PrewarmEnvs(sb *Sandbox) []WarmPythonEnvironment {
+	v := sb.Annotations[AnnotationPrewarmEnvs]
+	if v == "" {
+		return nil
+	}
+	var envs []WarmPythonEnvironment
+	if json.Unmarshal([]byte(v), &envs) != nil {
+		return nil
+	}
+	return envs
+}
+
+// PrewarmSettled reports whether a warm sandbox is done with its pool's
+// environments: it has none to build, or its PythonEnvironmentsReady
+// condition says they were built (or that a build failed: a sandbox whose
+// build failed is leased all the same, rather than never).
+func PrewarmSettled(sb *Sandbox) bool {
+	if sb.Annotations[AnnotationPrewarmEnvs] == "" {
+		return true
+	}
+	for _, c := range sb.Status.Conditions {
+		if c.Type == ConditionPythonEnvironmentsReady {
+			return c.Status == metav1.ConditionTrue || c.Reason == ReasonPrewarmFailed
+		}
+	}
+	return false
+}

@@ -51,9 +51,12 @@ func leasesCommand(ctx context.Context, args []string, getenv func(string) strin
 type leaseOptions struct {
 	holder, requestID, leaseID string
 	ttl, wait                  int
-	asJSON                     bool
-	getenv                     func(string) string
-	stdout                     io.Writer
+	// requirements and envName route a pool lease by environment.
+	requirements []string
+	envName      string
+	asJSON       bool
+	getenv       func(string) string
+	stdout       io.Writer
 }
 
 func (o *leaseOptions) holderFlags(fs *flag.FlagSet) {
@@ -100,17 +103,24 @@ func (o *leaseOptions) poolFlags(fs *flag.FlagSet) {
 	o.acquireFlags(fs)
 	fs.Var(secondsFlag{&o.wait}, "wait", fmt.Sprintf("when the pool has no ready sandbox free, how long to wait for one (or for the one a pool with "+
 		"coldStartWhenExhausted starts), in seconds or as a duration (default 0: fail at once; at most %ds)", client.MaxPoolLeaseWaitSeconds))
+	fs.Var(stringsFlag{&o.requirements}, "requirement", "a requirement of the Python environment the lease's runs will use (repeatable): "+
+		"a free sandbox already holding that environment is preferred")
+	fs.StringVar(&o.envName, "env-name", "", "the name of the Python environment the lease's runs will use: a free sandbox already holding it is preferred")
 }
 
 func (o *leaseOptions) checkPool(args []string) error {
 	if o.wait > client.MaxPoolLeaseWaitSeconds {
 		return fmt.Errorf("--wait %ds: at most %ds", o.wait, client.MaxPoolLeaseWaitSeconds)
 	}
+	if o.envName != "" && len(o.requirements) > 0 {
+		return fmt.Errorf("--requirement and --env-name: give one or the other")
+	}
 	return o.checkAcquire(args)
 }
 
 func (o *leaseOptions) acquireRequest() client.AcquireLeaseRequest {
-	return client.AcquireLeaseRequest{Holder: o.holder, RequestID: o.requestID, TTLSeconds: o.ttl, WaitSeconds: o.wait}
+	return client.AcquireLeaseRequest{Holder: o.holder, RequestID: o.requestID, TTLSeconds: o.ttl, WaitSeconds: o.wait,
+		Requirements: o.requirements, EnvName: o.envName}
 }
 
 // show prints v as JSON, or l (and extra fields) as lines.
@@ -180,14 +190,20 @@ with the agent_id to address the sandbox by (exec, cp, heartbeat and
 release take it, exec and cp with --lease-id, as for any held sandbox).
 Once released or expired, the sandbox is deleted with its workspace. With
 --wait, a pool without a ready sandbox free is waited on (or, with
-coldStartWhenExhausted, starts one for this lease).`,
+coldStartWhenExhausted, starts one for this lease). With --requirement or
+--env-name, a free sandbox already holding that Python environment is
+preferred, then one building it; routing says which it got.`,
 		args: []string{"NAMESPACE", "POOL"}, flags: o.poolFlags, check: o.checkPool,
 		run: func(ctx context.Context, c *client.Client, args []string) error {
 			l, err := c.AcquirePoolLease(ctx, args[0], args[1], o.acquireRequest())
 			if err != nil {
 				return err
 			}
-			return o.show(l, &l.Lease, [2]string{"agent_id", l.AgentID}, [2]string{"sandbox", l.Namespace + "/" + l.Sandbox})
+			extra := [][2]string{{"agent_id", l.AgentID}, {"sandbox", l.Namespace + "/" + l.Sandbox}}
+			if l.Routing != nil {
+				extra = append(extra, [2]string{"routing", l.Routing.Result + " " + l.Routing.EnvKey})
+			}
+			return o.show(l, &l.Lease, extra...)
 		},
 	}
 }

@@ -255,6 +255,7 @@ func TestNewCommandsUsageErrors(t *testing.T) {
 		"acquire-pool no pool":   {[]string{"leases", "acquire-pool", "--holder", "h", "ns"}, "missing POOL"},
 		"acquire-pool long wait": {[]string{"leases", "acquire-pool", "--holder", "h", "--wait", "10m", "ns", "p"}, "--wait 600s: at most 300s"},
 		"acquire-pool bad wait":  {[]string{"leases", "acquire-pool", "--holder", "h", "--wait", "soon", "ns", "p"}, `invalid value "soon" for flag -wait`},
+		"acquire-pool env twice": {[]string{"leases", "acquire-pool", "--holder", "h", "--requirement", "numpy", "--env-name", "e", "ns", "p"}, "--requirement and --env-name: give one or the other"},
 		"acquire with wait":      {[]string{"leases", "acquire", "--holder", "h", "--wait", "5", "a"}, "flag provided but not defined: -wait"},
 	} {
 		r := runCLI(t, env, "", tc.args...)

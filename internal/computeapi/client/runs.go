@@ -83,6 +83,12 @@ type StartRunRequest struct {
 	// Template is the SandboxTemplate (namespace/name) a job run's
 	// sandbox is made from; job runs only.
 	Template string `json:"template,omitempty"`
+	// PoolRequirements and PoolEnvName route a pool run's lease as
+	// AcquireLeaseRequest's Requirements and EnvName route a pool lease:
+	// to a free sandbox holding that Python environment first. Pool runs
+	// only; at most one of the two.
+	PoolRequirements []string `json:"pool_requirements,omitempty"`
+	PoolEnvName      string   `json:"pool_env_name,omitempty"`
 	// BackoffLimit is how many times a job run's failed attempt is
 	// retried, in the same sandbox, after a backoff that doubles from
 	// attempt to attempt up to a cap; 0..MaxRunBackoffLimit, job runs only.

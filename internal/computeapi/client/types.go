@@ -139,6 +139,14 @@ type AcquireLeaseRequest struct {
 	// runs out the answer is CodePoolExhausted; a retry with the same
 	// Holder and RequestID picks up a cold start still under way.
 	WaitSeconds int `json:"wait_seconds,omitempty"`
+	// Requirements and EnvName apply to pool leases only: they name the
+	// Python environment the caller's runs will use (a requirement set,
+	// as execute takes it, or an environment's name), and the lease goes
+	// to a free sandbox that already holds it when there is one, then to
+	// one building it, then to any (the longest-warmed first within
+	// each). At most one of the two.
+	Requirements []string `json:"requirements,omitempty"`
+	EnvName      string   `json:"env_name,omitempty"`
 }
 
 // HeartbeatLeaseRequest extends a held lease by its TTL from now.
@@ -179,6 +187,29 @@ type PoolLease struct {
 	AgentID   string `json:"agent_id"`
 	Namespace string `json:"namespace"`
 	Sandbox   string `json:"sandbox"`
+	// Routing says how a lease that named an environment chose its
+	// sandbox; nil for one that named none.
+	Routing *PoolLeaseRouting `json:"routing,omitempty"`
+}
+
+// The results of routing a pool lease by environment.
+const (
+	// RoutingHit: the sandbox held the environment.
+	RoutingHit = "hit"
+	// RoutingBuilding: none held it; the sandbox was building it.
+	RoutingBuilding = "building"
+	// RoutingMiss: no free sandbox held or was building it.
+	RoutingMiss = "miss"
+)
+
+// PoolLeaseRouting is how a pool lease that named an environment chose
+// its sandbox.
+type PoolLeaseRouting struct {
+	// Result is RoutingHit, RoutingBuilding or RoutingMiss.
+	Result string `json:"result"`
+	// EnvKey is the environment routed by: the name asked for, or the key
+	// of the requirement set (the name the sandbox caches it under).
+	EnvKey string `json:"env_key"`
 }
 
 // PathAgent returns the path of one of an agent's operations (status,

@@ -36,6 +36,9 @@ type PoolLease struct {
 	// Settled says whether the hold was written into the sandbox before
 	// the answer (a retried acquire, a cold start), rather than after it.
 	Settled bool
+	// Routing is how the sandbox was chosen for a lease that named an
+	// environment; nil for one that named none.
+	Routing *api.PoolLeaseRouting
 }
 
 // AcquirePoolLease leases a ready sandbox of a warm pool for one
@@ -60,9 +63,17 @@ type PoolLease struct {
 // the pool's controller writes the annotations of a take left without
 // them, so a replica that dies after answering loses nothing.
 func (k *Keeper) AcquirePoolLease(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest, warm func(*v1alpha1.Sandbox)) (PoolLease, *api.Error) {
-	sb, take, fresh, apiErr := k.leaseFromPool(ctx, ns, pool, req)
+	if apiErr := ValidatePoolEnv(req); apiErr != nil {
+		return PoolLease{}, apiErr
+	}
+	envKey := k.poolEnvKey(ctx, ns, pool, req)
+	sb, take, fresh, apiErr := k.leaseFromPool(ctx, ns, pool, req, envKey)
 	if apiErr != nil {
 		return PoolLease{}, apiErr
+	}
+	var routing *api.PoolLeaseRouting
+	if envKey != "" {
+		routing = &api.PoolLeaseRouting{Result: EnvRouting(sb, envKey), EnvKey: envKey}
 	}
 	view := takeView(take)
 	if fresh {
@@ -86,12 +97,13 @@ func (k *Keeper) AcquirePoolLease(ctx context.Context, ns, pool string, req api.
 		}
 	}
 	k.record(ctx, store.LeaseAcquire, sb, view)
-	return PoolLease{Sandbox: sb, Lease: view, Settled: !fresh}, nil
+	return PoolLease{Sandbox: sb, Lease: view, Settled: !fresh, Routing: routing}, nil
 }
 
-// takeFromPool takes a ready, free sandbox of the pool, oldest first, or
+// takeFromPool takes a ready, free sandbox of the pool, oldest first
+// (after those holding or building the environment envKey, if any), or
 // returns the one an earlier try of this acquire took (fresh false).
-func (k *Keeper) takeFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+func (k *Keeper) takeFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest, envKey string) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	none := store.WarmTake{}
 	list, apiErr := k.poolSandboxes(ctx, ns, pool)
 	if apiErr != nil {
@@ -102,6 +114,7 @@ func (k *Keeper) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 			"warm pool leases need the control plane's store, and this API runs without one")
 	}
 	byUID, free := freeOldestFirst(list, pool)
+	free = RouteByEnv(free, envKey)
 	holdID, err := newHoldID()
 	if err != nil {
 		k.log.Error(err, "create lease ID")
@@ -379,10 +392,11 @@ func inPool(sb *v1alpha1.Sandbox, pool string) bool {
 }
 
 // Takeable reports whether a pool sandbox is ready and nobody has it: not
-// leased, not claimed by an adopting Sandbox, not taken over already.
+// leased, not claimed by an adopting Sandbox, not taken over already, and
+// done building its pool's python environments (v1alpha1.PrewarmSettled).
 func Takeable(sb *v1alpha1.Sandbox) bool {
 	return sb.DeletionTimestamp.IsZero() && !v1alpha1.PoolLeased(sb) && sb.Annotations[v1alpha1.AnnotationAdoptedBy] == "" &&
-		sb.Status.Workload == "" && sandboxstate.Serving(sb)
+		sb.Status.Workload == "" && sandboxstate.Serving(sb) && v1alpha1.PrewarmSettled(sb)
 }
 
 // takenMemory is how long a replica remembers a sandbox it took, so that

@@ -34,7 +34,7 @@ import (
 // with req.WaitSeconds, one that becomes ready (or is started for it)
 // within that time. fresh is false when the pool lease must be settled
 // before the answer: a retry of an earlier acquire, or a cold start.
-func (k *Keeper) leaseFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+func (k *Keeper) leaseFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest, envKey string) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	key := types.NamespacedName{Namespace: ns, Name: pool}
 	if waiting := k.poolWaiters.queued(key); waiting > 0 {
 		// Free sandboxes are the waiters' first; only a retry of an
@@ -47,7 +47,7 @@ func (k *Keeper) leaseFromPool(ctx context.Context, ns, pool string, req api.Acq
 				ns, pool, waiting)
 		}
 	} else {
-		sb, t, fresh, apiErr := k.claimFromPool(ctx, ns, pool, req)
+		sb, t, fresh, apiErr := k.claimFromPool(ctx, ns, pool, req, envKey)
 		if apiErr == nil || apiErr.Code != api.CodePoolExhausted || req.WaitSeconds == 0 {
 			return sb, t, fresh, apiErr
 		}
@@ -63,15 +63,15 @@ func (k *Keeper) leaseFromPool(ctx context.Context, ns, pool string, req api.Acq
 	if p.Spec.ColdStartWhenExhausted {
 		return k.coldStart(ctx, &p, req, deadline)
 	}
-	return k.awaitPoolSandbox(ctx, key, req, deadline)
+	return k.awaitPoolSandbox(ctx, key, req, envKey, deadline)
 }
 
 // claimFromPool is takeFromPool, counted as a claim being decided (which
 // background settles yield to).
-func (k *Keeper) claimFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+func (k *Keeper) claimFromPool(ctx context.Context, ns, pool string, req api.AcquireLeaseRequest, envKey string) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	k.claiming.Add(1)
 	defer k.claiming.Add(-1)
-	return k.takeFromPool(ctx, ns, pool, req)
+	return k.takeFromPool(ctx, ns, pool, req, envKey)
 }
 
 // earlierPoolLease returns the sandbox an earlier try of req leased from
@@ -99,7 +99,7 @@ func (k *Keeper) earlierPoolLease(ctx context.Context, ns, pool string, req api.
 // awaitPoolSandbox queues req behind this replica's other waiters for the
 // pool and, once first, takes the next sandbox that becomes ready, until
 // deadline.
-func (k *Keeper) awaitPoolSandbox(ctx context.Context, key types.NamespacedName, req api.AcquireLeaseRequest, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
+func (k *Keeper) awaitPoolSandbox(ctx context.Context, key types.NamespacedName, req api.AcquireLeaseRequest, envKey string, deadline time.Time) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 	w := k.poolWaiters.join(key)
 	defer k.poolWaiters.leave(key, w)
 	timeout := time.NewTimer(time.Until(deadline))
@@ -121,7 +121,7 @@ func (k *Keeper) awaitPoolSandbox(ctx context.Context, key types.NamespacedName,
 	defer tick.Stop()
 	for {
 		if k.poolHasFree(ctx, key) {
-			sb, t, fresh, apiErr := k.claimFromPool(ctx, key.Namespace, key.Name, req)
+			sb, t, fresh, apiErr := k.claimFromPool(ctx, key.Namespace, key.Name, req, envKey)
 			if apiErr == nil || apiErr.Code != api.CodePoolExhausted {
 				return sb, t, fresh, apiErr
 			}

@@ -582,7 +582,7 @@ func (m *Manager) resolve(r Request) (name string, sp spec, asIs bool, err error
 	case len(reqs) == 0:
 		return "", spec{}, false, errorf(KindInvalid, "an environment needs a name or requirements")
 	default:
-		name = "reqs-" + sp.key()[:16]
+		name = sp.keyName()
 	}
 	// A named environment without requirements is used as it is, whatever
 	// index it came from: an index alone must not rebuild it empty.

@@ -129,8 +129,34 @@ func (s spec) equal(o spec) bool {
 	return slices.Equal(s.Requirements, o.Requirements) && s.IndexURL == o.IndexURL && slices.Equal(s.ExtraIndexes, o.ExtraIndexes)
 }
 
-// key is a digest of the spec, the name of an environment that was asked
+// keyName is the name of the environment of the spec when it was asked
 // for by its requirements alone.
+func (s spec) keyName() string { return "reqs-" + s.key()[:16] }
+
+// RequirementsKey is the name the environment of a requirement set gets
+// in a sandbox whose package indexes are indexURL and extraIndexURLs (a
+// template's python.indexURL and python.extraIndexURLs) when it is asked
+// for by its requirements alone: the stable key under which sandboxes
+// cache it, and by which the control plane routes a pool lease to a
+// sandbox holding it. The supervisor names its environments with this
+// same function.
+func RequirementsKey(requirements []string, indexURL string, extraIndexURLs []string) (string, error) {
+	reqs, err := ParseRequirements(requirements)
+	if err != nil {
+		return "", err
+	}
+	if len(reqs) == 0 {
+		return "", fmt.Errorf("an environment key needs requirements")
+	}
+	sp := spec{IndexURL: indexURL, ExtraIndexes: extraIndexURLs}
+	for _, q := range reqs {
+		sp.Requirements = append(sp.Requirements, q.String)
+	}
+	return sp.keyName(), nil
+}
+
+// key is a digest of the spec, from which the name of an environment that
+// was asked for by its requirements alone is made.
 func (s spec) key() string {
 	h := sha256.New()
 	for _, r := range s.Requirements {
