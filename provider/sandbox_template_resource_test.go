@@ -33,7 +33,10 @@ resource "agentbox_sandbox_template" "test" {
   }
   workspace = { size = "2Gi" }
   python    = { max_timeout = "120s", allowed_packages = ["numpy"] }
-  mcp_servers = [{ name = "files", command = "mcp-files", args = ["--root", "/workspace"] }]
+  mcp_servers = [
+    { name = "files", command = "mcp-files", args = ["--root", "/workspace"] },
+    { name = "remote", url = "https://mcp.example.test/mcp" },
+  ]
   tolerations = [
     { key = "dedicated", value = "agents", effect = "NoSchedule" },
     { key = "spot", operator = "Exists", effect = "NoExecute", toleration_seconds = 30 },
@@ -63,6 +66,17 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("resources").AtMapKey("requests").AtMapKey("cpu"), knownvalue.StringExact("0.5")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("default_timeout"), knownvalue.StringExact("30s")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("max_timeout"), knownvalue.StringExact("120s")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("mcp_servers"), knownvalue.ListExact([]knownvalue.Check{
+						knownvalue.ObjectExact(map[string]knownvalue.Check{
+							"name": knownvalue.StringExact("files"), "command": knownvalue.StringExact("mcp-files"), "url": knownvalue.Null(),
+							"args": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("--root"), knownvalue.StringExact("/workspace")}),
+							"env":  knownvalue.Null(),
+						}),
+						knownvalue.ObjectExact(map[string]knownvalue.Check{
+							"name": knownvalue.StringExact("remote"), "command": knownvalue.Null(),
+							"url":  knownvalue.StringExact("https://mcp.example.test/mcp"), "args": knownvalue.Null(), "env": knownvalue.Null(),
+						}),
+					})),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("tolerations"), knownvalue.ListExact([]knownvalue.Check{
 						knownvalue.ObjectExact(map[string]knownvalue.Check{
 							"key": knownvalue.StringExact("dedicated"), "operator": knownvalue.Null(), "value": knownvalue.StringExact("agents"),
@@ -163,6 +177,26 @@ resource "agentbox_sandbox_template" "test" {
 				Config:      config(`checkpoints_kept = 11`),
 				PlanOnly:    true,
 				ExpectError: regexp.MustCompile(`(?s)checkpoints_kept.*between 1 and 10`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "both", command = "mcp", url = "https://mcp.example.test/mcp" }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*command.*url`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "neither" }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*command.*url`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "remote", url = "https://mcp.example.test/mcp", args = ["-v"] }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*args.*url`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "remote", url = "ftp://mcp.example.test/mcp" }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`scheme "ftp" is not http or https`),
 			},
 			{
 				Config:      config(`secret_files = [{ secret_name = "keys", mount_path = "/workspace/.keys" }]`),

@@ -32,7 +32,8 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		ExtraIndexURLs:  []string{"https://a.test/simple", "https://b.test/simple"},
 		AllowedPackages: []string{"numpy", "pandas"},
 	}
-	tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}}}
+	tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}},
+		{Name: "remote", URL: "https://mcp.example.test/mcp"}}
 	env := map[string]string{}
 	for _, e := range r.podEnv(unitSandbox("s", "t"), tpl) {
 		if _, dup := env[e.Name]; dup {
@@ -58,7 +59,8 @@ func TestUnitSupervisorEnv(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the supervisor cannot read the MCP servers the controller wrote: %v", err)
 	}
-	if wantS := []mcpbridge.ServerConfig{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}}}; !reflect.DeepEqual(servers, wantS) {
+	if wantS := []mcpbridge.ServerConfig{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}},
+		{Name: "remote", URL: "https://mcp.example.test/mcp"}}; !reflect.DeepEqual(servers, wantS) {
 		t.Errorf("MCP servers %+v, want %+v", servers, wantS)
 	}
 
