@@ -74,7 +74,7 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 						}),
 						knownvalue.ObjectExact(map[string]knownvalue.Check{
 							"name": knownvalue.StringExact("remote"), "command": knownvalue.Null(),
-							"url":  knownvalue.StringExact("https://mcp.example.test/mcp"), "args": knownvalue.Null(), "env": knownvalue.Null(),
+							"url": knownvalue.StringExact("https://mcp.example.test/mcp"), "args": knownvalue.Null(), "env": knownvalue.Null(),
 						}),
 					})),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("tolerations"), knownvalue.ListExact([]knownvalue.Check{
