@@ -31,7 +31,7 @@ type MCPServerConfig struct {
 	URL string `json:"url,omitempty"`
 }
 
-// MCPRequest sends one JSON-RPC request to the stdio MCP server name and
+// MCPRequest sends one JSON-RPC request to the MCP server name and
 // returns its JSON-RPC response as sent.
 func (c *Client) MCPRequest(ctx context.Context, name string, request json.RawMessage) (json.RawMessage, error) {
 	var out json.RawMessage
