@@ -1,0 +1,305 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
+	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
+)
+
+// whoamiResult is the structured result of testdata/mcpwhoami's tool.
+type whoamiResult struct {
+	Authorization string   `json:"authorization"`
+	Subject       string   `json:"subject"`
+	Actor         string   `json:"actor"`
+	Audience      []string `json:"audience"`
+	Error         string   `json:"error"`
+	RemoteAddr    string   `json:"remote_addr"`
+}
+
+var whoamiRequest = map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+	"params": map[string]any{"name": "whoami", "arguments": map[string]any{}}}
+
+// TestRemoteMCPOnCluster: a template's remote MCP server (testdata/
+// mcpwhoami, Streamable HTTP, built with the official SDK) runs in a pod
+// the test makes, behind a Service its EgressProxy allows. The sandbox's
+// supervisor reaches it through the proxy: mcp_request through the Compute
+// API answers, every request the server sees comes from the proxy pod,
+// and the proxy logs them. Two users' tokens, minted by the Compute API's
+// token exchange, reach the server as bearer tokens it verifies against
+// the API's JWKS, each call seen as its user; a call without a token
+// carries no Authorization; a server at a destination the proxy does not
+// allow answers a clear error.
+//
+// The user tokens are handed to the supervisor's bridge as the Compute API
+// forwards them (the X-Agentbox-User-Token header of POST /mcp/{server}),
+// since the API's verifying and forwarding of a caller's token is not this
+// test's subject.
+func TestRemoteMCPOnCluster(t *testing.T) {
+	t.Parallel()
+	image := os.Getenv(EnvSandboxImage)
+	if image == "" {
+		t.Skipf("%s is not set: the remote MCP server is reached by the real sandbox image's supervisor", EnvSandboxImage)
+	}
+	// The server's binary reaches its pod through a hostPath volume: the
+	// test cluster's node is this machine.
+	bin := goBuild(t, "./testdata/mcpwhoami", "mcpwhoami")
+	must(t, os.Chmod(filepath.Dir(bin), 0o755))
+
+	e, st, pool := platformEnv(t)
+	const issuerURL = "https://compute-api.agentbox.test"
+	issuer, err := usertoken.New(usertoken.Options{Issuer: issuerURL, Store: st})
+	must(t, err)
+	api := e.computeAPIWithStore(pool, st, func(o *computeapi.Options) { o.UserTokens = issuer })
+	e.startEgressManager(testEgressReconciler())
+	cs, err := kubernetes.NewForConfig(e.cfg)
+	must(t, err)
+	ctx := e.ctx
+
+	// The server verifies tokens with the JWKS as a verifier fetches it.
+	jwks, err := api.JWKS(ctx)
+	must(t, err)
+	must(t, e.c.Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "mcpwhoami-jwks", Namespace: e.ns},
+		Data:       map[string]string{"jwks.json": string(jwks)},
+	}))
+	labels := map[string]string{"app": "mcpwhoami"}
+	service := func(name string) string {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+			Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{
+				Port: 8080, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP,
+			}}},
+		}
+		must(t, e.c.Create(ctx, svc))
+		return svc.Spec.ClusterIP
+	}
+	// The same server behind two Services; the proxy allows only the first.
+	whoIP, blockedIP := service("mcpwhoami"), service("mcpwhoami-blocked")
+	whoURL := "http://" + net.JoinHostPort(whoIP, "8080") + "/mcp"
+	blockedURL := "http://" + net.JoinHostPort(blockedIP, "8080") + "/mcp"
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "mcpwhoami", Namespace: e.ns, Labels: labels},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Volumes: []corev1.Volume{
+				{Name: "bin", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+					Path: filepath.Dir(bin), Type: ptr.To(corev1.HostPathDirectory),
+				}}},
+				{Name: "jwks", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: "mcpwhoami-jwks"},
+				}}},
+			},
+			Containers: []corev1.Container{{
+				Name: "mcp", Image: image, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/opt/mcp/mcpwhoami", "-listen", ":8080", "-jwks", "/jwks/jwks.json",
+					"-issuer", issuerURL, "-audience", whoURL},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "bin", MountPath: "/opt/mcp", ReadOnly: true},
+					{Name: "jwks", MountPath: "/jwks", ReadOnly: true},
+				},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
+					PeriodSeconds: 1,
+				},
+			}},
+		},
+	}
+	must(t, e.c.Create(ctx, pod))
+	e.eventually("the MCP server pod to be ready", func() error {
+		if err := e.get(pod.Name, pod); err != nil {
+			return err
+		}
+		if !podReady(pod) || pod.Status.PodIP == "" {
+			return fmt.Errorf("pod is %s: %+v", pod.Status.Phase, pod.Status.ContainerStatuses)
+		}
+		return nil
+	})
+
+	proxy := &v1alpha1.EgressProxy{
+		ObjectMeta: metav1.ObjectMeta{Name: "egress", Namespace: e.ns},
+		Spec: v1alpha1.EgressProxySpec{
+			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(whoIP)},
+			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(whoIP + "/32"), v1alpha1.AllowedCIDR(pod.Status.PodIP + "/32")},
+		},
+	}
+	must(t, e.c.Create(ctx, proxy))
+	e.template("tpl", func(tpl *v1alpha1.SandboxTemplate) {
+		tpl.Spec.Image = image
+		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
+		tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
+		tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "who", URL: whoURL}, {Name: "blocked", URL: blockedURL}}
+	})
+	e.sandbox("remote", "tpl")
+	sbx, _ := e.waitPhase("remote", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	agent := sbx.Spec.AgentID
+	var proxyPod corev1.Pod
+	must(t, e.get(EgressServiceName(sbx.WorkloadName()), &proxyPod))
+	parse := func(raw []byte) (whoamiResult, error) {
+		var r struct {
+			Result struct {
+				StructuredContent whoamiResult `json:"structuredContent"`
+			} `json:"result"`
+			Error json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal(raw, &r); err != nil || r.Error != nil {
+			return whoamiResult{}, fmt.Errorf("whoami answered %s (%v)", raw, err)
+		}
+		return r.Result.StructuredContent, nil
+	}
+	fromProxy := func(who whoamiResult) error {
+		host, _, err := net.SplitHostPort(who.RemoteAddr)
+		if err != nil || host != proxyPod.Status.PodIP {
+			return fmt.Errorf("the server saw the call from %q, not from the egress proxy pod %s", who.RemoteAddr, proxyPod.Status.PodIP)
+		}
+		return nil
+	}
+
+	// mcp_request through the Compute API, without a user token. The
+	// bridge connects once the proxy serves; it retries with backoff.
+	start := time.Now()
+	var anon whoamiResult
+	e.eventually("mcp_request to the remote MCP server", func() error {
+		raw, err := api.MCPRequest(ctx, agent, "who", whoamiRequest)
+		if err != nil {
+			return err
+		}
+		anon, err = parse(raw)
+		return err
+	})
+	t.Logf("the remote MCP server answered mcp_request %s after the sandbox ran", time.Since(start).Round(time.Millisecond))
+	if anon.Authorization != "none" {
+		t.Errorf("a call without a user token reached the server with Authorization (%+v)", anon)
+	}
+	if err := fromProxy(anon); err != nil {
+		t.Error(err)
+	}
+
+	// Two users' tokens, each call seen as its user.
+	sup := e.supervisor(t, sbx)
+	for _, user := range []string{"alice@example.com", "bob@example.com"} {
+		tok, err := api.ExchangeToken(ctx, apiclient.TokenExchangeRequest{SubjectToken: user, Audience: whoURL, AgentID: agent})
+		must(t, err)
+		raw, err := bridgeCall(ctx, sup, "who", tok.AccessToken, whoamiRequest)
+		must(t, err)
+		who, err := parse(raw)
+		must(t, err)
+		if who.Authorization != "bearer" || who.Error != "" || who.Subject != user || who.Actor != agent ||
+			len(who.Audience) != 1 || who.Audience[0] != whoURL {
+			t.Errorf("%s's call: the server saw %+v", user, who)
+		}
+		if err := fromProxy(who); err != nil {
+			t.Error(err)
+		}
+		t.Logf("%s's call: the server verified sub=%s act=%s aud=%v, from %s", user, who.Subject, who.Actor, who.Audience, who.RemoteAddr)
+	}
+
+	// The server's log: every request came from the proxy pod, and only
+	// the two tokened calls had an Authorization header.
+	logs, err := cs.CoreV1().Pods(e.ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	must(t, err)
+	line := regexp.MustCompile(`(?m)^request method=(\S+) rpc=(\S*) remote=(\S+) authorization=(\S+)$`)
+	bearer, requests := 0, 0
+	for _, m := range line.FindAllStringSubmatch(string(logs), -1) {
+		requests++
+		if host, _, _ := net.SplitHostPort(m[3]); host != proxyPod.Status.PodIP {
+			t.Errorf("the server got %s %s from %s, not through the egress proxy", m[1], m[2], m[3])
+		}
+		if m[4] == "bearer" {
+			bearer++
+			if m[2] != "tools/call" {
+				t.Errorf("%s %s carried an Authorization header", m[1], m[2])
+			}
+		}
+	}
+	if bearer != 2 || requests < 4 {
+		t.Errorf("the server logged %d requests, %d with Authorization; want the 2 tokened calls:\n%s", requests, bearer, logs)
+	}
+
+	// The proxy logged the allowed requests; the blocked server's host is
+	// refused, and mcp_request to it says so.
+	var refused *apiclient.Error
+	e.eventually("mcp_request to the blocked server to report the proxy's refusal", func() error {
+		_, err := api.MCPRequest(ctx, agent, "blocked", whoamiRequest)
+		if !errors.As(err, &refused) || !strings.Contains(refused.Message, "the sandbox's egress proxy refused "+blockedIP) {
+			return fmt.Errorf("mcp_request to the blocked server: %v", err)
+		}
+		return nil
+	})
+	t.Logf("mcp_request to a server the proxy does not allow: %s: %s", refused.Code, refused.Message)
+	proxyLogs, err := cs.CoreV1().Pods(e.ns).GetLogs(proxyPod.Name, &corev1.PodLogOptions{Container: egressContainerName}).DoRaw(ctx)
+	must(t, err)
+	if !proxyLogLine(proxyLogs, whoIP, "allow") {
+		t.Errorf("the proxy's log has no allowed request to %s:\n%s", whoIP, proxyLogs)
+	}
+	if !proxyLogLine(proxyLogs, blockedIP, "deny") {
+		t.Errorf("the proxy's log has no refused request to %s:\n%s", blockedIP, proxyLogs)
+	}
+}
+
+// bridgeCall posts a JSON-RPC request to the supervisor's MCP bridge as the
+// Compute API forwards a caller's, with the caller's user token.
+func bridgeCall(ctx context.Context, sup *supervisorapi.Client, server, token string, request any) (json.RawMessage, error) {
+	body, err := json.Marshal(request)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(sup.BaseURL, "/")+"/mcp/"+server, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(mcpbridge.HeaderUserToken, token)
+	resp, err := sup.HTTPClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("POST /mcp/%s: %s: %s", server, resp.Status, out)
+	}
+	return out, nil
+}
+
+// proxyLogLine reports whether the egress proxy's JSON log has a request
+// to host with decision.
+func proxyLogLine(logs []byte, host, decision string) bool {
+	for _, l := range bytes.Split(logs, []byte("\n")) {
+		var rec struct {
+			Msg, Host, Decision string
+		}
+		if json.Unmarshal(l, &rec) == nil && rec.Msg == "egress" && rec.Host == host && rec.Decision == decision {
+			return true
+		}
+	}
+	return false
+}
