@@ -191,7 +191,7 @@ resource "agentbox_sandbox_template" "test" {
 			{
 				Config:      config(`mcp_servers = [{ name = "remote", url = "https://mcp.example.test/mcp", args = ["-v"] }]`),
 				PlanOnly:    true,
-				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*args.*url`),
+				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*url.*cannot be specified when.*args`),
 			},
 			{
 				Config:      config(`mcp_servers = [{ name = "remote", url = "ftp://mcp.example.test/mcp" }]`),

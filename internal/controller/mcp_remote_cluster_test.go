@@ -45,14 +45,15 @@ var whoamiRequest = map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/c
 
 // TestRemoteMCPOnCluster: a template's remote MCP server (testdata/
 // mcpwhoami, Streamable HTTP, built with the official SDK) runs in a pod
-// the test makes, behind a Service its EgressProxy allows. The sandbox's
+// the test makes, at an address its EgressProxy allows. The sandbox's
 // supervisor reaches it through the proxy: mcp_request through the Compute
 // API answers, every request the server sees comes from the proxy pod,
 // and the proxy logs them. Two users' tokens, minted by the Compute API's
 // token exchange, reach the server as bearer tokens it verifies against
-// the API's JWKS, each call seen as its user; a call without a token
-// carries no Authorization; a server at a destination the proxy does not
-// allow answers a clear error.
+// the API's JWKS, each call seen as its user (and a token for another
+// audience refused by it); a call without a token carries no
+// Authorization; a server at a destination the proxy does not allow
+// answers a clear error.
 //
 // The user tokens are handed to the supervisor's bridge as the Compute API
 // forwards them (the X-Agentbox-User-Token header of POST /mcp/{server}),
@@ -97,9 +98,11 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		must(t, e.c.Create(ctx, svc))
 		return svc.Spec.ClusterIP
 	}
-	// The same server behind two Services; the proxy allows only the first.
-	whoIP, blockedIP := service("mcpwhoami"), service("mcpwhoami-blocked")
-	whoURL := "http://" + net.JoinHostPort(whoIP, "8080") + "/mcp"
+	// The server is reached at its pod's address, which the proxy allows
+	// (a Service's would have the test cluster's kube-proxy masquerade the
+	// source, which the test checks), and at a Service's, which it does
+	// not.
+	blockedIP := service("mcpwhoami-blocked")
 	blockedURL := "http://" + net.JoinHostPort(blockedIP, "8080") + "/mcp"
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "mcpwhoami", Namespace: e.ns, Labels: labels},
@@ -115,8 +118,8 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 			},
 			Containers: []corev1.Container{{
 				Name: "mcp", Image: image, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"/opt/mcp/mcpwhoami", "-listen", ":8080", "-jwks", "/jwks/jwks.json",
-					"-issuer", issuerURL, "-audience", whoURL},
+				// The tokens' audience is the URL the server is called at.
+				Command: []string{"/opt/mcp/mcpwhoami", "-listen", ":8080", "-jwks", "/jwks/jwks.json", "-issuer", issuerURL},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "bin", MountPath: "/opt/mcp", ReadOnly: true},
 					{Name: "jwks", MountPath: "/jwks", ReadOnly: true},
@@ -138,12 +141,14 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		}
 		return nil
 	})
+	whoIP := pod.Status.PodIP
+	whoURL := "http://" + net.JoinHostPort(whoIP, "8080") + "/mcp"
 
 	proxy := &v1alpha1.EgressProxy{
 		ObjectMeta: metav1.ObjectMeta{Name: "egress", Namespace: e.ns},
 		Spec: v1alpha1.EgressProxySpec{
 			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(whoIP)},
-			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(whoIP + "/32"), v1alpha1.AllowedCIDR(pod.Status.PodIP + "/32")},
+			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(whoIP + "/32")},
 		},
 	}
 	must(t, e.c.Create(ctx, proxy))
@@ -217,14 +222,27 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		t.Logf("%s's call: the server verified sub=%s act=%s aud=%v, from %s", user, who.Subject, who.Actor, who.Audience, who.RemoteAddr)
 	}
 
+	// A token for another audience reaches the server, which refuses it.
+	other, err := api.ExchangeToken(ctx, apiclient.TokenExchangeRequest{SubjectToken: "mallory@example.com",
+		Audience: "http://elsewhere.example.test/mcp", AgentID: agent})
+	must(t, err)
+	raw, err := bridgeCall(ctx, sup, "who", other.AccessToken, whoamiRequest)
+	must(t, err)
+	if who, err := parse(raw); err != nil || who.Subject != "" || !strings.Contains(who.Error, "audience") {
+		t.Errorf("a token for another audience: the server saw %+v (%v)", who, err)
+	}
+
 	// The server's log: every request came from the proxy pod, and only
-	// the two tokened calls had an Authorization header.
+	// the three tokened calls had an Authorization header.
 	logs, err := cs.CoreV1().Pods(e.ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 	must(t, err)
 	line := regexp.MustCompile(`(?m)^request method=(\S+) rpc=(\S*) remote=(\S+) authorization=(\S+)$`)
-	bearer, requests := 0, 0
+	bearer, requests, posts := 0, 0, 0
 	for _, m := range line.FindAllStringSubmatch(string(logs), -1) {
 		requests++
+		if m[1] == http.MethodPost {
+			posts++
+		}
 		if host, _, _ := net.SplitHostPort(m[3]); host != proxyPod.Status.PodIP {
 			t.Errorf("the server got %s %s from %s, not through the egress proxy", m[1], m[2], m[3])
 		}
@@ -235,8 +253,8 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 			}
 		}
 	}
-	if bearer != 2 || requests < 4 {
-		t.Errorf("the server logged %d requests, %d with Authorization; want the 2 tokened calls:\n%s", requests, bearer, logs)
+	if bearer != 3 || requests < 5 {
+		t.Errorf("the server logged %d requests, %d with Authorization; want the 3 tokened calls:\n%s", requests, bearer, logs)
 	}
 
 	// The proxy logged the allowed requests; the blocked server's host is
@@ -250,14 +268,22 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		return nil
 	})
 	t.Logf("mcp_request to a server the proxy does not allow: %s: %s", refused.Code, refused.Message)
-	proxyLogs, err := cs.CoreV1().Pods(e.ns).GetLogs(proxyPod.Name, &corev1.PodLogOptions{Container: egressContainerName}).DoRaw(ctx)
-	must(t, err)
-	if !proxyLogLine(proxyLogs, whoIP, "allow") {
-		t.Errorf("the proxy's log has no allowed request to %s:\n%s", whoIP, proxyLogs)
-	}
-	if !proxyLogLine(proxyLogs, blockedIP, "deny") {
-		t.Errorf("the proxy's log has no refused request to %s:\n%s", blockedIP, proxyLogs)
-	}
+	// Each POST the server got is one the proxy forwarded (its log line
+	// comes once the response is sent, so it may lag the call a little).
+	e.eventually("the proxy to log every POST the server got", func() error {
+		proxyLogs, err := cs.CoreV1().Pods(e.ns).GetLogs(proxyPod.Name, &corev1.PodLogOptions{Container: egressContainerName}).DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		if n := proxyLogLines(proxyLogs, http.MethodPost, whoIP, "allow"); n != posts {
+			return fmt.Errorf("the proxy forwarded %d POSTs to %s, the server got %d", n, whoIP, posts)
+		}
+		if proxyLogLines(proxyLogs, http.MethodPost, blockedIP, "deny") == 0 {
+			return fmt.Errorf("the proxy's log has no refused request to %s:\n%s", blockedIP, proxyLogs)
+		}
+		return nil
+	})
+	t.Logf("the server got %d requests, all from the proxy pod; the proxy logged the %d POSTs among them", requests, posts)
 }
 
 // bridgeCall posts a JSON-RPC request to the supervisor's MCP bridge as the
@@ -290,16 +316,17 @@ func bridgeCall(ctx context.Context, sup *supervisorapi.Client, server, token st
 	return out, nil
 }
 
-// proxyLogLine reports whether the egress proxy's JSON log has a request
-// to host with decision.
-func proxyLogLine(logs []byte, host, decision string) bool {
+// proxyLogLines counts the egress proxy's JSON log lines of method
+// requests to host with decision.
+func proxyLogLines(logs []byte, method, host, decision string) int {
+	n := 0
 	for _, l := range bytes.Split(logs, []byte("\n")) {
 		var rec struct {
-			Msg, Host, Decision string
+			Msg, Method, Host, Decision string
 		}
-		if json.Unmarshal(l, &rec) == nil && rec.Msg == "egress" && rec.Host == host && rec.Decision == decision {
-			return true
+		if json.Unmarshal(l, &rec) == nil && rec.Msg == "egress" && rec.Method == method && rec.Host == host && rec.Decision == decision {
+			n++
 		}
 	}
-	return false
+	return n
 }

@@ -29,9 +29,13 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
 
-// remoteAddrHeader hands the request's source address to the tool; the
-// wrapper sets it on every request, over anything a client sent.
-const remoteAddrHeader = "X-Mcpwhoami-Remote-Addr"
+// remoteAddrHeader and urlHeader hand the request's source address and
+// the URL it was sent to to the tool; the wrapper sets them on every
+// request, over anything a client sent.
+const (
+	remoteAddrHeader = "X-Mcpwhoami-Remote-Addr"
+	urlHeader        = "X-Mcpwhoami-Url"
+)
 
 type whoamiOut struct {
 	// Authorization is "bearer" or "none".
@@ -48,7 +52,7 @@ func main() {
 	listen := flag.String("listen", ":8080", "address to serve on")
 	jwksFile := flag.String("jwks", "/jwks/jwks.json", "the Compute API's JWKS")
 	issuer := flag.String("issuer", "", "the user tokens' issuer")
-	audience := flag.String("audience", "", "the audience the tokens must be for")
+	audience := flag.String("audience", "", "the audience the tokens must be for; empty means the URL each request was sent to")
 	flag.Parse()
 
 	b, err := os.ReadFile(*jwksFile)
@@ -74,7 +78,11 @@ func main() {
 				out.Error = "not a bearer token"
 				return nil, out, nil
 			}
-			c, err := usertoken.VerifyWithKeys(keys, token, *issuer, usertoken.Expectation{Audience: *audience}, time.Now())
+			aud := *audience
+			if aud == "" {
+				aud = req.Extra.Header.Get(urlHeader)
+			}
+			c, err := usertoken.VerifyWithKeys(keys, token, *issuer, usertoken.Expectation{Audience: aud}, time.Now())
 			if err != nil {
 				out.Error = err.Error()
 				return nil, out, nil
@@ -104,6 +112,7 @@ func main() {
 		}
 		fmt.Printf("request method=%s rpc=%s remote=%s authorization=%s\n", r.Method, rpc, r.RemoteAddr, auth)
 		r.Header.Set(remoteAddrHeader, r.RemoteAddr)
+		r.Header.Set(urlHeader, "http://"+r.Host+r.URL.Path)
 		mcpHandler.ServeHTTP(w, r)
 	}))
 	srv := &http.Server{Addr: *listen, ReadHeaderTimeout: 10 * time.Second}
