@@ -251,7 +251,10 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 				Optional: true,
 				MarkdownDescription: "MCP servers the sandbox's supervisor bridges to the Compute API's `mcp_request`: stdio servers " +
 					"(`command`) it starts in every sandbox and restarts on failure, and remote Streamable HTTP servers (`url`) it " +
-					"connects to through the sandbox's egress proxy.",
+					"connects to through the sandbox's egress proxy. A user token given with an `mcp_request` (header " +
+					"`X-Agentbox-User-Token`) must have the server's name (a remote server's `url`) as an audience; a stdio server " +
+					"receives it in the request's `params._meta` under `agentbox.dev/user-token`, never in its environment, and a remote " +
+					"one as `Authorization: Bearer`.",
 				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
 					"name": schema.StringAttribute{Required: true, MarkdownDescription: "Name the server is addressed by."},
 					"command": schema.StringAttribute{

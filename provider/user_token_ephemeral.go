@@ -60,7 +60,7 @@ func (r *UserTokenEphemeralResource) Schema(_ context.Context, _ ephemeral.Schem
 	resp.Schema = schema.Schema{
 		MarkdownDescription: "A short-lived user token (a JWT signed by the platform, ES256) that says an agent acts for a user, " +
 			"for the MCP servers and APIs the agent calls: minted by the Compute API's token exchange (`POST /v1/token`, " +
-			"RFC 8693) with an admin token. Its claims are `iss`, `sub` (the user), `act` (`{\"sub\": agent_id}`), `aud`, " +
+			"RFC 8693) with an admin or exchange token. Its claims are `iss`, `sub` (the user), `act` (`{\"sub\": agent_id}`), `aud`, " +
 			"`scope`, `exp`, `iat`, `jti`, and `run_id` / `lease_id` when set; verifiers read the keys from the API's " +
 			"`/.well-known/jwks.json`. Being ephemeral, the token is never written to the plan or the state: pass it " +
 			"where Terraform accepts ephemeral values (a write-only argument, a provider block, another ephemeral " +
@@ -73,8 +73,9 @@ func (r *UserTokenEphemeralResource) Schema(_ context.Context, _ ephemeral.Schem
 				MarkdownDescription: "PEM CA certificate the Compute API's serving certificate verifies with, such as " +
 					"`agentbox_platform.this.ca_certificate`; without it the system's roots are used."},
 			"token": schema.StringAttribute{Required: true, Sensitive: true, Validators: nonEmpty,
-				MarkdownDescription: "An admin token of the Compute API, such as `agentbox_platform.this.admin_token`: " +
-					"only an admin may assert which user an agent acts for."},
+				MarkdownDescription: "An admin token of the Compute API, such as `agentbox_platform.this.admin_token`, or " +
+					"an exchange token (`agentbox tokens create --kind exchange`), which may mint user tokens and nothing else: " +
+					"only those may assert which user an agent acts for."},
 			"user": schema.StringAttribute{Required: true, Validators: nonEmpty,
 				MarkdownDescription: "The user the agent acts for (the token's `sub`), an opaque id the platform trusts the caller for."},
 			"agent_id": schema.StringAttribute{Required: true, Validators: nonEmpty,

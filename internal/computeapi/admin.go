@@ -48,9 +48,9 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	}
 	kind := store.TokenKind(req.Kind)
 	switch {
-	case kind != store.TokenAgent && kind != store.TokenAdmin && kind != store.TokenStaff:
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "kind must be %q, %q or %q, got %q",
-			api.TokenKindAgent, api.TokenKindAdmin, api.TokenKindStaff, req.Kind))
+	case kind != store.TokenAgent && kind != store.TokenAdmin && kind != store.TokenStaff && kind != store.TokenExchange:
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "kind must be %q, %q, %q or %q, got %q",
+			api.TokenKindAgent, api.TokenKindAdmin, api.TokenKindStaff, api.TokenKindExchange, req.Kind))
 		return
 	case (kind == store.TokenAgent) != (req.AgentID != ""):
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "agent_id is required for agent tokens and refused for the others"))

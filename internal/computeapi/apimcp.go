@@ -103,7 +103,11 @@ type mcpCaller struct {
 	authorization string
 	// holdID is the hold's ID (the wire's lease ID) the MCP request
 	// presents, presented again by each REST call it makes.
-	holdID    string
+	holdID string
+	// userToken is the user token the MCP request carries
+	// (HeaderUserToken), passed on to each REST call, where mcp_request
+	// verifies it and the other operations ignore it.
+	userToken string
 	requestID string
 	// post is the context of the HTTP POST that carries the tool call (the
 	// server is made for that one POST): when the client goes away, the
@@ -113,7 +117,7 @@ type mcpCaller struct {
 
 func (s *Server) mcpEndpointServer(r *http.Request, agentID string) *mcp.Server {
 	c := &mcpCaller{s: s, agentID: agentID, authorization: r.Header.Get("Authorization"), holdID: r.Header.Get(api.HeaderLeaseID),
-		post: r.Context()}
+		userToken: r.Header.Get(api.HeaderUserToken), post: r.Context()}
 	c.requestID = requestID(r.Context())
 	srv := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandbox of agent " + agentID, Version: "v1"},
 		&mcp.ServerOptions{
@@ -146,7 +150,34 @@ func (s *Server) mcpEndpointServer(r *http.Request, agentID string) *mcp.Server 
 	mcp.AddTool(srv, &mcp.Tool{Name: "status", Description: "Report the sandbox's lifecycle phase (Running, Stopped, ...), " +
 		"whether it is ready and its last snapshot. It does not wake a stopped sandbox.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, c.status)
+	mcp.AddTool(srv, &mcp.Tool{Name: "mcp_request", Description: "Send one JSON-RPC request to an MCP server of the sandbox " +
+		"(one of its template's mcpServers) and return the server's JSON-RPC response: e.g. method tools/list, or " +
+		"tools/call with params {\"name\": ..., \"arguments\": {...}}. The user token the MCP client was given, if any, " +
+		"reaches the server; it is never an argument here."}, c.mcpRequest)
 	return srv
+}
+
+type mcpRequestInput struct {
+	Server string         `json:"server" jsonschema:"the MCP server's name in the sandbox's template"`
+	Method string         `json:"method" jsonschema:"the JSON-RPC method, e.g. tools/list or tools/call"`
+	Params map[string]any `json:"params,omitempty" jsonschema:"the method's params, e.g. {\"name\": \"add\", \"arguments\": {\"a\": 1}} for tools/call"`
+}
+
+// mcpRequest is mcp_request: the JSON-RPC response, error or not, is the
+// tool's result, as the server sent it.
+func (c *mcpCaller) mcpRequest(ctx context.Context, _ *mcp.CallToolRequest, in mcpRequestInput) (*mcp.CallToolResult, any, error) {
+	if in.Server == "" || in.Method == "" {
+		return nil, nil, errors.New("server and method are required")
+	}
+	req := map[string]any{"jsonrpc": "2.0", "id": 1, "method": in.Method}
+	if in.Params != nil {
+		req["params"] = in.Params
+	}
+	var out json.RawMessage
+	if err := c.callJSON(ctx, http.MethodPost, api.PathAgent(c.agentID, "mcp/"+url.PathEscape(in.Server)), req, &out); err != nil {
+		return nil, nil, err
+	}
+	return nil, out, nil
 }
 
 type mcpRunCommandInput struct {
@@ -397,6 +428,9 @@ func (c *mcpCaller) call(ctx context.Context, method, path, contentType string, 
 	req.Header.Set("Authorization", c.authorization)
 	if c.holdID != "" {
 		req.Header.Set(api.HeaderLeaseID, c.holdID)
+	}
+	if c.userToken != "" {
+		req.Header.Set(api.HeaderUserToken, c.userToken)
 	}
 	if c.requestID != "" {
 		// The tool's audit record and log lines carry the MCP request's

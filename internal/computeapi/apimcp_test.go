@@ -87,7 +87,7 @@ func TestMCPEndpoint(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	if want := []string{"delete_file", "execute", "python_exec", "read_file", "run_command", "status", "write_file"}; !slices.Equal(names, want) {
+	if want := []string{"delete_file", "execute", "mcp_request", "python_exec", "read_file", "run_command", "status", "write_file"}; !slices.Equal(names, want) {
 		t.Errorf("tools %v, want %v", names, want)
 	}
 

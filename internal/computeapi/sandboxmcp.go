@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -16,6 +17,8 @@ import (
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi/sandboxstate"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
+	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
+	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
 
 // The MCP servers in the sandbox, through the API: mcp_request forwards
@@ -33,12 +36,27 @@ func (s *Server) sandboxMCPRequest(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr)
 		return
 	}
-	sup, log, apiErr := s.supervisorFor(r, "mcp_request")
+	agentID, server := r.PathValue("agent_id"), r.PathValue("server")
+	log := s.callLog(r, "mcp_request").WithValues("agent", agentID)
+	if apiErr := s.authorize(r, agentID); apiErr != nil {
+		writeError(w, apiErr)
+		return
+	}
+	var opts []supervisorapi.MCPOption
+	if token := r.Header.Get(api.HeaderUserToken); token != "" {
+		if apiErr := s.verifyMCPUserToken(r.Context(), agentID, server, token); apiErr != nil {
+			s.logFailure(log, apiErr, nil)
+			writeError(w, apiErr)
+			return
+		}
+		opts = append(opts, supervisorapi.WithUserToken(token))
+	}
+	sup, _, log, apiErr := s.reach(r.Context(), agentID, log)
 	if apiErr != nil {
 		writeError(w, apiErr)
 		return
 	}
-	out, err := sup.MCPRequest(r.Context(), r.PathValue("server"), req)
+	out, err := sup.MCPRequest(r.Context(), server, req, opts...)
 	if err != nil {
 		apiErr := supervisorError(r.Context(), err)
 		s.logFailure(log, apiErr, err)
@@ -46,6 +64,76 @@ func (s *Server) sandboxMCPRequest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeRawJSON(w, out)
+}
+
+// mcpServerAudience is the aud a user token must carry to reach server:
+// its audience, or by default a remote server's url (what a server that
+// checks tokens knows itself by) and a stdio server's name.
+func mcpServerAudience(server v1alpha1.MCPServer) string {
+	switch {
+	case server.Audience != "":
+		return server.Audience
+	case server.URL != "":
+		return server.URL
+	}
+	return server.Name
+}
+
+// verifyMCPUserToken checks the user token an mcp_request carries for
+// agentID's MCP server: issued by this platform, unexpired, not revoked,
+// for the agent and for the server's audience. A refusal never echoes the
+// token. The call's audit record notes the token's jti and sub.
+func (s *Server) verifyMCPUserToken(ctx context.Context, agentID, name, token string) *api.Error {
+	if s.userTokenIssuer == nil {
+		return api.Errorf(api.CodeUnavailable, "the control plane does not verify user tokens (it runs without a store); send the call without %s", api.HeaderUserToken)
+	}
+	sb, apiErr := s.agentSandbox(ctx, agentID)
+	if apiErr != nil {
+		return apiErr
+	}
+	_, server, apiErr := s.sandboxMCPServer(ctx, sb, name)
+	if apiErr != nil {
+		return apiErr
+	}
+	aud := mcpServerAudience(*server)
+	c, err := s.userTokenIssuer.Verify(ctx, token, usertoken.Expectation{Agent: agentID, Audience: aud})
+	switch {
+	case errors.Is(err, usertoken.ErrAudience):
+		return api.Errorf(api.CodeInvalidUserToken, "the user token is not for MCP server %q: its audience does not include %q", name, aud)
+	case errors.Is(err, usertoken.ErrAgent):
+		return api.Errorf(api.CodeInvalidUserToken, "the user token was issued for another agent than %q", agentID)
+	case errors.Is(err, usertoken.ErrExpired):
+		return api.Errorf(api.CodeInvalidUserToken, "the user token has expired; exchange a new one")
+	case errors.Is(err, usertoken.ErrRevoked):
+		return api.Errorf(api.CodeInvalidUserToken, "the user token was revoked")
+	case errors.Is(err, usertoken.ErrInvalid):
+		// The cause (a bad signature, an unknown key, a malformed token)
+		// is the verifier's; it does not quote the token.
+		return api.Errorf(api.CodeInvalidUserToken, "the user token is not valid: %s",
+			strings.TrimPrefix(err.Error(), usertoken.ErrInvalid.Error()+": "))
+	case err != nil:
+		s.log.Error(err, "verify user token", "agent", agentID)
+		return api.Errorf(api.CodeInternal, "could not verify the user token")
+	}
+	// The audit log gets the token's id and subject, never the token.
+	noteAudit(ctx, "jti", c.ID)
+	noteAudit(ctx, "sub", c.Subject)
+	return nil
+}
+
+// sandboxMCPServer returns the template of the sandbox sb and its MCP
+// server name.
+func (s *Server) sandboxMCPServer(ctx context.Context, sb *v1alpha1.Sandbox, name string) (*v1alpha1.SandboxTemplate, *v1alpha1.MCPServer, *api.Error) {
+	var tpl v1alpha1.SandboxTemplate
+	if err := s.sandboxes.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: sb.Spec.TemplateRef.Name}, &tpl); err != nil {
+		return nil, nil, api.Errorf(api.CodeSandboxNotReady, "the template %s of agent %q's sandbox cannot be read", sb.Spec.TemplateRef.Name, sb.Spec.AgentID)
+	}
+	for i := range tpl.Spec.MCPServers {
+		if tpl.Spec.MCPServers[i].Name == name {
+			return &tpl, &tpl.Spec.MCPServers[i], nil
+		}
+	}
+	return nil, nil, api.Errorf(api.CodeInvalidArgument, "the sandbox's template %s has no MCP server %q", tpl.Name, name)
 }
 
 // sandboxMCPConfigHash keys a server's catalog: the same configuration in
@@ -126,20 +214,11 @@ func (s *Server) catalogRequest(r *http.Request) (catalogCall, *api.Error) {
 	if apiErr != nil {
 		return c, apiErr
 	}
-	var tpl v1alpha1.SandboxTemplate
-	if err := s.sandboxes.Get(r.Context(), types.NamespacedName{Namespace: c.sb.Namespace, Name: c.sb.Spec.TemplateRef.Name}, &tpl); err != nil {
-		return c, api.Errorf(api.CodeSandboxNotReady, "the template %s of agent %q's sandbox cannot be read", c.sb.Spec.TemplateRef.Name, c.agentID)
+	tpl, server, apiErr := s.sandboxMCPServer(r.Context(), c.sb, c.server)
+	if apiErr != nil {
+		return c, apiErr
 	}
-	var server *v1alpha1.MCPServer
-	for i := range tpl.Spec.MCPServers {
-		if tpl.Spec.MCPServers[i].Name == c.server {
-			server = &tpl.Spec.MCPServers[i]
-		}
-	}
-	if server == nil {
-		return c, api.Errorf(api.CodeInvalidArgument, "the sandbox's template %s has no MCP server %q", tpl.Name, c.server)
-	}
-	c.hash = sandboxMCPConfigHash(&tpl, *server)
+	c.hash = sandboxMCPConfigHash(tpl, *server)
 	return c, nil
 }
 

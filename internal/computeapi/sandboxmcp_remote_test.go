@@ -25,3 +25,14 @@ func TestSandboxMCPConfigHashRemote(t *testing.T) {
 		t.Errorf("a stdio server's catalog key changed: %s", got)
 	}
 }
+
+// TestMCPServerAudienceRemote: a remote server's tokens are for its url
+// unless the template names an audience.
+func TestMCPServerAudienceRemote(t *testing.T) {
+	if got := mcpServerAudience(v1alpha1.MCPServer{Name: "r", URL: "https://a.example.test/mcp"}); got != "https://a.example.test/mcp" {
+		t.Errorf("a remote server's default audience %q, want its url", got)
+	}
+	if got := mcpServerAudience(v1alpha1.MCPServer{Name: "r", URL: "https://a.example.test/mcp", Audience: "api://a"}); got != "api://a" {
+		t.Errorf("a remote server's audience %q, want api://a", got)
+	}
+}

@@ -49,7 +49,18 @@ func serveTestMCP() {
 		func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
 			return nil, addOut{Sum: in.A + in.B}, nil
 		})
+	// user_token answers the user token the call reached the server with
+	// (params._meta), "" for none.
+	mcp.AddTool(s, &mcp.Tool{Name: "user_token", Description: "returns the call's user token"},
+		func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, userTokenOut, error) {
+			tok, _ := req.Params.GetMeta()[api.MetaUserToken].(string)
+			return nil, userTokenOut{Token: tok}, nil
+		})
 	_ = s.Run(context.Background(), &mcp.StdioTransport{})
+}
+
+type userTokenOut struct {
+	Token string `json:"token"`
 }
 
 // TestMCPThroughTheAPI: mcp_request reaches a real stdio MCP server

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
 
@@ -16,12 +17,12 @@ import (
 const maxClaimBytes = 1024
 
 // userTokens checks that the caller may mint or revoke user tokens and
-// that the issuer is configured. Only an admin token may: it asserts who
-// the user is, which an agent's own token must never do (a compromised
-// sandbox could then act for any user, or as another agent).
+// that the issuer is configured. Only an admin or an exchange token may:
+// it asserts who the user is, which an agent's own token must never do (a
+// compromised sandbox could then act for any user, or as another agent).
 func (s *Server) userTokens(r *http.Request) *api.Error {
-	if p := PrincipalFrom(r.Context()); p == nil || !p.AllAgents {
-		return api.Errorf(api.CodePermissionDenied, "only an admin token may exchange or revoke user tokens")
+	if p := PrincipalFrom(r.Context()); p == nil || (!p.AllAgents && p.Kind != string(store.TokenExchange)) {
+		return api.Errorf(api.CodePermissionDenied, "only an admin or exchange token may exchange or revoke user tokens")
 	}
 	if s.userTokenIssuer == nil {
 		return api.Errorf(api.CodeUnavailable, "the control plane does not issue user tokens (it runs without a store)")

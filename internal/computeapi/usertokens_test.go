@@ -206,6 +206,55 @@ func TestUserTokenExchange(t *testing.T) {
 	}
 }
 
+// TestExchangeTokenActsForUsers: an exchange token, made for the service
+// that vouches for users, mints and revokes user tokens and can do
+// nothing else; a staff token cannot mint them.
+func TestExchangeTokenActsForUsers(t *testing.T) {
+	f := newFixture(t, "")
+	issuer, _, _, client := userTokenAPI(t, f)
+	ctx := context.Background()
+	admin := client(adminToken)
+	ex, err := admin.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindExchange, Subject: "idp-gateway"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := client(ex.Token)
+	got, err := gw.ExchangeToken(ctx, api.TokenExchangeRequest{SubjectToken: "user-9", Audience: "mcp://github", AgentID: "agent-1"})
+	if err != nil {
+		t.Fatalf("exchange with an exchange token: %v", err)
+	}
+	want := usertoken.Expectation{Audience: "mcp://github", Agent: "agent-1"}
+	if c, err := issuer.Verify(ctx, got.AccessToken, want); err != nil || c.Subject != "user-9" {
+		t.Fatalf("Verify: %+v, %v", c, err)
+	}
+	if err := gw.RevokeUserToken(ctx, got.JTI); err != nil {
+		t.Fatalf("revoke with an exchange token: %v", err)
+	}
+	if _, err := issuer.Verify(ctx, got.AccessToken, want); !errors.Is(err, usertoken.ErrRevoked) {
+		t.Errorf("Verify after revocation: %v", err)
+	}
+
+	// Nothing else: no sandbox, no runs, no tokens, no audit.
+	_, err = gw.Status(ctx, "agent-1")
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+	_, err = gw.ListRuns(ctx, api.RunFilter{})
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+	_, err = gw.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindExchange})
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+	_, err = gw.QueryAudit(ctx, nil)
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+
+	// An exchange token is bound to no agent; staff may not act for users.
+	_, err = admin.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindExchange, AgentID: "agent-1"})
+	wantAPIError(t, err, api.CodeInvalidArgument, http.StatusBadRequest)
+	staff, err := admin.CreateToken(ctx, api.CreateTokenRequest{Kind: api.TokenKindStaff, Subject: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = client(staff.Token).ExchangeToken(ctx, api.TokenExchangeRequest{SubjectToken: "user-9", Audience: "a", AgentID: "agent-1"})
+	wantAPIError(t, err, api.CodePermissionDenied, http.StatusForbidden)
+}
+
 // TestUserTokensOff: without an issuer the endpoints answer clearly.
 func TestUserTokensOff(t *testing.T) {
 	f := newFixture(t, "")

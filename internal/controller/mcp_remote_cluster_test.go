@@ -2,11 +2,9 @@ package controller
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -25,12 +23,11 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
-	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
 
-// whoamiResult is the structured result of testdata/mcpwhoami's tool.
+// whoamiResult is the structured result of testdata/mcpremote's tool.
 type whoamiResult struct {
 	Authorization string   `json:"authorization"`
 	Subject       string   `json:"subject"`
@@ -38,27 +35,24 @@ type whoamiResult struct {
 	Audience      []string `json:"audience"`
 	Error         string   `json:"error"`
 	RemoteAddr    string   `json:"remote_addr"`
+	MetaToken     bool     `json:"meta_token"`
 }
 
 var whoamiRequest = map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
 	"params": map[string]any{"name": "whoami", "arguments": map[string]any{}}}
 
 // TestRemoteMCPOnCluster: a template's remote MCP server (testdata/
-// mcpwhoami, Streamable HTTP, built with the official SDK) runs in a pod
+// mcpremote, Streamable HTTP, built with the official SDK) runs in a pod
 // the test makes, at an address its EgressProxy allows. The sandbox's
 // supervisor reaches it through the proxy: mcp_request through the Compute
 // API answers, every request the server sees comes from the proxy pod,
 // and the proxy logs them. Two users' tokens, minted by the Compute API's
 // token exchange, reach the server as bearer tokens it verifies against
-// the API's JWKS, each call seen as its user (and a token for another
-// audience refused by it); a call without a token carries no
-// Authorization; a server at a destination the proxy does not allow
+// the API's JWKS, each call seen as its user, and never in params._meta;
+// a token for another audience than the server's url is refused by the
+// API; a call without a token carries no Authorization, even with a token
+// forged into _meta; a server at a destination the proxy does not allow
 // answers a clear error.
-//
-// The user tokens are handed to the supervisor's bridge as the Compute API
-// forwards them (the X-Agentbox-User-Token header of POST /mcp/{server}),
-// since the API's verifying and forwarding of a caller's token is not this
-// test's subject.
 func TestRemoteMCPOnCluster(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -67,7 +61,7 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 	}
 	// The server's binary reaches its pod through a hostPath volume: the
 	// test cluster's node is this machine.
-	bin := goBuild(t, "./testdata/mcpwhoami", "mcpwhoami")
+	bin := goBuild(t, "./testdata/mcpremote", "mcpremote")
 	must(t, os.Chmod(filepath.Dir(bin), 0o755))
 
 	e, st, pool := platformEnv(t)
@@ -84,10 +78,10 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 	jwks, err := api.JWKS(ctx)
 	must(t, err)
 	must(t, e.c.Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "mcpwhoami-jwks", Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "mcpremote-jwks", Namespace: e.ns},
 		Data:       map[string]string{"jwks.json": string(jwks)},
 	}))
-	labels := map[string]string{"app": "mcpwhoami"}
+	labels := map[string]string{"app": "mcpremote"}
 	service := func(name string) string {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
@@ -102,10 +96,10 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 	// (a Service's would have the test cluster's kube-proxy masquerade the
 	// source, which the test checks), and at a Service's, which it does
 	// not.
-	blockedIP := service("mcpwhoami-blocked")
+	blockedIP := service("mcpremote-blocked")
 	blockedURL := "http://" + net.JoinHostPort(blockedIP, "8080") + "/mcp"
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "mcpwhoami", Namespace: e.ns, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: "mcpremote", Namespace: e.ns, Labels: labels},
 		Spec: corev1.PodSpec{
 			TerminationGracePeriodSeconds: ptr.To[int64](0),
 			Volumes: []corev1.Volume{
@@ -113,13 +107,13 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 					Path: filepath.Dir(bin), Type: ptr.To(corev1.HostPathDirectory),
 				}}},
 				{Name: "jwks", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: "mcpwhoami-jwks"},
+					LocalObjectReference: corev1.LocalObjectReference{Name: "mcpremote-jwks"},
 				}}},
 			},
 			Containers: []corev1.Container{{
 				Name: "mcp", Image: image, ImagePullPolicy: corev1.PullNever,
 				// The tokens' audience is the URL the server is called at.
-				Command: []string{"/opt/mcp/mcpwhoami", "-listen", ":8080", "-jwks", "/jwks/jwks.json", "-issuer", issuerURL},
+				Command: []string{"/opt/mcp/mcpremote", "-listen", ":8080", "-jwks", "/jwks/jwks.json", "-issuer", issuerURL},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "bin", MountPath: "/opt/mcp", ReadOnly: true},
 					{Name: "jwks", MountPath: "/jwks", ReadOnly: true},
@@ -204,16 +198,15 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 	}
 
 	// Two users' tokens, each call seen as its user.
-	sup := e.supervisor(t, sbx)
 	for _, user := range []string{"alice@example.com", "bob@example.com"} {
 		tok, err := api.ExchangeToken(ctx, apiclient.TokenExchangeRequest{SubjectToken: user, Audience: whoURL, AgentID: agent})
 		must(t, err)
-		raw, err := bridgeCall(ctx, sup, "who", tok.AccessToken, whoamiRequest)
+		raw, err := api.MCPRequest(ctx, agent, "who", whoamiRequest, apiclient.WithUserToken(tok.AccessToken))
 		must(t, err)
 		who, err := parse(raw)
 		must(t, err)
 		if who.Authorization != "bearer" || who.Error != "" || who.Subject != user || who.Actor != agent ||
-			len(who.Audience) != 1 || who.Audience[0] != whoURL {
+			len(who.Audience) != 1 || who.Audience[0] != whoURL || who.MetaToken {
 			t.Errorf("%s's call: the server saw %+v", user, who)
 		}
 		if err := fromProxy(who); err != nil {
@@ -222,18 +215,27 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		t.Logf("%s's call: the server verified sub=%s act=%s aud=%v, from %s", user, who.Subject, who.Actor, who.Audience, who.RemoteAddr)
 	}
 
-	// A token for another audience reaches the server, which refuses it.
+	// A token for another audience is refused before it leaves the API.
 	other, err := api.ExchangeToken(ctx, apiclient.TokenExchangeRequest{SubjectToken: "mallory@example.com",
 		Audience: "http://elsewhere.example.test/mcp", AgentID: agent})
 	must(t, err)
-	raw, err := bridgeCall(ctx, sup, "who", other.AccessToken, whoamiRequest)
+	var refusedToken *apiclient.Error
+	if _, err := api.MCPRequest(ctx, agent, "who", whoamiRequest, apiclient.WithUserToken(other.AccessToken)); !errors.As(err, &refusedToken) ||
+		refusedToken.Code != apiclient.CodeInvalidUserToken || !strings.Contains(refusedToken.Message, whoURL) {
+		t.Errorf("a token for another audience: %v", err)
+	}
+
+	// A token a caller forges into _meta reaches the server nowhere.
+	raw, err := api.MCPRequest(ctx, agent, "who", map[string]any{"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+		"params": map[string]any{"name": "whoami", "arguments": map[string]any{},
+			"_meta": map[string]any{supervisorapi.MetaUserToken: "forged"}}})
 	must(t, err)
-	if who, err := parse(raw); err != nil || who.Subject != "" || !strings.Contains(who.Error, "audience") {
-		t.Errorf("a token for another audience: the server saw %+v (%v)", who, err)
+	if who, err := parse(raw); err != nil || who.Authorization != "none" || who.MetaToken {
+		t.Errorf("a forged _meta token: the server saw %+v (%v)", who, err)
 	}
 
 	// The server's log: every request came from the proxy pod, and only
-	// the three tokened calls had an Authorization header.
+	// the two tokened calls had an Authorization header.
 	logs, err := cs.CoreV1().Pods(e.ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 	must(t, err)
 	line := regexp.MustCompile(`(?m)^request method=(\S+) rpc=(\S*) remote=(\S+) authorization=(\S+)$`)
@@ -253,8 +255,8 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 			}
 		}
 	}
-	if bearer != 3 || requests < 5 {
-		t.Errorf("the server logged %d requests, %d with Authorization; want the 3 tokened calls:\n%s", requests, bearer, logs)
+	if bearer != 2 || requests < 5 {
+		t.Errorf("the server logged %d requests, %d with Authorization; want the 2 tokened calls:\n%s", requests, bearer, logs)
 	}
 
 	// The proxy logged the allowed requests; the blocked server's host is
@@ -284,36 +286,6 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		return nil
 	})
 	t.Logf("the server got %d requests, all from the proxy pod; the proxy logged the %d POSTs among them", requests, posts)
-}
-
-// bridgeCall posts a JSON-RPC request to the supervisor's MCP bridge as the
-// Compute API forwards a caller's, with the caller's user token.
-func bridgeCall(ctx context.Context, sup *supervisorapi.Client, server, token string, request any) (json.RawMessage, error) {
-	body, err := json.Marshal(request)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(sup.BaseURL, "/")+"/mcp/"+server, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(mcpbridge.HeaderUserToken, token)
-	resp, err := sup.HTTPClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("POST /mcp/%s: %s: %s", server, resp.Status, out)
-	}
-	return out, nil
 }
 
 // proxyLogLines counts the egress proxy's JSON log lines of method

@@ -3,7 +3,6 @@ package egressproxy
 // TLS interception for destinations with a credential (see credentials.go).
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -87,8 +86,8 @@ func (c *leafCache) get(host string) (*tls.Certificate, error) {
 
 // newInterceptForwarder is the reverse proxy for requests read from an
 // intercepted tunnel: it opens its own TLS connection to the destination
-// (or through the upstream proxy, when one is configured) and verifies
-// it against roots (nil: the system's).
+// (inside a CONNECT tunnel of the upstream proxy, when one is configured)
+// and verifies it against roots (nil: the system's).
 func (p *Proxy) newInterceptForwarder(roots *x509.CertPool) *httputil.ReverseProxy {
 	t := &http.Transport{
 		Proxy:       nil, // see newDirectTransport
@@ -104,19 +103,26 @@ func (p *Proxy) newInterceptForwarder(roots *x509.CertPool) *httputil.ReversePro
 		IdleConnTimeout:     90 * time.Second,
 	}
 	if p.upstream != nil {
-		up := p.upstream
-		t.Proxy = func(*http.Request) (*url.URL, error) { return up, nil }
-		t.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
-			ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
-			defer cancel()
-			return p.dial(ctx, network, up.Host)
-		}
-		t.GetProxyConnectHeader = func(context.Context, *url.URL, string) (http.Header, error) {
-			h := http.Header{}
-			if a := p.upAuth.Load(); a != nil {
-				h.Set("Proxy-Authorization", *a)
+		// The tunnel is opened by the same code as a sandbox's own
+		// CONNECT, not by the transport's Proxy support: that reports an
+		// upstream's 407 as a bare error string (logged as a dial error
+		// rather than upstream_auth), accepts no 2xx but 200, and bounds
+		// its handshake by a minute of its own, not DialTimeout. The
+		// transport then speaks TLS to the destination inside the
+		// tunnel, as it would over a direct connection.
+		t.DialContext = func(ctx context.Context, _, address string) (net.Conn, error) {
+			host, port, err := net.SplitHostPort(address)
+			if err != nil {
+				return nil, err
 			}
-			return h, nil
+			c, r, err := p.connectViaUpstream(ctx, normalizeHost(host), port)
+			if err != nil {
+				return nil, err
+			}
+			if r != io.Reader(c) {
+				c = &bufferedConn{Conn: c, r: r}
+			}
+			return c, nil
 		}
 	}
 	p.interceptTransport = t
@@ -218,11 +224,12 @@ func (p *Proxy) serveIntercepted(w http.ResponseWriter, r *http.Request, e *entr
 	inner.Serve(ln)
 }
 
-// bufferedConn reads what the server had already buffered (a TLS
-// ClientHello sent right behind the CONNECT) before the connection.
+// bufferedConn reads what was already buffered before the connection: a
+// TLS ClientHello the sandbox sent right behind its CONNECT, or bytes the
+// upstream proxy sent right behind its answer to ours.
 type bufferedConn struct {
 	net.Conn
-	r *bufio.Reader
+	r io.Reader
 }
 
 func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }

@@ -98,13 +98,21 @@ func runBenchProxy() int {
 		}
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	p, err := New(Config{
+	cfg := Config{
 		Allow:       []string{benchHost},
 		DeniedCIDRs: denied,
 		Resolver:    staticResolver{benchHost: {netip.MustParseAddr("127.0.0.1")}},
 		Logger:      log,
 		Agent:       "bench",
-	})
+	}
+	if dir := os.Getenv(benchInterceptEnv); dir != "" {
+		// The injection benchmark (inject_bench_test.go) adds a
+		// credential; the squid comparison leaves this unset.
+		if err := addBenchInterception(&cfg, dir); err != nil {
+			return fail(err)
+		}
+	}
+	p, err := New(cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -145,7 +153,9 @@ type benchProxy struct {
 	stdin io.WriteCloser
 }
 
-func startBenchProxy(t *testing.T, dir string) *benchProxy {
+// startBenchProxy starts the proxy process; env is added to its
+// environment.
+func startBenchProxy(t *testing.T, dir string, env ...string) *benchProxy {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -157,7 +167,7 @@ func startBenchProxy(t *testing.T, dir string) *benchProxy {
 	}
 	defer logFile.Close()
 	cmd := exec.Command(exe)
-	cmd.Env = []string{benchProxyEnv + "=1", "PATH=" + os.Getenv("PATH")}
+	cmd.Env = append([]string{benchProxyEnv + "=1", "PATH=" + os.Getenv("PATH")}, env...)
 	if f := os.Getenv(benchProfileEnv); f != "" {
 		cmd.Env = append(cmd.Env, benchProfileEnv+"="+f)
 	}

@@ -20,6 +20,11 @@ package egressproxy
 // literal target is checked and passed on as the same literal, so it is
 // pinned end to end.
 //
+// A destination with a credential (credentials.go) is reached the same
+// way: the proxy's own TLS connection to it runs inside a CONNECT tunnel
+// opened by connectViaUpstream, so the upstream sees a CONNECT to the
+// destination's name and never the plaintext or the credential.
+//
 // The upstream proxy's own address is not checked against the denied
 // CIDRs: the operator configured it, and it usually lives in a private
 // range.

@@ -19,9 +19,16 @@ const (
 	TokenAdmin TokenKind = "admin"
 	// TokenStaff may mint time-boxed console sessions (with a reason).
 	TokenStaff TokenKind = "staff"
+	// TokenExchange may act for users: exchange a user's identity for user
+	// tokens bound to an agent, and revoke them. It addresses no sandbox,
+	// so the service that vouches for users (an identity gateway) need not
+	// hold an admin token.
+	TokenExchange TokenKind = "exchange"
 )
 
-func (k TokenKind) valid() bool { return k == TokenAgent || k == TokenAdmin || k == TokenStaff }
+func (k TokenKind) valid() bool {
+	return k == TokenAgent || k == TokenAdmin || k == TokenStaff || k == TokenExchange
+}
 
 // TokenHash is the SHA-256 of a bearer token. The store never sees tokens
 // themselves, so a copy of the database grants no access.

@@ -65,3 +65,20 @@ func testUserTokenIssuer(t *testing.T, b backend) {
 		t.Fatalf("prune after expiry: %d, %v", n, err)
 	}
 }
+
+// Exchange tokens are stored in both dialects (migration 00013 widened
+// the kind's constraint).
+func TestExchangeTokenKind(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := open(t, b.newDSN(t), store.Options{})
+			if _, err := s.CreateToken(ctx, store.Token{Hash: store.TokenHash{7}, Kind: store.TokenExchange, Subject: "idp"}); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.LookupToken(ctx, store.TokenHash{7}); err != nil || got.Kind != store.TokenExchange {
+				t.Fatalf("read back: %+v, %v", got, err)
+			}
+		})
+	}
+}

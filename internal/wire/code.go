@@ -77,6 +77,13 @@ const (
 	// CodeConsoleExpired: the console session is past its time box or was
 	// used already; mint a new one.
 	CodeConsoleExpired Code = "console_session_expired"
+	// CodeInvalidUserToken: the user token a call carries (the
+	// X-Agentbox-User-Token header) is refused: malformed, not signed by
+	// the platform, expired, revoked, for another agent or for another
+	// audience; the message says which, never quoting the token. HTTP 403:
+	// the caller's own credentials are fine (401 would say they are not),
+	// the token it passes on is not.
+	CodeInvalidUserToken Code = "invalid_user_token"
 )
 
 // Codes only the supervisor sends.
@@ -108,7 +115,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusBadRequest
 	case CodeUnauthenticated:
 		return http.StatusUnauthorized
-	case CodePermissionDenied, CodePathEscapesWorkspace:
+	case CodePermissionDenied, CodePathEscapesWorkspace, CodeInvalidUserToken:
 		return http.StatusForbidden
 	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound, CodeFileNotFound:
 		return http.StatusNotFound

@@ -314,6 +314,20 @@ type MCPServer struct {
 	// in the sandbox, so keep credentials in secretFiles instead.
 	// +optional
 	Env map[string]string `json:"env,omitempty"`
+
+	// audience is the aud a user token must carry for mcp_request to pass
+	// it to this server; it defaults to a remote server's url and a stdio
+	// server's name. A caller gives the token in the X-Agentbox-User-Token
+	// header; the Compute API verifies it (signature, expiry, revocation,
+	// this audience, the sandbox's agent). A stdio server receives it in
+	// the request's params._meta under the key "agentbox.dev/user-token",
+	// never in its environment or a file; a remote server as the
+	// Authorization bearer token of the call's requests. A call without
+	// the header reaches the server without a token, whatever the caller
+	// put into _meta.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Audience string `json:"audience,omitempty"`
 }
 
 // SandboxTemplateStatus is the observed state of a SandboxTemplate.

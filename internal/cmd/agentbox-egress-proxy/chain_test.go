@@ -25,7 +25,8 @@ import (
 
 // fakeUpstream is a minimal authenticating forward proxy: it records the
 // requests it gets, answers 407 without the expected Basic credentials,
-// forwards absolute-form requests and tunnels CONNECT, to 127.0.0.1 only.
+// forwards absolute-form requests and tunnels CONNECT, to 127.0.0.1 and
+// localhost only.
 type fakeUpstream struct {
 	*httptest.Server
 	auth string
@@ -62,13 +63,15 @@ func (u *fakeUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		host = r.Host
 	}
-	if h, _, err := net.SplitHostPort(host); err != nil || h != "127.0.0.1" {
+	h, port, err := net.SplitHostPort(host)
+	if err != nil || (h != "127.0.0.1" && h != "localhost") {
 		// Never send anywhere but loopback, whatever the proxy asks.
 		http.Error(w, "fake upstream: loopback only", http.StatusForbidden)
 		return
 	}
 	if r.Method == http.MethodConnect {
-		dst, err := net.Dial("tcp", host)
+		// "localhost" is dialled as 127.0.0.1, not resolved.
+		dst, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", port))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return

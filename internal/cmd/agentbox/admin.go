@@ -106,7 +106,7 @@ func tokensCommand(ctx context.Context, args []string, getenv func(string) strin
 	var req client.CreateTokenRequest
 	var ttl time.Duration
 	return adminCommand(ctx, "tokens create", "tokens create [flags]", args[1:], getenv, stderr, func(fs *flag.FlagSet) {
-		fs.StringVar(&req.Kind, "kind", client.TokenKindAgent, "agent, admin or staff")
+		fs.StringVar(&req.Kind, "kind", client.TokenKindAgent, "agent, admin, staff or exchange (acts for users: mints and revokes user tokens)")
 		fs.StringVar(&req.AgentID, "agent", "", "the agent an agent token is bound to")
 		fs.StringVar(&req.Subject, "subject", "", "who holds the token; shown in the audit log")
 		fs.DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 720h; 0 means no expiry")

@@ -6,6 +6,7 @@
 //	agentbox console --reason TEXT [--ttl 15m] AGENT_ID   (staff token)
 //	agentbox cp [--mode 0755] SRC DST                  (one side AGENT_ID:PATH, - for stdin/stdout)
 //	agentbox status [--json] AGENT_ID
+//	agentbox mcp request [--user-token-file F] AGENT_ID SERVER [REQUEST]
 //	agentbox events [-f] [--after ID] [--json] AGENT_ID
 //	agentbox deploy [--wait] [--timeout 10m] [--template NS/NAME] [--request-id ID] AGENT_ID
 //	agentbox leases acquire|heartbeat|release [flags] AGENT_ID
@@ -66,6 +67,7 @@ commands:
   console       open a staff console on an agent's sandbox, with a reason (staff)
   cp            copy a file to or from an agent's workspace
   status        show an agent's sandbox, without waking it
+  mcp           send a JSON-RPC request to an MCP server of an agent's sandbox, optionally as a user
   events        print or follow the life of an agent's sandbox (created, ready, stopped, commands...)
   deploy        start, resume or create an agent's sandbox
   leases        acquire, heartbeat and release sandbox leases
@@ -101,6 +103,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return cpCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
 	case "status":
 		return statusCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "mcp":
+		return mcpCommand(ctx, args[1:], getenv, stdin, stdout, stderr)
 	case "events":
 		return eventsCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "deploy":

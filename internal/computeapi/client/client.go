@@ -426,9 +426,10 @@ func (c *Client) HTTPClient() *http.Client { return c.httpClient }
 // MCPHTTPClient returns an HTTP client for an MCP client's streamable HTTP
 // transport to the agent's MCP endpoint (Endpoint()+PathMCP(agentID)): it
 // has this client's TLS settings and sends the bearer token on every
-// request, which MCP libraries leave to the HTTP client.
-func (c *Client) MCPHTTPClient() *http.Client {
-	return &http.Client{Transport: bearerTransport{c: c, base: c.httpClient.Transport}}
+// request, which MCP libraries leave to the HTTP client, and what opts add
+// (WithUserToken).
+func (c *Client) MCPHTTPClient(opts ...MCPOption) *http.Client {
+	return &http.Client{Transport: bearerTransport{c: c, base: c.httpClient.Transport, opts: opts}}
 }
 
 // bearerTransport authorizes requests as the client's own are: the token,
@@ -436,20 +437,55 @@ func (c *Client) MCPHTTPClient() *http.Client {
 type bearerTransport struct {
 	c    *Client
 	base http.RoundTripper
+	opts []MCPOption
 }
 
 func (t bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	// A RoundTripper must not change the caller's request.
 	r = r.Clone(r.Context())
 	t.c.authorize(r.Header, r.URL.EscapedPath())
+	for _, o := range t.opts {
+		o(r.Header)
+	}
 	return t.base.RoundTrip(r)
+}
+
+// MCPOption adds to an MCP call (MCPRequest, MCPHTTPClient).
+type MCPOption func(h http.Header)
+
+// WithUserToken passes token, a user token from ExchangeToken, on to the
+// MCP server in HeaderUserToken; an empty token passes none.
+func WithUserToken(token string) MCPOption {
+	return func(h http.Header) {
+		if token != "" {
+			h.Set(HeaderUserToken, token)
+		}
+	}
 }
 
 // MCPRequest sends one JSON-RPC request (request, encoded as JSON unless it
 // is a json.RawMessage) to the stdio MCP server of the agent's sandbox and
-// returns the JSON-RPC response.
-func (c *Client) MCPRequest(ctx context.Context, agentID, server string, request any) (json.RawMessage, error) {
-	return c.rawCall(ctx, PathAgent(agentID, "mcp/"+url.PathEscape(server)), request)
+// returns the JSON-RPC response. WithUserToken passes a user token on.
+func (c *Client) MCPRequest(ctx context.Context, agentID, server string, request any, opts ...MCPOption) (json.RawMessage, error) {
+	body, ok := request.(json.RawMessage)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(request); err != nil {
+			return nil, fmt.Errorf("encode request: %w", err)
+		}
+	}
+	t := c.transport()
+	t.Authorize = func(h http.Header, path string) {
+		c.authorize(h, path)
+		for _, o := range opts {
+			o(h)
+		}
+	}
+	var out json.RawMessage
+	if err := t.Do(ctx, http.MethodPost, PathAgent(agentID, "mcp/"+url.PathEscape(server)), body, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // MCPTools returns the cached tool catalog of an MCP server; refresh asks

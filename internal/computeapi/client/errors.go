@@ -41,6 +41,9 @@ const (
 	CodeWorkspaceFull  = wire.CodeWorkspaceFull
 	CodeConsoleExpired = wire.CodeConsoleExpired
 
+	// The user token a call passes on (HeaderUserToken).
+	CodeInvalidUserToken = wire.CodeInvalidUserToken
+
 	// The control plane itself, and what the client could not read.
 	CodeInternal    = wire.CodeInternal
 	CodeUnavailable = wire.CodeUnavailable

@@ -93,6 +93,18 @@ func PathPoolLeases(namespace, pool string) string {
 // the leases it acquired; see Client.UseLease.
 const HeaderLeaseID = "Agentbox-Lease-Id"
 
+// HeaderUserToken carries the user token (a JWT from ExchangeToken) that
+// an mcp_request passes on to the MCP server: the API verifies it for the
+// agent and the server's audience and the server receives it in the
+// request's params._meta under MetaUserToken. It is a header, never a
+// tool argument, so that a model never sees it. A refused token is
+// CodeInvalidUserToken. See WithUserToken.
+const HeaderUserToken = "X-Agentbox-User-Token"
+
+// MetaUserToken is the params._meta key under which a stdio MCP server
+// receives the user token of a call.
+const MetaUserToken = "agentbox.dev/user-token"
+
 // Lease TTL bounds. A hold is kept alive by heartbeats, so the TTL is how
 // long a crashed holder can keep the sandbox "busy"; an hour caps that.
 const (
@@ -353,11 +365,16 @@ const (
 	TokenKindAdmin = "admin"
 	// TokenKindStaff mints time-boxed console sessions.
 	TokenKindStaff = "staff"
+	// TokenKindExchange acts for users: it exchanges a user's identity for
+	// user tokens (POST /v1/token) and revokes them, and addresses no
+	// sandbox.
+	TokenKindExchange = "exchange"
 )
 
 // CreateTokenRequest asks for a new API token.
 type CreateTokenRequest struct {
-	// Kind is TokenKindAgent, TokenKindAdmin or TokenKindStaff.
+	// Kind is TokenKindAgent, TokenKindAdmin, TokenKindStaff or
+	// TokenKindExchange.
 	Kind string `json:"kind"`
 	// AgentID binds an agent token; required for agent tokens, refused for
 	// the others.

@@ -205,6 +205,19 @@ func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	if !ok {
 		return
 	}
+	token := r.Header.Get(api.HeaderUserToken)
+	// A remote server gets the token as its bearer token instead (see
+	// remoteTransport), and never a caller's _meta key either.
+	metaToken := token
+	if s.cfg.URL != "" {
+		metaToken = ""
+	}
+	params, rpcErr := userTokenParams(req.Params, metaToken)
+	if rpcErr != nil {
+		writeRPC(w, rpcResponse{ID: req.ID, Error: rpcErr})
+		return
+	}
+	req.Params = params
 	call, ok := methods[req.Method]
 	if !ok {
 		writeRPC(w, rpcResponse{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("method %q is not bridged", req.Method)}})
@@ -224,7 +237,7 @@ func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	if token := r.Header.Get(HeaderUserToken); token != "" && s.cfg.URL != "" {
+	if token != "" && s.cfg.URL != "" {
 		ctx = withUserToken(ctx, token)
 	}
 	result, err := call(ctx, session, req.Params)
@@ -292,6 +305,53 @@ func (m *Manager) readCall(w http.ResponseWriter, r *http.Request) (req rpcReque
 		return req, true
 	}
 	return req, false
+}
+
+// userTokenParams returns params with the call's user token (the value
+// of HeaderUserToken, which the control plane verified) in _meta under
+// MetaUserToken, or without that key when the call carries no token: a
+// caller may not hand a server a token of its own making. params that
+// need no change are returned as they are.
+func userTokenParams(params json.RawMessage, token string) (json.RawMessage, *jsonrpc.Error) {
+	var obj map[string]json.RawMessage
+	if len(params) == 0 || bytes.Equal(params, []byte("null")) {
+		if token == "" {
+			return params, nil
+		}
+		obj = map[string]json.RawMessage{}
+	} else if err := json.Unmarshal(params, &obj); err != nil {
+		// Not an object: the typed call refuses it, and no token rides
+		// along with it.
+		return params, nil
+	}
+	var meta map[string]json.RawMessage
+	if raw, ok := obj["_meta"]; ok && !bytes.Equal(raw, []byte("null")) {
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "invalid params: _meta must be an object"}
+		}
+	}
+	if token == "" {
+		if _, ok := meta[api.MetaUserToken]; !ok {
+			return params, nil
+		}
+		delete(meta, api.MetaUserToken)
+	} else {
+		if meta == nil {
+			meta = map[string]json.RawMessage{}
+		}
+		// Marshalling a string cannot fail.
+		meta[api.MetaUserToken], _ = json.Marshal(token)
+	}
+	if len(meta) == 0 {
+		delete(obj, "_meta")
+	} else {
+		obj["_meta"], _ = json.Marshal(meta)
+	}
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "invalid params: " + err.Error()}
+	}
+	return out, nil
 }
 
 // writeCallError answers a call that failed with err.

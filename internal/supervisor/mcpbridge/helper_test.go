@@ -71,6 +71,13 @@ func runHelperServer(mode string) {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "slept"}}}, nil, nil
 	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "meta", Description: "returns the _meta the call reached the server with"}, func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		b, err := json.Marshal(req.Params.Meta)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(b)}}}, nil, nil
+	})
 	mcp.AddTool(srv, &mcp.Tool{Name: "exit", Description: "exits the server"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 		fmt.Fprintln(os.Stderr, "helper: exiting on request")
 		os.Exit(7)

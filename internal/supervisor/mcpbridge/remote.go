@@ -26,12 +26,6 @@ import (
 // adds the token to that call's requests only, never to the session's own
 // (the handshake, the server-sent event stream).
 
-// HeaderUserToken carries the caller's user token, already verified by
-// the Compute API, on POST /mcp/{server}. For a remote server it becomes
-// the Authorization bearer token of that call's HTTP requests; it is never
-// stored or logged.
-const HeaderUserToken = "X-Agentbox-User-Token"
-
 // egressDeniedHeader is where the egress proxy says why it refused a
 // destination.
 const egressDeniedHeader = "X-Agentbox-Egress-Denied"

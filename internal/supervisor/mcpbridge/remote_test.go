@@ -45,6 +45,8 @@ type seenRequest struct {
 
 type whoamiOut struct {
 	Authorization string `json:"authorization"`
+	// MetaToken says whether params._meta had a user token key.
+	MetaToken bool `json:"meta_token"`
 }
 
 func newRemoteServer(t *testing.T, tls bool) *remoteServer {
@@ -89,7 +91,8 @@ func (rs *remoteServer) reset() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "remote-test", Version: "1.0.0"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "whoami", Description: "returns the Authorization header of the call"},
 		func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, whoamiOut, error) {
-			return nil, whoamiOut{Authorization: req.Extra.Header.Get("Authorization")}, nil
+			_, meta := req.Params.GetMeta()[api.MetaUserToken]
+			return nil, whoamiOut{Authorization: req.Extra.Header.Get("Authorization"), MetaToken: meta}, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "block", Description: "answers once the test lets it"},
 		func(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
@@ -125,7 +128,7 @@ func postAs(t *testing.T, ts *httptest.Server, server, token, body string, heade
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
-		req.Header.Set(HeaderUserToken, token)
+		req.Header.Set(api.HeaderUserToken, token)
 	}
 	for k, v := range header {
 		req.Header.Set(k, v)
@@ -183,6 +186,15 @@ func TestRemoteUserToken(t *testing.T) {
 		t.Errorf("a call without a token: the server saw Authorization %q", got)
 	}
 
+	// The token never rides in _meta to a remote server, and a caller's
+	// own _meta key is dropped, with or without a token.
+	for _, token := range []string{"", "token-of-carol"} {
+		status, body := postAs(t, ts, "remote", token, `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"whoami","arguments":{},"_meta":{"`+api.MetaUserToken+`":"forged"}}}`, nil)
+		if status != http.StatusOK || !strings.Contains(string(body), `"meta_token":false`) || strings.Contains(string(body), "forged") {
+			t.Errorf("a forged _meta token, user token %q: %d %s", token, status, body)
+		}
+	}
+
 	// Concurrent calls on the one session keep their own tokens.
 	var wg sync.WaitGroup
 	errs := make(chan string, 24)
@@ -214,8 +226,8 @@ func TestRemoteUserToken(t *testing.T) {
 			t.Errorf("the session's own %s %s carried Authorization %q", r.Method, r.RPC, r.Authorization)
 		}
 	}
-	if calls != 27 {
-		t.Errorf("the server saw %d tools/call requests, want 27", calls)
+	if calls != 29 {
+		t.Errorf("the server saw %d tools/call requests, want 29", calls)
 	}
 
 	// The cached tool list and the status work as for a stdio server.

@@ -1,26 +1,18 @@
-// Command mcpwhoami is a remote (Streamable HTTP) MCP server built with the
-// official Go SDK, for the cluster test of remote MCP servers. Its tool
-// whoami says who the call's bearer token names: it verifies the token
-// against the Compute API's JWKS (a file) as a server that trusts the
-// platform's user tokens would, and reports the address the request came
-// from, so that the test sees it came through the egress proxy.
-//
-// Every HTTP request is logged to stdout with its method, JSON-RPC method,
-// source address and whether it had an Authorization header, never the
-// header itself.
+// Command mcpwhoami is a stdio MCP server built with the official Go SDK
+// for the user token cluster test: its whoami tool verifies the user
+// token a call carries in params._meta, as a third-party server would,
+// against a JWKS file the test put into the sandbox, and answers the
+// claims it saw or why it refused them.
 package main
 
 import (
-	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
-	"flag"
-	"fmt"
-	"io"
 	"log"
-	"net/http"
 	"os"
-	"strings"
+	"sync"
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
@@ -29,92 +21,71 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
 
-// remoteAddrHeader and urlHeader hand the request's source address and
-// the URL it was sent to to the tool; the wrapper sets them on every
-// request, over anything a client sent.
-const (
-	remoteAddrHeader = "X-Mcpwhoami-Remote-Addr"
-	urlHeader        = "X-Mcpwhoami-Url"
-)
+// metaUserToken is supervisorapi.MetaUserToken, spelled out as a server
+// outside the platform would.
+const metaUserToken = "agentbox.dev/user-token"
+
+type whoamiIn struct {
+	JWKSFile string `json:"jwks_file" jsonschema:"the JWKS of the platform's user tokens"`
+	Issuer   string `json:"issuer"`
+	Audience string `json:"audience"`
+	Agent    string `json:"agent"`
+}
 
 type whoamiOut struct {
-	// Authorization is "bearer" or "none".
-	Authorization string   `json:"authorization"`
-	Subject       string   `json:"subject,omitempty"`
-	Actor         string   `json:"actor,omitempty"`
-	Audience      []string `json:"audience,omitempty"`
-	// Error is why the token was refused.
-	Error      string `json:"error,omitempty"`
-	RemoteAddr string `json:"remote_addr"`
+	// Token says whether the call carried a token.
+	Token   bool     `json:"token"`
+	Refused string   `json:"refused,omitempty"`
+	Sub     string   `json:"sub,omitempty"`
+	Act     string   `json:"act,omitempty"`
+	Aud     []string `json:"aud,omitempty"`
+	JTI     string   `json:"jti,omitempty"`
+}
+
+type receivedOut struct {
+	// SHA256 holds the hex SHA-256 of every token a call carried: the
+	// server keeps no token.
+	SHA256 []string `json:"sha256"`
 }
 
 func main() {
-	listen := flag.String("listen", ":8080", "address to serve on")
-	jwksFile := flag.String("jwks", "/jwks/jwks.json", "the Compute API's JWKS")
-	issuer := flag.String("issuer", "", "the user tokens' issuer")
-	audience := flag.String("audience", "", "the audience the tokens must be for; empty means the URL each request was sent to")
-	flag.Parse()
-
-	b, err := os.ReadFile(*jwksFile)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var keys jose.JSONWebKeySet
-	if err := json.Unmarshal(b, &keys); err != nil {
-		log.Fatalf("%s: %v", *jwksFile, err)
-	}
-
+	var mu sync.Mutex
+	received := []string{}
 	s := mcp.NewServer(&mcp.Implementation{Name: "mcpwhoami", Version: "1.0.0"}, nil)
-	mcp.AddTool(s, &mcp.Tool{Name: "whoami", Description: "says whom the call's user token names"},
-		func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, whoamiOut, error) {
-			out := whoamiOut{Authorization: "none", RemoteAddr: req.Extra.Header.Get(remoteAddrHeader)}
-			auth := req.Extra.Header.Get("Authorization")
-			if auth == "" {
-				return nil, out, nil
+	mcp.AddTool(s, &mcp.Tool{Name: "whoami", Description: "verifies the call's user token and answers its claims"},
+		func(_ context.Context, req *mcp.CallToolRequest, in whoamiIn) (*mcp.CallToolResult, whoamiOut, error) {
+			tok, _ := req.Params.GetMeta()[metaUserToken].(string)
+			if tok == "" {
+				return nil, whoamiOut{}, nil
 			}
-			out.Authorization = "bearer"
-			token, ok := strings.CutPrefix(auth, "Bearer ")
-			if !ok {
-				out.Error = "not a bearer token"
-				return nil, out, nil
-			}
-			aud := *audience
-			if aud == "" {
-				aud = req.Extra.Header.Get(urlHeader)
-			}
-			c, err := usertoken.VerifyWithKeys(keys, token, *issuer, usertoken.Expectation{Audience: aud}, time.Now())
+			sum := sha256.Sum256([]byte(tok))
+			mu.Lock()
+			received = append(received, hex.EncodeToString(sum[:]))
+			mu.Unlock()
+			out := whoamiOut{Token: true}
+			data, err := os.ReadFile(in.JWKSFile)
 			if err != nil {
-				out.Error = err.Error()
+				return nil, whoamiOut{}, err
+			}
+			var set jose.JSONWebKeySet
+			if err := json.Unmarshal(data, &set); err != nil {
+				return nil, whoamiOut{}, err
+			}
+			c, err := usertoken.VerifyWithKeys(set, tok, in.Issuer, usertoken.Expectation{Audience: in.Audience, Agent: in.Agent}, time.Now())
+			if err != nil {
+				out.Refused = err.Error()
 				return nil, out, nil
 			}
-			out.Subject, out.Actor, out.Audience = c.Subject, c.Actor.Subject, c.Audience
+			out.Sub, out.Act, out.Aud, out.JTI = c.Subject, c.Actor.Subject, c.Audience, c.ID
 			return nil, out, nil
 		})
-	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
-	http.Handle("/mcp", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rpc := ""
-		if r.Method == http.MethodPost {
-			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			var m struct {
-				Method string `json:"method"`
-			}
-			_ = json.Unmarshal(body, &m)
-			rpc = m.Method
-			r.Body = io.NopCloser(bytes.NewReader(body))
-		}
-		auth := "none"
-		if r.Header.Get("Authorization") != "" {
-			auth = "bearer"
-		}
-		fmt.Printf("request method=%s rpc=%s remote=%s authorization=%s\n", r.Method, rpc, r.RemoteAddr, auth)
-		r.Header.Set(remoteAddrHeader, r.RemoteAddr)
-		r.Header.Set(urlHeader, "http://"+r.Host+r.URL.Path)
-		mcpHandler.ServeHTTP(w, r)
-	}))
-	srv := &http.Server{Addr: *listen, ReadHeaderTimeout: 10 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	mcp.AddTool(s, &mcp.Tool{Name: "received", Description: "the SHA-256 of every token a call carried"},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, receivedOut, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return nil, receivedOut{SHA256: append([]string{}, received...)}, nil
+		})
+	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+		log.Fatal(err)
+	}
 }
