@@ -60,9 +60,8 @@ const (
 )
 
 // ServerConfig is one MCP server of the template: stdio (Command) or
-// remote (URL). It is the
-// supervisor API's type, because the control plane writes it (from the
-// SandboxTemplate) and the supervisor reads it.
+// remote (URL). It is the supervisor API's type, because the control
+// plane writes it (from the SandboxTemplate) and the supervisor reads it.
 type ServerConfig = api.MCPServerConfig
 
 // ChildTracker is told about the processes the Manager starts. The
