@@ -2,6 +2,9 @@ package controller
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +26,7 @@ import (
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/computeapi"
 	apiclient "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/usertoken"
 )
@@ -36,6 +40,7 @@ type whoamiResult struct {
 	Error         string   `json:"error"`
 	RemoteAddr    string   `json:"remote_addr"`
 	MetaToken     bool     `json:"meta_token"`
+	APIKeySHA256  string   `json:"api_key_sha256"`
 }
 
 var whoamiRequest = map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -52,7 +57,10 @@ var whoamiRequest = map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/c
 // a token for another audience than the server's url is refused by the
 // API; a call without a token carries no Authorization, even with a token
 // forged into _meta; a server at a destination the proxy does not allow
-// answers a clear error.
+// answers a clear error. The same server over HTTPS, at a host for which
+// the proxy holds a credential, is reached through the proxy's TLS
+// interception: the supervisor trusts the proxy's CA, and the server gets
+// both the proxy's credential and the user token.
 func TestRemoteMCPOnCluster(t *testing.T) {
 	t.Parallel()
 	image := os.Getenv(EnvSandboxImage)
@@ -82,11 +90,11 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		Data:       map[string]string{"jwks.json": string(jwks)},
 	}))
 	labels := map[string]string{"app": "mcpremote"}
-	service := func(name string) string {
+	service := func(name string, port int32) string {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
 			Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{
-				Port: 8080, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP,
+				Port: port, TargetPort: intstr.FromInt32(port), Protocol: corev1.ProtocolTCP,
 			}}},
 		}
 		must(t, e.c.Create(ctx, svc))
@@ -96,8 +104,33 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 	// (a Service's would have the test cluster's kube-proxy masquerade the
 	// source, which the test checks), and at a Service's, which it does
 	// not.
-	blockedIP := service("mcpremote-blocked")
+	blockedIP := service("mcpremote-blocked", 8080)
 	blockedURL := "http://" + net.JoinHostPort(blockedIP, "8080") + "/mcp"
+	// And over HTTPS at a third address, with a certificate from a CA of
+	// the test's own for it, where the proxy adds a configured credential
+	// (X-Api-Key): the proxy terminates the sandbox's TLS with its own CA,
+	// which the supervisor has to trust through SSL_CERT_FILE.
+	tlsIP := service("mcpremote-tls", 8443)
+	tlsURL := "https://" + net.JoinHostPort(tlsIP, "8443") + "/mcp"
+	destCA, err := pki.NewCA("test remote MCP server CA")
+	must(t, err)
+	leaf, err := destCA.Issue(pki.LeafOptions{
+		ID: pki.SandboxID("", e.ns, "mcpremote-tls"), Usage: pki.UsageServer, IPAddresses: []net.IP{net.ParseIP(tlsIP)},
+	})
+	must(t, err)
+	must(t, e.c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "mcpremote-tls", Namespace: e.ns},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM},
+	}))
+	apiKeyBytes := make([]byte, 16)
+	_, _ = rand.Read(apiKeyBytes)
+	apiKey := "key-" + hex.EncodeToString(apiKeyBytes)
+	apiKeySum := sha256.Sum256([]byte(apiKey))
+	must(t, e.c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "mcp-api-key", Namespace: e.ns},
+		Data:       map[string][]byte{"key": []byte(apiKey)},
+	}))
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "mcpremote", Namespace: e.ns, Labels: labels},
 		Spec: corev1.PodSpec{
@@ -109,14 +142,19 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 				{Name: "jwks", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 					LocalObjectReference: corev1.LocalObjectReference{Name: "mcpremote-jwks"},
 				}}},
+				{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: "mcpremote-tls", DefaultMode: ptr.To[int32](0o444),
+				}}},
 			},
 			Containers: []corev1.Container{{
 				Name: "mcp", Image: image, ImagePullPolicy: corev1.PullNever,
 				// The tokens' audience is the URL the server is called at.
-				Command: []string{"/opt/mcp/mcpremote", "-listen", ":8080", "-jwks", "/jwks/jwks.json", "-issuer", issuerURL},
+				Command: []string{"/opt/mcp/mcpremote", "-listen", ":8080", "-jwks", "/jwks/jwks.json", "-issuer", issuerURL,
+					"-tls-listen", ":8443", "-tls-cert", "/tls/tls.crt", "-tls-key", "/tls/tls.key"},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "bin", MountPath: "/opt/mcp", ReadOnly: true},
 					{Name: "jwks", MountPath: "/jwks", ReadOnly: true},
+					{Name: "tls", MountPath: "/tls", ReadOnly: true},
 				},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
@@ -141,8 +179,15 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 	proxy := &v1alpha1.EgressProxy{
 		ObjectMeta: metav1.ObjectMeta{Name: "egress", Namespace: e.ns},
 		Spec: v1alpha1.EgressProxySpec{
-			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(whoIP)},
-			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(whoIP + "/32")},
+			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(whoIP), v1alpha1.Domain(tlsIP)},
+			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(whoIP + "/32"), v1alpha1.AllowedCIDR(tlsIP + "/32")},
+			Credentials: []v1alpha1.EgressCredential{{
+				Name:      "mcp-api-key",
+				Hosts:     []v1alpha1.Domain{v1alpha1.Domain(tlsIP)},
+				SecretRef: v1alpha1.SecretKeySelector{Name: "mcp-api-key", Key: "key"},
+				Header:    &v1alpha1.EgressCredentialHeader{Name: "X-Api-Key", ValueTemplate: "{{secret}}"},
+			}},
+			DestinationCABundle: string(destCA.CertPEM),
 		},
 	}
 	must(t, e.c.Create(ctx, proxy))
@@ -150,7 +195,7 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		tpl.Spec.Image = image
 		tpl.Spec.IdleTimeout = metav1.Duration{Duration: time.Hour}
 		tpl.Spec.EgressProxyRef = &v1alpha1.LocalObjectReference{Name: "egress"}
-		tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "who", URL: whoURL}, {Name: "blocked", URL: blockedURL}}
+		tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "who", URL: whoURL}, {Name: "blocked", URL: blockedURL}, {Name: "tls", URL: tlsURL}}
 	})
 	e.sandbox("remote", "tpl")
 	sbx, _ := e.waitPhase("remote", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
@@ -234,26 +279,62 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		t.Errorf("a forged _meta token: the server saw %+v (%v)", who, err)
 	}
 
+	// Over HTTPS through the proxy's interception: the supervisor trusts
+	// the proxy's CA, the proxy adds the configured credential, and the
+	// user token still goes as the bearer token.
+	var tlsWho whoamiResult
+	e.eventually("mcp_request to the HTTPS remote MCP server", func() error {
+		raw, err := api.MCPRequest(ctx, agent, "tls", whoamiRequest)
+		if err != nil {
+			return err
+		}
+		tlsWho, err = parse(raw)
+		return err
+	})
+	if tlsWho.Authorization != "none" || tlsWho.APIKeySHA256 != hex.EncodeToString(apiKeySum[:]) {
+		t.Errorf("the HTTPS server without a user token saw %+v; want no Authorization and the proxy's credential", tlsWho)
+	}
+	carol, err := api.ExchangeToken(ctx, apiclient.TokenExchangeRequest{SubjectToken: "carol@example.com", Audience: tlsURL, AgentID: agent})
+	must(t, err)
+	raw, err = api.MCPRequest(ctx, agent, "tls", whoamiRequest, apiclient.WithUserToken(carol.AccessToken))
+	must(t, err)
+	if tlsWho, err = parse(raw); err != nil || tlsWho.Subject != "carol@example.com" || tlsWho.Error != "" ||
+		tlsWho.APIKeySHA256 != hex.EncodeToString(apiKeySum[:]) {
+		t.Errorf("carol's call over HTTPS: the server saw %+v (%v)", tlsWho, err)
+	}
+
 	// The server's log: every request came from the proxy pod, and only
 	// the two tokened calls had an Authorization header.
 	logs, err := cs.CoreV1().Pods(e.ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 	must(t, err)
-	line := regexp.MustCompile(`(?m)^request method=(\S+) rpc=(\S*) remote=(\S+) authorization=(\S+)$`)
-	bearer, requests, posts := 0, 0, 0
+	line := regexp.MustCompile(`(?m)^request port=(\d+) method=(\S+) rpc=(\S*) remote=(\S+) authorization=(\S+)$`)
+	bearer, requests, posts, tlsBearer := 0, 0, 0, 0
 	for _, m := range line.FindAllStringSubmatch(string(logs), -1) {
+		port, method, rpc, remote, auth := m[1], m[2], m[3], m[4], m[5]
+		if auth == "bearer" && rpc != "tools/call" {
+			t.Errorf("%s %s carried an Authorization header", method, rpc)
+		}
+		if port == "8443" {
+			// The HTTPS server is called at a Service's address, whose
+			// source the test cluster's kube-proxy masquerades.
+			if auth == "bearer" {
+				tlsBearer++
+			}
+			continue
+		}
 		requests++
-		if m[1] == http.MethodPost {
+		if method == http.MethodPost {
 			posts++
 		}
-		if host, _, _ := net.SplitHostPort(m[3]); host != proxyPod.Status.PodIP {
-			t.Errorf("the server got %s %s from %s, not through the egress proxy", m[1], m[2], m[3])
+		if host, _, _ := net.SplitHostPort(remote); host != proxyPod.Status.PodIP {
+			t.Errorf("the server got %s %s from %s, not through the egress proxy", method, rpc, remote)
 		}
-		if m[4] == "bearer" {
+		if auth == "bearer" {
 			bearer++
-			if m[2] != "tools/call" {
-				t.Errorf("%s %s carried an Authorization header", m[1], m[2])
-			}
 		}
+	}
+	if tlsBearer != 1 {
+		t.Errorf("the HTTPS server logged %d requests with Authorization; want carol's call:\n%s", tlsBearer, logs)
 	}
 	if bearer != 2 || requests < 5 {
 		t.Errorf("the server logged %d requests, %d with Authorization; want the 2 tokened calls:\n%s", requests, bearer, logs)
@@ -279,6 +360,12 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 		}
 		if n := proxyLogLines(proxyLogs, http.MethodPost, whoIP, "allow"); n != posts {
 			return fmt.Errorf("the proxy forwarded %d POSTs to %s, the server got %d", n, whoIP, posts)
+		}
+		if !bytes.Contains(proxyLogs, []byte(`"credential":"mcp-api-key","intercepted":true`)) {
+			return fmt.Errorf("the proxy's log has no intercepted request with the credential:\n%s", proxyLogs)
+		}
+		if bytes.Contains(proxyLogs, []byte(apiKey)) {
+			t.Error("the proxy's log holds the credential")
 		}
 		if proxyLogLines(proxyLogs, http.MethodPost, blockedIP, "deny") == 0 {
 			return fmt.Errorf("the proxy's log has no refused request to %s:\n%s", blockedIP, proxyLogs)

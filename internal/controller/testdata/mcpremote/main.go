@@ -3,21 +3,25 @@
 // whoami says who the call's bearer token names: it verifies the token
 // against the Compute API's JWKS (a file) as a server that trusts the
 // platform's user tokens would, and reports the address the request came
-// from, so that the test sees it came through the egress proxy.
+// from, so that the test sees it came through the egress proxy. It serves
+// plain HTTP, and HTTPS too when given a certificate.
 //
-// Every HTTP request is logged to stdout with its method, JSON-RPC method,
-// source address and whether it had an Authorization header, never the
-// header itself.
+// Every HTTP request is logged to stdout with the port it came in on, its
+// method, JSON-RPC method, source address and whether it had an
+// Authorization header, never the header itself.
 package main
 
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -47,8 +51,12 @@ type whoamiOut struct {
 	Error string `json:"error,omitempty"`
 	// MetaToken says whether params._meta had a user token key: a remote
 	// server gets the token as its bearer token only.
-	MetaToken  bool   `json:"meta_token"`
-	RemoteAddr string `json:"remote_addr"`
+	MetaToken bool `json:"meta_token"`
+	// APIKeySHA256 is the hex SHA-256 of the X-Api-Key header, which the
+	// egress proxy adds as a configured credential; the server keeps no
+	// secret.
+	APIKeySHA256 string `json:"api_key_sha256,omitempty"`
+	RemoteAddr   string `json:"remote_addr"`
 }
 
 func main() {
@@ -56,6 +64,9 @@ func main() {
 	jwksFile := flag.String("jwks", "/jwks/jwks.json", "the Compute API's JWKS")
 	issuer := flag.String("issuer", "", "the user tokens' issuer")
 	audience := flag.String("audience", "", "the audience the tokens must be for; empty means the URL each request was sent to")
+	tlsListen := flag.String("tls-listen", "", "address to serve HTTPS on too, with -tls-cert and -tls-key")
+	tlsCert := flag.String("tls-cert", "", "the HTTPS certificate")
+	tlsKey := flag.String("tls-key", "", "the HTTPS certificate's key")
 	flag.Parse()
 
 	b, err := os.ReadFile(*jwksFile)
@@ -72,6 +83,10 @@ func main() {
 		func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, whoamiOut, error) {
 			out := whoamiOut{Authorization: "none", RemoteAddr: req.Extra.Header.Get(remoteAddrHeader)}
 			_, out.MetaToken = req.Params.GetMeta()["agentbox.dev/user-token"]
+			if key := req.Extra.Header.Get("X-Api-Key"); key != "" {
+				sum := sha256.Sum256([]byte(key))
+				out.APIKeySHA256 = hex.EncodeToString(sum[:])
+			}
 			auth := req.Extra.Header.Get("Authorization")
 			if auth == "" {
 				return nil, out, nil
@@ -114,11 +129,24 @@ func main() {
 		if r.Header.Get("Authorization") != "" {
 			auth = "bearer"
 		}
-		fmt.Printf("request method=%s rpc=%s remote=%s authorization=%s\n", r.Method, rpc, r.RemoteAddr, auth)
+		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		port := ""
+		if local != nil {
+			_, port, _ = net.SplitHostPort(local.String())
+		}
+		fmt.Printf("request port=%s method=%s rpc=%s remote=%s authorization=%s\n", port, r.Method, rpc, r.RemoteAddr, auth)
 		r.Header.Set(remoteAddrHeader, r.RemoteAddr)
-		r.Header.Set(urlHeader, "http://"+r.Host+r.URL.Path)
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		r.Header.Set(urlHeader, scheme+"://"+r.Host+r.URL.Path)
 		mcpHandler.ServeHTTP(w, r)
 	}))
+	if *tlsListen != "" {
+		tlsSrv := &http.Server{Addr: *tlsListen, ReadHeaderTimeout: 10 * time.Second}
+		go func() { log.Fatal(tlsSrv.ListenAndServeTLS(*tlsCert, *tlsKey)) }()
+	}
 	srv := &http.Server{Addr: *listen, ReadHeaderTimeout: 10 * time.Second}
 	log.Fatal(srv.ListenAndServe())
 }
