@@ -359,7 +359,14 @@ func TestRemoteMCPOnCluster(t *testing.T) {
 			return err
 		}
 		if n := proxyLogLines(proxyLogs, http.MethodPost, whoIP, "allow"); n != posts {
-			return fmt.Errorf("the proxy forwarded %d POSTs to %s, the server got %d", n, whoIP, posts)
+			var lines []string
+			for _, l := range bytes.Split(proxyLogs, []byte("\n")) {
+				if bytes.Contains(l, []byte(`"host":"`+whoIP+`"`)) {
+					lines = append(lines, string(l))
+				}
+			}
+			return fmt.Errorf("the proxy forwarded %d POSTs to %s, the server got %d; the proxy's lines:\n%s\nthe server's log:\n%s",
+				n, whoIP, posts, strings.Join(lines, "\n"), logs)
 		}
 		if !bytes.Contains(proxyLogs, []byte(`"credential":"mcp-api-key","intercepted":true`)) {
 			return fmt.Errorf("the proxy's log has no intercepted request with the credential:\n%s", proxyLogs)
