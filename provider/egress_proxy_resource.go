@@ -57,6 +57,8 @@ type egressProxyModel struct {
 	UpstreamCredentialsWO        types.String   `tfsdk:"upstream_credentials_wo"`
 	UpstreamCredentialsWOVersion types.Int64    `tfsdk:"upstream_credentials_wo_version"`
 	UpstreamCredentialsSecret    types.Object   `tfsdk:"upstream_credentials_secret"`
+	Credentials                  types.List     `tfsdk:"credentials"`
+	DestinationCABundle          types.String   `tfsdk:"destination_ca_bundle"`
 	WaitForReady                 types.Bool     `tfsdk:"wait_for_ready"`
 	Status                       types.Object   `tfsdk:"status"`
 	Timeouts                     timeouts.Value `tfsdk:"timeouts"`
@@ -157,7 +159,9 @@ func (r *egressProxyResource) Schema(ctx context.Context, _ resource.SchemaReque
 			"`denied_cidrs` after DNS resolution, can chain to an upstream proxy with credentials, and logs every request. It becomes an " +
 			"`EgressProxy` object; templates name it in `egress_proxy`. Upstream credentials given in " +
 			"`upstream_credentials_wo` are kept in a Secret `<name>-egress-upstream` that the resource owns; they are " +
-			"write-only and never stored in the plan or state (Terraform 1.11 or later). Requires `agentbox_platform`.",
+			"write-only and never stored in the plan or state (Terraform 1.11 or later). `credentials` are secrets the proxy " +
+			"adds to requests for some hosts, so that sandboxes never hold them; their values given in `value_wo` are kept, " +
+			"write-only too, in a Secret `<name>-egress-injected` that the resource owns. Requires `agentbox_platform`.",
 		Attributes: map[string]schema.Attribute{
 			"id":        idAttribute(egressProxyKind),
 			"name":      nameAttribute(egressProxyKind),
@@ -243,6 +247,8 @@ func (r *egressProxyResource) Schema(ctx context.Context, _ resource.SchemaReque
 					},
 				},
 			},
+			"credentials":           egressCredentialsAttribute(),
+			"destination_ca_bundle": destinationCABundleAttribute(),
 			"wait_for_ready": schema.BoolAttribute{
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
 				MarkdownDescription: "Wait on create and update until the platform reports the proxy Ready (in `Shared` mode its " +
@@ -284,9 +290,11 @@ func (r *egressProxyResource) Configure(_ context.Context, req resource.Configur
 	r.data = providerDataFrom(req.ProviderData, &resp.Diagnostics)
 }
 
-// ValidateConfig applies the rules of egressProxyModes before plan, so a
-// proxy the API server would reject fails early.
+// ValidateConfig applies the rules of egressProxyModes and of
+// egressCredentialRules before plan, so a proxy the API server would
+// reject fails early.
 func (r *egressProxyResource) ValidateConfig(ctx context.Context, req resource.ValidateConfigRequest, resp *resource.ValidateConfigResponse) {
+	validateEgressCredentials(ctx, req.Config, &resp.Diagnostics)
 	var mode types.String
 	var replicas types.Int64
 	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("mode"), &mode)...)
@@ -316,6 +324,7 @@ func (r *egressProxyResource) Create(ctx context.Context, req resource.CreateReq
 	var plan egressProxyModel
 	var creds types.String
 	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("upstream_credentials_wo"), &creds)...)
+	injected := injectedValues(ctx, req.Config, types.ListNull(types.ObjectType{AttrTypes: egressCredentialAttrTypes}), &resp.Diagnostics)
 	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
 	if c == nil {
 		return
@@ -343,6 +352,12 @@ func (r *egressProxyResource) Create(ctx context.Context, req resource.CreateReq
 			return
 		}
 	}
+	if len(injected) > 0 {
+		if err := syncInjectedSecret(ctx, c, obj, injected); err != nil {
+			injectedSecretDiag(&resp.Diagnostics, "write", key, err)
+			return
+		}
+	}
 	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 }
@@ -359,7 +374,18 @@ func (r *egressProxyResource) Read(ctx context.Context, req resource.ReadRequest
 		return
 	}
 	state.ID = types.StringValue(objectID(obj.Namespace, obj.Name))
-	state.fromSpec(ctx, &obj, &resp.Diagnostics)
+	// As for the upstream credentials, Read sees of the value_wo only
+	// whether its key is in the resource's Secret; a missing one makes
+	// fromSpec forget the credential's version, which plans a rewrite.
+	var present map[string]bool
+	if usesInjectedSecret(&obj) {
+		var err error
+		if present, err = injectedSecret(obj.Name).keys(ctx, c, &obj); err != nil {
+			injectedSecretDiag(&resp.Diagnostics, "read", key, err)
+			return
+		}
+	}
+	state.fromSpec(ctx, &obj, present, &resp.Diagnostics)
 	if !state.UpstreamCredentialsWOVersion.IsNull() {
 		// The value is write-only, so Read cannot compare it; what it can see
 		// is the Secret gone or no longer referenced. Forgetting the version
@@ -383,6 +409,7 @@ func (r *egressProxyResource) Update(ctx context.Context, req resource.UpdateReq
 	var creds types.String
 	resp.Diagnostics.Append(req.State.Get(ctx, &prior)...)
 	resp.Diagnostics.Append(req.Config.GetAttribute(ctx, path.Root("upstream_credentials_wo"), &creds)...)
+	injected := injectedValues(ctx, req.Config, prior.Credentials, &resp.Diagnostics)
 	c := modelAndClient(ctx, r.data, req.Plan, &plan, &resp.Diagnostics)
 	if c == nil {
 		return
@@ -414,6 +441,12 @@ func (r *egressProxyResource) Update(ctx context.Context, req resource.UpdateReq
 			return
 		}
 	}
+	// New and rotated values go in, dropped credentials' keys go out, and
+	// with no value_wo left the Secret goes.
+	if err := syncInjectedSecret(ctx, c, &obj, injected); err != nil {
+		injectedSecretDiag(&resp.Diagnostics, "write", key, err)
+		return
+	}
 	plan.setStatus(ctx, &obj, &resp.Diagnostics)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 	r.waitAndRefresh(ctx, c, key, &plan, timeout, &resp.Diagnostics)
@@ -434,6 +467,10 @@ func (r *egressProxyResource) Delete(ctx context.Context, req resource.DeleteReq
 	// not keep credentials behind.
 	if err := deleteUpstreamSecret(ctx, c, obj); err != nil {
 		upstreamSecretDiag(&resp.Diagnostics, "delete", client.ObjectKeyFromObject(obj), err)
+		return
+	}
+	if err := injectedSecret(obj.Name).delete(ctx, c, obj); err != nil {
+		injectedSecretDiag(&resp.Diagnostics, "delete", client.ObjectKeyFromObject(obj), err)
 		return
 	}
 	egressProxyCR.delete(ctx, c, obj, timeout, &resp.Diagnostics)
@@ -484,6 +521,8 @@ func (m *egressProxyModel) spec(ctx context.Context, diags *diag.Diagnostics) ag
 		n := int32(m.Replicas.ValueInt64())
 		s.Replicas = &n
 	}
+	s.Credentials = m.credentialsSpec(ctx, diags)
+	s.DestinationCABundle = m.DestinationCABundle.ValueString()
 	if !m.UpstreamURL.IsNull() {
 		s.Upstream = &agentboxv1alpha1.EgressUpstream{URL: m.UpstreamURL.ValueString()}
 		switch {
@@ -502,8 +541,9 @@ func (m *egressProxyModel) spec(ctx context.Context, diags *diag.Diagnostics) ag
 
 // fromSpec sets the attributes from the live spec. A reference to the
 // resource's own Secret is upstream_credentials_wo's doing, not
-// upstream_credentials_secret.
-func (m *egressProxyModel) fromSpec(ctx context.Context, ep *agentboxv1alpha1.EgressProxy, diags *diag.Diagnostics) {
+// upstream_credentials_secret, and likewise value_wo's for a credential;
+// present are the keys holding a value in the Secret of the latter.
+func (m *egressProxyModel) fromSpec(ctx context.Context, ep *agentboxv1alpha1.EgressProxy, present map[string]bool, diags *diag.Diagnostics) {
 	s := &ep.Spec
 	mode := s.Mode
 	if mode == "" {
@@ -522,6 +562,8 @@ func (m *egressProxyModel) fromSpec(ctx context.Context, ep *agentboxv1alpha1.Eg
 	if s.RuntimeClassName != "" {
 		m.RuntimeClassName = types.StringValue(s.RuntimeClassName)
 	}
+	m.Credentials = credentialsValue(ctx, m.Credentials, ep, present, diags)
+	m.DestinationCABundle = stringOrNull(s.DestinationCABundle)
 	m.UpstreamURL = types.StringNull()
 	m.UpstreamCredentialsSecret = types.ObjectNull(secretKeyAttrTypes)
 	m.UpstreamCredentialsWO = types.StringNull()

@@ -64,17 +64,38 @@ func TestEgressProxySchema(t *testing.T) {
 			if a.GetMarkdownDescription() == "" {
 				t.Errorf("%s%s has no MarkdownDescription", prefix, name)
 			}
-			if n, ok := a.(schema.SingleNestedAttribute); ok {
+			switch n := a.(type) {
+			case schema.SingleNestedAttribute:
 				walk(prefix+name+".", n.Attributes)
+			case schema.ListNestedAttribute:
+				walk(prefix+name+"[].", n.NestedObject.Attributes)
 			}
 		}
 	}
 	walk(meta.TypeName+".", resp.Schema.Attributes)
 
-	wo := resp.Schema.Attributes["upstream_credentials_wo"]
-	if !wo.IsWriteOnly() || !wo.IsSensitive() || wo.IsComputed() {
-		t.Errorf("upstream_credentials_wo: write-only %v, sensitive %v, computed %v; want write-only, sensitive, not computed",
-			wo.IsWriteOnly(), wo.IsSensitive(), wo.IsComputed())
+	creds := resp.Schema.Attributes["credentials"].(schema.ListNestedAttribute).NestedObject.Attributes
+	for name, wo := range map[string]schema.Attribute{"upstream_credentials_wo": resp.Schema.Attributes["upstream_credentials_wo"],
+		"credentials[].value_wo": creds["value_wo"]} {
+		if !wo.IsWriteOnly() || !wo.IsSensitive() || wo.IsComputed() {
+			t.Errorf("%s: write-only %v, sensitive %v, computed %v; want write-only, sensitive, not computed",
+				name, wo.IsWriteOnly(), wo.IsSensitive(), wo.IsComputed())
+		}
+	}
+	for _, rule := range egressCredentialRules {
+		for _, a := range rule.attrs {
+			if !strings.Contains(creds[a].GetMarkdownDescription(), rule.description) {
+				t.Errorf("credentials[].%s's description does not state the rule it is in: %s", a, rule.description)
+			}
+		}
+	}
+	if !strings.Contains(resp.Schema.Attributes["destination_ca_bundle"].GetMarkdownDescription(), pemBundleDescription) {
+		t.Error("destination_ca_bundle's description does not say what its validator enforces")
+	}
+	for attr, check := range map[string]stringCheck{"name": credentialNameCheck, "hosts": domainCheck} {
+		if !strings.Contains(creds[attr].GetMarkdownDescription(), check.description) {
+			t.Errorf("credentials[].%s's description does not say what its validator enforces (%s)", attr, check.description)
+		}
 	}
 	modeDoc := resp.Schema.Attributes["mode"].GetMarkdownDescription()
 	for _, m := range egressProxyModes {
@@ -95,6 +116,10 @@ func TestEgressProxyChecks(t *testing.T) {
 		check     stringCheck
 		good, bad []string
 	}{
+		{credentialNameCheck, []string{"api", "gh-token", "a1"}, []string{"", "API", "-a", "a_b", strings.Repeat("a", 64)}},
+		{headerNameCheck, []string{"Authorization", "X-Api-Key", "x_custom"}, []string{"", "Proxy-Authorization", "host", "Bad Header", "a:b"}},
+		{valueTemplateCheck, []string{"Bearer {{secret}}", "{{secret}}"}, []string{"Bearer", "{{ secret }}", strings.Repeat("x", 4097) + "{{secret}}"}},
+		{basicAuthUserCheck, []string{"bot", ""}, []string{"a:b", "a\nb", strings.Repeat("u", 257)}},
 		{domainCheck, []string{"example.com", "*.example.com", "a", "x-1.example.co"}, []string{"", "Example.com", "*.", "a..b", "-a.com", "*example.com", "a.*.com", strings.Repeat("a.", 127) + "ab"}},
 		{cidrCheck, []string{"10.0.0.0/8", "192.168.1.1/32", "fd00::/8", "0.0.0.0/0"}, []string{"10.0.0.1/8", "10.0.0.0", "10.0.0.0/33", "fe80::/10%eth0", "example.com/8"}},
 		{allowedCIDRCheck, []string{"10.20.0.0/16", "198.18.0.7/32", "fd12::/64", "172.16.0.0/12", "169.255.0.0/16"},
@@ -536,6 +561,30 @@ func TestAccEgressProxy_invalid(t *testing.T) {
   upstream_credentials_wo         = "no-colon-supersecret"
   upstream_credentials_wo_version = 1`, `must be ` + "`user:password`"},
 	}
+	cred := func(body string) string {
+		return "credentials = [{\n    name  = \"api\"\n    hosts = [\"api.example.com\"]\n    " + body + "\n  }]"
+	}
+	const hdr, src = `header = { name = "X-Key" }`, `secret_ref = { name = "s", key = "k" }`
+	const wo = "value_wo = \"x\"\n    value_wo_version = 1"
+	cases = append(cases, []struct{ name, body, want string }{
+		{"credential with both sources", cred(hdr + "\n    " + src + "\n    " + wo), egressCredentialRules[1].description + " (`secret_ref` and `value_wo` set)"},
+		{"credential without a source", cred(hdr), egressCredentialRules[1].description + " (none is set)"},
+		{"credential with header and basic_auth", cred(hdr + "\n    basic_auth = { username = \"u\" }\n    " + src),
+			egressCredentialRules[0].description + " (`header` and `basic_auth` set)"},
+		{"credential without header or basic_auth", cred(src), egressCredentialRules[0].description + " (none is set)"},
+		{"value_wo without version", cred(hdr + "\n    value_wo = \"x\""), egressCredentialRules[2].description + " (`value_wo` set)"},
+		{"value_wo_version without value", cred(hdr + "\n    " + src + "\n    value_wo_version = 1"), egressCredentialRules[2].description},
+		{"duplicate credential names", "credentials = [\n    { name = \"api\", hosts = [\"a.example.com\"], " + hdr + ", " + src + " },\n" +
+			"    { name = \"api\", hosts = [\"b.example.com\"], " + hdr + ", " + src + " },\n  ]", `are both named "api"`},
+		{"secret_ref to the owned Secret", cred(hdr + "\n    secret_ref = { name = \"invalid-egress-injected\", key = \"api\" }"),
+			"is where the resource keeps the values given by value_wo"},
+		{"hop-by-hop header", cred(`header = { name = "Proxy-Authorization" }` + "\n    " + src), "Proxy-Authorization never reaches the destination"},
+		{"template without placeholder", cred(`header = { name = "X-Key", value_template = "Bearer" }` + "\n    " + src), "no {{secret}} in it"},
+		{"basic_auth value without colon", cred("basic_auth = {}\n    value_wo = \"no-colon-supersecret\"\n    value_wo_version = 1"),
+			"must be " + credentialsDescription},
+		{"bad credential host", strings.Replace(cred(hdr+"\n    "+src), "api.example.com", "API.example.com", 1), "not a lower-case domain name"},
+		{"CA bundle without a certificate", `destination_ca_bundle = "not a certificate"`, "no CA certificate found in PEM data"},
+	}...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			tfresource.Test(t, tfresource.TestCase{

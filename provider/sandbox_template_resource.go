@@ -78,6 +78,13 @@ type pythonModel struct {
 	IndexURL        types.String `tfsdk:"index_url"`
 	ExtraIndexURLs  types.List   `tfsdk:"extra_index_urls"`
 	AllowedPackages types.List   `tfsdk:"allowed_packages"`
+	Environments    types.Object `tfsdk:"environments"`
+}
+
+type pythonEnvironmentsModel struct {
+	MaxCount types.Int64  `tfsdk:"max_count"`
+	MaxSize  types.String `tfsdk:"max_size"`
+	TTL      types.String `tfsdk:"ttl"`
 }
 
 type mcpServerModel struct {
@@ -110,11 +117,17 @@ var templateCR = crKind{kind: templateKind, tfType: sandboxTemplateTFType}
 // checkpointsKeptRange is the CRD's bound on checkpointsKept.
 var checkpointsKeptRange = int64validator.Between(1, 10)
 
+// pythonEnvironmentsCountRange is the CRD's bound on
+// python.environments.maxCount.
+var pythonEnvironmentsCountRange = int64validator.Between(1, 64)
+
 var (
-	resourcesAttrTypes = map[string]attr.Type{"requests": types.MapType{ElemType: types.StringType}, "limits": types.MapType{ElemType: types.StringType}}
-	workspaceAttrTypes = map[string]attr.Type{"size": types.StringType, "storage_class_name": types.StringType, "volume_snapshot_class_name": types.StringType, "mount_path": types.StringType}
-	pythonAttrTypes    = map[string]attr.Type{"default_timeout": types.StringType, "max_timeout": types.StringType, "index_url": types.StringType,
-		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType}}
+	resourcesAttrTypes          = map[string]attr.Type{"requests": types.MapType{ElemType: types.StringType}, "limits": types.MapType{ElemType: types.StringType}}
+	workspaceAttrTypes          = map[string]attr.Type{"size": types.StringType, "storage_class_name": types.StringType, "volume_snapshot_class_name": types.StringType, "mount_path": types.StringType}
+	pythonEnvironmentsAttrTypes = map[string]attr.Type{"max_count": types.Int64Type, "max_size": types.StringType, "ttl": types.StringType}
+	pythonAttrTypes             = map[string]attr.Type{"default_timeout": types.StringType, "max_timeout": types.StringType, "index_url": types.StringType,
+		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType},
+		"environments": types.ObjectType{AttrTypes: pythonEnvironmentsAttrTypes}}
 	mcpServerAttrTypes = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType},
 		"url": types.StringType}
 	secretFileAttrTypes = map[string]attr.Type{"secret_name": types.StringType, "mount_path": types.StringType}
@@ -229,6 +242,7 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 				Default: objectdefault.StaticValue(types.ObjectValueMust(pythonAttrTypes, map[string]attr.Value{
 					"default_timeout": types.StringValue(defaultPythonTimeout), "max_timeout": types.StringValue(defaultPythonMax),
 					"index_url": types.StringNull(), "extra_index_urls": types.ListNull(types.StringType), "allowed_packages": types.ListNull(types.StringType),
+					"environments": types.ObjectNull(pythonEnvironmentsAttrTypes),
 				})),
 				MarkdownDescription: "Policy of `python_exec` and of the cached Python environments.",
 				Attributes: map[string]schema.Attribute{
@@ -245,6 +259,34 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 					"index_url":        schema.StringAttribute{Optional: true, MarkdownDescription: "Package index that requirements are installed from."},
 					"extra_index_urls": optionalList("Further package indexes."),
 					"allowed_packages": optionalList("If set, only these packages may be installed."),
+					"environments": schema.SingleNestedAttribute{
+						Optional: true,
+						MarkdownDescription: "Bounds of the sandbox's cached Python environments (built for `execute` runs with requirements, " +
+							"or ahead of them with the Compute API's `/v1/agents/{id}/envs`). They live in a hidden directory of the workspace " +
+							"volume (`.agentbox/envs`), so an idle stop keeps them and a resumed sandbox does not rebuild them; they count " +
+							"against the workspace's size and are never synced to the filespace. Past any bound the least recently used idle " +
+							"environments are removed. Unset attributes take the defaults.",
+						Attributes: map[string]schema.Attribute{
+							"max_count": schema.Int64Attribute{
+								Optional: true,
+								MarkdownDescription: "How many environments are kept: " + pythonEnvironmentsCountRange.MarkdownDescription(ctx) +
+									". Defaults to `" + fmt.Sprint(agentboxv1alpha1.DefaultPythonEnvironmentsMaxCount) + "`.",
+								Validators: []validator.Int64{pythonEnvironmentsCountRange},
+							},
+							"max_size": schema.StringAttribute{
+								Optional: true,
+								MarkdownDescription: "Disk the environments may take together, " + quantityCheck.description +
+									"; it must be smaller than `workspace.size`. Defaults to half of `workspace.size`.",
+								Validators: []validator.String{quantityCheck},
+							},
+							"ttl": schema.StringAttribute{
+								Optional: true,
+								MarkdownDescription: "An idle environment unused for longer than this (idle stops included) is removed: " +
+									envTTLCheck.description + ". Defaults to `168h` (7 days).",
+								Validators: []validator.String{envTTLCheck},
+							},
+						},
+					},
 				},
 			},
 			"mcp_servers": schema.ListNestedAttribute{
@@ -433,6 +475,7 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 			IndexURL:        pm.IndexURL.ValueString(),
 			ExtraIndexURLs:  goStrings(ctx, pm.ExtraIndexURLs, diags),
 			AllowedPackages: goStrings(ctx, pm.AllowedPackages, diags),
+			Environments:    pythonEnvironmentsSpec(ctx, pm.Environments, diags),
 		}
 	}
 	if !m.MCPServers.IsNull() && !m.MCPServers.IsUnknown() {
@@ -531,7 +574,53 @@ func pythonValue(ctx context.Context, prior types.Object, p *agentboxv1alpha1.Py
 	pm.IndexURL = stringOrNull(p.IndexURL)
 	pm.ExtraIndexURLs = listValue(ctx, pm.ExtraIndexURLs, p.ExtraIndexURLs, diags)
 	pm.AllowedPackages = listValue(ctx, pm.AllowedPackages, p.AllowedPackages, diags)
+	pm.Environments = pythonEnvironmentsValue(ctx, pm.Environments, p.Environments, diags)
 	return objectValue(ctx, pythonAttrTypes, pm, diags)
+}
+
+func pythonEnvironmentsSpec(ctx context.Context, v types.Object, diags *diag.Diagnostics) *agentboxv1alpha1.PythonEnvironments {
+	if v.IsNull() || v.IsUnknown() {
+		return nil
+	}
+	var em pythonEnvironmentsModel
+	diags.Append(v.As(ctx, &em, objectAsOptions)...)
+	e := &agentboxv1alpha1.PythonEnvironments{MaxCount: int32(em.MaxCount.ValueInt64())}
+	if !em.MaxSize.IsNull() && !em.MaxSize.IsUnknown() {
+		q := parseQuantity(em.MaxSize, "python.environments.max_size", diags)
+		e.MaxSize = &q
+	}
+	if !em.TTL.IsNull() && !em.TTL.IsUnknown() {
+		d := parseDuration(em.TTL, "python.environments.ttl", diags)
+		e.TTL = &d
+	}
+	return e
+}
+
+// pythonEnvironmentsValue keeps the prior spelling of equal sizes and
+// durations.
+func pythonEnvironmentsValue(ctx context.Context, prior types.Object, live *agentboxv1alpha1.PythonEnvironments, diags *diag.Diagnostics) types.Object {
+	if live == nil {
+		return types.ObjectNull(pythonEnvironmentsAttrTypes)
+	}
+	var em pythonEnvironmentsModel
+	if !prior.IsNull() && !prior.IsUnknown() {
+		diags.Append(prior.As(ctx, &em, objectAsOptions)...)
+	}
+	em.MaxCount = types.Int64Null()
+	if live.MaxCount > 0 {
+		em.MaxCount = types.Int64Value(int64(live.MaxCount))
+	}
+	if live.MaxSize != nil {
+		em.MaxSize = keepQuantity(em.MaxSize, *live.MaxSize)
+	} else {
+		em.MaxSize = types.StringNull()
+	}
+	if live.TTL != nil {
+		em.TTL = keepDuration(em.TTL, live.TTL.Duration)
+	} else {
+		em.TTL = types.StringNull()
+	}
+	return objectValue(ctx, pythonEnvironmentsAttrTypes, em, diags)
 }
 
 // mcpServersValue keeps each server's prior spelling of an empty args or

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/terraform-plugin-testing/helper/resource"
 	"github.com/hashicorp/terraform-plugin-testing/knownvalue"
@@ -32,7 +33,11 @@ resource "agentbox_sandbox_template" "test" {
     limits   = { memory = "1024Mi" }
   }
   workspace = { size = "2Gi" }
-  python    = { max_timeout = "120s", allowed_packages = ["numpy"] }
+  python = {
+    max_timeout      = "120s"
+    allowed_packages = ["numpy"]
+    environments     = { max_count = 4, max_size = "512Mi", ttl = "24h" }
+  }
   mcp_servers = [
     { name = "files", command = "mcp-files", args = ["--root", "/workspace"] },
     { name = "remote", url = "https://mcp.example.test/mcp" },
@@ -55,6 +60,17 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 		Steps: []resource.TestStep{
 			{
 				Config: testAccTemplateConfig(ns, "example/sandbox:1"),
+				Check: func(*terraform.State) error {
+					var o agentboxv1alpha1.SandboxTemplate
+					if err := c.Get(context.Background(), key, &o); err != nil {
+						return err
+					}
+					e := o.Spec.Python.Environments
+					if e == nil || e.MaxCount != 4 || e.MaxSize == nil || e.MaxSize.String() != "512Mi" || e.TTL == nil || e.TTL.Duration != 24*time.Hour {
+						return fmt.Errorf("spec.python.environments = %+v", e)
+					}
+					return nil
+				},
 				ConfigStateChecks: []statecheck.StateCheck{
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("id"), knownvalue.StringExact(ns+"/python")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("runtime_class_name"), knownvalue.StringExact("gvisor")),
@@ -76,6 +92,9 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 							"name": knownvalue.StringExact("remote"), "command": knownvalue.Null(),
 							"url": knownvalue.StringExact("https://mcp.example.test/mcp"), "args": knownvalue.Null(), "env": knownvalue.Null(),
 						}),
+					})),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("environments"), knownvalue.ObjectExact(map[string]knownvalue.Check{
+						"max_count": knownvalue.Int64Exact(4), "max_size": knownvalue.StringExact("512Mi"), "ttl": knownvalue.StringExact("24h"),
 					})),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("tolerations"), knownvalue.ListExact([]knownvalue.Check{
 						knownvalue.ObjectExact(map[string]knownvalue.Check{

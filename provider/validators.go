@@ -65,6 +65,20 @@ var (
 			return nil
 		},
 	}
+	// envTTLCheck is the CRD's floor on python.environments.ttl.
+	envTTLCheck = stringCheck{
+		description: "a Go duration of at least `1m`, such as `24h`",
+		check: func(s string) error {
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return err
+			}
+			if d < time.Minute {
+				return fmt.Errorf("shorter than 1m")
+			}
+			return nil
+		},
+	}
 	// checkpointIntervalCheck is the CRD's floor on checkpointInterval.
 	checkpointIntervalCheck = stringCheck{
 		description: "a Go duration of at least `10s`, such as `5m`",

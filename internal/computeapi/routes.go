@@ -78,6 +78,8 @@ func (s *Server) addRoutes(route func(pattern string, methods ...method)) {
 		method{http.MethodPut, "put_file", s.putFile}, method{get, "get_file", s.getFile}, method{del, "delete_file", s.deleteFile})
 	route("/v1/agents/{agent_id}/tools/{tool}", method{post, "tool_request", s.toolRequest})
 	route("/v1/agents/{agent_id}/execute", method{post, "execute", s.execute})
+	route("/v1/agents/{agent_id}/envs", method{get, "list_envs", s.listEnvs}, method{post, "create_env", s.createEnv})
+	route("/v1/agents/{agent_id}/envs/{env}", method{del, "delete_env", s.deleteEnv})
 	route("/v1/agents/{agent_id}/mcp", method{post, "mcp", s.serveMCPEndpoint})
 	route("/v1/agents/{agent_id}/mcp/{server}", method{post, "mcp_request", s.sandboxMCPRequest})
 	route("/v1/agents/{agent_id}/mcp/{server}/tools", method{get, "list_mcp_tools", s.sandboxMCPTools})

@@ -43,10 +43,12 @@ const (
 )
 
 // annotationEgressPodHash, on a proxy pod, is the hash of the pod spec it
-// was made from. Pod specs are immutable, so a pod whose hash differs from
-// the current one (a new upstream, image or credentials Secret) is replaced.
-// Policy changes do not replace pods: they reach the proxy through its
-// ConfigMap, which it reloads.
+// was made from, with its startup annotations (egressPodAnnotations). Pod
+// specs are immutable, so a pod whose hash differs from the current one (a
+// new upstream, image, credentials Secret or destinations' CA bundle) is
+// replaced. Policy changes and rotated credential values do not replace
+// pods: they reach the proxy through its ConfigMap and Secret volumes,
+// which it reloads.
 const annotationEgressPodHash = v1alpha1.GroupName + "/egress-pod-hash"
 
 // EgressProxyReconciler runs the proxies EgressProxies describe. In
@@ -435,11 +437,11 @@ func (r *EgressProxyReconciler) reconcilePerAgent(ctx context.Context, ep *v1alp
 		return false, err
 	}
 	want := desiredPerAgentProxyPod(ep, sbx, egressPodOptions{image: r.image(), baseDeniedCIDRs: r.BaseDeniedCIDRs, runtimeClass: r.RuntimeClassName})
-	hash, err := podSpecHash(&want.Spec)
+	hash, err := podHash(&want.Spec, want.Annotations)
 	if err != nil {
 		return false, err
 	}
-	want.Annotations = map[string]string{annotationEgressPodHash: hash}
+	want.Annotations = mergeLabels(want.Annotations, map[string]string{annotationEgressPodHash: hash})
 
 	var pod corev1.Pod
 	err = r.Get(ctx, client.ObjectKeyFromObject(want), &pod)
@@ -476,14 +478,26 @@ func (r *EgressProxyReconciler) reconcilePerAgent(ctx context.Context, ep *v1alp
 	return podReady(&pod), nil
 }
 
-// podSpecHash is the first 16 hex digits of the SHA-256 of spec's JSON.
-func podSpecHash(spec *corev1.PodSpec) (string, error) {
+// podHash is the first 16 hex digits of the SHA-256 of spec's JSON
+// followed by the annotations, sorted. Without annotations it is the
+// spec's hash alone, so pods made before annotations counted keep their
+// hash and are not replaced by an upgrade.
+func podHash(spec *corev1.PodSpec, annotations map[string]string) (string, error) {
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return "", fmt.Errorf("hash proxy pod spec: %w", err)
 	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8]), nil
+	h := sha256.New()
+	h.Write(b)
+	keys := make([]string, 0, len(annotations))
+	for k := range annotations {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(h, "\x00%s=%s", k, annotations[k])
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8]), nil
 }
 
 func (r *EgressProxyReconciler) setReady(ep *v1alpha1.EgressProxy, status metav1.ConditionStatus, reason, msg string) {

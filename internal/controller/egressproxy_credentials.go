@@ -3,6 +3,8 @@ package controller
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"sort"
@@ -44,7 +46,24 @@ const (
 	egressVolumeTrust    = "agentbox-egress-trust"
 	egressTrustCAKey     = "ca.crt"
 	egressTrustBundleKey = "ca-bundle.crt"
+
+	// annotationEgressDestinationCAHash, on a proxy pod and on a Shared
+	// proxy's pod template, is the hash of spec.destinationCABundle. The
+	// proxy reads the bundle only as it starts, so unlike the policy a new
+	// bundle must replace the pods: as an annotation it counts in the pod
+	// hash and changes the Deployment's template.
+	annotationEgressDestinationCAHash = v1alpha1.GroupName + "/egress-destination-ca-hash"
 )
+
+// egressPodAnnotations are the proxy pods' annotations that stand for
+// inputs the proxy reads only at startup; nil when there are none.
+func egressPodAnnotations(ep *v1alpha1.EgressProxy) map[string]string {
+	if ep.Spec.DestinationCABundle == "" {
+		return nil
+	}
+	sum := sha256.Sum256([]byte(ep.Spec.DestinationCABundle))
+	return map[string]string{annotationEgressDestinationCAHash: hex.EncodeToString(sum[:8])}
+}
 
 // egressTrustEnv are the variables pointing a sandbox's TLS clients at
 // the proxy's CA: OpenSSL and Go (SSL_CERT_FILE), Python requests, curl,
@@ -99,13 +118,15 @@ func ensureEgressCA(ctx context.Context, c client.Client, scheme *runtime.Scheme
 	var s corev1.Secret
 	err := c.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, &s)
 	if apierrors.IsNotFound(err) {
-		ca, err := pki.NewCA("agentbox egress proxy " + ep.Namespace + "/" + ep.Name)
-		if err != nil {
-			return err
+		// Declared apart, so that the re-read below sets the err the
+		// function goes on to check rather than one scoped to this block.
+		ca, caErr := pki.NewCA("agentbox egress proxy " + ep.Namespace + "/" + ep.Name)
+		if caErr != nil {
+			return caErr
 		}
-		keyPEM, err := ca.KeyPEM()
-		if err != nil {
-			return err
+		keyPEM, keyErr := ca.KeyPEM()
+		if keyErr != nil {
+			return keyErr
 		}
 		s = corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ep.Namespace, Labels: map[string]string{v1alpha1.LabelEgressProxy: ep.Name}},

@@ -238,6 +238,47 @@ func TestEgressProxyCredentials(t *testing.T) {
 	}
 	t.Logf("searched %d files and every process's environment in the sandbox in %s; the secret is in none",
 		search.Files, time.Since(searchStart).Round(time.Millisecond))
+
+	// The proxy reads destinationCABundle only as it starts, so a new
+	// bundle must replace its pod. A bundle of an unrelated CA alone makes
+	// the destination's certificate fail verification at the new pod;
+	// adding the destination's CA back makes the request go through again.
+	unrelated, err := pki.NewCA("unrelated CA")
+	must(t, err)
+	probeWith := func(bundle string) (*supervisorapi.CommandResult, error) {
+		var before corev1.Pod
+		must(t, e.get(EgressServiceName("agent"), &before))
+		must(t, e.get("egress", proxy))
+		proxy.Spec.DestinationCABundle = bundle
+		must(t, e.c.Update(e.ctx, proxy))
+		want := egressPodAnnotations(proxy)[annotationEgressDestinationCAHash]
+		restartStart := time.Now()
+		e.eventually("the proxy pod to be replaced for the new bundle", func() error {
+			var pod corev1.Pod
+			if err := e.get(EgressServiceName("agent"), &pod); err != nil {
+				return err
+			}
+			if pod.UID == before.UID || pod.Annotations[annotationEgressDestinationCAHash] != want {
+				return fmt.Errorf("pod %s has bundle hash %q, want %q", pod.UID, pod.Annotations[annotationEgressDestinationCAHash], want)
+			}
+			if !podReady(&pod) {
+				return fmt.Errorf("pod %s not ready", pod.UID)
+			}
+			return nil
+		})
+		t.Logf("proxy pod replaced and ready for the new bundle in %s", time.Since(restartStart).Round(time.Millisecond))
+		return sup.RunCommand(e.ctx, supervisorapi.CommandRequest{Command: []string{"python3", "-c", credentialProbe, url}, Cwd: "/tmp"})
+	}
+	res, err = probeWith(string(unrelated.CertPEM))
+	must(t, err)
+	if res.ExitCode == 0 {
+		t.Errorf("with a bundle lacking the destination's CA the request went through: %s", res.Stdout)
+	}
+	res, err = probeWith(string(unrelated.CertPEM) + string(target.caPEM))
+	must(t, err)
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "hello-from-https-target") {
+		t.Errorf("with the destination's CA back in the bundle: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
 }
 
 type httpsTarget struct {

@@ -305,9 +305,10 @@ func desiredPerAgentProxyPod(ep *v1alpha1.EgressProxy, sbx *v1alpha1.Sandbox, o 
 	o.agent, o.clientAuth = sbx.Spec.AgentID, false
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      EgressServiceName(sbx.WorkloadName()),
-			Namespace: sbx.Namespace,
-			Labels:    perAgentProxyLabels(ep, sbx),
+			Name:        EgressServiceName(sbx.WorkloadName()),
+			Namespace:   sbx.Namespace,
+			Labels:      perAgentProxyLabels(ep, sbx),
+			Annotations: egressPodAnnotations(ep),
 		},
 		Spec: egressPodSpec(ep, o),
 	}
@@ -661,10 +662,10 @@ func desiredSharedService(ep *v1alpha1.EgressProxy) *corev1.Service {
 func desiredSharedDeployment(ep *v1alpha1.EgressProxy, o egressPodOptions) (*appsv1.Deployment, error) {
 	o.agent, o.clientAuth = "", true
 	tmpl := corev1.PodTemplateSpec{
-		ObjectMeta: metav1.ObjectMeta{Labels: sharedProxyLabels(ep)},
+		ObjectMeta: metav1.ObjectMeta{Labels: sharedProxyLabels(ep), Annotations: egressPodAnnotations(ep)},
 		Spec:       egressPodSpec(ep, o),
 	}
-	hash, err := podSpecHash(&tmpl.Spec)
+	hash, err := podHash(&tmpl.Spec, tmpl.Annotations)
 	if err != nil {
 		return nil, err
 	}

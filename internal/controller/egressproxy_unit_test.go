@@ -2,6 +2,9 @@ package controller
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -852,5 +855,98 @@ func TestUnitAllowedCIDRRuleMatchesProxy(t *testing.T) {
 		if !strings.Contains(crd, "''"+p.String()+"''") {
 			t.Errorf("the CRD's allowedCIDRs rule does not list %s", p)
 		}
+	}
+}
+
+// The proxy reads the destinations' CA bundle only as it starts, so a new
+// bundle replaces the PerAgent proxy pods and rolls a Shared proxy's
+// Deployment; a rotated credential value does neither (the proxy reloads
+// its mounted Secret). A proxy without a bundle keeps the pod hash it had
+// before the bundle counted, so an upgrade replaces no pod.
+func TestUnitEgressDestinationCABundleRestarts(t *testing.T) {
+	withCreds := func(ep *v1alpha1.EgressProxy) *v1alpha1.EgressProxy {
+		ep.Spec.Credentials = []v1alpha1.EgressCredential{{
+			Name: "api", Hosts: []v1alpha1.Domain{"pypi.org"}, SecretRef: v1alpha1.SecretKeySelector{Name: "tokens", Key: "api"},
+			Header: &v1alpha1.EgressCredentialHeader{Name: "Authorization", ValueTemplate: "Bearer {{secret}}"},
+		}}
+		ep.Spec.DestinationCABundle = "-----BEGIN CERTIFICATE-----\nfirst\n-----END CERTIFICATE-----\n"
+		return ep
+	}
+	tokens := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tokens", Namespace: unitNS}, Data: map[string][]byte{"api": []byte("v1")}}
+	shared := withCreds(unitEgressProxy("shared"))
+	shared.Spec.Mode = v1alpha1.EgressProxyModeShared
+	e := newEgressEnv(t, withCreds(unitEgressProxy("egress")), shared, upstreamSecret(), tokens,
+		proxiedTemplate("t", "egress"), unitSandbox("s", "t"))
+	ctx := context.Background()
+	e.reconcileProxy("egress")
+	e.reconcileProxy("shared")
+	var pod corev1.Pod
+	e.get(EgressServiceName("s"), &pod)
+	firstCA := pod.Annotations[annotationEgressDestinationCAHash]
+	if firstCA == "" || pod.Annotations[annotationEgressPodHash] == "" {
+		t.Fatalf("proxy pod annotations %v", pod.Annotations)
+	}
+	var dep appsv1.Deployment
+	e.get(egressSharedName("shared"), &dep)
+	if dep.Spec.Template.Annotations[annotationEgressDestinationCAHash] != firstCA {
+		t.Errorf("Shared template annotations %v, want the bundle's hash %s", dep.Spec.Template.Annotations, firstCA)
+	}
+	firstTemplate := dep.Annotations[annotationEgressTemplateHash]
+
+	// A rotated credential value: same pod, same template.
+	tokens.Data["api"] = []byte("v2")
+	must(t, e.c.Update(ctx, tokens))
+	e.reconcileProxy("egress")
+	e.reconcileProxy("shared")
+	var again corev1.Pod
+	e.get(EgressServiceName("s"), &again)
+	if again.UID != pod.UID {
+		t.Error("a rotated credential value replaced the proxy pod; the proxy reloads it")
+	}
+	e.get(egressSharedName("shared"), &dep)
+	if dep.Annotations[annotationEgressTemplateHash] != firstTemplate {
+		t.Error("a rotated credential value changed the Shared proxy's template")
+	}
+
+	// A new bundle: the pod goes, its successor has the new hash; the
+	// Deployment's template changes, which rolls its pods.
+	for _, name := range []string{"egress", "shared"} {
+		var ep v1alpha1.EgressProxy
+		e.get(name, &ep)
+		ep.Spec.DestinationCABundle = "-----BEGIN CERTIFICATE-----\nsecond\n-----END CERTIFICATE-----\n"
+		must(t, e.c.Update(ctx, &ep))
+		e.reconcileProxy(name)
+	}
+	if err := e.c.Get(ctx, types.NamespacedName{Namespace: unitNS, Name: EgressServiceName("s")}, &again); !apierrors.IsNotFound(err) {
+		t.Fatalf("the proxy pod that read the old bundle is still there: %v", err)
+	}
+	e.reconcileProxy("egress")
+	e.get(EgressServiceName("s"), &again)
+	if ca := again.Annotations[annotationEgressDestinationCAHash]; ca == "" || ca == firstCA {
+		t.Errorf("new proxy pod's bundle hash %q, first was %q", ca, firstCA)
+	}
+	var cm corev1.ConfigMap
+	e.get(egressConfigMapName("egress"), &cm)
+	if !strings.Contains(cm.Data[egressDestinationsKey], "second") {
+		t.Errorf("ConfigMap bundle %q", cm.Data[egressDestinationsKey])
+	}
+	e.get(egressSharedName("shared"), &dep)
+	if dep.Annotations[annotationEgressTemplateHash] == firstTemplate ||
+		dep.Spec.Template.Annotations[annotationEgressDestinationCAHash] == firstCA {
+		t.Errorf("the Shared proxy's template did not change with the bundle: %v", dep.Spec.Template.Annotations)
+	}
+
+	// Without a bundle there is no annotation, and the hash is the spec's
+	// alone, as before.
+	plain := unitEgressProxy("plain")
+	spec := egressPodSpec(plain, egressPodOptions{image: "img"})
+	if a := egressPodAnnotations(plain); a != nil {
+		t.Errorf("annotations without a bundle: %v", a)
+	}
+	b, err := json.Marshal(&spec)
+	must(t, err)
+	sum := sha256.Sum256(b)
+	if got, err := podHash(&spec, nil); err != nil || got != hex.EncodeToString(sum[:8]) {
+		t.Errorf("hash without annotations %q (%v), want the spec's %x", got, err, sum[:8])
 	}
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"encoding/json"
+	"path"
 	"strconv"
 	"strings"
 
@@ -47,6 +48,7 @@ func supervisorEnv(tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 	add("AGENTBOX_PYTHON_INDEX", py.IndexURL)
 	add("AGENTBOX_PYTHON_EXTRA_INDEXES", strings.Join(py.ExtraIndexURLs, ","))
 	add("AGENTBOX_PYTHON_ALLOWED_PACKAGES", strings.Join(py.AllowedPackages, ","))
+	env = append(env, pythonEnvironmentsEnv(tpl, size)...)
 	if len(tpl.Spec.MCPServers) > 0 {
 		servers := make([]supervisorapi.MCPServerConfig, len(tpl.Spec.MCPServers))
 		for i, m := range tpl.Spec.MCPServers {
@@ -57,6 +59,37 @@ func supervisorEnv(tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 		add("AGENTBOX_MCP_SERVERS_JSON", string(b))
 	}
 	return env
+}
+
+// pythonEnvironmentsEnv places the cached Python environments on the
+// workspace volume, in its platform directory, so that an idle stop's
+// snapshot carries them and a resumed sandbox finds them at the same
+// absolute path (a venv embeds it), and bounds them by the template or the
+// defaults. They are always passed, because the supervisor's own defaults
+// are for its temporary directory: its size default could fill a small
+// workspace volume, where the environments count like every other file.
+func pythonEnvironmentsEnv(tpl *v1alpha1.SandboxTemplate, workspace resource.Quantity) []corev1.EnvVar {
+	count := int32(v1alpha1.DefaultPythonEnvironmentsMaxCount)
+	// Half the volume by default: the agent's files keep the other half.
+	maxSize := workspace.Value() / 2
+	ttl := v1alpha1.DefaultPythonEnvironmentsTTL
+	if e := tpl.Spec.Python.Environments; e != nil {
+		if e.MaxCount > 0 {
+			count = e.MaxCount
+		}
+		if e.MaxSize != nil && !e.MaxSize.IsZero() {
+			maxSize = e.MaxSize.Value()
+		}
+		if e.TTL != nil && e.TTL.Duration > 0 {
+			ttl = e.TTL.Duration
+		}
+	}
+	return []corev1.EnvVar{
+		{Name: "AGENTBOX_ENV_DIR", Value: path.Join(workspaceMountPath(tpl), supervisorapi.EnvsDir)},
+		{Name: "AGENTBOX_ENV_MAX_COUNT", Value: strconv.Itoa(int(count))},
+		{Name: "AGENTBOX_ENV_MAX_SIZE", Value: strconv.FormatInt(maxSize, 10)},
+		{Name: "AGENTBOX_ENV_TTL", Value: ttl.String()},
+	}
 }
 
 // workspaceSize is the size of the template's workspace volume.

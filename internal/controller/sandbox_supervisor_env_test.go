@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
@@ -31,7 +32,9 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		IndexURL:        "https://pypi.internal.test/simple",
 		ExtraIndexURLs:  []string{"https://a.test/simple", "https://b.test/simple"},
 		AllowedPackages: []string{"numpy", "pandas"},
+		Environments:    &v1alpha1.PythonEnvironments{MaxCount: 3, MaxSize: ptr.To(resource.MustParse("300Mi")), TTL: &metav1.Duration{Duration: 90 * time.Minute}},
 	}
+	tpl.Spec.Workspace.MountPath = "/home/agent"
 	tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}},
 		{Name: "remote", URL: "https://mcp.example.test/mcp"}}
 	env := map[string]string{}
@@ -49,6 +52,10 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		"AGENTBOX_PYTHON_INDEX":            "https://pypi.internal.test/simple",
 		"AGENTBOX_PYTHON_EXTRA_INDEXES":    "https://a.test/simple,https://b.test/simple",
 		"AGENTBOX_PYTHON_ALLOWED_PACKAGES": "numpy,pandas",
+		"AGENTBOX_ENV_DIR":                 "/home/agent/.agentbox/envs",
+		"AGENTBOX_ENV_MAX_COUNT":           "3",
+		"AGENTBOX_ENV_MAX_SIZE":            "314572800",
+		"AGENTBOX_ENV_TTL":                 "1h30m0s",
 	}
 	for k, v := range want {
 		if env[k] != v {
@@ -65,8 +72,23 @@ func TestUnitSupervisorEnv(t *testing.T) {
 	}
 
 	// A template that sets nothing passes nothing optional, so the
-	// supervisor's defaults apply; the workspace's cap is always its size.
+	// supervisor's defaults apply; the workspace's cap is always its size,
+	// and the environments always live on the workspace volume, bounded to
+	// half of it.
+	envDefaults := map[string]string{
+		"AGENTBOX_ENV_DIR":       "/workspace/.agentbox/envs",
+		"AGENTBOX_ENV_MAX_COUNT": "8",
+		"AGENTBOX_ENV_MAX_SIZE":  "536870912",
+		"AGENTBOX_ENV_TTL":       "168h0m0s",
+	}
 	for _, e := range r.podEnv(unitSandbox("s", "t"), unitTemplate("t")) {
+		if v, ok := envDefaults[e.Name]; ok {
+			if e.Value != v {
+				t.Errorf("a template without environments: %s = %q, want %q", e.Name, e.Value, v)
+			}
+			delete(envDefaults, e.Name)
+			continue
+		}
 		if e.Name == "AGENTBOX_WORKSPACE_CAP" {
 			if e.Value != "1073741824" {
 				t.Errorf("a template without a size: cap %q, want the default 1Gi", e.Value)
@@ -79,5 +101,8 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		if e.Name == "AGENTBOX_MCP_SERVERS_JSON" {
 			t.Errorf("empty template sets MCP servers %q", e.Value)
 		}
+	}
+	if len(envDefaults) > 0 {
+		t.Errorf("a template without environments does not set %v", envDefaults)
 	}
 }

@@ -17,7 +17,10 @@
 // Regular files are synced, with their permission bits: a pull restores
 // the mode a file had when it was pushed. A change of mode alone moves no
 // modification time and is not a change; it travels with the next change
-// of content. Symbolic links and empty directories are not synced.
+// of content. Symbolic links and empty directories are not synced, nor is
+// the workspace's platform directory (supervisorapi.PlatformDir, the
+// cached Python environments), which travels only with the idle stop's
+// snapshot.
 package filespace
 
 import (
@@ -260,7 +263,7 @@ func workspaceCap(opts Options, m *supervisorapi.Manifest) int64 {
 func workspaceFiles(m *supervisorapi.Manifest) map[string]supervisorapi.ManifestEntry {
 	work := map[string]supervisorapi.ManifestEntry{}
 	for _, e := range m.Files {
-		if e.Path != StatePath {
+		if e.Path != StatePath && !platformPath(e.Path) {
 			work[e.Path] = e
 		}
 	}
@@ -396,7 +399,7 @@ func planSync(work map[string]supervisorapi.ManifestEntry, nodes map[string]stor
 	}
 	var plan []action
 	for p := range paths {
-		if p == StatePath {
+		if p == StatePath || platformPath(p) {
 			continue
 		}
 		w, hasW := work[p]
@@ -577,9 +580,16 @@ func listNodes(ctx context.Context, st *store.Store, agentID string) (map[string
 }
 
 // validPath keeps filespace paths a workspace could hold: relative,
-// clean, and not the baseline.
+// clean, and not the baseline or the platform's directory.
 func validPath(p string) bool {
-	return p != "" && p != StatePath && !strings.HasPrefix(p, "/") && path.Clean(p) == p && p != ".." && !strings.HasPrefix(p, "../")
+	return p != "" && p != StatePath && !platformPath(p) && !strings.HasPrefix(p, "/") && path.Clean(p) == p && p != ".." && !strings.HasPrefix(p, "../")
+}
+
+// platformPath reports whether p is in the workspace's platform directory
+// (the cached Python environments): the sandbox's own, never synced
+// either way, so that a pull cannot plant code in an environment.
+func platformPath(p string) bool {
+	return p == supervisorapi.PlatformDir || strings.HasPrefix(p, supervisorapi.PlatformDir+"/")
 }
 
 // readBaseline reads StatePath. A missing or unreadable one is an empty

@@ -3,6 +3,8 @@ package filespace_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"net/http/httptest"
@@ -367,5 +369,43 @@ func TestPushRefusedWithoutRoom(t *testing.T) {
 	b.write(t, "again.txt", "hello", time.Time{})
 	if sum := syncAt(t, b, st, filespace.Push, time.Now()); sum.Pushed != 1 {
 		t.Fatalf("a push of stored content: %+v", sum)
+	}
+}
+
+// The workspace's platform directory (the cached Python environments)
+// travels only with the idle stop's snapshot: a push leaves it out, and a
+// node under it in the filespace (written there by other means) is never
+// pulled into an environment.
+func TestPlatformDirectoryIsNotSynced(t *testing.T) {
+	st := openStore(t)
+	a, b := newSandbox(t, 0), newSandbox(t, 0)
+	t0 := time.Now().Add(-time.Hour)
+	a.write(t, "notes.txt", "mine", time.Time{})
+	a.write(t, supervisorapi.EnvsDir+"/e.1/lib/site.py", "environment code", time.Time{})
+	if sum := syncAt(t, a, st, filespace.Push, t0); sum.Pushed != 1 {
+		t.Fatalf("push: %+v, want notes.txt alone", sum)
+	}
+	if _, err := st.GetFile(context.Background(), agent, supervisorapi.EnvsDir+"/e.1/lib/site.py"); err == nil {
+		t.Fatal("the environment's file reached the filespace")
+	}
+
+	planted := "import os  # planted\n"
+	sum256 := sha256.Sum256([]byte(planted))
+	digest := hex.EncodeToString(sum256[:])
+	if _, err := st.PutBlob(context.Background(), digest, strings.NewReader(planted)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutFile(context.Background(), store.FileNode{AgentID: agent, Path: supervisorapi.EnvsDir + "/e.1/lib/site.py",
+		SizeBytes: int64(len(planted)), SHA256: digest, UpdatedAt: t0.Add(time.Minute), Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	if sum := syncAt(t, b, st, filespace.Pull, t0.Add(2*time.Minute)); sum.Pulled != 1 {
+		t.Fatalf("pull: %+v, want notes.txt alone", sum)
+	}
+	if got := b.read(t, supervisorapi.EnvsDir+"/e.1/lib/site.py"); got != "<absent>" {
+		t.Fatalf("pulled into the platform directory: %q", got)
+	}
+	if got := b.read(t, "notes.txt"); got != "mine" {
+		t.Fatalf("notes.txt pulled as %q", got)
 	}
 }

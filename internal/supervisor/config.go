@@ -195,14 +195,16 @@ type Config struct {
 	// DefaultPTYMaxDuration.
 	PTYIdleTimeout time.Duration
 	PTYMaxDuration time.Duration
-	// CommandPidsLimit is the RLIMIT_NPROC every command starts with (see
-	// DefaultCommandPidsLimit, which zero means); negative means none.
+	// CommandPidsLimit is the RLIMIT_NPROC every command starts with;
+	// negative means none. Zero means DefaultCommandPidsLimit, or with a
+	// MemoryLimit what that memory holds (runner.CommandPidsLimitFor).
 	CommandPidsLimit int
 	// MemoryLimit is the pod's memory limit in bytes; when set, the
 	// command holding the most memory is killed once the sandbox uses
 	// more than MemoryLimit less MemoryReserve (zero: the larger of 96
 	// MiB and an eighth of the limit). MemoryInUse reports the sandbox's
-	// use; nil means MemInfoInUse.
+	// use; nil means runner.ChargeEstimate, gVisor's meminfo plus what
+	// the sandbox's processes cost the pod beyond it.
 	MemoryLimit   int64
 	MemoryReserve int64
 	MemoryInUse   func() (int64, error)
@@ -239,6 +241,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.CommandPidsLimit == 0 {
 		cfg.CommandPidsLimit = DefaultCommandPidsLimit
+		if cfg.MemoryLimit > 0 {
+			cfg.CommandPidsLimit = runner.CommandPidsLimitFor(cfg.MemoryLimit, cfg.MemoryReserve)
+		}
 	}
 	if cfg.ProcessOutputBytes <= 0 {
 		cfg.ProcessOutputBytes = DefaultProcessOutputBytes

@@ -888,3 +888,67 @@ func FuzzPutTar(f *testing.F) {
 		}
 	})
 }
+
+// A snapshot's restore (RestoreTar) gives back the links commands made,
+// those pointing outside the workspace too (a venv's bin/python), which a
+// plain PutTar refuses; nothing is ever extracted through one. Manifests
+// leave the platform directory, where the environments live, out.
+func TestFilesTarRestoreKeepsLinks(t *testing.T) {
+	src := newFileServer(t, Config{})
+	ctx := context.Background()
+	venv := filepath.Join(src.ws, api.EnvsDir, "e.1234")
+	if err := os.MkdirAll(filepath.Join(venv, "bin"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/bin/python3", filepath.Join(venv, "bin", "python")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../../../../lib", filepath.Join(venv, "lib64")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(venv, "pyvenv.cfg"), []byte("home = /usr/bin\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src.ws, "notes.txt"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := src.client.Manifest(ctx, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Files) != 1 || m.Files[0].Path != "notes.txt" {
+		t.Fatalf("manifest %+v, want notes.txt alone", m.Files)
+	}
+	snapshot := readAll(t)(src.client.GetTar(ctx, "."))
+
+	dst := newFileServer(t, Config{})
+	_, err = dst.client.PutTar(ctx, ".", bytes.NewReader(snapshot))
+	wantCode(t, "PutTar of links out", err, api.CodePathEscapesWorkspace)
+	res, err := dst.client.RestoreTar(ctx, ".", bytes.NewReader(snapshot))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Symlinks != 2 || res.Files != 2 {
+		t.Fatalf("RestoreTar = %+v", res)
+	}
+	rvenv := filepath.Join(dst.ws, api.EnvsDir, "e.1234")
+	for link, want := range map[string]string{"bin/python": "/usr/bin/python3", "lib64": "../../../../../../lib"} {
+		if got, err := os.Readlink(filepath.Join(rvenv, link)); err != nil || got != want {
+			t.Errorf("restored %s -> %q (%v), want %q", link, got, err, want)
+		}
+	}
+	// Kept, but never gone through.
+	outside := t.TempDir()
+	_, err = dst.client.RestoreTar(ctx, ".", bytes.NewReader(makeTar(t,
+		tarEntry{name: "esc", typ: tar.TypeSymlink, link: outside},
+		tarEntry{name: "esc/evil", body: "x"},
+	)))
+	wantCode(t, "RestoreTar through a kept link", err, api.CodePathEscapesWorkspace)
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Fatalf("a file was extracted through a link: %v", ents)
+	}
+	status, _, _ := dst.raw(t, http.MethodPut, "/v1/files/x?format=tar&links=all", bytes.NewReader(makeTar(t, tarEntry{name: "a", body: "x"})))
+	if status != http.StatusBadRequest {
+		t.Errorf("links=all: status %d, want 400", status)
+	}
+}

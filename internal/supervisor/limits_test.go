@@ -15,17 +15,20 @@ import (
 // past it is TestSupervisorGVisorHostile's fork bomb, in a real gVisor pod.)
 func TestCommandPidsLimit(t *testing.T) {
 	for _, tc := range []struct {
-		limit int
-		want  string
-	}{{0, "1024"}, {300, "300"}} {
-		s := newServer(t, Config{CommandPidsLimit: tc.limit})
+		limit  int
+		memory int64
+		want   string
+	}{{0, 0, "1024"}, {300, 0, "300"}, {0, 256 << 20, "256"}, {300, 256 << 20, "300"}} {
+		// A pod's memory limit holds only so many processes (see
+		// runner.CommandPidsLimitFor); the reading is the guard's only.
+		s := newServer(t, Config{CommandPidsLimit: tc.limit, MemoryLimit: tc.memory, MemoryInUse: func() (int64, error) { return 0, nil }})
 		_, res, e := post(t, s, api.CommandRequest{Command: []string{"cat", "/proc/self/limits"}})
 		if e != nil {
 			t.Fatal(e)
 		}
 		m := regexp.MustCompile(`Max processes\s+(\S+)\s+(\S+)`).FindStringSubmatch(res.Stdout)
 		if m == nil || m[1] != tc.want || m[2] != tc.want {
-			t.Errorf("CommandPidsLimit %d: /proc/self/limits says %q, want soft and hard %s", tc.limit, m, tc.want)
+			t.Errorf("CommandPidsLimit %d, MemoryLimit %d: /proc/self/limits says %q, want soft and hard %s", tc.limit, tc.memory, m, tc.want)
 		}
 	}
 	s := newServer(t, Config{CommandPidsLimit: -1})

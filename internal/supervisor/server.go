@@ -125,7 +125,7 @@ func (s *Server) startMemoryGuard() error {
 	}
 	inUse := s.cfg.MemoryInUse
 	if inUse == nil {
-		inUse = MemInfoInUse
+		inUse = runner.NewChargeEstimate().Charged
 	}
 	return s.runner.StartMemoryGuard(s.cfg.MemoryLimit, s.cfg.MemoryReserve, 0, inUse)
 }

@@ -77,6 +77,9 @@ const (
 	// CodeConsoleExpired: the console session is past its time box or was
 	// used already; mint a new one.
 	CodeConsoleExpired Code = "console_session_expired"
+	// CodeEnvNotFound: the agent's sandbox has no cached Python
+	// environment of that name (it may have been evicted).
+	CodeEnvNotFound Code = "env_not_found"
 	// CodeInvalidUserToken: the user token a call carries (the
 	// X-Agentbox-User-Token header) is refused: malformed, not signed by
 	// the platform, expired, revoked, for another agent or for another
@@ -104,7 +107,8 @@ const (
 	// CodeEnvBuildFailed is an environment whose installer failed: a
 	// requirement no configured index satisfies, an unreachable index, a
 	// package that does not build. The message ends with the installer's
-	// own error lines. Nothing of the environment is kept.
+	// own error lines. Nothing of the environment is kept. The Compute
+	// API passes it on from its /v1/agents/{id}/envs.
 	CodeEnvBuildFailed Code = "env_build_failed"
 )
 
@@ -117,7 +121,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusUnauthorized
 	case CodePermissionDenied, CodePathEscapesWorkspace, CodeInvalidUserToken:
 		return http.StatusForbidden
-	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound, CodeFileNotFound:
+	case CodeNotFound, CodeSandboxNotFound, CodePoolNotFound, CodeFileNotFound, CodeEnvNotFound:
 		return http.StatusNotFound
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed

@@ -46,7 +46,7 @@ func TestCodeStatuses(t *testing.T) {
 	for code, status := range map[Code]int{
 		CodeInvalidArgument: 400, CodeUnauthenticated: 401, CodePermissionDenied: 403,
 		CodePathEscapesWorkspace: 403, CodeInvalidUserToken: 403, CodeNotFound: 404, CodeSandboxNotFound: 404, CodePoolNotFound: 404,
-		CodeFileNotFound: 404, CodeMethodNotAllowed: 405, CodeSandboxNotReady: 409, CodeLeaseHeld: 409,
+		CodeFileNotFound: 404, CodeEnvNotFound: 404, CodeMethodNotAllowed: 405, CodeSandboxNotReady: 409, CodeLeaseHeld: 409,
 		CodeLeaseNotHeld: 409, CodeLeaseExpired: 409, CodeIsADirectory: 409, CodeNotADirectory: 409,
 		CodeConsoleExpired: 410, CodePayloadTooLarge: 413, CodeEnvBuildFailed: 422, CodeResourceExhausted: 429,
 		CodeInternal: 500, CodeUnknown: 500, CodeSupervisorUnavailable: 502, CodeUnavailable: 503,

@@ -43,6 +43,48 @@ resource "agentbox_egress_proxy" "isolated" {
   upstream_credentials_secret = { name = "corp-proxy", key = "credentials" }
 }
 
+variable "corp_ca_pem" {
+  description = "PEM certificate of the company's private CA."
+  type        = string
+}
+
+variable "github_token" {
+  description = "Token the agents' requests to the GitHub API carry; the sandboxes never see it."
+  type        = string
+  sensitive   = true
+  ephemeral   = true
+}
+
+# Credentials the proxy puts into the agents' requests, so that no sandbox
+# holds them: a sandbox sends a placeholder (or nothing) and the proxy adds
+# the secret for the listed hosts only.
+resource "agentbox_egress_proxy" "github" {
+  name            = "github"
+  namespace       = "agents"
+  allowed_domains = ["api.github.com", "registry.corp.example"]
+
+  credentials = [
+    {
+      name   = "github-api"
+      hosts  = ["api.github.com"]
+      header = { name = "Authorization", value_template = "Bearer {{secret}}" }
+      # Write-only: kept in the Secret github-egress-injected that the
+      # resource owns, never in plan or state. Bump the version to rotate.
+      value_wo         = var.github_token
+      value_wo_version = 1
+    },
+    {
+      name       = "registry"
+      hosts      = ["registry.corp.example"]
+      basic_auth = { username = "agents" }
+      # A Secret managed elsewhere, in the proxy's namespace.
+      secret_ref = { name = "registry-password", key = "password" }
+    },
+  ]
+  # The private CA that signs registry.corp.example.
+  destination_ca_bundle = var.corp_ca_pem
+}
+
 resource "agentbox_sandbox_template" "python" {
   name         = "python"
   namespace    = "agents"

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +21,7 @@ var ReservedMountPaths = []string{"/tmp", "/agentbox/bin", "/etc/agentbox/tls"}
 // Changing a template affects sandboxes started (or resumed) afterwards; a
 // running sandbox keeps the pod it has.
 // +kubebuilder:validation:XValidation:rule="!has(self.secretFiles) || !has(self.workspace) || !has(self.workspace.mountPath) || !self.secretFiles.exists(f, f.mountPath == self.workspace.mountPath || f.mountPath.startsWith(self.workspace.mountPath + '/'))",message="secretFiles may not be mounted in the workspace: its snapshots would carry the Secrets' contents"
+// +kubebuilder:validation:XValidation:rule="!has(self.python) || !has(self.python.environments) || !has(self.python.environments.maxSize) || quantity(string(self.python.environments.maxSize)).isLessThan(has(self.workspace) && has(self.workspace.size) ? quantity(string(self.workspace.size)) : quantity('1Gi'))",message="python.environments.maxSize must be smaller than workspace.size: the environments live on the workspace volume"
 type SandboxTemplateSpec struct {
 	// image is the sandbox container image: any Linux image (amd64). The
 	// platform injects its supervisor, which replaces the image's
@@ -270,6 +273,47 @@ type PythonPolicy struct {
 	// +kubebuilder:validation:items:MaxLength=214
 	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$`
 	AllowedPackages []string `json:"allowedPackages,omitempty"`
+
+	// environments bounds the sandbox's cache of Python environments (built
+	// for execute runs with requirements, or ahead of them through the
+	// Compute API's /v1/agents/{id}/envs). They live in a hidden directory
+	// of the workspace volume, so an idle stop keeps them and a resumed
+	// sandbox does not rebuild them, and they count against the workspace's
+	// size like its other files. Unset fields take the defaults.
+	// +optional
+	Environments *PythonEnvironments `json:"environments,omitempty"`
+}
+
+// Defaults of PythonEnvironments, applied by the controller.
+const (
+	DefaultPythonEnvironmentsMaxCount = 8
+	DefaultPythonEnvironmentsTTL      = 7 * 24 * time.Hour
+)
+
+// PythonEnvironments bounds a sandbox's cached Python environments. Past
+// any bound the least recently used idle environments are removed; an
+// environment a run is using is never removed.
+type PythonEnvironments struct {
+	// maxCount is how many environments are kept. Defaults to 8.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	MaxCount int32 `json:"maxCount,omitempty"`
+
+	// maxSize is the disk the environments may take together, on the
+	// workspace volume. It must be smaller than workspace.size. Defaults to
+	// half of workspace.size.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="maxSize must be positive"
+	MaxSize *resource.Quantity `json:"maxSize,omitempty"`
+
+	// ttl removes an idle environment that has not been used for longer
+	// than this (idle stops included). Defaults to 168h (7 days).
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="ttl must be at least 1m"
+	TTL *metav1.Duration `json:"ttl,omitempty"`
 }
 
 // MCPServer is an MCP server the sandbox's supervisor bridges to the

@@ -826,6 +826,25 @@ func TestCRDsOnAPIServer(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "sw", Namespace: ns.Name},
 				Spec:       v1alpha1.SandboxTemplateSpec{SecretFiles: []v1alpha1.SecretFile{{SecretName: "s", MountPath: "/workspace/.keys"}}},
 			}, "secretFiles may not be mounted in the workspace"},
+			{"environments as large as the default workspace", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "pe", Namespace: ns.Name},
+				Spec: v1alpha1.SandboxTemplateSpec{Python: v1alpha1.PythonPolicy{Environments: &v1alpha1.PythonEnvironments{
+					MaxSize: ptr.To(resource.MustParse("1Gi"))}}},
+			}, "maxSize must be smaller than workspace.size"},
+			{"environments larger than the workspace", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "pw", Namespace: ns.Name},
+				Spec: v1alpha1.SandboxTemplateSpec{Workspace: v1alpha1.WorkspaceSpec{Size: resource.MustParse("4Gi")},
+					Python: v1alpha1.PythonPolicy{Environments: &v1alpha1.PythonEnvironments{MaxSize: ptr.To(resource.MustParse("5Gi"))}}},
+			}, "maxSize must be smaller than workspace.size"},
+			{"environments time-to-live too short", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "pt", Namespace: ns.Name},
+				Spec: v1alpha1.SandboxTemplateSpec{Python: v1alpha1.PythonPolicy{Environments: &v1alpha1.PythonEnvironments{
+					TTL: &metav1.Duration{Duration: time.Second}}}},
+			}, "ttl must be at least 1m"},
+			{"too many environments", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "pc", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{Python: v1alpha1.PythonPolicy{Environments: &v1alpha1.PythonEnvironments{MaxCount: 65}}},
+			}, "spec.python.environments.maxCount"},
 			{"checkpoints too often", &v1alpha1.SandboxTemplate{
 				ObjectMeta: metav1.ObjectMeta{Name: "ck", Namespace: ns.Name},
 				Spec:       v1alpha1.SandboxTemplateSpec{CheckpointInterval: &metav1.Duration{Duration: 5 * time.Second}},

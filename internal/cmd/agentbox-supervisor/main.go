@@ -16,13 +16,15 @@
 //	-audit-log           AGENTBOX_AUDIT_LOG           off
 //	-python              AGENTBOX_PYTHON              python3, looked up in the commands' PATH
 //	-mcp-servers         AGENTBOX_MCP_SERVERS         none (a JSON file: [{"name", "command", "args", "env", "dir"}])
-//	-env-dir             AGENTBOX_ENV_DIR             $TMPDIR/agentbox-envs (cached Python environments; empty: none)
-//	-env-max-size        AGENTBOX_ENV_MAX_SIZE        2GiB (with -env-max-count, 8: LRU eviction past either)
+//	-env-dir             AGENTBOX_ENV_DIR             $TMPDIR/agentbox-envs (cached Python environments; empty: none; the controller sets a hidden directory on the workspace volume, so that they survive an idle stop)
+//	-env-max-size        AGENTBOX_ENV_MAX_SIZE        2GiB (with -env-max-count, 8: LRU eviction past either; the controller sets the template's)
+//	-env-max-count       AGENTBOX_ENV_MAX_COUNT       8
+//	-env-ttl             AGENTBOX_ENV_TTL             0, none (idle environments unused longer are removed)
 //	-python-index        AGENTBOX_PYTHON_INDEX        the installer's default (PyPI, through the egress proxy)
 //	-python-extra-indexes AGENTBOX_PYTHON_EXTRA_INDEXES none (comma-separated)
 //	-python-allowed-packages AGENTBOX_PYTHON_ALLOWED_PACKAGES all (comma-separated project names)
 //	-uv                  AGENTBOX_UV                  uv, looked up in the commands' PATH; pip if absent
-//	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024 (RLIMIT_NPROC of commands; -1: none)
+//	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024, or what -memory-limit holds (RLIMIT_NPROC of commands; -1: none)
 //	-memory-limit        AGENTBOX_MEMORY_LIMIT        off (the pod's memory limit; the controller sets it)
 //	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
 //	-health-listen       AGENTBOX_HEALTH_LISTEN       off (plain HTTP, /livez and /healthz only; the controller sets 127.0.0.1:8444)
@@ -452,6 +454,7 @@ func executeConfig(o *options) supervisor.ExecuteConfig {
 			MaxEnvs:         o.envMaxCount,
 			MaxBytes:        o.envMaxSize,
 			CreateTimeout:   o.envCreateTimeout,
+			TTL:             o.envTTL,
 		}
 	}
 	return c

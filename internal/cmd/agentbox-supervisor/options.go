@@ -50,6 +50,7 @@ type options struct {
 	envMaxCount      int
 	envMaxSize       int64
 	envCreateTimeout time.Duration
+	envTTL           time.Duration
 	pythonIndex      string
 	pythonExtra      []string
 	pythonAllowed    []string
@@ -66,6 +67,7 @@ type options struct {
 // read them: sizes, lists, durations with their own messages.
 type rawFlags struct {
 	allowed, passEnv, logLevel, workspaceCap, envMaxSize, pythonExtra, pythonAllowed string
+	envMaxCount, envTTL                                                              string
 	pythonTimeout, pythonMaxTimeout                                                  string
 	pidsLimit, memoryLimit, memoryReserve                                            string
 }
@@ -123,7 +125,7 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.StringVar(&raw.passEnv, "pass-env", env("AGENTBOX_PASS_ENV", strings.Join(supervisor.DefaultPassEnv, ",")), "variables passed from this process's environment to every process it starts (commands, python_exec, execute, terminals, MCP servers): comma-separated, or a JSON array of names, none of them GODEBUG or starting with "+supervisorapi.ReservedEnvPrefix+"; or "+supervisor.PassAllEnv+" alone for the whole environment except GODEBUG, "+supervisorapi.ReservedEnvPrefix+"*, KUBERNETES_SERVICE_* and KUBERNETES_PORT* (an image's own ENV reaches commands so); PATH falls back to the default when the environment has none")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long running commands may finish after SIGTERM before they are sent SIGTERM themselves")
 	fs.DurationVar(&o.killGrace, "kill-grace", 3*time.Second, "how long commands sent SIGTERM at shutdown, or background processes stopped by a call, may take to exit before they are killed")
-	fs.StringVar(&raw.pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", strconv.Itoa(supervisor.DefaultCommandPidsLimit)), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none")
+	fs.StringVar(&raw.pidsLimit, "command-pids-limit", env("AGENTBOX_COMMAND_PIDS_LIMIT", ""), "RLIMIT_NPROC of every command: tasks the sandbox's user may have before a command's fork fails; -1 for none (default: "+strconv.Itoa(supervisor.DefaultCommandPidsLimit)+", or with -memory-limit what that memory holds at about 0.63 MiB a process, at least 64)")
 	fs.StringVar(&raw.memoryLimit, "memory-limit", env("AGENTBOX_MEMORY_LIMIT", ""), "the pod's memory limit, as -workspace-cap; when set, the command holding the most memory is killed before the sandbox reaches it (default: off)")
 	fs.StringVar(&raw.memoryReserve, "memory-reserve", env("AGENTBOX_MEMORY_RESERVE", ""), "memory kept back under -memory-limit for the sandbox kernel, as -workspace-cap (default: the larger of 96MiB and an eighth of the limit)")
 	fs.StringVar(&o.auditLog, "audit-log", env("AGENTBOX_AUDIT_LOG", ""), "append one JSON line per call to this file (default: no audit log)")
@@ -133,7 +135,8 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.StringVar(&raw.pythonMaxTimeout, "python-max-timeout", env("AGENTBOX_PYTHON_MAX_TIMEOUT", supervisor.DefaultPythonMaxTimeout.String()), "largest timeout a python_exec call may ask for")
 	fs.StringVar(&o.mcpServers, "mcp-servers", env("AGENTBOX_MCP_SERVERS", ""), "JSON file listing the template's stdio MCP servers ([{name, command, args, env, dir}]), started on boot and served at /mcp (default: none)")
 	fs.StringVar(&o.envDir, "env-dir", env("AGENTBOX_ENV_DIR", filepath.Join(os.TempDir(), "agentbox-envs")), "directory of the cached Python environments (/v1/envs, /v1/execute); empty turns them off")
-	fs.IntVar(&o.envMaxCount, "env-max-count", pyenv.DefaultMaxEnvs, "cached Python environments kept; past it the least recently used idle one is removed")
+	fs.StringVar(&raw.envMaxCount, "env-max-count", env("AGENTBOX_ENV_MAX_COUNT", strconv.Itoa(pyenv.DefaultMaxEnvs)), "cached Python environments kept; past it the least recently used idle one is removed")
+	fs.StringVar(&raw.envTTL, "env-ttl", env("AGENTBOX_ENV_TTL", "0s"), "an idle cached Python environment unused for longer than this is removed; 0 for never (the count and size limits still evict)")
 	fs.StringVar(&raw.envMaxSize, "env-max-size", env("AGENTBOX_ENV_MAX_SIZE", "2GiB"), "disk the cached Python environments may use together, as -workspace-cap; past it the least recently used idle ones are removed")
 	fs.DurationVar(&o.envCreateTimeout, "env-create-timeout", pyenv.DefaultCreateTimeout, "longest a Python environment may take to build")
 	fs.StringVar(&o.pythonIndex, "python-index", env("AGENTBOX_PYTHON_INDEX", ""), "package index (PEP 503 simple URL) environments install from (default: the installer's own)")
@@ -165,8 +168,10 @@ func (o *options) parseLimits(raw *rawFlags) error {
 	if o.workspaceCap, err = parseSize(raw.workspaceCap); err != nil {
 		return fmt.Errorf("-workspace-cap: %w", err)
 	}
-	if o.pidsLimit, err = strconv.Atoi(raw.pidsLimit); err != nil || o.pidsLimit == 0 || o.pidsLimit < -1 {
-		return fmt.Errorf("-command-pids-limit: want a positive count or -1 for none, got %q", raw.pidsLimit)
+	if raw.pidsLimit != "" {
+		if o.pidsLimit, err = strconv.Atoi(raw.pidsLimit); err != nil || o.pidsLimit == 0 || o.pidsLimit < -1 {
+			return fmt.Errorf("-command-pids-limit: want a positive count or -1 for none, got %q", raw.pidsLimit)
+		}
 	}
 	for _, f := range []struct {
 		name, value string
@@ -181,6 +186,12 @@ func (o *options) parseLimits(raw *rawFlags) error {
 	}
 	if o.envMaxSize, err = parseSize(raw.envMaxSize); err != nil {
 		return fmt.Errorf("-env-max-size: %w", err)
+	}
+	if o.envMaxCount, err = strconv.Atoi(raw.envMaxCount); err != nil {
+		return fmt.Errorf("-env-max-count: want a positive count, got %q", raw.envMaxCount)
+	}
+	if o.envTTL, err = time.ParseDuration(raw.envTTL); err != nil || o.envTTL < 0 {
+		return fmt.Errorf("-env-ttl: want a duration such as 168h, or 0 for none, got %q", raw.envTTL)
 	}
 	if o.envMaxCount <= 0 || o.envCreateTimeout <= 0 {
 		return fmt.Errorf("-env-max-count and -env-create-timeout must be positive")

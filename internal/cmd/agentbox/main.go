@@ -70,6 +70,7 @@ commands:
   mcp           send a JSON-RPC request to an MCP server of an agent's sandbox, optionally as a user
   events        print or follow the life of an agent's sandbox (created, ready, stopped, commands...)
   deploy        start, resume or create an agent's sandbox
+  envs          list, build ahead or delete an agent's cached Python environments
   leases        acquire, heartbeat and release sandbox leases
   runs          start commands that run to completion in the background, follow and cancel them
   tokens        create or revoke API tokens (admin)
@@ -111,6 +112,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return deployCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "leases":
 		return leasesCommand(ctx, args[1:], getenv, stdout, stderr)
+	case "envs":
+		return envsCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "audit":
 		return auditCommand(ctx, args[1:], getenv, stdout, stderr)
 	case "runs":

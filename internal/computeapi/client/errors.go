@@ -38,6 +38,8 @@ const (
 
 	// Workspace files and the staff console.
 	CodeFileNotFound   = wire.CodeFileNotFound
+	CodeEnvNotFound    = wire.CodeEnvNotFound
+	CodeEnvBuildFailed = wire.CodeEnvBuildFailed
 	CodeWorkspaceFull  = wire.CodeWorkspaceFull
 	CodeConsoleExpired = wire.CodeConsoleExpired
 

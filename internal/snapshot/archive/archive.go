@@ -441,7 +441,7 @@ func (d *Driver) Restore(ctx context.Context, req snapshot.RestoreRequest) error
 		pw.CloseWithError(err)
 		produced <- err
 	}()
-	_, putErr := req.Supervisor.PutTar(ctx, workspaceRoot, pr)
+	_, putErr := req.Supervisor.RestoreTar(ctx, workspaceRoot, pr)
 	pr.CloseWithError(errConsumerDone)
 	prodErr := <-produced
 	switch {

@@ -88,14 +88,14 @@ func envInfo(ei pyenv.Info) api.EnvInfo {
 	return api.EnvInfo{
 		Name: ei.Name, Packages: nonNil(ei.Packages), PythonVersion: ei.PythonVersion,
 		CreatedAt: ei.CreatedAt.UTC(), LastUsedAt: ei.LastUsedAt.UTC(),
-		Requirements: nonNil(ei.Requirements), SizeBytes: ei.SizeBytes, InUse: ei.InUse,
+		Requirements: nonNil(ei.Requirements), SizeBytes: ei.SizeBytes, InUse: ei.InUse, State: ei.State,
 	}
 }
 
 func envCache(st pyenv.Stats) api.EnvCache {
 	return api.EnvCache{
 		Count: st.Count, MaxCount: st.MaxCount, TotalBytes: st.Bytes, MaxBytes: st.MaxBytes,
-		Building: st.Building, Installer: st.Installer,
+		Building: st.Building, Installer: st.Installer, TTLSeconds: int64(st.TTL / time.Second),
 	}
 }
 

@@ -1,7 +1,9 @@
 package pyenv
 
 import (
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 )
@@ -37,7 +39,12 @@ func (p *Pin) Release() {
 		m.mu.Lock()
 		e := p.e
 		e.users--
-		e.lastUsed = time.Now()
+		e.lastUsed = m.now()
+		var used string
+		if !e.retired && e.lastUsed.Sub(e.usedWritten) >= usedWriteEvery {
+			e.usedWritten = e.lastUsed
+			used = e.lastUsed.UTC().Format(time.RFC3339Nano)
+		}
 		var remove []string
 		if e.retired {
 			if e.users == 0 {
@@ -48,6 +55,13 @@ func (p *Pin) Release() {
 			remove = m.enforceLocked(nil)
 		}
 		m.mu.Unlock()
+		if used != "" && !slices.Contains(remove, e.dir) {
+			// Best effort: without it the environment counts as last
+			// used when it was built, after a restart.
+			if err := os.WriteFile(filepath.Join(e.dir, usedFile), []byte(used+"\n"), 0o600); err != nil {
+				m.log.Debug("recording an environment's last use failed", "env", e.name, "error", err.Error())
+			}
+		}
 		m.removeDirs(remove)
 	})
 }

@@ -2,7 +2,16 @@
 // (/v1/envs): one per name or per requirement set, built once and
 // reused by every run that asks for the same thing, and evicted least
 // recently used first when there are too many of them or they take too
-// much disk.
+// much disk, or, with a time-to-live, when they have not been used for
+// longer than it.
+//
+// The directory may outlive the process: on a sandbox's workspace volume
+// it is carried by an idle stop's snapshot and restored on resume, so a
+// resumed sandbox finds its environments again. What the environments
+// were built with may have changed meanwhile (a new sandbox image with
+// another Python), so an environment found on disk is checked against the
+// interpreter before its first use, and rebuilt from its recorded
+// requirements when it no longer runs or runs another Python version.
 //
 // An environment is built with uv when the supervisor finds it, else with
 // python3 -m venv --without-pip and pip running from outside the
@@ -49,6 +58,21 @@ const (
 // that did not complete and is removed.
 const metaFile = "agentbox-env.json"
 
+// usedFile records when the environment was last used, so that the
+// time-to-live and the least-recently-used order hold across restarts
+// (and across an idle stop, whose restore does not keep modification
+// times).
+const usedFile = "agentbox-env.used"
+
+// usedWriteEvery bounds how often usedFile is rewritten for one
+// environment: often enough for a time-to-live of minutes, without a
+// write per run.
+const usedWriteEvery = time.Minute
+
+// verifyTimeout bounds the interpreter check of an environment found on
+// disk: one start of Python, slower under gVisor than natively.
+const verifyTimeout = 30 * time.Second
+
 // installerDir holds a pip for building environments when the base
 // interpreter has none (Debian's python3 without python3-pip).
 const installerDir = ".installer"
@@ -84,6 +108,10 @@ type Config struct {
 	// be passed while runs hold environments. Zero means the defaults.
 	MaxEnvs  int
 	MaxBytes int64
+	// TTL, when positive, removes an idle environment that has not been
+	// used for longer than it. Zero keeps environments until the count or
+	// size limits evict them.
+	TTL time.Duration
 	// CreateTimeout bounds one environment's build. Zero means
 	// DefaultCreateTimeout.
 	CreateTimeout time.Duration
@@ -161,7 +189,16 @@ type Info struct {
 	InUse int
 	// Dir is the environment's directory (its sys.prefix).
 	Dir string
+	// State is StateReady, or StateUnverified for an environment found on
+	// disk whose interpreter is checked at its first use.
+	State string
 }
+
+// The states of an environment in Info.
+const (
+	StateReady      = "ready"
+	StateUnverified = "unverified"
+)
 
 // Stats sums up the cache.
 type Stats struct {
@@ -171,6 +208,8 @@ type Stats struct {
 	Building int
 	// Installer is "uv" or "pip".
 	Installer string
+	// TTL is Config.TTL; zero for none.
+	TTL time.Duration
 }
 
 // Request asks for an environment.
@@ -211,6 +250,8 @@ type Manager struct {
 
 	installerMu sync.Mutex
 	installer   []string // argv prefix that runs pip, once found
+
+	now func() time.Time // the clock of the time-to-live; tests set it
 }
 
 type env struct {
@@ -223,6 +264,11 @@ type env struct {
 	created   time.Time
 	lastUsed  time.Time
 	users     int
+	// usedWritten is when usedFile was last written.
+	usedWritten time.Time
+	// verified: built by this process, or found on disk and checked
+	// against the interpreter since.
+	verified bool
 	// retired: no longer in the index (evicted, deleted or replaced); its
 	// directory goes when the last user releases it.
 	retired bool
@@ -315,9 +361,38 @@ func New(cfg Config) (*Manager, error) {
 		sem:    make(chan struct{}, cfg.MaxConcurrentBuilds),
 		envs:   map[string]*env{},
 		builds: map[string]*build{},
+		now:    time.Now,
 	}
 	m.load()
+	if cfg.TTL > 0 {
+		m.wg.Add(1)
+		go m.expireLoop(min(max(cfg.TTL/4, time.Second), time.Minute))
+	}
 	return m, nil
+}
+
+// expireLoop removes environments past the time-to-live even when nothing
+// uses the cache: they hold disk on the sandbox's volume.
+func (m *Manager) expireLoop(every time.Duration) {
+	defer m.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+			m.expire()
+		}
+	}
+}
+
+// expire enforces the limits, the time-to-live among them, now.
+func (m *Manager) expire() {
+	m.mu.Lock()
+	remove := m.enforceLocked(nil)
+	m.mu.Unlock()
+	m.removeDirs(remove)
 }
 
 // load takes in the finished environments found in the directory and
@@ -372,10 +447,16 @@ func readMeta(dir string) (*env, error) {
 	if !strings.HasPrefix(filepath.Base(dir), md.Name+".") {
 		return nil, fmt.Errorf("directory does not match the name %q", md.Name)
 	}
-	return &env{
+	e := &env{
 		name: md.Name, dir: dir, spec: md.Spec, packages: md.Packages, pyVersion: md.PythonVersion,
 		size: md.SizeBytes, created: md.CreatedAt, lastUsed: md.CreatedAt,
-	}, nil
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, usedFile)); err == nil {
+		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(string(data))); err == nil && t.After(e.lastUsed) {
+			e.lastUsed, e.usedWritten = t, t
+		}
+	}
+	return e, nil
 }
 
 // Close cancels the builds in progress (their steps are killed and their
@@ -408,12 +489,34 @@ func (m *Manager) Ensure(ctx context.Context, r Request) (pin *Pin, created bool
 			return nil, false, errorf(KindUnavailable, "the environment cache is shutting down")
 		}
 		if e := m.envs[name]; e != nil && (asIs || e.spec.equal(sp)) {
+			if !e.verified {
+				m.mu.Unlock()
+				if !m.verify(ctx, e) {
+					if ctx.Err() != nil {
+						return nil, false, fmt.Errorf("checking environment %q: %w", name, context.Cause(ctx))
+					}
+					// Rebuilt with what it was built with: a request by
+					// name alone asks for the environment as it was.
+					if asIs {
+						sp, asIs = e.spec, false
+					}
+				}
+				continue
+			}
 			e.users++
-			e.lastUsed = time.Now()
+			e.lastUsed = m.now()
 			m.mu.Unlock()
 			return &Pin{m: m, e: e}, created, nil
 		}
 		b := m.builds[name]
+		if b == nil && m.envs[name] == nil {
+			// Restored since the last look (see adoptLocked)?
+			if remove := m.adoptLocked(); len(remove) > 0 || m.envs[name] != nil {
+				m.mu.Unlock()
+				m.removeDirs(remove)
+				continue
+			}
+		}
 		leader := false
 		if b == nil {
 			if asIs && !r.CreateEmpty {
@@ -550,7 +653,7 @@ func (m *Manager) installLocked(e *env) ([]string, error) {
 	if old := m.envs[e.name]; old != nil {
 		remove = append(remove, m.retireLocked(old)...)
 	}
-	e.lastUsed = time.Now()
+	e.lastUsed, e.verified = m.now(), true
 	m.envs[e.name] = e
 	return append(remove, m.enforceLocked(e)...), nil
 }
@@ -566,11 +669,22 @@ func (m *Manager) retireLocked(e *env) []string {
 	return nil
 }
 
-// enforceLocked evicts idle environments, least recently used first,
-// until the count and size limits hold or only environments in use (and
-// keep, just built) are left.
+// enforceLocked evicts the idle environments unused for longer than the
+// time-to-live, then idle environments least recently used first until
+// the count and size limits hold or only environments in use (and keep,
+// just built) are left.
 func (m *Manager) enforceLocked(keep *env) []string {
 	var remove []string
+	if ttl := m.cfg.TTL; ttl > 0 {
+		now := m.now()
+		for _, e := range m.envs {
+			if e != keep && e.users == 0 && now.Sub(e.lastUsed) > ttl {
+				m.log.Info("removing a Python environment unused for longer than its time-to-live", "env", e.name,
+					"size_bytes", e.size, "last_used", e.lastUsed, "ttl", ttl.String())
+				remove = append(remove, m.retireLocked(e)...)
+			}
+		}
+	}
 	for {
 		var total int64
 		for _, e := range m.envs {
@@ -609,6 +723,8 @@ func (m *Manager) removeDirs(dirs []string) {
 // index at once and from disk when its runs end.
 func (m *Manager) Delete(name string) (Info, error) {
 	m.mu.Lock()
+	adoptRemove := m.adoptLocked()
+	defer m.removeDirs(adoptRemove)
 	if m.builds[name] != nil {
 		m.mu.Unlock()
 		return Info{}, errorf(KindBusy, "environment %q is being built; delete it when the build has finished", name)
@@ -625,10 +741,53 @@ func (m *Manager) Delete(name string) (Info, error) {
 	return info, nil
 }
 
+// adoptLocked takes in the finished environments that appeared in the
+// directory since the manager loaded it: an idle stop's snapshot is
+// restored into a fresh workspace through the running supervisor, whose
+// manager started on the empty directory. Directories it does not know and
+// cannot read are left alone (they may be builds in progress); an
+// environment whose name is taken keeps the one in the index. It returns
+// the directories that the limits then evict.
+func (m *Manager) adoptLocked() []string {
+	if m.closed {
+		return nil
+	}
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		return nil
+	}
+	known := make(map[string]bool, len(m.envs))
+	for _, e := range m.envs {
+		known[filepath.Base(e.dir)] = true
+	}
+	adopted := 0
+	for _, de := range entries {
+		name := de.Name()
+		if !de.IsDir() || known[name] || strings.HasPrefix(name, ".") {
+			continue
+		}
+		e, err := readMeta(filepath.Join(m.dir, name))
+		if err != nil || m.envs[e.name] != nil || m.builds[e.name] != nil {
+			continue
+		}
+		m.envs[e.name] = e
+		adopted++
+	}
+	if adopted == 0 {
+		return nil
+	}
+	m.log.Info("found restored Python environments", "count", adopted, "dir", m.dir)
+	return m.enforceLocked(nil)
+}
+
 // List describes the environments, sorted by name.
 func (m *Manager) List() []Info {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	remove := m.adoptLocked()
+	defer func() {
+		m.mu.Unlock()
+		m.removeDirs(remove)
+	}()
 	out := make([]Info, 0, len(m.envs))
 	for _, e := range m.envs {
 		out = append(out, e.info())
@@ -641,7 +800,7 @@ func (m *Manager) List() []Info {
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := Stats{Count: len(m.envs), MaxCount: m.cfg.MaxEnvs, MaxBytes: m.cfg.MaxBytes, Building: len(m.builds), Installer: "pip"}
+	s := Stats{Count: len(m.envs), MaxCount: m.cfg.MaxEnvs, MaxBytes: m.cfg.MaxBytes, Building: len(m.builds), Installer: "pip", TTL: m.cfg.TTL}
 	if m.cfg.UV != "" {
 		s.Installer = "uv"
 	}
@@ -652,9 +811,63 @@ func (m *Manager) Stats() Stats {
 }
 
 func (e *env) info() Info {
+	state := StateReady
+	if !e.verified {
+		state = StateUnverified
+	}
 	return Info{
 		Name: e.name, Requirements: slices.Clone(e.spec.Requirements), Packages: slices.Clone(e.packages),
 		PythonVersion: e.pyVersion, SizeBytes: e.size, CreatedAt: e.created, LastUsedAt: e.lastUsed,
-		InUse: e.users, Dir: e.dir,
+		InUse: e.users, Dir: e.dir, State: state,
 	}
+}
+
+// verify checks an environment found on disk against the interpreter it
+// runs now: its python must start and be the Python version it was built
+// with (major.minor, which names its site-packages). One that fails is
+// retired, to be rebuilt. It reports whether e passed; a check cut short
+// by ctx passes nothing and retires nothing.
+func (m *Manager) verify(ctx context.Context, e *env) bool {
+	vctx, cancel := context.WithTimeout(ctx, verifyTimeout)
+	defer cancel()
+	out := &tailBuffer{max: 4 << 10}
+	python := filepath.Join(e.dir, "bin", "python")
+	code, err := m.cfg.Run(vctx, []string{python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"}, m.buildEnv(), m.dir, out, out)
+	if ctx.Err() != nil {
+		return false
+	}
+	got := strings.TrimSpace(out.String())
+	var why string
+	switch {
+	case err != nil:
+		why = "its interpreter does not start: " + err.Error()
+	case code != 0:
+		why = fmt.Sprintf("its interpreter exited with status %d: %s", code, out.summary())
+	case e.pyVersion != "" && got != majorMinor(e.pyVersion):
+		why = fmt.Sprintf("it was built for Python %s and the interpreter is now Python %s", e.pyVersion, got)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if why == "" {
+		e.verified = true
+		return true
+	}
+	if m.envs[e.name] == e {
+		m.log.Info("rebuilding a Python environment found on disk", "env", e.name, "reason", why)
+		remove := m.retireLocked(e)
+		// Removed under the lock, so that the rebuild, which starts as
+		// soon as the lock is released, does not race with it; the
+		// directory holds a few hundred megabytes at most.
+		m.removeDirs(remove)
+	}
+	return false
+}
+
+// majorMinor cuts "3.11.2" to "3.11".
+func majorMinor(v string) string {
+	parts := strings.SplitN(strings.TrimSpace(v), ".", 3)
+	if len(parts) < 2 {
+		return v
+	}
+	return parts[0] + "." + parts[1]
 }

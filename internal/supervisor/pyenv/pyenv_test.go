@@ -2,6 +2,7 @@ package pyenv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -327,5 +329,178 @@ func TestManagerConcurrentEnsure(t *testing.T) {
 	// or found it done.
 	if built != 0 || ix.Downloads("agentbox-greet") != 1 || len(m.List()) != 1 {
 		t.Fatalf("%d callers built, %d downloads, %d environments; want 0, 1, 1", built, ix.Downloads("agentbox-greet"), len(m.List()))
+	}
+}
+
+// fakeClock is the manager's clock in tests of the time-to-live.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+// The time-to-live removes idle environments unused for longer than it,
+// never one in use; the last use is recorded in the environment's
+// directory, so that it holds for a manager started on the same directory
+// (a supervisor resumed from an idle stop), whose environments are checked
+// against the interpreter before their first use.
+func TestManagerTTLAndRestart(t *testing.T) {
+	ix := pyenvtest.NewIndex(t, greet)
+	dir := t.TempDir()
+	const ttl = time.Hour
+	m := newTestManager(t, Config{Dir: dir, IndexURL: ix.URL, TTL: ttl})
+	t0 := time.Now()
+	clock := &fakeClock{now: t0}
+	m.now = clock.Now
+	ctx := context.Background()
+	ensure := func(m *Manager, r Request) (*Pin, bool) {
+		t.Helper()
+		p, created, err := m.Ensure(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, created
+	}
+	a, _ := ensure(m, Request{Name: "a", CreateEmpty: true})
+	a.Release()
+	clock.Set(t0.Add(50 * time.Minute))
+	b, _ := ensure(m, Request{Name: "b", Requirements: []string{"agentbox-greet"}})
+	b.Release()
+
+	clock.Set(t0.Add(70 * time.Minute))
+	m.expire()
+	if list := m.List(); len(list) != 1 || list[0].Name != "b" || list[0].State != StateReady {
+		t.Fatalf("after a's time-to-live: %+v, want b alone, ready", list)
+	}
+	if _, err := os.Stat(a.Dir()); !os.IsNotExist(err) {
+		t.Fatalf("expired a's directory remains: %v", err)
+	}
+	if st := m.Stats(); st.TTL != ttl {
+		t.Errorf("stats %+v", st)
+	}
+
+	// In use past its time-to-live: kept, and its use starts a new one.
+	b, _ = ensure(m, Request{Name: "b"})
+	clock.Set(t0.Add(3 * time.Hour))
+	m.expire()
+	if len(m.List()) != 1 {
+		t.Fatal("an environment in use was removed for its time-to-live")
+	}
+	b.Release()
+	m.expire()
+	if len(m.List()) != 1 {
+		t.Fatal("an environment just released was removed for its time-to-live")
+	}
+	m.Close()
+
+	// A new manager on the directory: b's last use is the one recorded.
+	m2 := newTestManager(t, Config{Dir: dir, IndexURL: ix.URL, TTL: ttl})
+	list := m2.List()
+	if len(list) != 1 || list[0].State != StateUnverified || !list[0].LastUsedAt.Equal(t0.Add(3*time.Hour)) {
+		t.Fatalf("reloaded: %+v, want b unverified, last used at %s", list, t0.Add(3*time.Hour))
+	}
+	b, created := ensure(m2, Request{Requirements: nil, Name: "b"})
+	if created || b.Info().State != StateReady {
+		t.Fatalf("reloaded b: created %v, %+v", created, b.Info())
+	}
+	out, err := exec.Command(b.Python(), "-c", "import agentbox_greet; print(agentbox_greet.hello('again'))").Output()
+	if err != nil || string(out) != "hello again\n" {
+		t.Fatalf("reloaded b: %q, %v", out, err)
+	}
+	b.Release()
+	m2.Close()
+
+	// Built for another Python (as after a sandbox image changed between
+	// an idle stop and the resume): rebuilt from its requirements at its
+	// first use, by name alone too, not served broken.
+	metaPath := filepath.Join(b.Dir(), metaFile)
+	data, err := os.ReadFile(metaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md meta
+	if err := json.Unmarshal(data, &md); err != nil {
+		t.Fatal(err)
+	}
+	md.PythonVersion = "2.7.18"
+	if data, err = json.Marshal(md); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(metaPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m3 := newTestManager(t, Config{Dir: dir, IndexURL: ix.URL, TTL: ttl})
+	b3, created := ensure(m3, Request{Name: "b"})
+	defer b3.Release()
+	info := b3.Info()
+	if !created || b3.Dir() == b.Dir() || info.PythonVersion == "2.7.18" || len(info.Packages) != 1 || info.State != StateReady {
+		t.Fatalf("environment of another Python: created %v, %+v", created, info)
+	}
+	if _, err := os.Stat(b.Dir()); !os.IsNotExist(err) {
+		t.Fatalf("the stale environment's directory remains: %v", err)
+	}
+	if n := ix.Downloads("agentbox-greet"); n != 2 {
+		t.Errorf("%d downloads, want 2 (the first build and the rebuild)", n)
+	}
+}
+
+// Environments restored into the directory of a running manager (an idle
+// stop's snapshot is extracted through the supervisor after it started on
+// the empty workspace) are taken in when they are next listed or asked
+// for, checked before their first use, and not rebuilt.
+func TestManagerAdoptsRestoredEnvironments(t *testing.T) {
+	ix := pyenvtest.NewIndex(t, greet)
+	ctx := context.Background()
+	built := newTestManager(t, Config{IndexURL: ix.URL})
+	p, _, err := built.Ensure(ctx, Request{Requirements: []string{"agentbox-greet"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Release()
+	src := p.Dir()
+	built.Close()
+
+	dir := t.TempDir()
+	m := newTestManager(t, Config{Dir: dir, IndexURL: ix.URL})
+	if len(m.List()) != 0 {
+		t.Fatal("a fresh manager lists environments")
+	}
+	// cp -a, as the restore does: links as links, modes kept.
+	if out, err := exec.Command("cp", "-a", src, filepath.Join(dir, filepath.Base(src))).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	// An unfinished directory beside it is left alone: it may be a build.
+	if err := os.MkdirAll(filepath.Join(dir, "half.5678"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	list := m.List()
+	if len(list) != 1 || list[0].State != StateUnverified || list[0].Packages[0] != "agentbox-greet==1.0" {
+		t.Fatalf("after the restore: %+v", list)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "half.5678")); err != nil {
+		t.Errorf("an unknown directory was removed: %v", err)
+	}
+	p, created, err := m.Ensure(ctx, Request{Requirements: []string{"agentbox-greet"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	if created || p.Info().State != StateReady || ix.Downloads("agentbox-greet") != 1 {
+		t.Fatalf("restored environment: created %v, %+v, %d downloads", created, p.Info(), ix.Downloads("agentbox-greet"))
+	}
+	out, err := exec.Command(p.Python(), "-c", "import agentbox_greet; print(agentbox_greet.hello('restored'))").Output()
+	if err != nil || string(out) != "hello restored\n" {
+		t.Fatalf("restored environment: %q, %v", out, err)
 	}
 }

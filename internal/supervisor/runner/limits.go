@@ -24,21 +24,52 @@ import (
 // only commands are refused.
 const DefaultCommandPidsLimit = 1024
 
+// minCommandPidsLimit is the least process limit CommandPidsLimitFor gives
+// a small sandbox: enough for a shell, a build tool and its workers.
+const minCommandPidsLimit = 64
+
+// CommandPidsLimitFor is the commands' default process limit in a gVisor
+// sandbox whose pod has the given memory limit and guard reserve (zero: the
+// default reserve). Each process costs the pod about 0.63 MiB on the host
+// (see ChargeEstimate), so DefaultCommandPidsLimit is more than a small
+// pod can hold: under it, a fork bomb took a 256 MiB sandbox down in two
+// seconds, faster than the memory guard could act, while under 256 the
+// same bomb left it serving. So the limit is what the memory below the
+// guard's threshold holds at that cost, within [64, 1024]: 256 for a
+// 256 MiB pod, 1024 from about 740 MiB on.
+func CommandPidsLimitFor(memoryLimit, reserve int64) int {
+	if reserve <= 0 {
+		reserve = defaultMemoryReserve(memoryLimit)
+	}
+	n := (memoryLimit - reserve) / chargePerProcess
+	return int(min(max(n, minCommandPidsLimit), DefaultCommandPidsLimit))
+}
+
 // DefaultMemoryGuardInterval is how often the memory guard samples the
 // sandbox's memory while commands run: a bomb that touches 200 MB/s gets
 // 10 MB further between two samples.
 const DefaultMemoryGuardInterval = 50 * time.Millisecond
 
-// memorySettle is how long the guard waits after a kill before it samples
-// again.
+// memorySettle is how long after a kill the guard makes allowance for
+// the memory the killed group still holds: gVisor counts a dead process's
+// pages in the sandbox's meminfo (as the sentry's own, "System") until its
+// page allocator has handed them back to the host, a moment later.
 const memorySettle = 500 * time.Millisecond
 
+// settleSlack is how far the memory in use may rise past its lowest
+// reading since a kill, while the guard waits for the killed group's
+// memory to come back, before it takes that for a new command's growth:
+// the supervisor's own allocations and page-table noise stay under it.
+const settleSlack = 4 << 20
+
 // defaultMemoryReserve is what the guard keeps back under the pod's limit
-// when none is configured. The sandbox kernel's own memory (its heap, the
-// page tables, memory its processes freed but it has not yet returned to
-// the host) is charged to the pod but invisible in /proc/meminfo; in a
-// 256 MiB gVisor pod after a run of hostile commands it was near 64 MiB,
-// so the floor is half as much again.
+// when none is configured. It covers what the pod is charged that the
+// guard's reading does not show: the sandbox kernel's and gofer's own
+// memory (see guardPolicy), about 15 MiB in a fresh pod; a bomb's growth
+// past the threshold before the kill lands, about 15 MiB at 1 GB/s; and
+// the error of ChargeEstimate's figures per process, which were measured
+// on idle processes (a process with more mappings has bigger page tables).
+// A 256 MiB pod peaked at 201 MiB through three memory bombs in a row.
 func defaultMemoryReserve(limit int64) int64 { return max(96<<20, limit/8) }
 
 // startConfined starts cmd as children.start does, with the per-command
@@ -54,12 +85,76 @@ func (rn *Runner) startConfined(cmd *exec.Cmd) error {
 // sandbox's memory in use passes threshold, as an OOM killer would, but
 // before the pod's limit is met and never the supervisor.
 type memoryGuard struct {
-	threshold int64
-	interval  time.Duration
+	policy   guardPolicy
+	interval time.Duration
 	// inUse reports the sandbox's memory in use, in bytes.
 	inUse func() (int64, error)
 	stop  chan struct{}
 	done  chan struct{}
+}
+
+// guardPolicy decides, from one reading of the memory in use, whether the
+// guard kills now and how soon it samples again. It holds no clock or
+// process of its own, so that its decisions can be tested alone.
+//
+// What gVisor does that the policy is built on (gVisor's
+// pkg/sentry/pgalloc/pgalloc.go and pkg/sentry/fsimpl/proc/tasks_files.go):
+// the sandbox's /proc/meminfo is the sentry's usage.MemoryAccounting,
+// which counts every committed page of the memfd that backs application
+// memory, tmpfs and the sentry's page cache. When a process dies its
+// pages become "waste", still counted (as System) until the MemoryFile's
+// releaser goroutine decommits them with fallocate(PUNCH_HOLE), which is
+// also when the host uncharges them from the pod, so meminfo and the pod's
+// charge fall together: in a 1 GiB pod, 0.2 s after a bomb of 860 MiB was
+// killed, both were back where they started. (meminfo's figure rests on
+// the host's own count of the memfd's pages: MemoryFile.UpdateUsage
+// checks its fstat block count and mincore.) What meminfo does not show
+// is the memory of the sentry and the gofer outside that memfd, about
+// 15 MiB in a fresh pod, and what each process costs on the host
+// (ChargeEstimate adds that). The reserve covers the former and a bomb's
+// growth between two samples.
+//
+// A guard that stops sampling after a kill is blind just when a second
+// bomb is most likely: a bomb grows by about 1 GB/s in gVisor, so one
+// started while the guard slept 500 ms met the pod's limit and the whole
+// sandbox was OOM-killed. So the guard samples on, fast, and while the
+// killed group's memory may still be on its way back it only kills again
+// once the memory in use rises past the lowest reading since the kill:
+// what the dead group still holds is not blamed on the next command, and
+// anything that grows on top of it is.
+type guardPolicy struct {
+	threshold int64
+	interval  time.Duration
+	// killedAt is when the guard last killed; floor the lowest reading
+	// since.
+	killedAt time.Time
+	floor    int64
+}
+
+// sample returns whether to kill the largest command group, given the
+// memory in use now, and how long to wait before the next sample.
+func (p *guardPolicy) sample(used int64, now time.Time) (kill bool, wait time.Duration) {
+	fast := p.interval / 5
+	settling := !p.killedAt.IsZero() && now.Sub(p.killedAt) < memorySettle
+	if settling {
+		p.floor = min(p.floor, used)
+	}
+	switch {
+	case used < p.threshold:
+		// Past three quarters of the threshold, and while a killed
+		// group's memory comes back, the guard samples five times as
+		// often: a bomb on a busy node gets further between two samples
+		// than the reserve allows for, and the pod's limit ends the whole
+		// sandbox.
+		if settling || used > p.threshold/4*3 {
+			return false, fast
+		}
+		return false, p.interval
+	case settling && used <= p.floor+settleSlack:
+		return false, fast
+	}
+	p.killedAt, p.floor = now, used
+	return true, fast
 }
 
 // StartMemoryGuard runs the guard until Close. limit is the pod's memory
@@ -76,7 +171,7 @@ func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration,
 	if interval <= 0 {
 		interval = DefaultMemoryGuardInterval
 	}
-	g := &memoryGuard{threshold: limit - reserve, interval: interval, inUse: inUse,
+	g := &memoryGuard{policy: guardPolicy{threshold: limit - reserve, interval: interval}, interval: interval, inUse: inUse,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	rn.memGuard = g
 	go rn.guardMemory(g)
@@ -85,10 +180,6 @@ func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration,
 
 func (rn *Runner) guardMemory(g *memoryGuard) {
 	defer close(g.done)
-	// Past three quarters of the threshold the guard samples five times
-	// as often: a bomb on a busy node gets further between two samples
-	// than the reserve allows for, and the pod's limit ends the whole
-	// sandbox.
 	wait := g.interval
 	for {
 		select {
@@ -107,13 +198,12 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		if err != nil {
 			continue
 		}
-		if used < g.threshold {
-			if used > g.threshold/4*3 {
-				wait = g.interval / 5
-			}
+		var kill bool
+		kill, wait = g.policy.sample(used, time.Now())
+		if !kill {
 			continue
 		}
-		pgid, rss := rn.largestGroup()
+		pgid, cost := rn.largestGroup()
 		if pgid == 0 {
 			continue
 		}
@@ -121,15 +211,8 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		rn.oomKilled[pgid] = true
 		rn.mu.Unlock()
 		rn.cfg.Log.Warn("sandbox memory near its limit: killed the command using the most",
-			"in_use_bytes", used, "threshold_bytes", g.threshold, "pgid", pgid, "group_rss_bytes", rss)
+			"in_use_bytes", used, "threshold_bytes", g.policy.threshold, "pgid", pgid, "group_bytes", cost)
 		sweepGroup(pgid)
-		// The sandbox returns a dead group's memory a moment later; a
-		// sample before then would blame the next command too.
-		select {
-		case <-g.stop:
-			return
-		case <-time.After(memorySettle):
-		}
 	}
 }
 
@@ -138,13 +221,19 @@ func (g *memoryGuard) close() {
 	<-g.done
 }
 
-// largestGroup returns the tracked process group whose processes hold the
-// most resident memory, and that amount.
-func (rn *Runner) largestGroup() (pgid int, rss int64) {
+// largestGroup returns the tracked process group that costs the pod the
+// most, and that amount: its processes' resident memory, and for each
+// process what the sandbox kernel holds for it beyond that
+// (hiddenPerProcess), so that a fork bomb of small processes is found.
+// Groups the guard has already killed are left out: they are on their way
+// out, and the next kill must hit what still grows.
+func (rn *Runner) largestGroup() (pgid int, cost int64) {
 	rn.mu.Lock()
 	tracked := make(map[int]int64, len(rn.groups))
 	for g := range rn.groups {
-		tracked[g] = 0
+		if !rn.oomKilled[g] {
+			tracked[g] = 0
+		}
 	}
 	rn.mu.Unlock()
 	entries, err := os.ReadDir("/proc")
@@ -159,15 +248,15 @@ func (rn *Runner) largestGroup() (pgid int, rss int64) {
 		}
 		g, pages, ok := procGroupRSS(pid)
 		if _, ours := tracked[g]; ok && ours {
-			tracked[g] += pages * page
+			tracked[g] += pages*page + hiddenPerProcess
 		}
 	}
 	for g, n := range tracked {
-		if n > rss {
-			pgid, rss = g, n
+		if n > cost {
+			pgid, cost = g, n
 		}
 	}
-	return pgid, rss
+	return pgid, cost
 }
 
 // procGroupRSS reads a process's group and resident pages from its stat

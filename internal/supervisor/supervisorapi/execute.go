@@ -147,7 +147,18 @@ type EnvInfo struct {
 	SizeBytes int64 `json:"size_bytes"`
 	// InUse counts the runs using it now; those are never evicted.
 	InUse int `json:"in_use"`
+	// State is EnvStateReady, or EnvStateUnverified for an environment
+	// found on disk (restored with the workspace after an idle stop) whose
+	// interpreter is checked at its first use; one that no longer matches
+	// is rebuilt then.
+	State string `json:"state,omitempty"`
 }
+
+// The states of an environment in EnvInfo.
+const (
+	EnvStateReady      = "ready"
+	EnvStateUnverified = "unverified"
+)
 
 // EnvResult is the answer to POST /v1/envs.
 type EnvResult struct {
@@ -174,6 +185,9 @@ type EnvCache struct {
 	Building int `json:"building"`
 	// Installer is "uv" or "pip".
 	Installer string `json:"installer"`
+	// TTLSeconds is the time-to-live of an idle environment; zero for
+	// none.
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
 }
 
 // EnvPath is the URL path of the named environment.

@@ -80,7 +80,17 @@ func (c *Client) GetTar(ctx context.Context, path string) (io.ReadCloser, error)
 // file is written atomically; an entry that fails stops the extraction,
 // and the entries before it stay.
 func (c *Client) PutTar(ctx context.Context, dir string, tarStream io.Reader) (*TarResult, error) {
-	q := url.Values{"format": {FormatTar}}
+	return c.putTar(ctx, dir, tarStream, url.Values{"format": {FormatTar}})
+}
+
+// RestoreTar is PutTar for a snapshot's restore: symbolic links are
+// extracted as they were taken, those whose targets are absolute or lead
+// out of the workspace included (see QueryLinks).
+func (c *Client) RestoreTar(ctx context.Context, dir string, tarStream io.Reader) (*TarResult, error) {
+	return c.putTar(ctx, dir, tarStream, url.Values{"format": {FormatTar}, QueryLinks: {LinksKeep}})
+}
+
+func (c *Client) putTar(ctx context.Context, dir string, tarStream io.Reader, q url.Values) (*TarResult, error) {
 	resp, err := c.stream(ctx, http.MethodPut, FilePath(PathFiles, dir), q, tarStream, ContentTypeTar, "application/json")
 	if err != nil {
 		return nil, err

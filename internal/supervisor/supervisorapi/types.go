@@ -97,6 +97,26 @@ const (
 	// DefaultWorkspaceCapBytes is the workspace cap when none is configured
 	// (the design's 1 GB).
 	DefaultWorkspaceCapBytes = 1 << 30
+	// PlatformDir is the workspace's hidden directory of the platform's own
+	// state that must outlive the pod: it lives on the workspace volume,
+	// so an idle stop's snapshot carries it and the resume restores it,
+	// but it is not the agent's files: manifests (and with them the
+	// filespace syncs) leave it out. Its files count against the
+	// workspace cap like any other on the volume.
+	PlatformDir = ".agentbox"
+	// EnvsDir is where the controller keeps a sandbox's cached Python
+	// environments, under the workspace (-env-dir): a venv embeds its
+	// absolute path, which is the same after a resume.
+	EnvsDir = PlatformDir + "/envs"
+	// QueryLinks, set to LinksKeep on PUT /v1/files/{dir}?format=tar,
+	// extracts symbolic links whose targets are absolute or lead out of
+	// the workspace as they are, instead of refusing them: the restore of
+	// an idle stop's snapshot, which must give back the workspace as
+	// commands left it (a venv's bin/python links to the image's
+	// interpreter). The supervisor never follows such a link itself
+	// either way.
+	QueryLinks = "links"
+	LinksKeep  = "keep"
 
 	// DefaultTimeoutSeconds applies when a request gives no timeout.
 	DefaultTimeoutSeconds = 60

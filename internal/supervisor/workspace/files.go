@@ -103,7 +103,16 @@ func (ws *Workspace) servePut(w http.ResponseWriter, r *http.Request, rel string
 		fi, apiErr := ws.PutFile(rel, body, q.Get("mode"), r.ContentLength)
 		answer(w, info, fi, apiErr)
 	case api.FormatTar:
-		res, apiErr := ws.putTar(rel, body)
+		var keepLinks bool
+		switch v := q.Get(api.QueryLinks); v {
+		case "":
+		case api.LinksKeep:
+			keepLinks = true
+		default:
+			info.Fail(w, api.Errorf(api.CodeInvalidArgument, "%s must be %q or absent, not %q", api.QueryLinks, api.LinksKeep, v))
+			return
+		}
+		res, apiErr := ws.putTar(rel, body, keepLinks)
 		answer(w, info, res, apiErr)
 	default:
 		info.Fail(w, api.Errorf(api.CodeInvalidArgument, "format must be %q or absent, not %q", api.FormatTar, format))

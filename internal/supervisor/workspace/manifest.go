@@ -35,7 +35,7 @@ func (ws *Workspace) ServeManifest(w http.ResponseWriter, r *http.Request, info 
 }
 
 // Manifest lists the regular files under the directory rel, already
-// confined, with their digests.
+// confined, with their digests, leaving out api.PlatformDir.
 func (ws *Workspace) Manifest(ctx context.Context, rel string) (*api.Manifest, *api.Error) {
 	st, err := ws.root.Stat(rel)
 	if err != nil {
@@ -52,6 +52,10 @@ func (ws *Workspace) Manifest(ctx context.Context, rel string) (*api.Manifest, *
 			return err
 		}
 		switch {
+		case p == api.PlatformDir && fi.IsDir():
+			// The platform's own state (cached Python environments):
+			// not the agent's files, and not to be synced.
+			return fs.SkipDir
 		case fi.IsDir():
 			return nil
 		case !fi.Mode().IsRegular():

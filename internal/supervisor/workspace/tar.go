@@ -137,7 +137,14 @@ func addTarEntry(tw *tar.Writer, root *os.Root, name string, fi fs.FileInfo) err
 // refused outright, although os.Root would refuse to follow them anyway:
 // such a link is never useful inside the sandbox and the early error is
 // clearer. Hard links and special files are refused.
-func (ws *Workspace) putTar(rel string, body io.Reader) (*api.TarResult, *api.Error) {
+//
+// keepLinks (api.LinksKeep, a snapshot's restore) extracts those links as
+// they are instead: commands made them (a venv's bin/python is a link to
+// the image's interpreter), and the restore gives the workspace back as
+// they left it. Extraction still never goes through such a link: entries
+// under it are refused as above, and the supervisor's own path resolution
+// refuses them too.
+func (ws *Workspace) putTar(rel string, body io.Reader, keepLinks bool) (*api.TarResult, *api.Error) {
 	if apiErr := ws.mkdirAll("put", rel, 0o755); apiErr != nil {
 		return nil, apiErr
 	}
@@ -189,7 +196,7 @@ func (ws *Workspace) putTar(rel string, body io.Reader) (*api.TarResult, *api.Er
 			res.Files++
 			res.Bytes += n
 		case tar.TypeSymlink:
-			if apiErr := ws.putSymlink(target, hdr.Linkname); apiErr != nil {
+			if apiErr := ws.putSymlink(target, hdr.Linkname, keepLinks); apiErr != nil {
 				return nil, apiErr
 			}
 			res.Symlinks++
@@ -200,15 +207,16 @@ func (ws *Workspace) putTar(rel string, body io.Reader) (*api.TarResult, *api.Er
 }
 
 // putSymlink creates (or atomically replaces) the symbolic link target
-// pointing at linkname, which must stay inside the workspace lexically.
-func (ws *Workspace) putSymlink(target, linkname string) *api.Error {
+// pointing at linkname, which must stay inside the workspace lexically
+// unless keep is set.
+func (ws *Workspace) putSymlink(target, linkname string, keep bool) *api.Error {
 	switch {
 	case linkname == "" || strings.IndexByte(linkname, 0) >= 0:
 		return api.Errorf(api.CodeInvalidArgument, "tar entry %q: invalid link target %q", target, linkname)
-	case path.IsAbs(linkname):
+	case path.IsAbs(linkname) && !keep:
 		return api.Errorf(api.CodePathEscapesWorkspace, "tar entry %q: absolute link target %q is refused", target, linkname)
 	}
-	if resolved := path.Join(path.Dir(target), linkname); resolved == ".." || strings.HasPrefix(resolved, "../") {
+	if resolved := path.Join(path.Dir(target), linkname); !keep && (resolved == ".." || strings.HasPrefix(resolved, "../")) {
 		return api.Errorf(api.CodePathEscapesWorkspace, "tar entry %q: link target %q points out of the workspace", target, linkname)
 	}
 	dir := path.Dir(target)
