@@ -5,9 +5,12 @@ import (
 	"fmt"
 
 	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/listvalidator"
+	"github.com/hashicorp/terraform-plugin-framework-validators/mapvalidator"
 	"github.com/hashicorp/terraform-plugin-framework-validators/stringvalidator"
 	"github.com/hashicorp/terraform-plugin-framework/attr"
 	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
@@ -89,6 +92,7 @@ type mcpServerModel struct {
 	Command types.String `tfsdk:"command"`
 	Args    types.List   `tfsdk:"args"`
 	Env     types.Map    `tfsdk:"env"`
+	URL     types.String `tfsdk:"url"`
 }
 
 type secretFileModel struct {
@@ -124,7 +128,8 @@ var (
 	pythonAttrTypes             = map[string]attr.Type{"default_timeout": types.StringType, "max_timeout": types.StringType, "index_url": types.StringType,
 		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType},
 		"environments": types.ObjectType{AttrTypes: pythonEnvironmentsAttrTypes}}
-	mcpServerAttrTypes  = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType}}
+	mcpServerAttrTypes = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType},
+		"url": types.StringType}
 	secretFileAttrTypes = map[string]attr.Type{"secret_name": types.StringType, "mount_path": types.StringType}
 )
 
@@ -286,14 +291,36 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 			},
 			"mcp_servers": schema.ListNestedAttribute{
 				Optional: true,
-				MarkdownDescription: "stdio MCP servers the supervisor starts in every sandbox, restarts on failure and bridges to the Compute API. " +
-					"A user token given with an `mcp_request` (header `X-Agentbox-User-Token`) must have the server's name as an audience; " +
-					"the server receives it in the request's `params._meta` under `agentbox.dev/user-token`, never in its environment.",
+				MarkdownDescription: "MCP servers the sandbox's supervisor bridges to the Compute API's `mcp_request`: stdio servers " +
+					"(`command`) it starts in every sandbox and restarts on failure, and remote Streamable HTTP servers (`url`) it " +
+					"connects to through the sandbox's egress proxy. A user token given with an `mcp_request` (header " +
+					"`X-Agentbox-User-Token`) must have the server's name (a remote server's `url`) as an audience; a stdio server " +
+					"receives it in the request's `params._meta` under `agentbox.dev/user-token`, never in its environment, and a remote " +
+					"one as `Authorization: Bearer`.",
 				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
-					"name":    schema.StringAttribute{Required: true, MarkdownDescription: "Name the server is addressed by."},
-					"command": schema.StringAttribute{Required: true, MarkdownDescription: "Program to run."},
-					"args":    optionalList("Its arguments."),
-					"env":     optionalMap("Its environment."),
+					"name": schema.StringAttribute{Required: true, MarkdownDescription: "Name the server is addressed by."},
+					"command": schema.StringAttribute{
+						Optional: true, MarkdownDescription: "Program to run, for a stdio server. Set exactly one of `command` and `url`.",
+						Validators: []validator.String{
+							stringvalidator.LengthBetween(1, 1024),
+							stringvalidator.ExactlyOneOf(path.MatchRelative().AtParent().AtName("url")),
+						},
+					},
+					"args": schema.ListAttribute{
+						ElementType: types.StringType, Optional: true, MarkdownDescription: "Its arguments (stdio servers only).",
+						Validators: []validator.List{listvalidator.ConflictsWith(path.MatchRelative().AtParent().AtName("url"))},
+					},
+					"env": schema.MapAttribute{
+						ElementType: types.StringType, Optional: true, MarkdownDescription: "Its environment (stdio servers only).",
+						Validators: []validator.Map{mapvalidator.ConflictsWith(path.MatchRelative().AtParent().AtName("url"))},
+					},
+					"url": schema.StringAttribute{
+						Optional: true,
+						MarkdownDescription: "Streamable HTTP endpoint of a remote MCP server (`http://` or `https://`). The supervisor " +
+							"reaches it through the sandbox's egress proxy, which must allow its host, and sends the caller's user " +
+							"token, when an `mcp_request` carries one, as `Authorization: Bearer`. Set exactly one of `command` and `url`.",
+						Validators: []validator.String{stringvalidator.LengthBetween(1, 2048), mcpURLCheck},
+					},
 				}},
 			},
 			"secret_files": schema.ListNestedAttribute{
@@ -456,7 +483,7 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 		diags.Append(m.MCPServers.ElementsAs(ctx, &servers, false)...)
 		for _, sv := range servers {
 			s.MCPServers = append(s.MCPServers, agentboxv1alpha1.MCPServer{
-				Name: sv.Name.ValueString(), Command: sv.Command.ValueString(),
+				Name: sv.Name.ValueString(), Command: sv.Command.ValueString(), URL: sv.URL.ValueString(),
 				Args: goStrings(ctx, sv.Args, diags), Env: goMap(ctx, sv.Env, diags),
 			})
 		}
@@ -613,7 +640,7 @@ func mcpServersValue(ctx context.Context, prior types.List, live []agentboxv1alp
 			p = priorServers[i]
 		}
 		servers[i] = mcpServerModel{
-			Name: types.StringValue(sv.Name), Command: types.StringValue(sv.Command),
+			Name: types.StringValue(sv.Name), Command: stringOrNull(sv.Command), URL: stringOrNull(sv.URL),
 			Args: listValue(ctx, p.Args, sv.Args, diags), Env: mapValue(ctx, p.Env, sv.Env, diags),
 		}
 	}

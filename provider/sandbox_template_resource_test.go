@@ -38,7 +38,10 @@ resource "agentbox_sandbox_template" "test" {
     allowed_packages = ["numpy"]
     environments     = { max_count = 4, max_size = "512Mi", ttl = "24h" }
   }
-  mcp_servers = [{ name = "files", command = "mcp-files", args = ["--root", "/workspace"] }]
+  mcp_servers = [
+    { name = "files", command = "mcp-files", args = ["--root", "/workspace"] },
+    { name = "remote", url = "https://mcp.example.test/mcp" },
+  ]
   tolerations = [
     { key = "dedicated", value = "agents", effect = "NoSchedule" },
     { key = "spot", operator = "Exists", effect = "NoExecute", toleration_seconds = 30 },
@@ -79,6 +82,17 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("resources").AtMapKey("requests").AtMapKey("cpu"), knownvalue.StringExact("0.5")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("default_timeout"), knownvalue.StringExact("30s")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("max_timeout"), knownvalue.StringExact("120s")),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("mcp_servers"), knownvalue.ListExact([]knownvalue.Check{
+						knownvalue.ObjectExact(map[string]knownvalue.Check{
+							"name": knownvalue.StringExact("files"), "command": knownvalue.StringExact("mcp-files"), "url": knownvalue.Null(),
+							"args": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("--root"), knownvalue.StringExact("/workspace")}),
+							"env":  knownvalue.Null(),
+						}),
+						knownvalue.ObjectExact(map[string]knownvalue.Check{
+							"name": knownvalue.StringExact("remote"), "command": knownvalue.Null(),
+							"url": knownvalue.StringExact("https://mcp.example.test/mcp"), "args": knownvalue.Null(), "env": knownvalue.Null(),
+						}),
+					})),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("environments"), knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"max_count": knownvalue.Int64Exact(4), "max_size": knownvalue.StringExact("512Mi"), "ttl": knownvalue.StringExact("24h"),
 					})),
@@ -182,6 +196,26 @@ resource "agentbox_sandbox_template" "test" {
 				Config:      config(`checkpoints_kept = 11`),
 				PlanOnly:    true,
 				ExpectError: regexp.MustCompile(`(?s)checkpoints_kept.*between 1 and 10`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "both", command = "mcp", url = "https://mcp.example.test/mcp" }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*command.*url`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "neither" }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*command.*url`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "remote", url = "https://mcp.example.test/mcp", args = ["-v"] }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`(?s)Invalid Attribute Combination.*url.*cannot be specified when.*args`),
+			},
+			{
+				Config:      config(`mcp_servers = [{ name = "remote", url = "ftp://mcp.example.test/mcp" }]`),
+				PlanOnly:    true,
+				ExpectError: regexp.MustCompile(`scheme "ftp" is not http or https`),
 			},
 			{
 				Config:      config(`secret_files = [{ secret_name = "keys", mount_path = "/workspace/.keys" }]`),

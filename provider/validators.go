@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -187,6 +188,22 @@ var (
 				if s == p || strings.HasPrefix(s, p+"/") {
 					return fmt.Errorf("%s is the platform's", p)
 				}
+			}
+			return nil
+		},
+	}
+	// mcpURLCheck is the CRD's rule for a remote MCP server's url.
+	mcpURLCheck = stringCheck{
+		description: "an `http://` or `https://` URL with a host",
+		check: func(s string) error {
+			u, err := url.Parse(s)
+			switch {
+			case err != nil:
+				return err
+			case u.Scheme != "http" && u.Scheme != "https":
+				return fmt.Errorf("scheme %q is not http or https", u.Scheme)
+			case u.Hostname() == "":
+				return errors.New("no host")
 			}
 			return nil
 		},

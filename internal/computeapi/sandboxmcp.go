@@ -67,10 +67,14 @@ func (s *Server) sandboxMCPRequest(w http.ResponseWriter, r *http.Request) {
 }
 
 // mcpServerAudience is the aud a user token must carry to reach server:
-// its audience, or by default its name.
+// its audience, or by default a remote server's url (what a server that
+// checks tokens knows itself by) and a stdio server's name.
 func mcpServerAudience(server v1alpha1.MCPServer) string {
-	if server.Audience != "" {
+	switch {
+	case server.Audience != "":
 		return server.Audience
+	case server.URL != "":
+		return server.URL
 	}
 	return server.Name
 }

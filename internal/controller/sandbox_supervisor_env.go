@@ -14,7 +14,7 @@ import (
 )
 
 // supervisorEnv carries the template's workspace size, environment, python
-// policy and stdio MCP servers to the supervisor, as the variables its
+// policy and MCP servers to the supervisor, as the variables its
 // flags default from. Of the optional settings only what the template sets
 // is passed, so that the supervisor's own defaults apply to the rest and a
 // newer supervisor is not pinned to an older default.
@@ -52,7 +52,7 @@ func supervisorEnv(tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 	if len(tpl.Spec.MCPServers) > 0 {
 		servers := make([]supervisorapi.MCPServerConfig, len(tpl.Spec.MCPServers))
 		for i, m := range tpl.Spec.MCPServers {
-			servers[i] = supervisorapi.MCPServerConfig{Name: m.Name, Command: m.Command, Args: m.Args, Env: m.Env}
+			servers[i] = supervisorapi.MCPServerConfig{Name: m.Name, Command: m.Command, Args: m.Args, Env: m.Env, URL: m.URL}
 		}
 		// Plain data: a marshal error cannot happen.
 		b, _ := json.Marshal(servers)

@@ -35,7 +35,8 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		Environments:    &v1alpha1.PythonEnvironments{MaxCount: 3, MaxSize: ptr.To(resource.MustParse("300Mi")), TTL: &metav1.Duration{Duration: 90 * time.Minute}},
 	}
 	tpl.Spec.Workspace.MountPath = "/home/agent"
-	tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}}}
+	tpl.Spec.MCPServers = []v1alpha1.MCPServer{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}},
+		{Name: "remote", URL: "https://mcp.example.test/mcp"}}
 	env := map[string]string{}
 	for _, e := range r.podEnv(unitSandbox("s", "t"), tpl) {
 		if _, dup := env[e.Name]; dup {
@@ -65,7 +66,8 @@ func TestUnitSupervisorEnv(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the supervisor cannot read the MCP servers the controller wrote: %v", err)
 	}
-	if wantS := []mcpbridge.ServerConfig{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}}}; !reflect.DeepEqual(servers, wantS) {
+	if wantS := []mcpbridge.ServerConfig{{Name: "fs", Command: "mcp-fs", Args: []string{"/workspace"}, Env: map[string]string{"K": "v"}},
+		{Name: "remote", URL: "https://mcp.example.test/mcp"}}; !reflect.DeepEqual(servers, wantS) {
 		t.Errorf("MCP servers %+v, want %+v", servers, wantS)
 	}
 

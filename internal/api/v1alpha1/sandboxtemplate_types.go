@@ -138,8 +138,9 @@ type SandboxTemplateSpec struct {
 	// +kubebuilder:default={}
 	Python PythonPolicy `json:"python,omitzero"`
 
-	// mcpServers are the stdio MCP servers the supervisor launches in every
-	// sandbox of this template and restarts when they exit.
+	// mcpServers are the MCP servers the supervisor bridges in every
+	// sandbox of this template: stdio servers it launches and restarts when
+	// they exit, and remote Streamable HTTP servers it connects to.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
@@ -315,7 +316,12 @@ type PythonEnvironments struct {
 	TTL *metav1.Duration `json:"ttl,omitempty"`
 }
 
-// MCPServer is a stdio MCP server the supervisor runs inside the sandbox.
+// MCPServer is an MCP server the sandbox's supervisor bridges to the
+// Compute API's mcp_request: a stdio server it runs inside the sandbox
+// (command), or a remote one it reaches over Streamable HTTP through the
+// sandbox's egress proxy (url).
+// +kubebuilder:validation:XValidation:rule="has(self.command) != has(self.url)",message="set exactly one of command (a stdio server) and url (a remote Streamable HTTP server)"
+// +kubebuilder:validation:XValidation:rule="!has(self.url) || (!has(self.args) && !has(self.env))",message="args and env apply only to a stdio server (command), not to a remote one (url)"
 type MCPServer struct {
 	// name identifies the server in mcp_request calls.
 	// +required
@@ -325,10 +331,22 @@ type MCPServer struct {
 	Name string `json:"name"`
 
 	// command is the executable to start, looked up in the sandbox's PATH.
-	// +required
+	// Give command or url.
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
-	Command string `json:"command"`
+	Command string `json:"command,omitempty"`
+
+	// url is a remote MCP server's Streamable HTTP endpoint, http or
+	// https. The supervisor connects to it through the sandbox's egress
+	// proxy (which must allow its host), trusting the proxy's CA, and
+	// sends the caller's user token as a bearer token on the requests of
+	// the mcp_request call that carries one. Give command or url.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && (self.startsWith('http://') || self.startsWith('https://')) && url(self).getHostname() != ''",message="url must be an http or https URL with a host"
+	URL string `json:"url,omitempty"`
 
 	// args are passed to command.
 	// +optional
@@ -342,13 +360,15 @@ type MCPServer struct {
 	Env map[string]string `json:"env,omitempty"`
 
 	// audience is the aud a user token must carry for mcp_request to pass
-	// it to this server; it defaults to the server's name. A caller gives
-	// the token in the X-Agentbox-User-Token header; the Compute API
-	// verifies it (signature, expiry, revocation, this audience, the
-	// sandbox's agent) and the server receives it in the request's
-	// params._meta under the key "agentbox.dev/user-token", never in its
-	// environment or a file. A call without the header reaches the server
-	// without that key, whatever the caller put into _meta.
+	// it to this server; it defaults to a remote server's url and a stdio
+	// server's name. A caller gives the token in the X-Agentbox-User-Token
+	// header; the Compute API verifies it (signature, expiry, revocation,
+	// this audience, the sandbox's agent). A stdio server receives it in
+	// the request's params._meta under the key "agentbox.dev/user-token",
+	// never in its environment or a file; a remote server as the
+	// Authorization bearer token of the call's requests. A call without
+	// the header reaches the server without a token, whatever the caller
+	// put into _meta.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Audience string `json:"audience,omitempty"`

@@ -91,7 +91,7 @@ func fullTemplate() *v1alpha1.SandboxTemplate {
 			MCPServers: []v1alpha1.MCPServer{{
 				Name: "files", Command: "npx", Args: []string{"-y", "@modelcontextprotocol/server-filesystem", "/workspace"},
 				Env: map[string]string{"DEBUG": "1"},
-			}},
+			}, {Name: "remote", URL: "https://mcp.example.com/mcp"}},
 			EgressProxyRef: &v1alpha1.LocalObjectReference{Name: "egress"},
 			NodePoolRef:    ptr.To("gvisor-pool"),
 			NodeSelector:   map[string]string{"pool": "sandbox"},
@@ -787,6 +787,30 @@ func TestCRDsOnAPIServer(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "u", Namespace: ns.Name},
 				Spec:       v1alpha1.EgressProxySpec{Upstream: &v1alpha1.EgressUpstream{URL: "http://user:pw@proxy:8080"}},
 			}, "spec.upstream.url"},
+			{"MCP server with command and url", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "mcp", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{MCPServers: []v1alpha1.MCPServer{{Name: "m", Command: "x", URL: "https://mcp.example.com/mcp"}}},
+			}, "set exactly one of command (a stdio server) and url"},
+			{"MCP server with neither command nor url", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "mcp", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{MCPServers: []v1alpha1.MCPServer{{Name: "m"}}},
+			}, "set exactly one of command (a stdio server) and url"},
+			{"remote MCP server with args", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "mcp", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{MCPServers: []v1alpha1.MCPServer{{Name: "m", URL: "https://mcp.example.com/mcp", Args: []string{"-v"}}}},
+			}, "args and env apply only to a stdio server"},
+			{"remote MCP server with env", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "mcp", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{MCPServers: []v1alpha1.MCPServer{{Name: "m", URL: "https://mcp.example.com/mcp", Env: map[string]string{"K": "v"}}}},
+			}, "args and env apply only to a stdio server"},
+			{"remote MCP server over ftp", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "mcp", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{MCPServers: []v1alpha1.MCPServer{{Name: "m", URL: "ftp://mcp.example.com/mcp"}}},
+			}, "url must be an http or https URL with a host"},
+			{"remote MCP server without a host", &v1alpha1.SandboxTemplate{
+				ObjectMeta: metav1.ObjectMeta{Name: "mcp", Namespace: ns.Name},
+				Spec:       v1alpha1.SandboxTemplateSpec{MCPServers: []v1alpha1.MCPServer{{Name: "m", URL: "http:///mcp"}}},
+			}, "url must be an http or https URL with a host"},
 			{"negative workspace", &v1alpha1.SandboxTemplate{
 				ObjectMeta: metav1.ObjectMeta{Name: "w", Namespace: ns.Name},
 				Spec:       v1alpha1.SandboxTemplateSpec{Workspace: v1alpha1.WorkspaceSpec{Size: resource.MustParse("-1Gi")}},

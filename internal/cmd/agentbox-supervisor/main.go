@@ -393,7 +393,8 @@ func stop(srv *http.Server, handler *supervisor.Server, cancelBase context.Cance
 // newMCPManager configures the template's MCP servers, or returns nil if
 // there are none. They get the same environment as commands: PATH, LANG,
 // the pass-env variables and HOME (their directory), nothing else of the
-// supervisor's.
+// supervisor's. Remote servers are reached with that environment's egress
+// proxy and trust store (see mcpbridge.RemoteTransport).
 func newMCPManager(o *options, log *slog.Logger) (*mcpbridge.Manager, error) {
 	var (
 		servers []mcpbridge.ServerConfig

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -204,7 +205,14 @@ func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	if !ok {
 		return
 	}
-	params, rpcErr := userTokenParams(req.Params, r.Header.Get(api.HeaderUserToken))
+	token := r.Header.Get(api.HeaderUserToken)
+	// A remote server gets the token as its bearer token instead (see
+	// remoteTransport), and never a caller's _meta key either.
+	metaToken := token
+	if s.cfg.URL != "" {
+		metaToken = ""
+	}
+	params, rpcErr := userTokenParams(req.Params, metaToken)
 	if rpcErr != nil {
 		writeRPC(w, rpcResponse{ID: req.ID, Error: rpcErr})
 		return
@@ -229,6 +237,9 @@ func (m *Manager) serveCall(w http.ResponseWriter, r *http.Request, s *server) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
+	if token != "" && s.cfg.URL != "" {
+		ctx = withUserToken(ctx, token)
+	}
 	result, err := call(ctx, session, req.Params)
 	if err != nil {
 		writeCallError(ctx, w, r, s, req, err, timeout)
@@ -345,9 +356,20 @@ func userTokenParams(params json.RawMessage, token string) (json.RawMessage, *js
 
 // writeCallError answers a call that failed with err.
 func writeCallError(ctx context.Context, w http.ResponseWriter, r *http.Request, s *server, req rpcRequest, err error, timeout time.Duration) {
-	var wire *jsonrpc.Error
+	var (
+		wire   *jsonrpc.Error
+		denied *EgressDeniedError
+		auth   *AuthError
+		netErr *url.Error
+	)
 	switch {
-	case errors.As(err, &wire):
+	// The remote transport's errors come first: the SDK wraps them in
+	// its own "rejected by transport" JSON-RPC error.
+	case errors.As(err, &auth):
+		httpcall.WriteError(w, api.Errorf(api.CodePermissionDenied, "MCP server %q refused %s: %v", s.cfg.Name, req.Method, auth))
+	case errors.As(err, &denied):
+		httpcall.WriteError(w, api.Errorf(api.CodeUnavailable, "MCP server %q cannot be reached: %v", s.cfg.Name, denied))
+	case errors.As(err, &wire) && wire.Code != codeRejected:
 		writeRPC(w, rpcResponse{ID: req.ID, Error: wire})
 	case connectionLost(err):
 		// The server died (or Stop came) during the call. Its status
@@ -359,6 +381,12 @@ func writeCallError(ctx context.Context, w http.ResponseWriter, r *http.Request,
 	case r.Context().Err() != nil:
 		// The client went away; nobody reads this.
 		httpcall.WriteError(w, api.Errorf(api.CodeUnavailable, "request cancelled"))
+	case errors.As(err, &netErr):
+		// A remote server that could not be reached: the session may
+		// still be good, but this call did not get through.
+		httpcall.WriteError(w, api.Errorf(api.CodeUnavailable, "MCP server %q could not be reached for %s: %v", s.cfg.Name, req.Method, netErr.Err))
+	case errors.As(err, &wire):
+		writeRPC(w, rpcResponse{ID: req.ID, Error: wire})
 	default:
 		// The SDK refused the call or the server's answer (e.g. a
 		// result that does not match the tool's output schema).
@@ -366,10 +394,14 @@ func writeCallError(ctx context.Context, w http.ResponseWriter, r *http.Request,
 	}
 }
 
+// codeRejected is the code of the SDK's "rejected by transport" error: a
+// request its transport did not deliver, the cause wrapped beside it.
+const codeRejected = -32005
+
 // connectionLost reports whether err means the session to the server
 // ended, rather than the server answering with an error.
 func connectionLost(err error) bool {
-	return errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+	return errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EPIPE)
 }
 

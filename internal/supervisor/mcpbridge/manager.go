@@ -1,5 +1,6 @@
 // Package mcpbridge runs a sandbox template's stdio MCP servers inside the
-// pod and bridges their JSON-RPC onto the supervisor's HTTP API.
+// pod, connects to its remote (Streamable HTTP) ones, and bridges their
+// JSON-RPC onto the supervisor's HTTP API.
 //
 // Why it exists: a stdio MCP server has to be a child of something that
 // lives in the sandbox, next to the code and files it works on, and the
@@ -23,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,9 +59,9 @@ const (
 	stderrTail = 4 << 10
 )
 
-// ServerConfig is one stdio MCP server of the template. It is the
-// supervisor API's type, because the control plane writes it (from the
-// SandboxTemplate) and the supervisor reads it.
+// ServerConfig is one MCP server of the template: stdio (Command) or
+// remote (URL). It is the supervisor API's type, because the control
+// plane writes it (from the SandboxTemplate) and the supervisor reads it.
 type ServerConfig = api.MCPServerConfig
 
 // ChildTracker is told about the processes the Manager starts. The
@@ -106,6 +108,10 @@ type Config struct {
 	MaxConcurrentCalls int
 	// Tracker, when set, is told about every process started.
 	Tracker ChildTracker
+	// RemoteTransport carries the HTTP requests to remote servers. Nil
+	// means RemoteTransport(BaseEnv): the sandbox's egress proxy and trust
+	// store.
+	RemoteTransport http.RoundTripper
 	// ClientName and Version are what the bridge calls itself in the MCP
 	// handshake.
 	ClientName string
@@ -127,7 +133,9 @@ const (
 type Status struct {
 	Name  string `json:"name"`
 	State State  `json:"state"`
-	PID   int    `json:"pid,omitempty"`
+	// URL is a remote server's endpoint; PID a stdio server's process.
+	URL string `json:"url,omitempty"`
+	PID int    `json:"pid,omitempty"`
 	// Restarts counts the starts after the first.
 	Restarts int `json:"restarts"`
 	// LastError is why the server last exited or failed to start,
@@ -153,6 +161,8 @@ type Manager struct {
 	servers map[string]*server
 	names   []string
 	slots   chan struct{}
+	// remoteBase is the transport under every remote server's.
+	remoteBase http.RoundTripper
 
 	mu      sync.Mutex
 	started bool
@@ -167,6 +177,8 @@ type server struct {
 	dir     string
 	env     []string
 	pathEnv string // PATH of the server's environment
+	// httpClient reaches a remote server (cfg.URL); nil for stdio ones.
+	httpClient *http.Client
 
 	mu          sync.Mutex
 	state       State
@@ -258,8 +270,11 @@ func (m *Manager) newServer(sc ServerConfig, defDir string) (*server, error) {
 	if !validName.MatchString(sc.Name) {
 		return nil, errors.New("name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
 	}
+	if sc.URL != "" {
+		return m.newRemoteServer(sc)
+	}
 	if sc.Command == "" {
-		return nil, errors.New("command must not be empty")
+		return nil, errors.New("command or url must be set")
 	}
 	for i, a := range append([]string{sc.Command, sc.Dir}, sc.Args...) {
 		if strings.IndexByte(a, 0) >= 0 {
@@ -374,6 +389,7 @@ func (s *server) status() Status {
 	defer s.mu.Unlock()
 	st := Status{
 		Name:       s.cfg.Name,
+		URL:        s.cfg.URL,
 		State:      s.state,
 		PID:        s.pid,
 		Restarts:   s.restarts,
@@ -458,6 +474,9 @@ func (s *server) supervise(ctx context.Context) {
 // server exits or ctx is done, and makes sure its whole process group is
 // gone before it returns. The error says why the server ended.
 func (s *server) runOnce(ctx context.Context) error {
+	if s.cfg.URL != "" {
+		return s.runRemote(ctx)
+	}
 	cfg := &s.m.cfg
 	cmd, tail, err := s.command()
 	if err != nil {

@@ -7,22 +7,28 @@ import (
 	"net/url"
 )
 
-// MCPServerConfig is one stdio MCP server the supervisor starts on boot
-// and bridges at /mcp/{name}. The control plane hands the supervisor a
-// JSON array of them, made from the SandboxTemplate's mcpServers.
+// MCPServerConfig is one MCP server the supervisor bridges at
+// /mcp/{name}: a stdio server it starts on boot (Command), or a remote
+// one it connects to over Streamable HTTP (URL). The control plane hands
+// the supervisor a JSON array of them, made from the SandboxTemplate's
+// mcpServers.
 type MCPServerConfig struct {
 	// Name is the {server} of /mcp/{server}: letters, digits, '.', '_'
 	// and '-', starting with a letter or digit, at most 64 bytes.
 	Name string `json:"name"`
 	// Command is the executable: a path, or a name looked up in the
 	// server's PATH (Env over the supervisor's base environment).
-	Command string   `json:"command"`
+	Command string   `json:"command,omitempty"`
 	Args    []string `json:"args,omitempty"`
 	// Env is merged over the base environment; the supervisor's own
 	// environment is never passed on.
 	Env map[string]string `json:"env,omitempty"`
 	// Dir is the working directory; empty means the workspace.
 	Dir string `json:"dir,omitempty"`
+	// URL is a remote server's Streamable HTTP endpoint (http or https),
+	// reached through the sandbox's egress proxy. It excludes Command,
+	// Args, Env and Dir.
+	URL string `json:"url,omitempty"`
 }
 
 // The user token of an MCP call: the platform-issued JWT that says which
@@ -33,8 +39,11 @@ type MCPServerConfig struct {
 // server the supervisor puts it into the request's params._meta under
 // MetaUserToken, replacing whatever the caller put there, and removes a
 // caller's MetaUserToken from a request that came without the header, so
-// that only tokens the platform verified reach a server. The token is
-// never put into an environment, a file, a log or an audit record.
+// that only tokens the platform verified reach a server. For a remote
+// server it goes out as the Authorization bearer token of that call's
+// HTTP requests instead, and a caller's MetaUserToken is removed all the
+// same. The token is never put into an environment, a file, a log or an
+// audit record.
 const (
 	HeaderUserToken = "X-Agentbox-User-Token"
 	MetaUserToken   = "agentbox.dev/user-token"
