@@ -80,6 +80,7 @@ func TestAccSandboxTemplateDataSource(t *testing.T) {
 						"default_timeout": knownvalue.StringExact("30s"), "max_timeout": knownvalue.StringExact("2m"),
 						"index_url": knownvalue.Null(), "extra_index_urls": knownvalue.Null(),
 						"allowed_packages": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("numpy")}),
+						"environments":     knownvalue.Null(),
 					})),
 					attr(tfjsonpath.New("mcp_servers"), knownvalue.ListExact([]knownvalue.Check{knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"name": knownvalue.StringExact("files"), "command": knownvalue.StringExact("mcp-files"),
