@@ -85,7 +85,7 @@ func TestAccSandboxTemplateDataSource(t *testing.T) {
 					attr(tfjsonpath.New("mcp_servers"), knownvalue.ListExact([]knownvalue.Check{knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"name": knownvalue.StringExact("files"), "command": knownvalue.StringExact("mcp-files"),
 						"args": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("--root"), knownvalue.StringExact("/workspace")}),
-						"env":  knownvalue.Null(), "url": knownvalue.Null(),
+						"env":  knownvalue.Null(), "url": knownvalue.Null(), "audience": knownvalue.Null(),
 					})})),
 					attr(tfjsonpath.New("secret_files"), knownvalue.Null()),
 					attr(tfjsonpath.New("egress_proxy"), knownvalue.Null()),

@@ -93,6 +93,8 @@ type mcpServerModel struct {
 	Args    types.List   `tfsdk:"args"`
 	Env     types.Map    `tfsdk:"env"`
 	URL     types.String `tfsdk:"url"`
+	// Audience is the aud a user token must carry to reach the server.
+	Audience types.String `tfsdk:"audience"`
 }
 
 type secretFileModel struct {
@@ -129,7 +131,7 @@ var (
 		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType},
 		"environments": types.ObjectType{AttrTypes: pythonEnvironmentsAttrTypes}}
 	mcpServerAttrTypes = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType},
-		"url": types.StringType}
+		"url": types.StringType, "audience": types.StringType}
 	secretFileAttrTypes = map[string]attr.Type{"secret_name": types.StringType, "mount_path": types.StringType}
 )
 
@@ -294,7 +296,7 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 				MarkdownDescription: "MCP servers the sandbox's supervisor bridges to the Compute API's `mcp_request`: stdio servers " +
 					"(`command`) it starts in every sandbox and restarts on failure, and remote Streamable HTTP servers (`url`) it " +
 					"connects to through the sandbox's egress proxy. A user token given with an `mcp_request` (header " +
-					"`X-Agentbox-User-Token`) must have the server's name (a remote server's `url`) as an audience; a stdio server " +
+					"`X-Agentbox-User-Token`) must have the server's `audience` (by default its name, or a remote server's `url`) as an audience; a stdio server " +
 					"receives it in the request's `params._meta` under `agentbox.dev/user-token`, never in its environment, and a remote " +
 					"one as `Authorization: Bearer`.",
 				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
@@ -320,6 +322,13 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 							"reaches it through the sandbox's egress proxy, which must allow its host, and sends the caller's user " +
 							"token, when an `mcp_request` carries one, as `Authorization: Bearer`. Set exactly one of `command` and `url`.",
 						Validators: []validator.String{stringvalidator.LengthBetween(1, 2048), mcpURLCheck},
+					},
+					"audience": schema.StringAttribute{
+						Optional: true,
+						MarkdownDescription: "The audience a user token must carry for an `mcp_request` to this server to pass it on: " +
+							"unset, the server's `name` for a stdio server and its `url` for a remote one. The platform refuses a " +
+							"token for another audience (`invalid_user_token`) before the call reaches the server.",
+						Validators: []validator.String{stringvalidator.LengthBetween(1, 1024)},
 					},
 				}},
 			},
@@ -484,7 +493,8 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 		for _, sv := range servers {
 			s.MCPServers = append(s.MCPServers, agentboxv1alpha1.MCPServer{
 				Name: sv.Name.ValueString(), Command: sv.Command.ValueString(), URL: sv.URL.ValueString(),
-				Args: goStrings(ctx, sv.Args, diags), Env: goMap(ctx, sv.Env, diags),
+				Audience: sv.Audience.ValueString(),
+				Args:     goStrings(ctx, sv.Args, diags), Env: goMap(ctx, sv.Env, diags),
 			})
 		}
 	}
@@ -641,7 +651,8 @@ func mcpServersValue(ctx context.Context, prior types.List, live []agentboxv1alp
 		}
 		servers[i] = mcpServerModel{
 			Name: types.StringValue(sv.Name), Command: stringOrNull(sv.Command), URL: stringOrNull(sv.URL),
-			Args: listValue(ctx, p.Args, sv.Args, diags), Env: mapValue(ctx, p.Env, sv.Env, diags),
+			Audience: stringOrNull(sv.Audience),
+			Args:     listValue(ctx, p.Args, sv.Args, diags), Env: mapValue(ctx, p.Env, sv.Env, diags),
 		}
 	}
 	v, d := types.ListValueFrom(ctx, types.ObjectType{AttrTypes: mcpServerAttrTypes}, servers)

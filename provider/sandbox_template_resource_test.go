@@ -40,7 +40,7 @@ resource "agentbox_sandbox_template" "test" {
   }
   mcp_servers = [
     { name = "files", command = "mcp-files", args = ["--root", "/workspace"] },
-    { name = "remote", url = "https://mcp.example.test/mcp" },
+    { name = "remote", url = "https://mcp.example.test/mcp", audience = "mcp://example" },
   ]
   tolerations = [
     { key = "dedicated", value = "agents", effect = "NoSchedule" },
@@ -85,12 +85,14 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("mcp_servers"), knownvalue.ListExact([]knownvalue.Check{
 						knownvalue.ObjectExact(map[string]knownvalue.Check{
 							"name": knownvalue.StringExact("files"), "command": knownvalue.StringExact("mcp-files"), "url": knownvalue.Null(),
-							"args": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("--root"), knownvalue.StringExact("/workspace")}),
-							"env":  knownvalue.Null(),
+							"audience": knownvalue.Null(),
+							"args":     knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("--root"), knownvalue.StringExact("/workspace")}),
+							"env":      knownvalue.Null(),
 						}),
 						knownvalue.ObjectExact(map[string]knownvalue.Check{
 							"name": knownvalue.StringExact("remote"), "command": knownvalue.Null(),
 							"url": knownvalue.StringExact("https://mcp.example.test/mcp"), "args": knownvalue.Null(), "env": knownvalue.Null(),
+							"audience": knownvalue.StringExact("mcp://example"),
 						}),
 					})),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("environments"), knownvalue.ObjectExact(map[string]knownvalue.Check{
