@@ -199,13 +199,15 @@ func TestSuspendSpike(t *testing.T) {
 			_ = exec.Command(runsc, sr("delete", "--force", "spike-"+n)...).Run()
 		}
 	})
+	// runsc keeps a null network namespace mounted in its root.
+	t.Cleanup(func() { _ = exec.Command("umount", filepath.Join(spikeRoot, "null-netns")).Run() })
 	t0 = time.Now()
 	for _, n := range names {
 		b := filepath.Join(work, "b-"+n)
 		if n != "pause" {
-			mustRunIn(t, b, runsc, sr("create", "spike-"+n)...)
+			runDetached(t, b, runsc, sr("create", "spike-"+n)...)
 		}
-		mustRunIn(t, b, runsc, sr("restore", "--image-path", img, "--detach", "spike-"+n)...)
+		runDetached(t, b, runsc, sr("restore", "--image-path", img, "--detach", "spike-"+n)...)
 	}
 	restored := time.Since(t0)
 	spikeExec := func(id string) func(cmd ...string) string {
@@ -314,6 +316,24 @@ func mustRunIn(t *testing.T, dir, name string, args ...string) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// runDetached runs a runsc command that leaves a sandbox behind. Its output
+// goes to a file: the sandbox inherits the command's stdio, so a pipe would
+// never reach EOF.
+func runDetached(t *testing.T, dir, name string, args ...string) {
+	t.Helper()
+	log, err := os.CreateTemp(dir, "runsc-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	cmd := exec.Command(name, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, log, log
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(log.Name())
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
 	}
 }
