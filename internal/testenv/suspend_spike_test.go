@@ -67,7 +67,15 @@ else:
 // spikeFillMiB is how much random memory the REPL holds while checkpointed.
 const spikeFillMiB = 256
 
-func TestSuspendSpike(t *testing.T) {
+// TestSuspendSpike restores into a new network namespace that has only lo.
+func TestSuspendSpike(t *testing.T) { suspendSpike(t, "suspendspike", false) }
+
+// TestSuspendSpikePodNetwork restores into the network namespace of another
+// (runc) pod, with its own address, and reaches a server that listened
+// before the checkpoint at that new address.
+func TestSuspendSpikePodNetwork(t *testing.T) { suspendSpike(t, "suspendspike-net", true) }
+
+func suspendSpike(t *testing.T, ns string, podNetwork bool) {
 	requireRoot(t)
 	dir := cacheDir(t)
 	cfg, _ := testenv.Shared(t)
@@ -84,7 +92,6 @@ func TestSuspendSpike(t *testing.T) {
 	work := t.TempDir()
 	spikeRoot := filepath.Join(work, "runsc-root")
 
-	ns := "suspendspike"
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +112,9 @@ func TestSuspendSpike(t *testing.T) {
 			}, {
 				Name: "python", Image: "docker.io/agentbox-test/debian-python:" + tag, ImagePullPolicy: corev1.PullNever,
 				Command: []string{"python3", "-u", "-c", spikeREPL},
+			}, {
+				Name: "web", Image: "docker.io/agentbox-test/debian-python:" + tag, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"python3", "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/etc"},
 			}},
 		},
 	})
@@ -137,7 +147,20 @@ func TestSuspendSpike(t *testing.T) {
 	}
 	t.Logf("REPL holds x=42 and %d MiB, %s", spikeFillMiB, sum)
 
-	var counterID, pythonID string
+	web := func(ip string) error {
+		hc := &http.Client{Timeout: 3 * time.Second}
+		resp, err := hc.Get("http://" + ip + ":8080/hostname")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /hostname: %s", resp.Status)
+		}
+		return nil
+	}
+	eventually(t, time.Minute, func() error { return web(pod.Status.PodIP) })
+	var counterID, pythonID, webID string
 	for _, s := range pod.Status.ContainerStatuses {
 		id := s.ContainerID[strings.Index(s.ContainerID, "://")+3:]
 		switch s.Name {
@@ -145,6 +168,8 @@ func TestSuspendSpike(t *testing.T) {
 			counterID = id
 		case "python":
 			pythonID = id
+		case "web":
+			webID = id
 		}
 	}
 	bundles := filepath.Join(run, "containerd", "state", "io.containerd.runtime.v2.task", "k8s.io")
@@ -164,12 +189,31 @@ func TestSuspendSpike(t *testing.T) {
 
 	// Everything a restore outside containerd needs from the pod, taken
 	// while it runs: containerd and kubelet remove theirs with the sandbox.
-	netns := "abx-suspendspike"
-	mustRun(t, "ip", "netns", "add", netns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", netns).Run() })
-	mustRun(t, "ip", "-n", netns, "link", "set", "lo", "up")
-	names := []string{"pause", "counter", "python"}
-	for i, id := range []string{sandboxID, counterID, pythonID} {
+	netns, newIP := "/var/run/netns/abx-"+ns, ""
+	if podNetwork {
+		// A runc pod lends its network namespace, as a new pod's sandbox
+		// would: an address on the pod network, routes, a veth.
+		donor := busyboxPod("netns-donor", ns, "sleep 3600")
+		donor.Spec.RuntimeClassName = nil
+		donor = runPod(ctx, t, cs, donor)
+		newIP = donor.Status.PodIP
+		id := donor.Status.ContainerStatuses[0].ContainerID
+		id = id[strings.Index(id, "://")+3:]
+		dspec := readSpec(t, filepath.Join(bundles, id, "config.json"))
+		for _, n := range dspec["linux"].(map[string]any)["namespaces"].([]any) {
+			if n := n.(map[string]any); n["type"] == "network" {
+				netns = n["path"].(string)
+			}
+		}
+		t.Logf("restoring into the network namespace %s of pod netns-donor, IP %s (was %s)", netns, newIP, pod.Status.PodIP)
+	} else {
+		name := filepath.Base(netns)
+		mustRun(t, "ip", "netns", "add", name)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+		mustRun(t, "ip", "-n", name, "link", "set", "lo", "up")
+	}
+	names := []string{"pause", "counter", "python", "web"}
+	for i, id := range []string{sandboxID, counterID, pythonID, webID} {
 		prepareBundle(t, filepath.Join(bundles, id), filepath.Join(work, "b-"+names[i]), netns, "spike-pause")
 	}
 
@@ -194,7 +238,7 @@ func TestSuspendSpike(t *testing.T) {
 		return append([]string{"--root", spikeRoot, "--platform=systrap"}, args...)
 	}
 	t.Cleanup(func() {
-		for _, n := range []string{"python", "counter", "pause"} {
+		for _, n := range []string{"web", "python", "counter", "pause"} {
 			_ = exec.Command(runsc, sr("kill", "spike-"+n, "KILL")...).Run()
 			_ = exec.Command(runsc, sr("delete", "--force", "spike-"+n)...).Run()
 		}
@@ -234,6 +278,13 @@ func TestSuspendSpike(t *testing.T) {
 	}
 	if got := repl(spikeExec("spike-python"), `print("sum", hashlib.sha256(blob).hexdigest())`); got != sum {
 		t.Errorf("REPL's blob after the restore: %q, want %q", got, sum)
+	}
+	if podNetwork {
+		// The server's listening socket was restored; it must now accept
+		// on the new address.
+		t0 = time.Now()
+		eventually(t, 30*time.Second, func() error { return web(newIP) })
+		t.Logf("the server that listened before the checkpoint answers at the new address %s (%s)", newIP, time.Since(t0).Round(time.Millisecond))
 	}
 }
 
@@ -280,7 +331,7 @@ func prepareBundle(t *testing.T, from, to, netns, sandboxID string) {
 	delete(linux, "cgroupsPath")
 	for _, n := range linux["namespaces"].([]any) {
 		if n := n.(map[string]any); n["type"] == "network" {
-			n["path"] = "/var/run/netns/" + netns
+			n["path"] = netns
 		}
 	}
 	spec["annotations"].(map[string]any)["io.kubernetes.cri.sandbox-id"] = sandboxID
