@@ -68,14 +68,19 @@ else:
 const spikeFillMiB = 256
 
 // TestSuspendSpike restores into a new network namespace that has only lo.
-func TestSuspendSpike(t *testing.T) { suspendSpike(t, "suspendspike", false) }
+func TestSuspendSpike(t *testing.T) { suspendSpike(t, "suspendspike", false, false) }
 
 // TestSuspendSpikePodNetwork restores into the network namespace of another
 // (runc) pod, with its own address, and reaches a server that listened
 // before the checkpoint at that new address.
-func TestSuspendSpikePodNetwork(t *testing.T) { suspendSpike(t, "suspendspike-net", true) }
+func TestSuspendSpikePodNetwork(t *testing.T) { suspendSpike(t, "suspendspike-net", true, false) }
 
-func suspendSpike(t *testing.T, ns string, podNetwork bool) {
+// TestSuspendSpikeFreshRootfs also gives every container a fresh rootfs
+// from its image, as a new pod would have, instead of the checkpointed
+// one's.
+func TestSuspendSpikeFreshRootfs(t *testing.T) { suspendSpike(t, "suspendspike-fresh", true, true) }
+
+func suspendSpike(t *testing.T, ns string, podNetwork, freshRootfs bool) {
 	requireRoot(t)
 	dir := cacheDir(t)
 	cfg, _ := testenv.Shared(t)
@@ -213,8 +218,21 @@ func suspendSpike(t *testing.T, ns string, podNetwork bool) {
 		mustRun(t, "ip", "-n", name, "link", "set", "lo", "up")
 	}
 	names := []string{"pause", "counter", "python", "web"}
+	ctr := func(args ...string) []byte {
+		t.Helper()
+		out, err := exec.Command(filepath.Join(toolchain.BinDir(dir), "ctr"), append([]string{"-a", filepath.Join(run, "containerd", "containerd.sock"), "-n", "k8s.io"}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("ctr %v: %v", args, err)
+		}
+		return out
+	}
 	for i, id := range []string{sandboxID, counterID, pythonID, webID} {
-		prepareBundle(t, filepath.Join(bundles, id), filepath.Join(work, "b-"+names[i]), netns, "spike-pause")
+		b := filepath.Join(work, "b-"+names[i])
+		rootfs := filepath.Join(bundles, id, "rootfs")
+		if freshRootfs {
+			rootfs = freshSnapshot(t, ctr, id, ns+"-"+names[i], filepath.Join(work, "fresh-"+names[i]))
+		}
+		prepareBundle(t, filepath.Join(bundles, id), rootfs, b, netns, "spike-pause")
 	}
 
 	count := func(exec func(cmd ...string) string) int {
@@ -318,13 +336,13 @@ func readSpec(t *testing.T, path string) map[string]any {
 // the pod's cgroup, in sandbox sandboxID, its rootfs bind-mounted (which
 // keeps containerd's overlay alive after containerd unmounts it) and each
 // bind mount's source copied.
-func prepareBundle(t *testing.T, from, to, netns, sandboxID string) {
+func prepareBundle(t *testing.T, from, fromRootfs, to, netns, sandboxID string) {
 	t.Helper()
 	rootfs := filepath.Join(to, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	mustRun(t, "mount", "--bind", filepath.Join(from, "rootfs"), rootfs)
+	mustRun(t, "mount", "--bind", fromRootfs, rootfs)
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", rootfs).Run() })
 	spec := readSpec(t, filepath.Join(from, "config.json"))
 	linux := spec["linux"].(map[string]any)
@@ -369,6 +387,41 @@ func mustRunIn(t *testing.T, dir, name string, args ...string) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
 	}
+}
+
+// freshSnapshot mounts at dir a new snapshot of the image container id
+// runs from, as containerd would for a new container of that image.
+func freshSnapshot(t *testing.T, ctr func(args ...string) []byte, id, key, dir string) string {
+	t.Helper()
+	var info struct{ Snapshotter, SnapshotKey string }
+	if err := json.Unmarshal(ctr("containers", "info", id), &info); err != nil {
+		t.Fatal(err)
+	}
+	var snap struct{ Parent string }
+	if err := json.Unmarshal(ctr("snapshots", "--snapshotter", info.Snapshotter, "info", info.SnapshotKey), &snap); err != nil {
+		t.Fatal(err)
+	}
+	var mounts []struct {
+		Type, Source string
+		Options      []string
+	}
+	if err := json.Unmarshal(ctr("snapshots", "--snapshotter", info.Snapshotter, "prepare", "--mounts", key, snap.Parent), &mounts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctr("snapshots", "--snapshotter", info.Snapshotter, "rm", key) })
+	if len(mounts) != 1 {
+		t.Fatalf("snapshot %s has %d mounts, want 1: %+v", key, len(mounts), mounts)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-t", mounts[0].Type, mounts[0].Source, dir}
+	if len(mounts[0].Options) > 0 {
+		args = append(args, "-o", strings.Join(mounts[0].Options, ","))
+	}
+	mustRun(t, "mount", args...)
+	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
+	return dir
 }
 
 // runDetached runs a runsc command that leaves a sandbox behind. Its output
