@@ -2,7 +2,7 @@
 # suspendspike.sh: exploration of checkpointing and restoring a gVisor pod's
 # sandbox on the test cluster (see docs/notes/suspend-with-memory.md). Run
 # it through cluster-test, as root:
-#   /work/bin/cluster-test -- bash hack/suspendspike.sh
+#   .build/bin/agentbox-testenv exec -node -- bash hack/suspendspike.sh
 # It prints what every step did; nothing asserts.
 set -u
 export KUBECONFIG=${KUBECONFIG:-${AGENTBOX_TEST_KUBECONFIG:-}}

@@ -7,7 +7,7 @@ package testenv_test
 // with its processes running. It is build-tagged so that CI never runs it;
 // run it on the shared cluster as root:
 //
-//	/work/bin/cluster-test -- go test -tags suspendspike -count=1 -v -run TestSuspendSpike ./internal/testenv/
+//	.build/bin/agentbox-testenv exec -node -- go test -tags suspendspike -count=1 -v -run TestSuspendSpike ./internal/testenv/
 
 import (
 	"bytes"
