@@ -33,7 +33,7 @@ const httpsTargetServer = `
 import http.server, ssl
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        print("AUTHORIZATION=" + self.headers.get("Authorization", "<none>"), flush=True)
+        print("PATH=" + self.path + " AUTHORIZATION=" + self.headers.get("Authorization", "<none>"), flush=True)
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"hello-from-https-target\n")
@@ -53,6 +53,19 @@ req = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer PLAC
 out = {k: os.environ.get(k, "") for k in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"]}
 out["body"] = urllib.request.urlopen(req, timeout=20).read().decode()
 print(json.dumps(out))
+`
+
+// plainProbe runs in the sandbox: an HTTPS request through the proxy
+// with a placeholder Authorization header to a destination whose
+// certificate the sandbox cannot verify (it is tunnelled, not
+// intercepted), printing the body.
+const plainProbe = `
+import ssl, sys, urllib.request
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+req = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer PLACEHOLDER"})
+print(urllib.request.urlopen(req, timeout=20, context=ctx).read().decode())
 `
 
 // secretSearch runs in the sandbox and looks for a string in every
@@ -191,7 +204,7 @@ func TestEgressProxyCredentials(t *testing.T) {
 	proxy := &v1alpha1.EgressProxy{
 		ObjectMeta: metav1.ObjectMeta{Name: "egress", Namespace: e.ns},
 		Spec: v1alpha1.EgressProxySpec{
-			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(target.clusterIP)},
+			AllowedDomains: []v1alpha1.Domain{v1alpha1.Domain(target.clusterIP), v1alpha1.Domain(target.podIP)},
 			AllowedCIDRs:   []v1alpha1.AllowedCIDR{v1alpha1.AllowedCIDR(target.clusterIP + "/32"), v1alpha1.AllowedCIDR(target.podIP + "/32")},
 			Credentials: []v1alpha1.EgressCredential{{
 				Name:      "api-token",
@@ -245,6 +258,28 @@ func TestEgressProxyCredentials(t *testing.T) {
 		}
 		if !bytes.Contains(logs, []byte("AUTHORIZATION=Bearer "+secret+"\n")) {
 			return fmt.Errorf("the destination's log lacks the injected credential:\n%s", bytes.ReplaceAll(logs, []byte(secret), []byte("<secret>")))
+		}
+		return nil
+	})
+
+	// A second allowed destination, which no credential names (the same
+	// server at its pod address), gets the request as the sandbox sent it,
+	// through a tunnel: the placeholder, no secret. The sandbox does not
+	// trust the test's CA (only the proxy does), so it does not verify
+	// that certificate.
+	plainURL := "https://" + net.JoinHostPort(target.podIP, "8443") + "/v1/plain"
+	res, err = sup.RunCommand(e.ctx, supervisorapi.CommandRequest{Command: []string{"python3", "-c", plainProbe, plainURL}, Cwd: "/tmp"})
+	must(t, err)
+	if res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != "hello-from-https-target" {
+		t.Fatalf("the request to the destination without a credential exited %d: %s %s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	e.eventually("the destination to log the request without a credential", func() error {
+		logs, err := cs.CoreV1().Pods(e.ns).GetLogs(target.pod, &corev1.PodLogOptions{}).DoRaw(e.ctx)
+		if err != nil {
+			return err
+		}
+		if !bytes.Contains(logs, []byte("PATH=/v1/plain AUTHORIZATION=Bearer PLACEHOLDER\n")) {
+			return fmt.Errorf("the destination's log lacks the uncredentialed request with its placeholder:\n%s", bytes.ReplaceAll(logs, []byte(secret), []byte("<secret>")))
 		}
 		return nil
 	})

@@ -31,6 +31,10 @@ func (m *Manager) build(name string, sp spec) (_ *env, err error) {
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.CreateTimeout)
 	defer cancel()
+	// Private: the environments are code every run imports.
+	if err := os.MkdirAll(m.dir, 0o700); err != nil {
+		return nil, &Error{Kind: KindBuildFailed, Msg: "the environment directory cannot be made: " + err.Error(), Err: err}
+	}
 	dir := filepath.Join(m.dir, name+"."+randomSuffix())
 	defer func() {
 		if err != nil {

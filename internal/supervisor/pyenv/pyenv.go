@@ -30,10 +30,13 @@ package pyenv
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
@@ -339,11 +342,13 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pyenv: %w", err)
 	}
-	// Private: the environments are code every run imports.
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("pyenv: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	// The directory is made by the first build, not here: it lives on the
+	// workspace volume, and an agent that never builds an environment must
+	// find its workspace empty (a `git clone URL .` refuses a directory
+	// that is not). So the lock that keeps a second manager off the
+	// directory lives beside the process's temporary files, named after it.
+	sum := sha256.Sum256([]byte(dir))
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "agentbox-envs-"+hex.EncodeToString(sum[:8])+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("pyenv: %w", err)
 	}
@@ -399,6 +404,9 @@ func (m *Manager) expire() {
 // removes everything else of the manager's.
 func (m *Manager) load() {
 	entries, err := os.ReadDir(m.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
 	if err != nil {
 		m.log.Warn("reading the environment directory failed", "dir", m.dir, "error", err.Error())
 		return
@@ -406,7 +414,7 @@ func (m *Manager) load() {
 	var remove []string
 	for _, de := range entries {
 		name := de.Name()
-		if name == ".lock" || name == installerDir {
+		if name == installerDir {
 			continue
 		}
 		p := filepath.Join(m.dir, name)

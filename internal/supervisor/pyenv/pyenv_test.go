@@ -284,7 +284,7 @@ func TestManagerRefusesBeforeBuilding(t *testing.T) {
 	if KindOf(err) != KindBuildFailed {
 		t.Fatalf("build without an interpreter: %v", err)
 	}
-	if entries, _ := os.ReadDir(m.Dir()); len(entries) != 1 || entries[0].Name() != ".lock" {
+	if entries, _ := os.ReadDir(m.Dir()); len(entries) != 0 {
 		t.Errorf("left in the directory: %v", entries)
 	}
 	if _, err := New(Config{Dir: t.TempDir(), Run: execRunner, IndexURL: "ftp://x"}); err == nil {
@@ -502,5 +502,32 @@ func TestManagerAdoptsRestoredEnvironments(t *testing.T) {
 	out, err := exec.Command(p.Python(), "-c", "import agentbox_greet; print(agentbox_greet.hello('restored'))").Output()
 	if err != nil || string(out) != "hello restored\n" {
 		t.Fatalf("restored environment: %q, %v", out, err)
+	}
+}
+
+// The manager leaves the directory to its first build: it lives on the
+// workspace volume, which an agent that builds nothing must find empty.
+func TestDirectoryMadeByTheFirstBuild(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, ".agentbox", "envs")
+	m, err := New(Config{Dir: dir, Run: execRunner, Python: "/nonexistent/python3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+		t.Fatalf("New made %v", entries)
+	}
+	if got := m.List(); len(got) != 0 {
+		t.Fatalf("List on no directory: %v", got)
+	}
+	if _, _, err := m.Ensure(context.Background(), Request{Requirements: []string{"numpy"}}); KindOf(err) != KindBuildFailed {
+		t.Fatalf("build without an interpreter: %v", err)
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
+		t.Fatalf("the build did not make the private directory: %v, %v", st, err)
+	}
+	if _, err := New(Config{Dir: dir, Run: execRunner}); err == nil || !strings.Contains(err.Error(), "in use by another process") {
+		t.Errorf("a second manager on the directory: %v", err)
 	}
 }
