@@ -195,9 +195,9 @@ func (c *SnapshotCheck) publish(ctx context.Context, res checkResult, now time.T
 	}
 	if changed && deploy != nil && c.Recorder != nil {
 		if res.ready {
-			c.Recorder.Eventf(deploy, nil, corev1.EventTypeNormal, EventSnapshotCheckPassed, "Check", "%s", truncateMessage(res.message))
+			c.Recorder.Eventf(deploy, nil, corev1.EventTypeNormal, EventSnapshotCheckPassed, "Check", "%s", truncateEventNote(res.message))
 		} else {
-			c.Recorder.Eventf(deploy, nil, corev1.EventTypeWarning, EventSnapshotCheckFailed, "Check", "%s (%s)", truncateMessage(res.message), res.reason)
+			c.Recorder.Eventf(deploy, nil, corev1.EventTypeWarning, EventSnapshotCheckFailed, "Check", "%s", truncateEventNote(res.message+" ("+res.reason+")"))
 		}
 	}
 	data := map[string]string{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -55,12 +56,14 @@ func readyReasonIsNew(conds []metav1.Condition, prevReason string) bool {
 }
 
 // recordEvent records an event about obj, if the reconciler has a
-// recorder. The note is truncated as condition messages are.
+// recorder. The note is cut to what the API server accepts: it refuses a
+// longer one, and the event is then lost (a crashed container's last log
+// lines, in its termination message, easily pass it).
 func recordEvent(rec events.EventRecorder, obj, related runtime.Object, eventType, reason, action, note string) {
 	if rec == nil {
 		return
 	}
-	rec.Eventf(obj, related, eventType, reason, action, "%s", truncateMessage(note))
+	rec.Eventf(obj, related, eventType, reason, action, "%s", truncateEventNote(note))
 }
 
 // patchStatusIfChanged writes obj's status, is, when it differs from was,
@@ -138,9 +141,22 @@ func indexField(mgr ctrl.Manager, obj client.Object, field string, extract clien
 // with room to spare; kubelet messages (image pull errors) can be long.
 const maxMessage = 4096
 
-func truncateMessage(s string) string {
-	if len(s) <= maxMessage {
+// maxEventNote is the API server's limit on an event's note.
+const maxEventNote = 1024
+
+func truncateMessage(s string) string { return truncateTo(s, maxMessage) }
+
+func truncateEventNote(s string) string { return truncateTo(s, maxEventNote) }
+
+// truncateTo cuts s to at most n bytes, marking the cut, and never inside
+// a UTF-8 sequence (the API server refuses invalid UTF-8).
+func truncateTo(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	return s[:maxMessage-3] + "..."
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
