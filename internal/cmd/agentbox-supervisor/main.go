@@ -22,6 +22,7 @@
 //	-env-ttl             AGENTBOX_ENV_TTL             0, none (idle environments unused longer are removed)
 //	-python-index        AGENTBOX_PYTHON_INDEX        the installer's default (PyPI, through the egress proxy)
 //	-python-extra-indexes AGENTBOX_PYTHON_EXTRA_INDEXES none (comma-separated)
+//	-python-trusted-hosts AGENTBOX_PYTHON_TRUSTED_HOSTS none (comma-separated host or host:port; plain HTTP allowed)
 //	-python-allowed-packages AGENTBOX_PYTHON_ALLOWED_PACKAGES all (comma-separated project names)
 //	-uv                  AGENTBOX_UV                  uv, looked up in the commands' PATH; pip if absent
 //	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024 (RLIMIT_NPROC of commands; -1: none)
@@ -449,6 +450,7 @@ func executeConfig(o *options) supervisor.ExecuteConfig {
 			Dir:             o.envDir,
 			IndexURL:        o.pythonIndex,
 			ExtraIndexURLs:  o.pythonExtra,
+			TrustedHosts:    o.pythonTrusted,
 			AllowedPackages: o.pythonAllowed,
 			MaxEnvs:         o.envMaxCount,
 			MaxBytes:        o.envMaxSize,

@@ -53,6 +53,7 @@ type options struct {
 	envTTL           time.Duration
 	pythonIndex      string
 	pythonExtra      []string
+	pythonTrusted    []string
 	pythonAllowed    []string
 	uv               string
 	reapOrphans      bool
@@ -70,6 +71,7 @@ type rawFlags struct {
 	envMaxCount, envTTL                                                              string
 	pythonTimeout, pythonMaxTimeout                                                  string
 	pidsLimit, memoryLimit, memoryReserve                                            string
+	pythonTrusted                                                                    string
 }
 
 // parseOptions reads the flags, each of which defaults to its environment
@@ -141,6 +143,7 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.DurationVar(&o.envCreateTimeout, "env-create-timeout", pyenv.DefaultCreateTimeout, "longest a Python environment may take to build")
 	fs.StringVar(&o.pythonIndex, "python-index", env("AGENTBOX_PYTHON_INDEX", ""), "package index (PEP 503 simple URL) environments install from (default: the installer's own)")
 	fs.StringVar(&raw.pythonExtra, "python-extra-indexes", env("AGENTBOX_PYTHON_EXTRA_INDEXES", ""), "comma-separated extra package indexes")
+	fs.StringVar(&raw.pythonTrusted, "python-trusted-hosts", env("AGENTBOX_PYTHON_TRUSTED_HOSTS", ""), "comma-separated index hosts (host or host:port) installs may reach over plain HTTP")
 	fs.StringVar(&raw.pythonAllowed, "python-allowed-packages", env("AGENTBOX_PYTHON_ALLOWED_PACKAGES", ""), "comma-separated projects environments may install, dependencies included (default: any)")
 	fs.StringVar(&o.uv, "uv", env("AGENTBOX_UV", "uv"), "uv to build environments with, looked up in the commands' PATH; when absent (or empty) venv and pip are used")
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
@@ -201,6 +204,7 @@ func (o *options) parseLimits(raw *rawFlags) error {
 func (o *options) parsePython(raw *rawFlags) error {
 	var err error
 	o.pythonExtra, o.pythonAllowed = splitList(raw.pythonExtra), splitList(raw.pythonAllowed)
+	o.pythonTrusted = splitList(raw.pythonTrusted)
 	if o.pythonTimeout, err = time.ParseDuration(raw.pythonTimeout); err != nil || o.pythonTimeout <= 0 {
 		return fmt.Errorf("-python-default-timeout: want a positive duration such as 30s, got %q", raw.pythonTimeout)
 	}
