@@ -47,6 +47,11 @@ func (m *Manager) build(name string, sp spec) (_ *env, err error) {
 	if err := b.describe(e); err != nil {
 		return nil, err
 	}
+	if len(m.cfg.SealKey) > 0 {
+		if err := Seal(dir, m.cfg.SealKey); err != nil {
+			return nil, b.failed("sealing it", err)
+		}
+	}
 	if err := b.writeMeta(e); err != nil {
 		return nil, b.failed("writing its metadata", err)
 	}

@@ -103,6 +103,11 @@ type Config struct {
 	// reach over plain HTTP or without verifying their certificate: pip's
 	// --trusted-host, uv's --allow-insecure-host.
 	TrustedHosts []string
+	// SealKey, when set, seals each environment built (see VerifySeal),
+	// so that a warm pool reusing the sandbox can keep the environments
+	// nobody changed for its next holder. It must be a key the sandbox's
+	// commands cannot read.
+	SealKey []byte
 	// AllowedPackages, when not empty, are the only projects that may be
 	// installed, dependencies included. Names are compared normalised
 	// (PEP 503).
