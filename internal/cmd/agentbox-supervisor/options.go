@@ -62,6 +62,13 @@ type options struct {
 	probe            bool
 	probeTimeout     time.Duration
 	install          string
+	// With -install: the workspace to reset for a reused warm sandbox,
+	// and the seal key to hand over to the supervisor.
+	resetWorkspace string
+	sealKeyFrom    string
+	sealKeyTo      string
+	envSealKeyFile string
+	sealKey        []byte
 }
 
 // rawFlags are the flags whose values are parsed after the flag set has
@@ -149,6 +156,10 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&raw.logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.resetWorkspace, "reset-workspace", "", "with -install: empty this workspace for a reused warm sandbox, keeping only the cached Python environments whose seal verifies, and fail if it cannot")
+	fs.StringVar(&o.sealKeyFrom, "seal-key-from", "", "with -install: the environment seal key's file, copied to -seal-key-to and used by -reset-workspace")
+	fs.StringVar(&o.sealKeyTo, "seal-key-to", "", "with -install: where to copy the environment seal key for the supervisor")
+	fs.StringVar(&o.envSealKeyFile, "env-seal-key-file", env("AGENTBOX_ENV_SEAL_KEY_FILE", ""), "file holding the key that seals cached environments; read and removed at start")
 	fs.StringVar(&o.install, "install", "", "instead of serving, copy this executable into DIR/agentbox-supervisor (mode 0755, complete or not at all) and exit: how a sandbox pod's init container gives an image without the supervisor one")
 }
 
