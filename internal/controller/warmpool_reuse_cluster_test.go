@@ -95,6 +95,13 @@ func TestReusePoolLease(t *testing.T) {
 	if out := e.runVia(api, a.AgentID, "ps -eo args | grep -c '[h]ttp.server'"); out != "1\n" {
 		t.Fatalf("A's background index server: %q running", out)
 	}
+	// The seal key: its file is gone, and the supervisor's memory, which
+	// holds it, is closed to the commands though they run as its user.
+	if out := e.runVia(api, a.AgentID, `ls -A /tmp | grep -c seal; `+
+		`for p in $(pgrep -f 'agentbox-supervisor$' || pgrep agentbox-superv); do `+
+		`python3 -c "import sys; open('/proc/%s/mem' % sys.argv[1], 'rb')" $p 2>/dev/null && echo "read $p" || echo "refused $p"; done; true`); !strings.Contains(out, "refused") || strings.Contains(out, "read ") || !strings.HasPrefix(out, "0\n") {
+		t.Fatalf("the seal key within reach of commands: %q", out)
+	}
 
 	released := time.Now()
 	must(t, api.ReleaseLease(ctx, a.AgentID, apiclient.ReleaseLeaseRequest{Holder: a.Holder, LeaseID: a.LeaseID}))

@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/workspace"
 )
 
@@ -71,12 +69,14 @@ func resetWorkspace(dir, keyFile string, out io.Writer) error {
 }
 
 // takeSealKey reads the seal key the init container handed over and
-// removes its file before anything else runs in the sandbox, and makes the
-// supervisor's memory, which now holds it, unreadable to its commands:
-// they run as the same user, and a non-dumpable process can be neither
-// traced nor read through /proc by one (gVisor enforces this as Linux
-// does). Without a file it returns nil: environments are then not sealed,
-// and a reused sandbox keeps none.
+// removes its file before anything else runs in the sandbox. From then on
+// only the supervisor's memory holds it: its commands run as the same
+// user, but they are its descendants, and gVisor's ptrace scope lets a
+// process trace or open /proc/PID/mem of its descendants only. (Making
+// the supervisor non-dumpable would say so outright, but under gVisor a
+// non-dumpable process can no longer start commands.) Without a file it
+// returns nil: environments are then not sealed, and a reused sandbox
+// keeps none.
 func takeSealKey(path string, log *slog.Logger) []byte {
 	if path == "" {
 		return nil
@@ -92,10 +92,6 @@ func takeSealKey(path string, log *slog.Logger) []byte {
 	}
 	if err != nil {
 		log.Warn("could not read the environment seal key; environments are not sealed", "error", err.Error())
-		return nil
-	}
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		log.Warn("could not make the supervisor non-dumpable; environments are not sealed", "error", err.Error())
 		return nil
 	}
 	return []byte(strings.TrimSpace(string(key)))
