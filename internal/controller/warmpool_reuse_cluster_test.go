@@ -143,7 +143,7 @@ func TestReusePoolLease(t *testing.T) {
 	}
 
 	out := e.runVia(api, b.AgentID, `ls -A /workspace; echo ---; ls -A /workspace/.agentbox; echo ---; ls -A /tmp; echo ---; `+
-		`ps -eo args | grep -c '[h]ttp.server'; echo ---; echo "${A_SECRET:-unset}"; . "$HOME/.profile" 2>/dev/null; echo "${A_SECRET:-unset}"`)
+		`ps -eo args | grep -c '[h]ttp.server'; echo ---; echo "${A_SECRET:-unset}"; if [ -f "$HOME/.profile" ]; then . "$HOME/.profile"; fi; echo "${A_SECRET:-unset}"`)
 	want := ".agentbox\n---\nenvs\n---\n---\n0\n---\nunset\nunset\n"
 	if out != want {
 		t.Fatalf("B sees:\n%s\nwant:\n%s", out, want)
