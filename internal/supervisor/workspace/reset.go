@@ -56,6 +56,16 @@ func Reset(root string, key []byte) (ResetReport, error) {
 		rep.Removed++
 	}
 	platform := filepath.Join(root, api.PlatformDir)
+	// The previous holder may have locked the platform's directories
+	// (their owner is its user too); opening them up again is the reset's
+	// to do, and failing to is an error below.
+	for _, d := range []string{platform, filepath.Join(root, api.EnvsDir)} {
+		// Never through a symlink (the envs directory may be one; Scrub
+		// removes it).
+		if info, err := os.Lstat(d); err == nil && info.IsDir() {
+			_ = os.Chmod(d, 0o700)
+		}
+	}
 	if entries, err := os.ReadDir(platform); err == nil {
 		for _, de := range entries {
 			if filepath.Join(api.PlatformDir, de.Name()) == api.EnvsDir && de.IsDir() {
