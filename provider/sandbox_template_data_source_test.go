@@ -78,9 +78,9 @@ func TestAccSandboxTemplateDataSource(t *testing.T) {
 					})),
 					attr(tfjsonpath.New("python"), knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"default_timeout": knownvalue.StringExact("30s"), "max_timeout": knownvalue.StringExact("2m"),
-						"index_url": knownvalue.Null(), "extra_index_urls": knownvalue.Null(),
-						"allowed_packages": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("numpy")}),
+						"index_url": knownvalue.Null(), "extra_index_urls": knownvalue.Null(), "trusted_hosts": knownvalue.Null(),
 						"environments":     knownvalue.Null(),
+						"allowed_packages": knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("numpy")}),
 					})),
 					attr(tfjsonpath.New("mcp_servers"), knownvalue.ListExact([]knownvalue.Check{knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"name": knownvalue.StringExact("files"), "command": knownvalue.StringExact("mcp-files"),

@@ -77,6 +77,7 @@ type pythonModel struct {
 	MaxTimeout      types.String `tfsdk:"max_timeout"`
 	IndexURL        types.String `tfsdk:"index_url"`
 	ExtraIndexURLs  types.List   `tfsdk:"extra_index_urls"`
+	TrustedHosts    types.List   `tfsdk:"trusted_hosts"`
 	AllowedPackages types.List   `tfsdk:"allowed_packages"`
 	Environments    types.Object `tfsdk:"environments"`
 }
@@ -129,7 +130,8 @@ var (
 	pythonEnvironmentsAttrTypes = map[string]attr.Type{"max_count": types.Int64Type, "max_size": types.StringType, "ttl": types.StringType}
 	pythonAttrTypes             = map[string]attr.Type{"default_timeout": types.StringType, "max_timeout": types.StringType, "index_url": types.StringType,
 		"extra_index_urls": types.ListType{ElemType: types.StringType}, "allowed_packages": types.ListType{ElemType: types.StringType},
-		"environments": types.ObjectType{AttrTypes: pythonEnvironmentsAttrTypes}}
+		"trusted_hosts": types.ListType{ElemType: types.StringType},
+		"environments":  types.ObjectType{AttrTypes: pythonEnvironmentsAttrTypes}}
 	mcpServerAttrTypes = map[string]attr.Type{"name": types.StringType, "command": types.StringType, "args": types.ListType{ElemType: types.StringType}, "env": types.MapType{ElemType: types.StringType},
 		"url": types.StringType, "audience": types.StringType}
 	secretFileAttrTypes = map[string]attr.Type{"secret_name": types.StringType, "mount_path": types.StringType}
@@ -244,7 +246,8 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 				Default: objectdefault.StaticValue(types.ObjectValueMust(pythonAttrTypes, map[string]attr.Value{
 					"default_timeout": types.StringValue(defaultPythonTimeout), "max_timeout": types.StringValue(defaultPythonMax),
 					"index_url": types.StringNull(), "extra_index_urls": types.ListNull(types.StringType), "allowed_packages": types.ListNull(types.StringType),
-					"environments": types.ObjectNull(pythonEnvironmentsAttrTypes),
+					"trusted_hosts": types.ListNull(types.StringType),
+					"environments":  types.ObjectNull(pythonEnvironmentsAttrTypes),
 				})),
 				MarkdownDescription: "Policy of `python_exec` and of the cached Python environments.",
 				Attributes: map[string]schema.Attribute{
@@ -260,6 +263,10 @@ func (r *sandboxTemplateResource) Schema(ctx context.Context, _ resource.SchemaR
 					},
 					"index_url":        schema.StringAttribute{Optional: true, MarkdownDescription: "Package index that requirements are installed from."},
 					"extra_index_urls": optionalList("Further package indexes."),
+					"trusted_hosts": optionalList("Package index hosts (`host` or `host:port`) that installs may reach over plain HTTP " +
+						"or without verifying their certificate, such as an internal mirror served without TLS: pip's `--trusted-host`, " +
+						"uv's `--allow-insecure-host`. Trusting a host gives up the transport's integrity for its packages; name only " +
+						"hosts on a network you control."),
 					"allowed_packages": optionalList("If set, only these packages may be installed."),
 					"environments": schema.SingleNestedAttribute{
 						Optional: true,
@@ -483,6 +490,7 @@ func (m *sandboxTemplateModel) spec(ctx context.Context, diags *diag.Diagnostics
 			MaxTimeout:      parseDuration(pm.MaxTimeout, "python.max_timeout", diags),
 			IndexURL:        pm.IndexURL.ValueString(),
 			ExtraIndexURLs:  goStrings(ctx, pm.ExtraIndexURLs, diags),
+			TrustedHosts:    goStrings(ctx, pm.TrustedHosts, diags),
 			AllowedPackages: goStrings(ctx, pm.AllowedPackages, diags),
 			Environments:    pythonEnvironmentsSpec(ctx, pm.Environments, diags),
 		}
@@ -583,6 +591,7 @@ func pythonValue(ctx context.Context, prior types.Object, p *agentboxv1alpha1.Py
 	pm.MaxTimeout = keepDuration(pm.MaxTimeout, p.MaxTimeout.Duration)
 	pm.IndexURL = stringOrNull(p.IndexURL)
 	pm.ExtraIndexURLs = listValue(ctx, pm.ExtraIndexURLs, p.ExtraIndexURLs, diags)
+	pm.TrustedHosts = listValue(ctx, pm.TrustedHosts, p.TrustedHosts, diags)
 	pm.AllowedPackages = listValue(ctx, pm.AllowedPackages, p.AllowedPackages, diags)
 	pm.Environments = pythonEnvironmentsValue(ctx, pm.Environments, p.Environments, diags)
 	return objectValue(ctx, pythonAttrTypes, pm, diags)

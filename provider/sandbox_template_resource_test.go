@@ -36,6 +36,7 @@ resource "agentbox_sandbox_template" "test" {
   python = {
     max_timeout      = "120s"
     allowed_packages = ["numpy"]
+    trusted_hosts    = ["mirror.internal:8080"]
     environments     = { max_count = 4, max_size = "512Mi", ttl = "24h" }
   }
   mcp_servers = [
@@ -66,6 +67,9 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 						return err
 					}
 					e := o.Spec.Python.Environments
+					if th := o.Spec.Python.TrustedHosts; len(th) != 1 || th[0] != "mirror.internal:8080" {
+						return fmt.Errorf("spec.python.trustedHosts = %q", th)
+					}
 					if e == nil || e.MaxCount != 4 || e.MaxSize == nil || e.MaxSize.String() != "512Mi" || e.TTL == nil || e.TTL.Duration != 24*time.Hour {
 						return fmt.Errorf("spec.python.environments = %+v", e)
 					}
@@ -95,6 +99,8 @@ func TestAccSandboxTemplate_basic(t *testing.T) {
 							"audience": knownvalue.StringExact("mcp://example"),
 						}),
 					})),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("trusted_hosts"),
+						knownvalue.ListExact([]knownvalue.Check{knownvalue.StringExact("mirror.internal:8080")})),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("python").AtMapKey("environments"), knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"max_count": knownvalue.Int64Exact(4), "max_size": knownvalue.StringExact("512Mi"), "ttl": knownvalue.StringExact("24h"),
 					})),

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/booldefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,6 +46,7 @@ type warmPoolModel struct {
 	Replicas     types.Int64    `tfsdk:"replicas"`
 	ColdStart    types.Bool     `tfsdk:"cold_start_when_exhausted"`
 	PythonEnvs   []warmPoolEnv  `tfsdk:"python_environments"`
+	Release      types.String   `tfsdk:"release_policy"`
 	WaitForReady types.Bool     `tfsdk:"wait_for_ready"`
 	Status       types.Object   `tfsdk:"status"`
 	Timeouts     timeouts.Value `tfsdk:"timeouts"`
@@ -144,6 +146,18 @@ func (r *warmPoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					},
 				}},
 			},
+			"release_policy": schema.StringAttribute{
+				Optional: true, Computed: true, Default: stringdefault.StaticString(string(agentboxv1alpha1.ReleasePolicyDelete)),
+				MarkdownDescription: "What becomes of a sandbox when its pool lease is released or expires. `Delete` (the default) " +
+					"deletes it with its workspace. `Reuse` returns it to the pool: its pod is made anew, so no process, `/tmp` file, " +
+					"terminal, MCP server state or variable of the holder survives, and its workspace is emptied and checked empty " +
+					"before the new supervisor starts. Only the cached Python environments are kept, each only if its files still " +
+					"match the seal its build recorded under a key the sandbox's commands cannot read; a changed or unsealed one is " +
+					"removed, as are the installer environment and all bytecode caches. A sandbox whose reset fails, or takes more " +
+					"than five minutes, is deleted with an event saying why. A holder that tampers with an environment while it is " +
+					"being built is not detected: reuse only between holders that may share the environments they build.",
+				Validators: []validator.String{stringvalidator.OneOf(string(agentboxv1alpha1.ReleasePolicyDelete), string(agentboxv1alpha1.ReleasePolicyReuse))},
+			},
 			"wait_for_ready": schema.BoolAttribute{
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
 				MarkdownDescription: "Wait on create and update until the pool has `replicas` ready sandboxes, within the " +
@@ -214,6 +228,7 @@ func (r *warmPoolResource) Read(ctx context.Context, req resource.ReadRequest, r
 	state.Replicas = types.Int64Value(int64(obj.Spec.Replicas))
 	state.ColdStart = types.BoolValue(obj.Spec.ColdStartWhenExhausted)
 	state.PythonEnvs = warmPoolEnvsOf(obj.Spec.PythonEnvironments)
+	state.Release = types.StringValue(string(releasePolicyOrDefault(obj.Spec.ReleasePolicy)))
 	state.setStatus(ctx, &obj.Status, &resp.Diagnostics)
 	defaultWaitForReady(&state.WaitForReady)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &state)...)
@@ -280,6 +295,7 @@ func (m *warmPoolModel) spec() agentboxv1alpha1.SandboxWarmPoolSpec {
 		Replicas:               int32(m.Replicas.ValueInt64()),
 		ColdStartWhenExhausted: m.ColdStart.ValueBool(),
 		PythonEnvironments:     m.pythonEnvironments(),
+		ReleasePolicy:          agentboxv1alpha1.ReleasePolicy(m.Release.ValueString()),
 	}
 }
 
@@ -303,6 +319,15 @@ func warmPoolEnvsOf(envs []agentboxv1alpha1.WarmPythonEnvironment) []warmPoolEnv
 		out = append(out, warmPoolEnv{Name: name, Requirements: e.Requirements})
 	}
 	return out
+}
+
+// releasePolicyOrDefault is the policy the cluster applies: an object
+// written before the field existed has none, which means Delete.
+func releasePolicyOrDefault(p agentboxv1alpha1.ReleasePolicy) agentboxv1alpha1.ReleasePolicy {
+	if p == "" {
+		return agentboxv1alpha1.ReleasePolicyDelete
+	}
+	return p
 }
 
 func (m *warmPoolModel) setStatus(ctx context.Context, s *agentboxv1alpha1.SandboxWarmPoolStatus, diags *diag.Diagnostics) {

@@ -66,6 +66,7 @@ func TestAccWarmPool_lifecycle(t *testing.T) {
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("replicas"), knownvalue.Int64Exact(2)),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("wait_for_ready"), knownvalue.Bool(false)),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("cold_start_when_exhausted"), knownvalue.Bool(false)),
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("release_policy"), knownvalue.StringExact("Delete")),
 					statecheck.ExpectKnownValue(addr, tfjsonpath.New("status"), knownvalue.ObjectExact(map[string]knownvalue.Check{
 						"replicas": knownvalue.Int64Exact(0), "ready_replicas": knownvalue.Int64Exact(0), "leased_replicas": knownvalue.Int64Exact(0),
 					})),
@@ -293,6 +294,80 @@ func TestAccWarmPool_pythonEnvironments(t *testing.T) {
 					PreApply: []plancheck.PlanCheck{plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate)},
 				},
 				Check: checkEnvs(pandas),
+			},
+		},
+	})
+}
+
+// release_policy: set on create, no drift, imported, changed in place,
+// and an out-of-band change is put back.
+func TestAccWarmPool_releasePolicy(t *testing.T) {
+	t.Parallel()
+	c, ns := testAccCluster(t)
+	addr := "agentbox_warm_pool.test"
+	key := types.NamespacedName{Namespace: ns, Name: "reuse-pool"}
+	config := func(policy string) string {
+		return testAccProviderConfig() + fmt.Sprintf(`
+resource "agentbox_sandbox_template" "python" {
+  name      = "python"
+  namespace = %[1]q
+}
+
+resource "agentbox_warm_pool" "test" {
+  name           = "reuse-pool"
+  namespace      = %[1]q
+  template       = agentbox_sandbox_template.python.name
+  replicas       = 0
+  wait_for_ready = false
+  release_policy = %[2]q
+}
+`, ns, policy)
+	}
+	policyIs := func(want agentboxv1alpha1.ReleasePolicy) resource.TestCheckFunc {
+		return func(*terraform.State) error {
+			if got := getObject[agentboxv1alpha1.SandboxWarmPool](t, c, key).Spec.ReleasePolicy; got != want {
+				return fmt.Errorf("spec.releasePolicy %q, want %q", got, want)
+			}
+			return nil
+		}
+	}
+	resource.Test(t, resource.TestCase{
+		ProtoV6ProviderFactories: testAccProtoV6ProviderFactories,
+		Steps: []resource.TestStep{
+			{
+				Config: config("Reuse"),
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(addr, tfjsonpath.New("release_policy"), knownvalue.StringExact("Reuse")),
+				},
+				Check: policyIs(agentboxv1alpha1.ReleasePolicyReuse),
+			},
+			{
+				Config:           config("Reuse"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{plancheck.ExpectEmptyPlan()}},
+			},
+			{
+				ResourceName:            addr,
+				ImportState:             true,
+				ImportStateId:           ns + "/reuse-pool",
+				ImportStateVerify:       true,
+				ImportStateVerifyIgnore: []string{"wait_for_ready", "timeouts"},
+			},
+			{
+				PreConfig: func() {
+					mutate(t, c, key, func(p *agentboxv1alpha1.SandboxWarmPool) { p.Spec.ReleasePolicy = agentboxv1alpha1.ReleasePolicyDelete })
+				},
+				Config: config("Reuse"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
+					plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
+				}},
+				Check: policyIs(agentboxv1alpha1.ReleasePolicyReuse),
+			},
+			{
+				Config: config("Delete"),
+				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
+					plancheck.ExpectResourceAction(addr, plancheck.ResourceActionUpdate),
+				}},
+				Check: policyIs(agentboxv1alpha1.ReleasePolicyDelete),
 			},
 		},
 	})

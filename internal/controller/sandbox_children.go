@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strings"
 	"time"
@@ -133,7 +134,7 @@ func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.S
 	if found {
 		renewAt, err := certRenewTime(secret.Data, r.CA, id, now)
 		if err == nil && now.Before(renewAt) {
-			return renewAt.Sub(now), nil
+			return renewAt.Sub(now), r.ensureSealKey(ctx, &secret)
 		}
 		if err != nil {
 			why = err.Error()
@@ -144,6 +145,13 @@ func (r *SandboxReconciler) ensureTLSSecret(ctx context.Context, sbx *v1alpha1.S
 
 	data, err := tlsSecretData(r.CA, id)
 	if err != nil {
+		return 0, err
+	}
+	// The seal key outlives certificates: environments sealed under it
+	// must still verify after a renewal.
+	if k := secret.Data[sealKeyKey]; len(k) > 0 {
+		data[sealKeyKey] = k
+	} else if data[sealKeyKey], err = newSealKey(); err != nil {
 		return 0, err
 	}
 	if !found {
@@ -253,6 +261,36 @@ func (r *SandboxReconciler) createPod(ctx context.Context, sbx *v1alpha1.Sandbox
 		}
 		r.event(sbx, pod, corev1.EventTypeNormal, EventPodCreated, "Create",
 			fmt.Sprintf("created pod %s (image %s, runtime class %s)", pod.Name, image, *pod.Spec.RuntimeClassName))
+	}
+	return nil
+}
+
+// newSealKey makes a sandbox's environment seal key.
+func newSealKey() ([]byte, error) {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return nil, fmt.Errorf("make the environment seal key: %w", err)
+	}
+	return k, nil
+}
+
+// ensureSealKey adds the environment seal key to a TLS Secret made before
+// there was one.
+func (r *SandboxReconciler) ensureSealKey(ctx context.Context, secret *corev1.Secret) error {
+	if len(secret.Data[sealKeyKey]) > 0 {
+		return nil
+	}
+	k, err := newSealKey()
+	if err != nil {
+		return err
+	}
+	patch := client.MergeFrom(secret.DeepCopy())
+	if secret.Data == nil {
+		secret.Data = map[string][]byte{}
+	}
+	secret.Data[sealKeyKey] = k
+	if err := r.Patch(ctx, secret, patch); err != nil {
+		return fmt.Errorf("add the environment seal key to Secret %s: %w", secret.Name, err)
 	}
 	return nil
 }

@@ -396,6 +396,13 @@ func (r *SandboxReconciler) reconcileChildren(ctx context.Context, prevReason st
 	if err != nil || deleted {
 		return ctrl.Result{}, err
 	}
+	// A reused warm sandbox's reset (releasePolicy Reuse) replaces the
+	// pod before anything else looks at it.
+	resetDone, resetWait, err := r.continuePoolReset(ctx, sbx, pod)
+	requeueWithin(&result, resetWait)
+	if err != nil || resetDone {
+		return result, err
+	}
 	act := r.activityOf(sbx, tpl, activityClock)
 	prevPhase := sbx.Status.Phase
 	defer func() { recordActivity(prevPhase, sbx, act) }()

@@ -28,7 +28,9 @@ const EventEphemeralRecycled = "EphemeralRecycled"
 // again (the hold's expiry or the end of the grace), because nothing else
 // wakes the controller when a holder simply goes quiet.
 func (r *SandboxReconciler) recycleEphemeral(ctx context.Context, sbx *v1alpha1.Sandbox, activityClock *coordinationv1.Lease) (bool, time.Duration, error) {
-	if !isWarm(sbx) || !v1alpha1.PoolLeased(sbx) {
+	if !isWarm(sbx) || !v1alpha1.PoolLeased(sbx) || sbx.Annotations[v1alpha1.AnnotationPoolReset] != "" {
+		// Not leased, or its lease has ended and it is being reset
+		// (continuePoolReset).
 		return false, 0, nil
 	}
 	now := r.now()
@@ -57,6 +59,9 @@ func (r *SandboxReconciler) recycleEphemeral(ctx context.Context, sbx *v1alpha1.
 		}
 		why = fmt.Sprintf("the lease of %q was not held within %s of taking the sandbox, or was taken over",
 			sbx.Annotations[v1alpha1.AnnotationPoolLeaseHolder], grace)
+	}
+	if r.reusedByPool(ctx, sbx) {
+		return false, poolResetRecheck, r.beginPoolReset(ctx, sbx, why)
 	}
 	uid := sbx.UID
 	if err := r.Delete(ctx, sbx, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 )
 
@@ -27,7 +28,8 @@ func checkSupervisorInjected(t *testing.T, spec *corev1.PodSpec, supervisorImage
 	if ini.Name != InstallContainerName || ini.Image != supervisorImage {
 		t.Errorf("init container %s from %s, want %s from %s", ini.Name, ini.Image, InstallContainerName, supervisorImage)
 	}
-	if want := []string{"/usr/local/bin/agentbox-supervisor", "-install", "/agentbox/bin"}; !slices.Equal(ini.Command, want) || len(ini.Args) != 0 {
+	if want := []string{"/usr/local/bin/agentbox-supervisor", "-install", "/agentbox/bin",
+		"-seal-key-from", "/agentbox/seal/env-seal.key", "-seal-key-to", "/tmp/.agentbox-env-seal.key"}; !slices.Equal(ini.Command, want) || len(ini.Args) != 0 {
 		t.Errorf("init container runs %q %q, want %q", ini.Command, ini.Args, want)
 	}
 	if want := []string{"/agentbox/bin/agentbox-supervisor"}; !slices.Equal(ctr.Command, want) || len(ctr.Args) != 0 {
@@ -56,8 +58,25 @@ func checkSupervisorInjected(t *testing.T, spec *corev1.PodSpec, supervisorImage
 	if v := volumes[im.Name]; v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.Cmp(resource.MustParse("64Mi")) != 0 {
 		t.Errorf("volume %s is %+v, want an emptyDir of 64Mi", im.Name, v.VolumeSource)
 	}
-	if len(ini.VolumeMounts) != 1 {
-		t.Errorf("init container mounts %+v, want only /agentbox/bin", ini.VolumeMounts)
+	// The supervisor volume, the seal key (the init container's alone)
+	// and /tmp, through which the key reaches the supervisor; never the
+	// workspace, but on a reused warm sandbox's reset.
+	var paths []string
+	for _, m := range ini.VolumeMounts {
+		paths = append(paths, m.MountPath)
+	}
+	if want := []string{"/agentbox/bin", "/agentbox/seal", "/tmp"}; !slices.Equal(paths, want) {
+		t.Errorf("init container mounts %q, want %q", paths, want)
+	}
+	for _, m := range ctr.VolumeMounts {
+		if m.MountPath == "/agentbox/seal" || m.Name == volumeSealKey {
+			t.Errorf("the sandbox container mounts the seal key: %+v", m)
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.Name == volumeTLS && (v.Secret == nil || len(v.Secret.Items) != 3) {
+			t.Errorf("the TLS volume %+v must project the certificate files alone, not the seal key", v.VolumeSource)
+		}
 	}
 	if !reflect.DeepEqual(ini.SecurityContext, ctr.SecurityContext) || ini.SecurityContext == nil {
 		t.Errorf("init container security context %+v, want the sandbox container's %+v", ini.SecurityContext, ctr.SecurityContext)
@@ -180,5 +199,26 @@ func TestUnitSupervisorPassEnv(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("commands get %v, want %v", got, want)
+	}
+}
+
+// A reused warm sandbox's new pod resets the workspace in its init
+// container, and says which lease's reset it ran.
+func TestUnitPoolResetPod(t *testing.T) {
+	tpl := unitTemplate("t")
+	r := &SandboxReconciler{Namespace: "platform", TrustDomain: "td.example"}
+	sbx := unitSandbox("s", "t")
+	sbx.Annotations = map[string]string{v1alpha1.AnnotationPoolReset: "req-a"}
+	pod := r.desiredPod(sbx, tpl)
+	ini := pod.Spec.InitContainers[0]
+	if n := len(ini.Command); n < 2 || ini.Command[n-2] != "-reset-workspace" || ini.Command[n-1] != "/workspace" {
+		t.Errorf("init container runs %q, want -reset-workspace /workspace last", ini.Command)
+	}
+	workspace := false
+	for _, m := range ini.VolumeMounts {
+		workspace = workspace || (m.Name == volumeWorkspace && m.MountPath == "/workspace" && !m.ReadOnly)
+	}
+	if !workspace || pod.Annotations[v1alpha1.AnnotationPoolReset] != "req-a" {
+		t.Errorf("reset pod: mounts %+v, annotations %v", ini.VolumeMounts, pod.Annotations)
 	}
 }

@@ -75,6 +75,18 @@ const (
 	volumeTmp        = "tmp"
 	volumeTLS        = "tls"
 	volumeSupervisor = "supervisor"
+	volumeSealKey    = "env-seal-key"
+
+	// sealKeyKey is the key of the TLS Secret that holds the sandbox's
+	// environment seal key (see pyenv.Seal). Only the init container
+	// mounts it; it hands it to the supervisor through a file in /tmp,
+	// which the supervisor removes before anything else runs.
+	sealKeyKey = "env-seal.key"
+	// sealKeyMount is where the init container mounts the seal key.
+	sealKeyMount = "/agentbox/seal"
+	// sealKeyFile is the file in /tmp through which the supervisor gets
+	// the seal key.
+	sealKeyFile = "/tmp/.agentbox-env-seal.key"
 
 	defaultWorkspaceMountPath = "/workspace"
 
@@ -183,6 +195,9 @@ func (r *SandboxReconciler) platformEnv(sbx *v1alpha1.Sandbox, tpl *v1alpha1.San
 		// probe, which runs in the pod with this environment, calls it.
 		{Name: "AGENTBOX_HEALTH_LISTEN", Value: supervisorHealthListen},
 		{Name: "AGENTBOX_WORKDIR", Value: workspaceMountPath(tpl)},
+		// Read and removed by the supervisor at its start (see
+		// installContainer).
+		{Name: "AGENTBOX_ENV_SEAL_KEY_FILE", Value: sealKeyFile},
 		// Off, and reserved so that a template cannot turn it on: the
 		// supervisor's record of each call leaves the sandbox with the
 		// call's response and lands in the control plane's audit log,
@@ -269,9 +284,13 @@ func (r *SandboxReconciler) desiredPod(sbx *v1alpha1.Sandbox, tpl *v1alpha1.Sand
 			NodeSelector:   maps.Clone(tpl.Spec.NodeSelector),
 			Tolerations:    copyTolerations(tpl.Spec.Tolerations),
 			Volumes:        volumes,
-			InitContainers: []corev1.Container{r.installContainer(tpl)},
+			InitContainers: []corev1.Container{r.installContainer(sbx, tpl)},
 			Containers:     []corev1.Container{r.sandboxContainer(sbx, tpl, mounts)},
 		},
+	}
+	if reset := sbx.Annotations[v1alpha1.AnnotationPoolReset]; reset != "" {
+		// Which lease's reset this pod's init container ran.
+		pod.Annotations = map[string]string{v1alpha1.AnnotationPoolReset: reset}
 	}
 	if tpl.Spec.RunAsImageUser {
 		// The pod's user would apply to the sandbox container, which sets
@@ -308,6 +327,22 @@ func podVolumes(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) ([]corev1.
 			// Group-readable only: the files belong to root with group
 			// fsGroup (65532), the supervisor's group.
 			DefaultMode: ptr.To[int32](0o440),
+			// Not the seal key: the sandbox's commands can read what the
+			// supervisor can.
+			Items: []corev1.KeyToPath{
+				{Key: corev1.TLSCertKey, Path: corev1.TLSCertKey},
+				{Key: corev1.TLSPrivateKeyKey, Path: corev1.TLSPrivateKeyKey},
+				{Key: caCertKey, Path: caCertKey},
+			},
+		}}},
+		{Name: volumeSealKey, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  TLSSecretName(workloadName(sbx)),
+			DefaultMode: ptr.To[int32](0o440),
+			Items:       []corev1.KeyToPath{{Key: sealKeyKey, Path: sealKeyKey}},
+			// A Secret from before the key existed gets it on the next
+			// reconcile; the pod starts without it meanwhile (nothing
+			// sealed, so nothing kept on reuse).
+			Optional: ptr.To(true),
 		}}},
 		{Name: volumeSupervisor, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &supervisorVolumeSize}}},
 	}
@@ -335,7 +370,13 @@ func podVolumes(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) ([]corev1.
 // admit it whenever they admit the sandbox container, the pod's QoS class
 // stays the template's, and the pod's effective requests (the larger of
 // the init container's and the sandbox container's) do not grow.
-func (r *SandboxReconciler) installContainer(tpl *v1alpha1.SandboxTemplate) corev1.Container {
+//
+// It also hands the sandbox's environment seal key to the supervisor
+// (through a file in /tmp), and on a reused warm sandbox's new pod
+// (v1alpha1.AnnotationPoolReset) resets the workspace before the sandbox
+// container, and with it anything a holder could run, starts: if the reset
+// fails, the pod never serves, and the controller deletes the sandbox.
+func (r *SandboxReconciler) installContainer(sbx *v1alpha1.Sandbox, tpl *v1alpha1.SandboxTemplate) corev1.Container {
 	image := r.SupervisorImage
 	if image == "" {
 		image = DefaultSupervisorImage
@@ -347,13 +388,24 @@ func (r *SandboxReconciler) installContainer(tpl *v1alpha1.SandboxTemplate) core
 	res := tpl.Spec.Resources.DeepCopy()
 	// Claims name the pod's resource claims; the install needs none.
 	res.Claims = nil
+	command := []string{supervisorImageBinary, "-install", supervisorDir,
+		"-seal-key-from", sealKeyMount + "/" + sealKeyKey, "-seal-key-to", sealKeyFile}
+	mounts := []corev1.VolumeMount{
+		{Name: volumeSupervisor, MountPath: supervisorDir},
+		{Name: volumeSealKey, MountPath: sealKeyMount, ReadOnly: true},
+		{Name: volumeTmp, MountPath: "/tmp"},
+	}
+	if sbx.Annotations[v1alpha1.AnnotationPoolReset] != "" {
+		command = append(command, "-reset-workspace", workspaceMountPath(tpl))
+		mounts = append(mounts, corev1.VolumeMount{Name: volumeWorkspace, MountPath: workspaceMountPath(tpl)})
+	}
 	return corev1.Container{
 		Name:                     InstallContainerName,
 		Image:                    image,
 		ImagePullPolicy:          pullPolicy,
-		Command:                  []string{supervisorImageBinary, "-install", supervisorDir},
+		Command:                  command,
 		Resources:                *res,
-		VolumeMounts:             []corev1.VolumeMount{{Name: volumeSupervisor, MountPath: supervisorDir}},
+		VolumeMounts:             mounts,
 		SecurityContext:          restrictedSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}

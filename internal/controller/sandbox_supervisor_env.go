@@ -47,6 +47,7 @@ func supervisorEnv(tpl *v1alpha1.SandboxTemplate) []corev1.EnvVar {
 	}
 	add("AGENTBOX_PYTHON_INDEX", py.IndexURL)
 	add("AGENTBOX_PYTHON_EXTRA_INDEXES", strings.Join(py.ExtraIndexURLs, ","))
+	add("AGENTBOX_PYTHON_TRUSTED_HOSTS", strings.Join(py.TrustedHosts, ","))
 	add("AGENTBOX_PYTHON_ALLOWED_PACKAGES", strings.Join(py.AllowedPackages, ","))
 	env = append(env, pythonEnvironmentsEnv(tpl, size)...)
 	if len(tpl.Spec.MCPServers) > 0 {

@@ -31,6 +31,7 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		MaxTimeout:      metav1.Duration{Duration: 90 * time.Second},
 		IndexURL:        "https://pypi.internal.test/simple",
 		ExtraIndexURLs:  []string{"https://a.test/simple", "https://b.test/simple"},
+		TrustedHosts:    []string{"a.test", "b.test:8080"},
 		AllowedPackages: []string{"numpy", "pandas"},
 		Environments:    &v1alpha1.PythonEnvironments{MaxCount: 3, MaxSize: ptr.To(resource.MustParse("300Mi")), TTL: &metav1.Duration{Duration: 90 * time.Minute}},
 	}
@@ -51,6 +52,7 @@ func TestUnitSupervisorEnv(t *testing.T) {
 		"AGENTBOX_PYTHON_MAX_TIMEOUT":      "1m30s",
 		"AGENTBOX_PYTHON_INDEX":            "https://pypi.internal.test/simple",
 		"AGENTBOX_PYTHON_EXTRA_INDEXES":    "https://a.test/simple,https://b.test/simple",
+		"AGENTBOX_PYTHON_TRUSTED_HOSTS":    "a.test,b.test:8080",
 		"AGENTBOX_PYTHON_ALLOWED_PACKAGES": "numpy,pandas",
 		"AGENTBOX_ENV_DIR":                 "/home/agent/.agentbox/envs",
 		"AGENTBOX_ENV_MAX_COUNT":           "3",

@@ -282,9 +282,12 @@ func (r *SandboxWarmPoolReconciler) scale(ctx context.Context, pool *v1alpha1.Sa
 	have := len(current) + pending
 	if have > want {
 		// Not-ready ones go first (they serve nobody yet), then the
-		// newest, so the longest-warmed stay.
+		// newest, so the longest-warmed stay. One just back from a lease
+		// counts as ready: its pod was ready when it came back, and its
+		// kept environments are worth more than a fresh sandbox.
 		sort.SliceStable(current, func(i, j int) bool {
-			ri, rj := sandboxReady(current[i]), sandboxReady(current[j])
+			ri := sandboxReady(current[i]) || current[i].Annotations[v1alpha1.AnnotationPoolReusedAt] != ""
+			rj := sandboxReady(current[j]) || current[j].Annotations[v1alpha1.AnnotationPoolReusedAt] != ""
 			if ri != rj {
 				return !ri
 			}

@@ -265,6 +265,20 @@ type PythonPolicy struct {
 	// +kubebuilder:validation:items:Pattern=`^https?://[^\s]+$`
 	ExtraIndexURLs []string `json:"extraIndexURLs,omitempty"`
 
+	// trustedHosts are package index hosts, as host or host:port, that
+	// installs may reach over plain HTTP or with a certificate they cannot
+	// verify (pip's --trusted-host, uv's --allow-insecure-host): an
+	// internal mirror served without TLS. A host left out is refused by the
+	// installer when its index URL is not https. Trusting a host gives up
+	// the transport's integrity for its packages, so name only hosts on a
+	// network you control.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=261
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$`
+	TrustedHosts []string `json:"trustedHosts,omitempty"`
+
 	// allowedPackages lists the only distributions that may be installed, by
 	// name. Empty allows every package.
 	// +optional

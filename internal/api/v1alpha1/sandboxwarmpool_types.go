@@ -44,6 +44,24 @@ type SandboxWarmPoolSpec struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=8
 	PythonEnvironments []WarmPythonEnvironment `json:"pythonEnvironments,omitempty"`
+
+	// releasePolicy says what becomes of a sandbox when its pool lease is
+	// released or expires. Delete (the default) deletes it with its
+	// workspace. Reuse returns it to the pool for the next lease: its pod
+	// is deleted and made again, so every process the holder started, its
+	// /tmp, terminals, MCP servers and variables are gone; its workspace
+	// is emptied and checked empty before the new supervisor starts,
+	// except the cached Python environments, each kept only if its files
+	// still match the seal its build recorded under a key commands cannot
+	// read (a changed or unsealed one is removed, and so is the installer
+	// environment and every bytecode cache). A sandbox whose reset fails or
+	// takes longer than five minutes is deleted instead, with an event
+	// saying why. Environments are code the next holder runs: a holder
+	// that changes one while it is being built is not detected, so reuse
+	// only between holders that may share built environments.
+	// +optional
+	// +kubebuilder:default=Delete
+	ReleasePolicy ReleasePolicy `json:"releasePolicy,omitempty"`
 }
 
 // WarmPythonEnvironment is a Python environment a warm pool builds ahead.
@@ -64,6 +82,22 @@ type WarmPythonEnvironment struct {
 	// +kubebuilder:validation:items:MaxLength=256
 	Requirements []string `json:"requirements"`
 }
+
+// ReleasePolicy says what becomes of a pool sandbox when its pool lease
+// ends.
+// +kubebuilder:validation:Enum=Delete;Reuse
+type ReleasePolicy string
+
+const (
+	// ReleasePolicyDelete deletes the sandbox with its workspace; the pool
+	// has made a replacement already.
+	ReleasePolicyDelete ReleasePolicy = "Delete"
+	// ReleasePolicyReuse returns the sandbox to the pool: its pod is made
+	// anew (no process, /tmp, terminal, MCP server or variable of the
+	// holder survives) and its workspace emptied, keeping only the cached
+	// Python environments that verify unchanged since they were built.
+	ReleasePolicyReuse ReleasePolicy = "Reuse"
+)
 
 // SandboxWarmPoolStatus is the observed state of a warm pool.
 type SandboxWarmPoolStatus struct {

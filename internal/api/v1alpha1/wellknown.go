@@ -110,6 +110,25 @@ const PoolColdStartGrace = 5*time.Minute + PoolLeaseGrace
 // for it, any other call that it existed already.
 const AnnotationCreatedByRequest = GroupName + "/created-by-request"
 
+// AnnotationPoolReset is on a warm sandbox of a Reuse pool whose pool
+// lease ended and that is being readied for its next holder; the value is
+// the ended lease's request ID. Its pod is recreated with the workspace
+// reset (the same annotation on the pod says which lease's reset it ran),
+// and the sandbox is takeable again only once the new pod serves.
+const AnnotationPoolReset = GroupName + "/pool-reset"
+
+// AnnotationPoolResetAt is when the reset began (RFC 3339); a reset that
+// has not finished within PoolResetTimeout deletes the sandbox.
+const AnnotationPoolResetAt = GroupName + "/pool-reset-at"
+
+// AnnotationPoolReusedAt is when a warm sandbox last came back to its
+// pool from a lease (RFC 3339).
+const AnnotationPoolReusedAt = GroupName + "/pool-reused-at"
+
+// PoolResetTimeout bounds a reused sandbox's reset: the old pod's end, the
+// new pod's start and the workspace's reset in its init container.
+const PoolResetTimeout = 5 * time.Minute
+
 // PoolLeased reports whether a warm sandbox has been leased from its pool.
 func PoolLeased(s *Sandbox) bool { return s.Annotations[AnnotationPoolLeaseRequestID] != "" }
 

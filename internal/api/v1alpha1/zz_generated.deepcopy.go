@@ -449,6 +449,11 @@ func (in *PythonPolicy) DeepCopyInto(out *PythonPolicy) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.TrustedHosts != nil {
+		in, out := &in.TrustedHosts, &out.TrustedHosts
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.AllowedPackages != nil {
 		in, out := &in.AllowedPackages, &out.AllowedPackages
 		*out = make([]string, len(*in))

@@ -37,13 +37,14 @@ func TestParseEnvOptions(t *testing.T) {
 	}
 	o, err = parseOptions([]string{"-env-dir", "/x", "-env-max-count", "2", "-env-max-size", "500MiB", "-env-create-timeout", "1m",
 		"-python-index", "http://127.0.0.1:1/simple/", "-python-extra-indexes", "http://127.0.0.1:2/simple/, http://127.0.0.1:3/simple/",
-		"-python-allowed-packages", "numpy, pandas", "-uv", ""}, getenv, io.Discard)
+		"-python-allowed-packages", "numpy, pandas", "-python-trusted-hosts", "mirror.internal, 10.0.0.5:8080", "-uv", ""}, getenv, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c = executeConfig(o)
 	if c.Envs.Dir != "/x" || c.Envs.MaxEnvs != 2 || c.Envs.MaxBytes != 500<<20 || c.Envs.CreateTimeout != time.Minute || c.UV != "" ||
-		len(c.Envs.ExtraIndexURLs) != 2 || c.Envs.ExtraIndexURLs[1] != "http://127.0.0.1:3/simple/" || !slices.Equal(c.Envs.AllowedPackages, []string{"numpy", "pandas"}) {
+		len(c.Envs.ExtraIndexURLs) != 2 || c.Envs.ExtraIndexURLs[1] != "http://127.0.0.1:3/simple/" || !slices.Equal(c.Envs.AllowedPackages, []string{"numpy", "pandas"}) ||
+		!slices.Equal(c.Envs.TrustedHosts, []string{"mirror.internal", "10.0.0.5:8080"}) {
 		t.Errorf("explicit: %+v %+v", c, c.Envs)
 	}
 	env := map[string]string{"AGENTBOX_ENV_DIR": "/from/env", "AGENTBOX_PYTHON_ALLOWED_PACKAGES": "a,b"}

@@ -22,6 +22,8 @@
 //	-env-ttl             AGENTBOX_ENV_TTL             0, none (idle environments unused longer are removed)
 //	-python-index        AGENTBOX_PYTHON_INDEX        the installer's default (PyPI, through the egress proxy)
 //	-python-extra-indexes AGENTBOX_PYTHON_EXTRA_INDEXES none (comma-separated)
+//	-env-seal-key-file   AGENTBOX_ENV_SEAL_KEY_FILE   none (read and removed at start; seals the cached environments so that a reused warm sandbox keeps only unchanged ones)
+//	-python-trusted-hosts AGENTBOX_PYTHON_TRUSTED_HOSTS none (comma-separated host or host:port; plain HTTP allowed)
 //	-python-allowed-packages AGENTBOX_PYTHON_ALLOWED_PACKAGES all (comma-separated project names)
 //	-uv                  AGENTBOX_UV                  uv, looked up in the commands' PATH; pip if absent
 //	-command-pids-limit  AGENTBOX_COMMAND_PIDS_LIMIT  1024, or what -memory-limit holds (RLIMIT_NPROC of commands; -1: none)
@@ -113,6 +115,16 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println("installed", path)
+		if opts.resetWorkspace != "" {
+			if err := resetWorkspace(opts.resetWorkspace, opts.sealKeyFrom, os.Stdout); err != nil {
+				fmt.Fprintln(os.Stderr, "agentbox-supervisor -reset-workspace:", err)
+				os.Exit(1)
+			}
+		}
+		if err := handOverSealKey(opts.sealKeyFrom, opts.sealKeyTo); err != nil {
+			fmt.Fprintln(os.Stderr, "agentbox-supervisor -install:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	if opts.probe {
@@ -144,6 +156,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			return err
 		}
 	}
+	o.sealKey = takeSealKey(o.envSealKeyFile, log)
 	audit, err := openAuditLog(o.auditLog)
 	if err != nil {
 		return err
@@ -450,6 +463,8 @@ func executeConfig(o *options) supervisor.ExecuteConfig {
 			Dir:             o.envDir,
 			IndexURL:        o.pythonIndex,
 			ExtraIndexURLs:  o.pythonExtra,
+			TrustedHosts:    o.pythonTrusted,
+			SealKey:         o.sealKey,
 			AllowedPackages: o.pythonAllowed,
 			MaxEnvs:         o.envMaxCount,
 			MaxBytes:        o.envMaxSize,

@@ -53,6 +53,7 @@ type options struct {
 	envTTL           time.Duration
 	pythonIndex      string
 	pythonExtra      []string
+	pythonTrusted    []string
 	pythonAllowed    []string
 	uv               string
 	reapOrphans      bool
@@ -61,6 +62,13 @@ type options struct {
 	probe            bool
 	probeTimeout     time.Duration
 	install          string
+	// With -install: the workspace to reset for a reused warm sandbox,
+	// and the seal key to hand over to the supervisor.
+	resetWorkspace string
+	sealKeyFrom    string
+	sealKeyTo      string
+	envSealKeyFile string
+	sealKey        []byte
 }
 
 // rawFlags are the flags whose values are parsed after the flag set has
@@ -70,6 +78,7 @@ type rawFlags struct {
 	envMaxCount, envTTL                                                              string
 	pythonTimeout, pythonMaxTimeout                                                  string
 	pidsLimit, memoryLimit, memoryReserve                                            string
+	pythonTrusted                                                                    string
 }
 
 // parseOptions reads the flags, each of which defaults to its environment
@@ -141,11 +150,16 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.DurationVar(&o.envCreateTimeout, "env-create-timeout", pyenv.DefaultCreateTimeout, "longest a Python environment may take to build")
 	fs.StringVar(&o.pythonIndex, "python-index", env("AGENTBOX_PYTHON_INDEX", ""), "package index (PEP 503 simple URL) environments install from (default: the installer's own)")
 	fs.StringVar(&raw.pythonExtra, "python-extra-indexes", env("AGENTBOX_PYTHON_EXTRA_INDEXES", ""), "comma-separated extra package indexes")
+	fs.StringVar(&raw.pythonTrusted, "python-trusted-hosts", env("AGENTBOX_PYTHON_TRUSTED_HOSTS", ""), "comma-separated index hosts (host or host:port) installs may reach over plain HTTP")
 	fs.StringVar(&raw.pythonAllowed, "python-allowed-packages", env("AGENTBOX_PYTHON_ALLOWED_PACKAGES", ""), "comma-separated projects environments may install, dependencies included (default: any)")
 	fs.StringVar(&o.uv, "uv", env("AGENTBOX_UV", "uv"), "uv to build environments with, looked up in the commands' PATH; when absent (or empty) venv and pip are used")
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&raw.logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.resetWorkspace, "reset-workspace", "", "with -install: empty this workspace for a reused warm sandbox, keeping only the cached Python environments whose seal verifies, and fail if it cannot")
+	fs.StringVar(&o.sealKeyFrom, "seal-key-from", "", "with -install: the environment seal key's file, copied to -seal-key-to and used by -reset-workspace")
+	fs.StringVar(&o.sealKeyTo, "seal-key-to", "", "with -install: where to copy the environment seal key for the supervisor")
+	fs.StringVar(&o.envSealKeyFile, "env-seal-key-file", env("AGENTBOX_ENV_SEAL_KEY_FILE", ""), "file holding the key that seals cached environments; read and removed at start")
 	fs.StringVar(&o.install, "install", "", "instead of serving, copy this executable into DIR/agentbox-supervisor (mode 0755, complete or not at all) and exit: how a sandbox pod's init container gives an image without the supervisor one")
 }
 
@@ -203,6 +217,7 @@ func (o *options) parseLimits(raw *rawFlags) error {
 func (o *options) parsePython(raw *rawFlags) error {
 	var err error
 	o.pythonExtra, o.pythonAllowed = splitList(raw.pythonExtra), splitList(raw.pythonAllowed)
+	o.pythonTrusted = splitList(raw.pythonTrusted)
 	if o.pythonTimeout, err = time.ParseDuration(raw.pythonTimeout); err != nil || o.pythonTimeout <= 0 {
 		return fmt.Errorf("-python-default-timeout: want a positive duration such as 30s, got %q", raw.pythonTimeout)
 	}

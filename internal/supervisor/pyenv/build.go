@@ -51,6 +51,11 @@ func (m *Manager) build(name string, sp spec) (_ *env, err error) {
 	if err := b.describe(e); err != nil {
 		return nil, err
 	}
+	if len(m.cfg.SealKey) > 0 {
+		if err := Seal(dir, m.cfg.SealKey); err != nil {
+			return nil, b.failed("sealing it", err)
+		}
+	}
 	if err := b.writeMeta(e); err != nil {
 		return nil, b.failed("writing its metadata", err)
 	}
@@ -110,6 +115,16 @@ func (b *building) install() error {
 	}
 	for _, u := range sp.ExtraIndexes {
 		argv = append(argv, "--extra-index-url", u)
+	}
+	// The hosts are the template's, not the request's: a trusted host is
+	// not what an environment is, only how it may be fetched, so it is no
+	// part of the spec an environment is shared by.
+	trust := "--trusted-host"
+	if m.cfg.UV != "" {
+		trust = "--allow-insecure-host"
+	}
+	for _, h := range m.cfg.TrustedHosts {
+		argv = append(argv, trust, h)
 	}
 	// Requirements never start with "-" (ParseRequirement), and "--"
 	// makes sure no installer reads one as an option.

@@ -41,6 +41,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,6 +102,15 @@ type Config struct {
 	// the installer's default. ExtraIndexURLs are searched too.
 	IndexURL       string
 	ExtraIndexURLs []string
+	// TrustedHosts are index hosts (host or host:port) the installer may
+	// reach over plain HTTP or without verifying their certificate: pip's
+	// --trusted-host, uv's --allow-insecure-host.
+	TrustedHosts []string
+	// SealKey, when set, seals each environment built (see VerifySeal),
+	// so that a warm pool reusing the sandbox can keep the environments
+	// nobody changed for its next holder. It must be a key the sandbox's
+	// commands cannot read.
+	SealKey []byte
 	// AllowedPackages, when not empty, are the only projects that may be
 	// installed, dependencies included. Names are compared normalised
 	// (PEP 503).
@@ -325,6 +335,11 @@ func New(cfg Config) (*Manager, error) {
 	}
 	for _, u := range indexes {
 		if err := checkIndexURL(u); err != nil {
+			return nil, fmt.Errorf("pyenv: %w", err)
+		}
+	}
+	for _, h := range cfg.TrustedHosts {
+		if err := checkTrustedHost(h); err != nil {
 			return nil, fmt.Errorf("pyenv: %w", err)
 		}
 	}
@@ -601,6 +616,18 @@ func checkIndexURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("package index %q is not an http(s) URL", s)
+	}
+	return nil
+}
+
+// trustedHostRE is a host name or address with an optional port: what
+// pip's --trusted-host and uv's --allow-insecure-host take, and nothing
+// either could read as an option or a URL.
+var trustedHostRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$`)
+
+func checkTrustedHost(s string) error {
+	if len(s) > 261 || !trustedHostRE.MatchString(s) {
+		return fmt.Errorf("trusted host %q is not a host or host:port", s)
 	}
 	return nil
 }

@@ -110,7 +110,7 @@ func newTestManager(t *testing.T, cfg Config) *Manager {
 		cfg.Python = hostPython(t)
 	}
 	cfg.Run = execRunner
-	cfg.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir(), "LANG=C.UTF-8"}
+	cfg.Env = append([]string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir(), "LANG=C.UTF-8"}, cfg.Env...)
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	m, err := New(cfg)
 	if err != nil {
@@ -252,6 +252,81 @@ func TestManagerWithUV(t *testing.T) {
 	out, err := exec.Command(l.Python(), "-c", "import agentbox_greet; print(agentbox_greet.hello('uv'))").Output()
 	if !created || err != nil || string(out) != "hello uv\n" || m.Stats().Installer != "uv" {
 		t.Fatalf("created %v, output %q, %v, stats %+v", created, out, err, m.Stats())
+	}
+}
+
+// insecureIndex is the test index as a sandbox reaches an internal mirror:
+// by a host name that is not loopback (pip and uv trust loopback over
+// plain HTTP anyway), through an HTTP proxy (the egress proxy). The proxy
+// is the loopback index itself, which serves the absolute-URI requests a
+// proxy gets as it serves direct ones, so nothing leaves 127.0.0.1 and
+// the name is never resolved.
+func insecureIndex(t *testing.T) (ix *pyenvtest.Index, indexURL, host string, env []string) {
+	ix = pyenvtest.NewIndex(t, greet)
+	host = "mirror.agentbox.invalid:8080"
+	env = []string{"http_proxy=" + strings.TrimSuffix(ix.URL, "/simple/"), "HTTP_PROXY=" + strings.TrimSuffix(ix.URL, "/simple/"), "no_proxy=", "NO_PROXY="}
+	return ix, "http://" + host + "/simple/", host, env
+}
+
+// A plain-HTTP index is refused by the installer unless its host is
+// trusted, and used when it is: trustedHosts reach pip as --trusted-host.
+func TestManagerTrustedHostsPip(t *testing.T) {
+	testTrustedHosts(t, "")
+}
+
+// The same with uv (--allow-insecure-host), where uv is installed.
+func TestManagerTrustedHostsUV(t *testing.T) {
+	uv, err := exec.LookPath("uv")
+	if err != nil {
+		t.Skip("uv is not installed; environments are built with venv and pip")
+	}
+	testTrustedHosts(t, uv)
+}
+
+func testTrustedHosts(t *testing.T, uv string) {
+	ix, indexURL, host, env := insecureIndex(t)
+	ctx := context.Background()
+
+	plain := newTestManager(t, Config{UV: uv, IndexURL: indexURL, Env: env})
+	_, _, err0 := plain.Ensure(ctx, Request{Name: "g", Requirements: []string{"agentbox-greet"}})
+	if KindOf(err0) != KindBuildFailed {
+		t.Fatalf("install from an untrusted plain-HTTP index: %v, want a failed build", err0)
+	}
+	// The installer ignored the index rather than failed to reach it.
+	if n := ix.PageRequests("agentbox-greet"); n != 0 {
+		t.Fatalf("%d page requests to the untrusted index, want 0", n)
+	}
+
+	trusted := newTestManager(t, Config{UV: uv, IndexURL: indexURL, TrustedHosts: []string{host}, Env: env})
+	l, created, err := trusted.Ensure(ctx, Request{Name: "g", Requirements: []string{"agentbox-greet"}})
+	if err != nil {
+		t.Fatalf("install from a trusted plain-HTTP index: %v", err)
+	}
+	defer l.Release()
+	out, err := exec.Command(l.Python(), "-c", "import agentbox_greet; print(agentbox_greet.hello('mirror'))").Output()
+	if !created || err != nil || string(out) != "hello mirror\n" {
+		t.Fatalf("created %v, output %q, %v", created, out, err)
+	}
+	if n := ix.Downloads("agentbox-greet"); n != 1 || ix.PageRequests("agentbox-greet") == 0 {
+		t.Errorf("%d downloads through the proxy, want 1 (and the project page read)", n)
+	}
+}
+
+// Trusted hosts are host or host:port, nothing an installer could read
+// as an option.
+func TestConfigRefusesBadTrustedHosts(t *testing.T) {
+	for _, bad := range []string{"", "-x", "--index-url=http://x", "http://a.test", "a.test/simple", "a b", "a.test:", "a.test:123456"} {
+		if _, err := New(Config{Dir: t.TempDir(), Run: execRunner, TrustedHosts: []string{bad}}); err == nil || !strings.Contains(err.Error(), "trusted host") {
+			t.Errorf("trusted host %q: %v", bad, err)
+		}
+	}
+	for _, ok := range []string{"mirror.internal", "10.0.0.5:8080", "pypi"} {
+		m, err := New(Config{Dir: t.TempDir(), Run: execRunner, TrustedHosts: []string{ok}})
+		if err != nil {
+			t.Errorf("trusted host %q: %v", ok, err)
+			continue
+		}
+		m.Close()
 	}
 }
 
