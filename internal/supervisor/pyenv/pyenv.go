@@ -38,6 +38,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -249,7 +250,7 @@ type Manager struct {
 	dir     string
 	allowed map[string]bool
 	log     *slog.Logger
-	lock    *os.File
+	lock    io.Closer
 
 	ctx    context.Context // cancelled by Close; builds run under it
 	cancel context.CancelFunc
@@ -361,17 +362,17 @@ func New(cfg Config) (*Manager, error) {
 	// workspace volume, and an agent that never builds an environment must
 	// find its workspace empty (a `git clone URL .` refuses a directory
 	// that is not). So the lock that keeps a second manager off the
-	// directory lives beside the process's temporary files, named after it.
+	// directory is no file: it is an abstract Unix socket named after the
+	// directory, which leaves nothing in the workspace or in the /tmp the
+	// sandbox's commands share, and which the kernel releases with the
+	// process. Abstract sockets are per network namespace, that is per pod,
+	// which is as far as a workspace is shared.
 	sum := sha256.Sum256([]byte(dir))
-	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "agentbox-envs-"+hex.EncodeToString(sum[:8])+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("pyenv: %w", err)
+	lock, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@agentbox-envs-" + hex.EncodeToString(sum[:8]), Net: "unix"})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("pyenv: %s is in use by another process", dir)
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lock.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("pyenv: %s is in use by another process", dir)
-		}
+	if err != nil {
 		return nil, fmt.Errorf("pyenv: lock %s: %w", dir, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
