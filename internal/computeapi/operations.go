@@ -116,10 +116,27 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		apiErr := fileError(ctx, err)
 		s.logFailure(log, apiErr, err)
+		drainRefusedBody(w, r)
 		writeError(w, apiErr)
 		return
 	}
 	writeJSON(w, http.StatusOK, api.FileInfo{Path: fi.Path, Size: fi.Size, Mode: fi.Mode})
+}
+
+// Bounds of drainRefusedBody.
+const (
+	maxRefusedDrain     = 256 << 20
+	refusedDrainTimeout = 10 * time.Second
+)
+
+// drainRefusedBody reads what is left of a refused upload, within bounds,
+// before the refusal is written: the HTTP server closes a connection whose
+// request body is left unread, and a caller still sending the file then
+// sees its connection reset instead of the answer (workspace_full, say).
+// Past the bounds the connection is closed all the same.
+func drainRefusedBody(w http.ResponseWriter, r *http.Request) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(refusedDrainTimeout))
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxRefusedDrain))
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {

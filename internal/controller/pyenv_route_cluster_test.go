@@ -239,7 +239,11 @@ func TestPoolLeaseEnvRoutingOnCluster(t *testing.T) {
 		if l.Routing == nil || l.Routing.EnvKey != key {
 			t.Fatalf("lease %d: routing %+v", i, l.Routing)
 		}
-		if !holders[l.Sandbox] || l.Routing.Result != apiclient.RoutingHit {
+		// The inventory is a hint: a sandbox whose build the API saw start
+		// but not end is marked building though it holds E, and is tried
+		// right after the marked holders. What must hold is where the
+		// lease went.
+		if !holders[l.Sandbox] {
 			t.Errorf("lease %d went to %s (%s) while %v held E", i, l.Sandbox, l.Routing.Result, holders)
 		} else {
 			hits++
