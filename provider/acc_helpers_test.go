@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
+	"github.com/agentbox/terraform-provider-agentbox/internal/testenv/kwok"
 )
 
 var crdsOnce sync.Once
@@ -66,6 +67,28 @@ func testAccCluster(t *testing.T) (client.Client, string) {
 		_ = c.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	})
 	return c, ns
+}
+
+// testAccRealNode is the test cluster's one real node. Tests of other
+// packages add simulated (kwok) nodes to the same cluster while the
+// provider's tests run, so those are left out: they run no pods, and a
+// node pool on one would never become Ready.
+func testAccRealNode(t *testing.T, c client.Client) corev1.Node {
+	t.Helper()
+	var nodes corev1.NodeList
+	if err := c.List(context.Background(), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	var real []corev1.Node
+	for _, n := range nodes.Items {
+		if n.Annotations[kwok.ManageAnnotation] != kwok.ManageAnnotationValue {
+			real = append(real, n)
+		}
+	}
+	if len(real) != 1 {
+		t.Fatalf("%d real nodes (of %d); the test needs the test cluster's one node", len(real), len(nodes.Items))
+	}
+	return real[0]
 }
 
 // testAccPlatformImageTag is the tag of the platform images imported into

@@ -44,14 +44,7 @@ func TestAccModulePlatform(t *testing.T) {
 	const release, tpl = "acc-module", "acc-python"
 	pool, rc, taintKey := "acc-mod-"+suffix, "gvisor-acc-mod-"+suffix, "agentbox.test/acc-mod-"+suffix
 
-	var nodes corev1.NodeList
-	if err := c.List(context.Background(), &nodes); err != nil {
-		t.Fatal(err)
-	}
-	if len(nodes.Items) != 1 {
-		t.Fatalf("%d nodes; the test needs the test cluster's one node", len(nodes.Items))
-	}
-	node := nodes.Items[0]
+	node := testAccRealNode(t, c)
 	t.Cleanup(func() { cleanupNodePool(t, c, pool, rc, node.Name, taintKey) })
 
 	vars := config.Variables{

@@ -2,7 +2,9 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/terraform-plugin-framework-validators/int64validator"
@@ -65,7 +67,9 @@ func (r *UserTokenEphemeralResource) Schema(_ context.Context, _ ephemeral.Schem
 			"`/.well-known/jwks.json`. Being ephemeral, the token is never written to the plan or the state: pass it " +
 			"where Terraform accepts ephemeral values (a write-only argument, a provider block, another ephemeral " +
 			"resource). Each plan and apply mints a new one; Terraform does not revoke it when done (`agentbox token " +
-			"revoke JTI` does), since what it was given to may still use it.",
+			"revoke JTI` does), since what it was given to may still use it. A refused connection (a platform created in the " +
+			"same apply whose API address the cluster does not route yet) is tried again for up to a minute; any answer " +
+			"of the API is final.",
 		Attributes: map[string]schema.Attribute{
 			"api_endpoint": schema.StringAttribute{Required: true, Validators: nonEmpty,
 				MarkdownDescription: "The Compute API's HTTPS URL, such as `agentbox_platform.this.api_endpoint`."},
@@ -115,16 +119,44 @@ func (r *UserTokenEphemeralResource) Open(ctx context.Context, req ephemeral.Ope
 	defer c.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(ctx, userTokenTimeout)
 	defer cancel()
-	got, err := c.ExchangeToken(ctx, apiclient.TokenExchangeRequest{
+	exchange := apiclient.TokenExchangeRequest{
 		SubjectToken: m.User.ValueString(), AgentID: m.AgentID.ValueString(), Audience: m.Audience.ValueString(),
 		Scope: m.Scope.ValueString(), ExpiresIn: m.TTLSeconds.ValueInt64(), RunID: m.RunID.ValueString(), LeaseID: m.LeaseID.ValueString(),
+	}
+	var got *apiclient.TokenExchangeResponse
+	start := time.Now()
+	err = retryRefused(ctx, func() (err error) {
+		got, err = c.ExchangeToken(ctx, exchange)
+		return err
 	})
 	if err != nil {
-		resp.Diagnostics.AddError("Cannot mint the user token", fmt.Sprintf("POST %s: %v", apiclient.PathTokenExchange, err))
+		resp.Diagnostics.AddError("Cannot mint the user token", fmt.Sprintf("POST %s (tried for %s): %v",
+			apiclient.PathTokenExchange, time.Since(start).Round(time.Second), err))
 		return
 	}
 	m.AccessToken = types.StringValue(got.AccessToken)
 	m.JTI = types.StringValue(got.JTI)
 	m.ExpiresAt = types.StringValue(got.ExpiresAt.UTC().Format(time.RFC3339))
 	resp.Diagnostics.Append(resp.Result.Set(ctx, &m)...)
+}
+
+// retryRefused calls call until it returns something other than a refused
+// or unroutable connection, or ctx ends. A platform created in the same
+// apply has a Ready API whose Service address the nodes' proxies may not
+// route yet, and such a call never reached the API, so trying it again
+// mints nothing twice.
+func retryRefused(ctx context.Context, call func() error) error {
+	pause := 250 * time.Millisecond
+	for {
+		err := call()
+		if err == nil || !(errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 4*time.Second)
+	}
 }

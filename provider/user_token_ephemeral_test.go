@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"net"
 	"net/http/httptest"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	tfjson "github.com/hashicorp/terraform-json"
 	"github.com/hashicorp/terraform-plugin-framework/ephemeral"
@@ -153,4 +157,53 @@ func (v verifiedToken) check(ctx context.Context, s *tfjson.State) error {
 		return nil
 	}
 	return fmt.Errorf("echo.t not in the state")
+}
+
+// TestRetryRefused dials a loopback port that refuses until a listener
+// opens on it 600 ms later: the call is tried again until it connects.
+// Any other error is returned at once.
+func TestRetryRefused(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	opened := make(chan net.Listener, 1)
+	go func() {
+		time.Sleep(600 * time.Millisecond)
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Error(err)
+		}
+		opened <- l
+	}()
+	tries := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = retryRefused(ctx, func() error {
+		tries++
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if l := <-opened; l != nil {
+		l.Close()
+	}
+	if err != nil || tries < 2 {
+		t.Fatalf("after %d tries: %v", tries, err)
+	}
+
+	tries = 0
+	other := errors.New("forbidden")
+	if err := retryRefused(ctx, func() error { tries++; return other }); err != other || tries != 1 {
+		t.Fatalf("a refusal by the API: %d tries, %v", tries, err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := retryRefused(short, func() error { return syscall.ECONNREFUSED }); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("past the deadline: %v", err)
+	}
 }

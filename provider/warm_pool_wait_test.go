@@ -82,14 +82,7 @@ func TestAccWarmPool_withPlatform(t *testing.T) {
 	suffix := strings.TrimPrefix(ns, "acc-")
 	poolName, rcName, taintKey := "acc-"+suffix, "gvisor-acc-"+suffix, "agentbox.test/acc-"+suffix
 
-	var nodes corev1.NodeList
-	if err := c.List(context.Background(), &nodes); err != nil {
-		t.Fatal(err)
-	}
-	if len(nodes.Items) != 1 {
-		t.Fatalf("%d nodes; the test needs the test cluster's one node", len(nodes.Items))
-	}
-	node := nodes.Items[0]
+	node := testAccRealNode(t, c)
 	hostname := node.Labels[corev1.LabelHostname]
 	// Whatever happens to the apply, the shared node gets its labels and
 	// taint back and no RuntimeClass is left.
