@@ -204,7 +204,7 @@ func waitAllRunning(t *testing.T, kube client.Client, ns string, n int, timeout 
 		if elapsed > timeout {
 			t.Fatalf("after %s, %d of %d Sandboxes Running; phases %v", elapsed.Round(time.Second), done, n, phases)
 		}
-		if time.Since(lastLog) > 30*time.Second {
+		if time.Since(lastLog) >= 10*time.Second {
 			t.Logf("%s: %d of %d Running; %s", elapsed.Round(time.Second), done, n, histogram(phases))
 			lastLog = time.Now()
 		}
