@@ -258,6 +258,20 @@ func TestRunRetention(t *testing.T) {
 	}
 }
 
+// TestSandboxWorkers checks that sandboxWorkers reaches the control plane as
+// AGENTBOX_SANDBOX_WORKERS, which its --sandbox-workers flag defaults to.
+func TestSandboxWorkers(t *testing.T) {
+	for raw, want := range map[string]string{
+		"":                    "16",
+		"sandboxWorkers: 4\n": "4",
+	} {
+		c := container(t, renderRaw(t, raw).deployment())
+		if e, ok := envValue(c, "AGENTBOX_SANDBOX_WORKERS"); !ok || e.Value != want {
+			t.Errorf("values %q: AGENTBOX_SANDBOX_WORKERS = %+v, %v; want %s", raw, e, ok, want)
+		}
+	}
+}
+
 // TestUserTokenIssuerValues checks that computeApi.userTokens reaches the
 // control plane as the variables its --user-token-* flags default to, the
 // issuer only when set.
@@ -814,6 +828,8 @@ func TestSchemaRejects(t *testing.T) {
 		"S3 without bucket":    {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', credentialsSecret: s3}}", "snapshot.archive.bucket"},
 		"archive without keys": {"snapshot: {driver: archive, archive: {endpoint: 'https://s3.example.com', bucket: b}}", "snapshot.archive.credentialsSecret"},
 		"bad embedded size":    {"snapshot: {archive: {embedded: {size: lots}}}", "size"},
+		"no sandbox workers":   {"sandboxWorkers: 0", "sandboxWorkers"},
+		"too many workers":     {"sandboxWorkers: 1000", "sandboxWorkers"},
 		"bad run retention":    {"computeApi: {runRetention: a week}", "runRetention"},
 		"run retention number": {"computeApi: {runRetention: 7}", "runRetention"},
 		"bad artifact size":    {"computeApi: {runArtifacts: {maxFileSize: huge}}", "maxFileSize"},

@@ -17,11 +17,13 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
@@ -131,9 +133,23 @@ type SandboxReconciler struct {
 	// into their event logs; see AgentEventSink.
 	AgentEvents AgentEventSink
 
+	// MaxConcurrentReconciles is how many Sandboxes are reconciled at once
+	// (controller-runtime's workers); 0 means DefaultSandboxWorkers. A pass
+	// spends most of its time waiting for the API server, so one worker
+	// left a thousand new sandboxes queued behind each other's writes.
+	MaxConcurrentReconciles int
+
 	// prewarming are the warm pool environment builds under way.
 	prewarming prewarms
+	// pulls are the first-serve filespace pulls under way.
+	pulls filespacePulls
 }
+
+// DefaultSandboxWorkers is the default of
+// SandboxReconciler.MaxConcurrentReconciles. Passes of different sandboxes
+// share nothing but the API server and the store, and the control plane's
+// client-side rate limit (--kube-api-qps) bounds what they send together.
+const DefaultSandboxWorkers = 16
 
 // SetupWithManager registers the reconciler and its watches with mgr.
 func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -163,9 +179,19 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}, "sandboxes by node"); err != nil {
 		return err
 	}
+	workers := r.MaxConcurrentReconciles
+	if workers <= 0 {
+		workers = DefaultSandboxWorkers
+	}
+	pullEnded := make(chan event.GenericEvent, maxPulls)
+	r.pulls.notify = pullEnded
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(SandboxControllerName).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		For(&v1alpha1.Sandbox{}).
+		// A filespace pull that outlasted its pass brings the sandbox back
+		// when it ends.
+		WatchesRawSource(source.Channel(pullEnded, &handler.EnqueueRequestForObject{})).
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.PersistentVolumeClaim{}).
 		Owns(&corev1.Secret{}).
@@ -242,6 +268,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if !sbx.DeletionTimestamp.IsZero() {
 		// Owner references delete the children in the cluster; the
 		// finalizer is there for the snapshots, which may live outside it.
+		r.pulls.drop(sbx.UID)
 		return ctrl.Result{}, r.finalize(ctx, &sbx)
 	}
 	if by := sbx.Annotations[v1alpha1.AnnotationAdoptedBy]; by != "" {
@@ -510,6 +537,9 @@ func (r *SandboxReconciler) runWorkload(ctx context.Context, prevReason string, 
 	}
 	requeueWithin(&result, next)
 	requeueWithin(&result, r.prewarm(sbx, tpl, pod))
+	if r.pulls.pending(sbx.UID) {
+		requeueWithin(&result, pullRecheck)
+	}
 	return result, nil
 }
 

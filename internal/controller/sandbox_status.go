@@ -122,8 +122,21 @@ func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason stri
 	}
 	if !wasServing {
 		// An adopter too: the agent's files outlive its sandboxes.
-		if err := r.pullFilespace(ctx, sbx, pod); err != nil {
+		done, err := r.pullFilespace(ctx, sbx, pod)
+		if err != nil {
 			return err
+		}
+		if !done {
+			phase, reason := v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating
+			switch {
+			case snap != "":
+				phase, reason = v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming
+			case readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool:
+				reason = v1alpha1.ReasonAdoptedFromWarmPool
+			}
+			r.setPhase(sbx, phase, metav1.ConditionFalse, reason,
+				fmt.Sprintf("pod %s is ready; pulling the agent's filespace into the workspace before it serves", pod.Name))
+			return nil
 		}
 	}
 	if snap != "" {

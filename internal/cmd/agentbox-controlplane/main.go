@@ -23,6 +23,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -89,6 +90,7 @@ type options struct {
 	pprof                bool
 	kubeQPS              float64
 	kubeBurst            int
+	sandboxWorkers       int
 	pushDelay            time.Duration
 	runRetention         time.Duration
 	// userTokens configure the user token issuer (POST /v1/token).
@@ -111,6 +113,10 @@ type options struct {
 	// snapshot selects the snapshot driver; see snapshot_flags.go.
 	snapshot *snapshotFlags
 }
+
+// maxSandboxWorkers bounds --sandbox-workers: past the client's rate limit
+// more workers only wait, each with a pass's memory.
+const maxSandboxWorkers = 256
 
 func main() {
 	o, err := parseOptions(os.Args[1:], os.Getenv, os.Stderr)
@@ -174,6 +180,8 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	// can write; the apiserver's priority and fairness protects it either way.
 	fs.Float64Var(&o.kubeQPS, "kube-api-qps", 100, "requests per second the control plane may send to the Kubernetes API")
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 200, "requests the control plane may send to the Kubernetes API in a burst above -kube-api-qps")
+	sandboxWorkers := fs.String("sandbox-workers", cmp.Or(getenv("AGENTBOX_SANDBOX_WORKERS"), strconv.Itoa(controller.DefaultSandboxWorkers)),
+		"how many Sandboxes the controller reconciles at once; each pass mostly waits for the API server, and one slow sandbox holds one worker only [AGENTBOX_SANDBOX_WORKERS]")
 	fs.DurationVar(&o.purgeInterval, "filespace-purge-interval", filespace.DefaultPurgeInterval, "how often the leader removes filespace contents no file names any more (rewritten or deleted files' old contents)")
 	fs.DurationVar(&o.pushDelay, "filespace-push-delay", computeapi.DefaultFilespacePushDelay, "how long after an agent's last call that can change its workspace the workspace is pushed into its filespace; negative turns these pushes off (the idle stop still pushes), 0 takes the default")
 	runRetention := fs.String("run-retention", cmp.Or(getenv("AGENTBOX_RUN_RETENTION"), computeapi.DefaultRunRetention.String()),
@@ -213,6 +221,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.kubeQPS <= 0 || o.kubeBurst <= 0 {
 		return nil, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.kubeQPS, o.kubeBurst)
+	}
+	if o.sandboxWorkers, err = strconv.Atoi(*sandboxWorkers); err != nil || o.sandboxWorkers < 1 || o.sandboxWorkers > maxSandboxWorkers {
+		return nil, fmt.Errorf("--sandbox-workers %q: want a whole number from 1 to %d", *sandboxWorkers, maxSandboxWorkers)
 	}
 	if o.runArtifacts, err = artifactFlags.limits(); err != nil {
 		return nil, err
@@ -492,8 +503,9 @@ func addControllers(mgr ctrl.Manager, o *options, in *inputs, pool *computeapi.S
 		Supervisors:               pool,
 		Snapshots:                 snapshots,
 		// The interface must stay nil without a check.
-		SnapshotHealth: snapshotCheck,
-		Namespaces:     o.sandboxNamespaces,
+		SnapshotHealth:          snapshotCheck,
+		Namespaces:              o.sandboxNamespaces,
+		MaxConcurrentReconciles: o.sandboxWorkers,
 	}
 	warmPools := &controller.SandboxWarmPoolReconciler{Namespaces: o.sandboxNamespaces}
 	if st := in.store; st != nil {

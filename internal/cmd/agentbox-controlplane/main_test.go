@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
 	"github.com/agentbox/terraform-provider-agentbox/internal/pki"
 )
 
@@ -215,6 +216,33 @@ func TestParseOptionsKubeAPIRate(t *testing.T) {
 	_, err = parseOptions([]string{"--kube-api-qps", "0"}, none, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "--kube-api-qps") {
 		t.Errorf("zero QPS accepted or unclear: %v", err)
+	}
+}
+
+// The Sandbox controller's workers: the default, the chart's variable, the
+// flag over it, and a refusal of what is not a sensible count.
+func TestParseOptionsSandboxWorkers(t *testing.T) {
+	none := func(string) string { return "" }
+	o, err := parseOptions(nil, none, io.Discard)
+	if err != nil || o.sandboxWorkers != controller.DefaultSandboxWorkers {
+		t.Errorf("default: %d, %v; want %d", o.sandboxWorkers, err, controller.DefaultSandboxWorkers)
+	}
+	env := func(k string) string {
+		if k == "AGENTBOX_SANDBOX_WORKERS" {
+			return "4"
+		}
+		return ""
+	}
+	if o, err = parseOptions(nil, env, io.Discard); err != nil || o.sandboxWorkers != 4 {
+		t.Errorf("from the environment: %d, %v", o.sandboxWorkers, err)
+	}
+	if o, err = parseOptions([]string{"--sandbox-workers=32"}, env, io.Discard); err != nil || o.sandboxWorkers != 32 {
+		t.Errorf("the flag over the environment: %d, %v", o.sandboxWorkers, err)
+	}
+	for _, v := range []string{"0", "-1", "many", "1000"} {
+		if _, err := parseOptions([]string{"--sandbox-workers=" + v}, none, io.Discard); err == nil || !strings.Contains(err.Error(), "--sandbox-workers") {
+			t.Errorf("%q: %v, want a refusal naming the flag", v, err)
+		}
 	}
 }
 

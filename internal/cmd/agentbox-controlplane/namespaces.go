@@ -70,11 +70,16 @@ func parseSandboxNamespaces(v, platformNamespace string) (controller.ServedNames
 // stay watched everywhere (the ClusterRole allows it), so that one made in
 // a namespace that is not served is told so. Cluster-scoped kinds (nodes,
 // namespaces, RuntimeClasses) are not namespaced and unaffected.
+//
+// Every cached object drops its managedFields: nothing here reads them,
+// and on a pod or a Sandbox they are a good part of the object, so with
+// thousands of sandboxes they were much of the control plane's memory.
 func cacheOptions(served controller.ServedNamespaces) cache.Options {
 	if len(served) == 0 {
-		return cache.Options{}
+		return cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	}
-	opts := cache.Options{DefaultNamespaces: map[string]cache.Config{}, ByObject: map[client.Object]cache.ByObject{}}
+	opts := cache.Options{DefaultNamespaces: map[string]cache.Config{}, ByObject: map[client.Object]cache.ByObject{},
+		DefaultTransform: cache.TransformStripManagedFields()}
 	for _, ns := range served {
 		opts.DefaultNamespaces[ns] = cache.Config{}
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
 )
@@ -43,6 +45,17 @@ func TestSandboxNamespacesFlag(t *testing.T) {
 func TestCacheOptions(t *testing.T) {
 	if o := cacheOptions(nil); o.DefaultNamespaces != nil || o.ByObject != nil {
 		t.Fatalf("every namespace must leave the cache alone: %+v", o)
+	}
+	// Cached objects keep no managedFields, served namespaces or not.
+	for _, o := range []cache.Options{cacheOptions(nil), cacheOptions(controller.ServedNamespaces{"agents"})} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}}}
+		if o.DefaultTransform == nil {
+			t.Fatal("no transform of cached objects")
+		}
+		out, err := o.DefaultTransform(pod)
+		if err != nil || out.(*corev1.Pod).ManagedFields != nil || out.(*corev1.Pod).Name != "p" {
+			t.Errorf("transformed: %+v, %v; want the pod without managedFields", out, err)
+		}
 	}
 	o := cacheOptions(controller.ServedNamespaces{"agentbox-system", "agents"})
 	if len(o.DefaultNamespaces) != 2 {
