@@ -127,7 +127,7 @@ func (k *Keeper) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 		RequestID: req.RequestID, LeaseID: holdID, TTLSeconds: req.TTLSeconds, TakenAt: now}
 	retried := func(t store.WarmTake) (*v1alpha1.Sandbox, store.WarmTake, bool, *api.Error) {
 		if sb := byUID[types.UID(t.SandboxUID)]; sb != nil {
-			return sb, t, false, nil
+			return sb.DeepCopy(), t, false, nil
 		}
 		return nil, none, false, api.Errorf(api.CodeSandboxNotFound,
 			"the sandbox an earlier try of request %q took from warm pool %s/%s (%s) no longer exists", req.RequestID, ns, pool, t.Sandbox)
@@ -135,7 +135,7 @@ func (k *Keeper) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 	sb, got, done, lastErr := k.takeFirstFree(ctx, free, want)
 	switch {
 	case done && sb != nil:
-		return sb, got, true, nil
+		return sb.DeepCopy(), got, true, nil
 	case done:
 		return retried(got)
 	case lastErr != nil:
@@ -154,10 +154,14 @@ func (k *Keeper) takeFromPool(ctx context.Context, ns, pool string, req api.Acqu
 }
 
 // poolSandboxes lists the sandboxes of the pool; a pool without any must
-// exist.
+// exist. The items are the cache's own, not copies: every pool lease lists
+// the whole pool, and copying hundreds of sandboxes to take one was most
+// of a lease's CPU. They are read only; what leaves takeFromPool is a
+// copy.
 func (k *Keeper) poolSandboxes(ctx context.Context, ns, pool string) (*v1alpha1.SandboxList, *api.Error) {
 	var list v1alpha1.SandboxList
-	if err := k.sandboxes.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelWarmPool: pool}); err != nil {
+	if err := k.sandboxes.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelWarmPool: pool},
+		client.UnsafeDisableDeepCopy); err != nil {
 		k.log.Error(err, "list warm sandboxes", "namespace", ns, "pool", pool)
 		return nil, api.Errorf(api.CodeInternal, "could not list the sandboxes of warm pool %s/%s", ns, pool)
 	}
@@ -204,7 +208,7 @@ func (k *Keeper) takeFirstFree(ctx context.Context, free []*v1alpha1.Sandbox, wa
 	ours := func(t store.WarmTake) bool {
 		return t.Taker == store.WarmTakenByLease && t.Holder == want.Holder && t.RequestID == want.RequestID
 	}
-	for _, sb := range free {
+	for _, sb := range k.poolTakes.notTaken(free, want.TakenAt) {
 		key := client.ObjectKeyFromObject(sb)
 		if !k.poolTakes.reserve(key, want.TakenAt) {
 			// Another request of this replica is taking it, or it was
@@ -266,12 +270,16 @@ const settleYield = 250 * time.Millisecond
 // times; past that, the next hold call for the sandbox or the pool's
 // controller settles it.
 func (k *Keeper) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
+	deadline := time.Now().Add(settleYield)
 	k.settles.Go(func() {
-		for deadline := time.Now().Add(settleYield); k.claiming.Load() > 0 && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-		}
+		// The slot first: under a steady stream of leases thousands of
+		// settles queue, and only those about to write may poll for a
+		// pause in the claims; the rest wait without waking.
 		k.settleSlots <- struct{}{}
 		defer func() { <-k.settleSlots }()
+		for k.claiming.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
 		backoff := 100 * time.Millisecond
 		var apiErr *api.Error
 		for range 4 {
@@ -416,6 +424,30 @@ type poolTakes struct {
 	// m holds the time a take succeeded, or the zero time while one is
 	// in flight.
 	m map[types.NamespacedName]time.Time
+	// swept is when m was last rid of what it need not remember: at a
+	// thousand leases a second it holds tens of thousands of takes, too
+	// many to walk on every attempt.
+	swept time.Time
+}
+
+// takesSweep is how often the remembered takes are swept.
+const takesSweep = time.Second
+
+// notTaken returns those of free this replica is neither taking nor took
+// within takenMemory, in order: the sandboxes it has just leased still
+// look free in the cache until their settles land, and under a steady
+// stream of leases that is hundreds of them.
+func (p *poolTakes) notTaken(free []*v1alpha1.Sandbox, now time.Time) []*v1alpha1.Sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*v1alpha1.Sandbox, 0, len(free))
+	for _, sb := range free {
+		at, known := p.m[client.ObjectKeyFromObject(sb)]
+		if !known || (!at.IsZero() && now.Sub(at) > takenMemory) {
+			out = append(out, sb)
+		}
+	}
+	return out
 }
 
 // reserve claims key for one take attempt; false if this replica is
@@ -426,12 +458,15 @@ func (p *poolTakes) reserve(key types.NamespacedName, now time.Time) bool {
 	if p.m == nil {
 		p.m = map[types.NamespacedName]time.Time{}
 	}
-	for k, at := range p.m {
-		if !at.IsZero() && now.Sub(at) > takenMemory {
-			delete(p.m, k)
+	if now.Sub(p.swept) >= takesSweep || now.Before(p.swept) {
+		for k, at := range p.m {
+			if !at.IsZero() && now.Sub(at) > takenMemory {
+				delete(p.m, k)
+			}
 		}
+		p.swept = now
 	}
-	if _, busy := p.m[key]; busy {
+	if at, busy := p.m[key]; busy && (at.IsZero() || now.Sub(at) <= takenMemory) {
 		return false
 	}
 	p.m[key] = time.Time{}

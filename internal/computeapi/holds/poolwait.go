@@ -140,7 +140,9 @@ func (k *Keeper) awaitPoolSandbox(ctx context.Context, key types.NamespacedName,
 // pool. A sandbox this replica has just taken may still look free.
 func (k *Keeper) poolHasFree(ctx context.Context, key types.NamespacedName) bool {
 	var list v1alpha1.SandboxList
-	if err := k.sandboxes.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingLabels{v1alpha1.LabelWarmPool: key.Name}); err != nil {
+	// Read only: the cache's objects, not copies (see poolSandboxes).
+	if err := k.sandboxes.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingLabels{v1alpha1.LabelWarmPool: key.Name},
+		client.UnsafeDisableDeepCopy); err != nil {
 		return false
 	}
 	for i := range list.Items {
