@@ -125,7 +125,7 @@ provider "agentbox" {
 // pools and templates in: the platform serves them (sandbox_namespaces),
 // so they are made before it is installed, and each benchmark deletes its
 // own when it is done.
-var benchNamespaces = []string{benchNamespace, imagesNamespace, scaleNamespaceName, scaleTFNamespace}
+var benchNamespaces = []string{benchNamespace, imagesNamespace, scaleNamespaceName, scaleTFNamespace, leaseNamespace}
 
 var platformConfig = configHeader + `
 # --pprof lets the benchmarks profile the control plane while they run.
@@ -383,4 +383,50 @@ func (p *platformEnv) profile(t *testing.T, name string, max time.Duration) (sto
 		}
 		t.Logf("control plane CPU profile %s (%s):\n%s", name, path, out)
 	}
+}
+
+// heapProfile writes the control plane's heap profile to the profile
+// directory as name.pprof and logs where its in-use memory is: the figures
+// of a memory target come with what holds the memory.
+func (p *platformEnv) heapProfile(t *testing.T, name string) {
+	t.Helper()
+	base, err := p.controlPlaneMetricsURL(t)
+	if err != nil {
+		t.Logf("heap profile %s: %v", name, err)
+		return
+	}
+	dir := os.Getenv(EnvProfileDir)
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/pprof/heap", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Logf("heap profile %s: %v", name, err)
+		return
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Logf("heap profile %s: %s, %v", name, resp.Status, err)
+		return
+	}
+	path := filepath.Join(dir, name+".pprof")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-sample_index=inuse_space", "-nodecount=25", path).CombinedOutput()
+	if err != nil {
+		t.Logf("heap profile %s: go tool pprof: %v\n%s", name, err, out)
+		return
+	}
+	t.Logf("control plane heap profile %s (%s):\n%s", name, path, out)
 }

@@ -47,6 +47,13 @@ func scaleClient(t *testing.T) (*kubernetes.Clientset, *rest.Config, string) {
 // it is called first: the sandboxes' pods and claims need kwok to go away).
 func fakeNode(t *testing.T, cs kubernetes.Interface, kubeconfig string) string {
 	t.Helper()
+	return fakeNodeFor(t, cs, kubeconfig, 0)
+}
+
+// fakeNodeFor is fakeNode with room for pods pods (kwok's default when 0)
+// and a few more.
+func fakeNodeFor(t *testing.T, cs kubernetes.Interface, kubeconfig string, pods int) string {
+	t.Helper()
 	ctx := t.Context()
 	k, err := kwok.Start(ctx, kubeconfig, t.TempDir())
 	if err != nil {
@@ -65,7 +72,7 @@ func fakeNode(t *testing.T, cs kubernetes.Interface, kubeconfig string) string {
 			t.Logf("kwok log (tail):\n%s", lastLines(k.Log(), 30))
 		}
 	})
-	if _, err := kwok.AddNode(ctx, cs, name, kwok.NodeOptions{Pods: 2000}); err != nil {
+	if _, err := kwok.AddNode(ctx, cs, name, kwok.NodeOptions{Pods: max(2000, pods+100)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := kwok.EnsureStorageClass(ctx, cs); err != nil {
