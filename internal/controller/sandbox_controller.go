@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -278,10 +279,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		// move.
 		return ctrl.Result{}, nil
 	}
-	if err := r.ensureSandboxLabels(ctx, &sbx); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.ensureFinalizer(ctx, &sbx); err != nil {
+	if err := r.ensureSandboxMeta(ctx, &sbx); err != nil {
 		return ctrl.Result{}, err
 	}
 	if keeper, err := r.agentKeeper(ctx, &sbx); err != nil {
@@ -368,6 +366,32 @@ func (r *SandboxReconciler) reportError(prevReason string, sbx *v1alpha1.Sandbox
 	r.setReady(sbx, metav1.ConditionFalse, v1alpha1.ReasonReconcileError, err.Error())
 	sbx.Status.Phase = phase
 	return result, err
+}
+
+// ensureSandboxMeta is ensureSandboxLabels and ensureFinalizer in one
+// write: a new sandbox needs both, and its first pass's writes are what a
+// thousand sandboxes created together wait for (the client's rate limit).
+func (r *SandboxReconciler) ensureSandboxMeta(ctx context.Context, sbx *v1alpha1.Sandbox) error {
+	want := v1alpha1.AgentIDHash(sbx.Spec.AgentID)
+	needFinalizer := r.wantsFinalizer(sbx)
+	if sbx.Labels[v1alpha1.LabelAgentIDHash] == want {
+		return r.ensureFinalizer(ctx, sbx)
+	}
+	if !needFinalizer {
+		return r.ensureSandboxLabels(ctx, sbx)
+	}
+	// The finalizers are a list, which a merge patch replaces whole:
+	// the optimistic lock keeps another writer's from being lost.
+	patch := client.MergeFromWithOptions(sbx.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if sbx.Labels == nil {
+		sbx.Labels = map[string]string{}
+	}
+	sbx.Labels[v1alpha1.LabelAgentIDHash] = want
+	controllerutil.AddFinalizer(sbx, v1alpha1.Finalizer)
+	if err := r.Patch(ctx, sbx, patch); err != nil {
+		return fmt.Errorf("label sandbox %s with its agent ID hash and add its finalizer: %w", sbx.Name, err)
+	}
+	return nil
 }
 
 // ensureSandboxLabels puts the agent-ID hash on the Sandbox itself, so that

@@ -284,7 +284,7 @@ func formatBytes(n int64) string {
 // on at the first pass rather than at the first stop: a stop's snapshot
 // exists in the store before the status that names it is written.
 func (r *SandboxReconciler) ensureFinalizer(ctx context.Context, sbx *v1alpha1.Sandbox) error {
-	if r.Snapshots == nil || sbx.Spec.Ephemeral || controllerutil.ContainsFinalizer(sbx, v1alpha1.Finalizer) {
+	if !r.wantsFinalizer(sbx) {
 		return nil
 	}
 	patch := client.MergeFromWithOptions(sbx.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -293,6 +293,11 @@ func (r *SandboxReconciler) ensureFinalizer(ctx context.Context, sbx *v1alpha1.S
 		return fmt.Errorf("add finalizer to sandbox %s: %w", sbx.Name, err)
 	}
 	return nil
+}
+
+// wantsFinalizer reports whether sbx lacks the finalizer it should have.
+func (r *SandboxReconciler) wantsFinalizer(sbx *v1alpha1.Sandbox) bool {
+	return r.Snapshots != nil && !sbx.Spec.Ephemeral && !controllerutil.ContainsFinalizer(sbx, v1alpha1.Finalizer)
 }
 
 // finalize deletes a deleted sandbox's snapshots, the last good one, its
