@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
@@ -160,5 +162,35 @@ func (f *fakeEnv) reconcileWithin(name string, d time.Duration) ctrl.Result {
 	case <-time.After(d):
 		f.t.Fatalf("reconcile %s still running after %s", name, d)
 		return ctrl.Result{}
+	}
+}
+
+// TestUnitNewSandboxMetaInOneWrite: a new sandbox's agent-ID label and
+// finalizer come in one patch of the Sandbox, not two: its first pass's
+// writes are what a thousand new sandboxes queue for.
+func TestUnitNewSandboxMetaInOneWrite(t *testing.T) {
+	f := newFakeEnv(t, unitSandbox("s", "t"), unitTemplate("t"))
+	f.r.Snapshots = &recordingDriver{}
+	patches := 0
+	f.r.Client = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, ok := obj.(*v1alpha1.Sandbox); ok {
+				patches++
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+	f.reconcile("s")
+	sbx := f.sandbox("s")
+	if sbx.Labels[v1alpha1.LabelAgentIDHash] != v1alpha1.AgentIDHash(sbx.Spec.AgentID) || !controllerutil.ContainsFinalizer(sbx, v1alpha1.Finalizer) {
+		t.Fatalf("labels %v, finalizers %v; want the agent-ID hash and the finalizer", sbx.Labels, sbx.Finalizers)
+	}
+	if patches != 1 {
+		t.Errorf("%d patches of the Sandbox's metadata, want 1", patches)
+	}
+	patches = 0
+	f.reconcile("s")
+	if patches != 0 {
+		t.Errorf("a second pass patched the Sandbox %d times", patches)
 	}
 }
