@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -74,12 +75,21 @@ func parseSandboxNamespaces(v, platformNamespace string) (controller.ServedNames
 // Every cached object drops its managedFields: nothing here reads them,
 // and on a pod or a Sandbox they are a good part of the object, so with
 // thousands of sandboxes they were much of the control plane's memory.
+// Cached pods keep only what the controllers read of them (trimPod).
 func cacheOptions(served controller.ServedNamespaces) cache.Options {
+	strip := cache.TransformStripManagedFields()
+	pods := cache.ByObject{Transform: func(in any) (any, error) {
+		out, err := strip(in)
+		if pod, ok := out.(*corev1.Pod); ok && err == nil {
+			trimPod(pod)
+		}
+		return out, err
+	}}
 	if len(served) == 0 {
-		return cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
+		return cache.Options{DefaultTransform: strip, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: pods}}
 	}
-	opts := cache.Options{DefaultNamespaces: map[string]cache.Config{}, ByObject: map[client.Object]cache.ByObject{},
-		DefaultTransform: cache.TransformStripManagedFields()}
+	opts := cache.Options{DefaultNamespaces: map[string]cache.Config{}, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: pods},
+		DefaultTransform: strip}
 	for _, ns := range served {
 		opts.DefaultNamespaces[ns] = cache.Config{}
 	}
@@ -97,4 +107,24 @@ func servedOrAll(s controller.ServedNamespaces) string {
 		return "all"
 	}
 	return strings.Join(s, ",")
+}
+
+// trimPod drops from a cached pod what no reader of the cache looks at:
+// its containers' commands, environment, mounts, probes and security
+// contexts, and its volumes. A sandbox pod carries its whole supervisor
+// configuration there, most of a cached pod's size, and thousands are
+// cached. The controllers read a pod's metadata (owners, labels, the
+// annotations that say which template and reset made it), its node, its
+// containers' names and images and its status; a pod that must change is
+// replaced, never updated from the cache, and patches are computed
+// between two copies of the cached object.
+func trimPod(pod *corev1.Pod) {
+	trim := func(cs []corev1.Container) {
+		for i, c := range cs {
+			cs[i] = corev1.Container{Name: c.Name, Image: c.Image, ImagePullPolicy: c.ImagePullPolicy, Resources: c.Resources}
+		}
+	}
+	trim(pod.Spec.InitContainers)
+	trim(pod.Spec.Containers)
+	pod.Spec.Volumes = nil
 }

@@ -6,8 +6,12 @@ import (
 	"strings"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/controller"
@@ -43,18 +47,41 @@ func TestSandboxNamespacesFlag(t *testing.T) {
 }
 
 func TestCacheOptions(t *testing.T) {
-	if o := cacheOptions(nil); o.DefaultNamespaces != nil || o.ByObject != nil {
-		t.Fatalf("every namespace must leave the cache alone: %+v", o)
+	if o := cacheOptions(nil); o.DefaultNamespaces != nil || len(o.ByObject) != 1 {
+		t.Fatalf("every namespace must leave the cache's namespaces alone: %+v", o)
 	}
-	// Cached objects keep no managedFields, served namespaces or not.
+	// Cached objects keep no managedFields, served namespaces or not, and
+	// cached pods only what the controllers read.
 	for _, o := range []cache.Options{cacheOptions(nil), cacheOptions(controller.ServedNamespaces{"agents"})} {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}}}
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "l", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}}}
 		if o.DefaultTransform == nil {
 			t.Fatal("no transform of cached objects")
 		}
-		out, err := o.DefaultTransform(pod)
-		if err != nil || out.(*corev1.Pod).ManagedFields != nil || out.(*corev1.Pod).Name != "p" {
-			t.Errorf("transformed: %+v, %v; want the pod without managedFields", out, err)
+		out, err := o.DefaultTransform(lease)
+		if err != nil || out.(*coordinationv1.Lease).ManagedFields != nil || out.(*coordinationv1.Lease).Name != "l" {
+			t.Errorf("transformed: %+v, %v; want the lease without managedFields", out, err)
+		}
+		var pods *cache.ByObject
+		for obj, by := range o.ByObject {
+			if _, ok := obj.(*corev1.Pod); ok {
+				pods = &by
+			}
+		}
+		if pods == nil || pods.Transform == nil || pods.Namespaces != nil {
+			t.Fatalf("pods: %+v; want a transform, in the default namespaces", pods)
+		}
+		out, err = pods.Transform(unitPod())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod := out.(*corev1.Pod)
+		want := unitPod()
+		want.ManagedFields, want.Spec.Volumes = nil, nil
+		want.Spec.InitContainers = []corev1.Container{{Name: "install", Image: "sup:1"}}
+		want.Spec.Containers = []corev1.Container{{Name: "sandbox", Image: "sandbox:1", ImagePullPolicy: corev1.PullNever,
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}}}}
+		if !equality.Semantic.DeepEqual(pod, want) {
+			t.Errorf("cached pod\n%+v\nwant\n%+v", pod, want)
 		}
 	}
 	o := cacheOptions(controller.ServedNamespaces{"agentbox-system", "agents"})
@@ -65,6 +92,9 @@ func TestCacheOptions(t *testing.T) {
 	// not served is told so; everything else only in the served ones.
 	kinds := map[string]bool{}
 	for obj, by := range o.ByObject {
+		if _, pod := obj.(*corev1.Pod); pod {
+			continue
+		}
 		if by.Namespaces == nil || len(by.Namespaces) != 0 {
 			t.Errorf("%T: namespaces %v, want every namespace (empty map)", obj, by.Namespaces)
 		}
@@ -75,11 +105,34 @@ func TestCacheOptions(t *testing.T) {
 			t.Errorf("%s is not watched in every namespace", k)
 		}
 	}
-	for obj := range o.ByObject {
+	for obj, by := range o.ByObject {
 		switch obj.(type) {
 		case *corev1.Secret, *corev1.Pod:
-			t.Errorf("%T must not be watched cluster-wide", obj)
+			if by.Namespaces != nil {
+				t.Errorf("%T must not be watched cluster-wide", obj)
+			}
 		}
+	}
+}
+
+// unitPod is a sandbox pod as the API server has it, in short.
+func unitPod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "agents", Labels: map[string]string{"a": "b"},
+			Annotations:   map[string]string{"agentbox.dev/template-hash": "h"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "agentbox"}}},
+		Spec: corev1.PodSpec{
+			NodeName: "node-1", RuntimeClassName: ptr.To("gvisor"),
+			InitContainers: []corev1.Container{{Name: "install", Image: "sup:1", Command: []string{"cp"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "bin", MountPath: "/b"}}}},
+			Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1", ImagePullPolicy: corev1.PullNever,
+				Env:            []corev1.EnvVar{{Name: "AGENTBOX_X", Value: "1"}},
+				Resources:      corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
+				ReadinessProbe: &corev1.Probe{PeriodSeconds: 1}}},
+			Volumes: []corev1.Volume{{Name: "bin"}},
+		},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "198.18.0.9",
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 	}
 }
 
