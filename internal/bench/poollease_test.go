@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
@@ -148,9 +149,13 @@ func TestBenchPoolLeaseRate(t *testing.T) {
 	ms := benchreport.Millis(latencies)
 	slices.Sort(ms)
 	ended := fmt.Sprintf("the full %s", leaseWindow)
-	if exhausted > 0 {
+	switch {
+	case len(failures) > 0:
+		ended = fmt.Sprintf("%.2f s, when %d clients failed", window.Seconds(), len(failures))
+	case exhausted > 0:
 		ended = fmt.Sprintf("%.2f s, when the pool had no ready sandbox left (its refill is the controller's pace, not the API's)", window.Seconds())
 	}
+	ended += "; " + controlPlaneRestarts(t, cs)
 	t.Logf("%d pool leases by %d clients in %s: %.0f/s; p50 %.1f ms, p99 %.1f ms; %s", n, clients, window.Round(time.Millisecond), rate,
 		benchreport.Percentile(ms, 50), benchreport.Percentile(ms, 99), writes)
 	benchreport.Record(t, benchreport.Figure{
@@ -180,4 +185,25 @@ func envInt(t *testing.T, name string, def int) int {
 		t.Fatalf("%s=%q: want a positive whole number", name, v)
 	}
 	return n
+}
+
+// controlPlaneRestarts says how often the control plane's containers
+// restarted, and why the last time: a control plane killed under the load
+// ends a window early, and its figures must say so.
+func controlPlaneRestarts(t *testing.T, cs kubernetes.Interface) string {
+	t.Helper()
+	pods, err := cs.CoreV1().Pods(platformNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controlplane"})
+	if err != nil {
+		return fmt.Sprintf("control plane restarts unknown: %v", err)
+	}
+	restarts, why := int32(0), ""
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			restarts += c.RestartCount
+			if term := c.LastTerminationState.Terminated; term != nil {
+				why = fmt.Sprintf(" (last: %s, exit %d)", term.Reason, term.ExitCode)
+			}
+		}
+	}
+	return fmt.Sprintf("control plane restarts %d%s", restarts, why)
 }
