@@ -202,6 +202,9 @@ func controlPlaneRestarts(t *testing.T, cs kubernetes.Interface) string {
 			restarts += c.RestartCount
 			if term := c.LastTerminationState.Terminated; term != nil {
 				why = fmt.Sprintf(" (last: %s, exit %d)", term.Reason, term.ExitCode)
+				raw, err := cs.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: c.Name, Previous: true,
+					TailLines: ptr.To(int64(40))}).DoRaw(t.Context())
+				t.Logf("control plane container %s of %s restarted%s; its last log lines (%v):\n%s", c.Name, p.Name, why, err, raw)
 			}
 		}
 	}
