@@ -78,9 +78,11 @@ func (r *SandboxReconciler) pullFilespace(ctx context.Context, sbx *v1alpha1.San
 	if r.Filespaces == nil || isWarm(sbx) {
 		return true, nil
 	}
+	// The pull outlives the pass, which goes on changing sbx.
+	own := sbx.DeepCopy()
 	p, err := r.pulls.begin(sbx, pod, func() (*supervisorapi.Client, error) { return r.supervisor(sbx, pod) },
 		func(ctx context.Context, sup *supervisorapi.Client) (*filespace.Summary, error) {
-			return r.syncFilespace(ctx, sbx, sup, filespace.Pull)
+			return r.syncFilespace(ctx, own, sup, filespace.Pull)
 		})
 	if err != nil {
 		return false, err
