@@ -299,7 +299,9 @@ func waitAllRunning(t *testing.T, kube client.Client, cs kubernetes.Interface, c
 			if u, err := readUsage(t.Context(), cs, cp); err == nil {
 				out.peakMemMiB = max(out.peakMemMiB, float64(u.workingSet)/(1<<20))
 			}
-			t.Logf("%s: %d of %d Running; %s", elapsed.Round(time.Second), done, n, histogram(phases))
+			// Ready pods ahead of Running sandboxes is the controller
+			// behind; the other way round, kwok.
+			t.Logf("%s: %d of %d Running; %s; %s", elapsed.Round(time.Second), done, n, histogram(phases), readyPods(t, cs, ns))
 		}
 		if done == n && len(list.Items) == n {
 			if u, err := readUsage(t.Context(), cs, cp); err == nil {
@@ -319,6 +321,24 @@ func waitAllRunning(t *testing.T, kube client.Client, cs kubernetes.Interface, c
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// readyPods says how many of ns's pods kwok reports Ready.
+func readyPods(t *testing.T, cs kubernetes.Interface, ns string) string {
+	t.Helper()
+	pods, err := cs.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		return fmt.Sprintf("pods: %v", err)
+	}
+	ready := 0
+	for i := range pods.Items {
+		for _, c := range pods.Items[i].Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				ready++
+			}
+		}
+	}
+	return fmt.Sprintf("pods %d, ready %d", len(pods.Items), ready)
 }
 
 func histogram(m map[string]int) string {
