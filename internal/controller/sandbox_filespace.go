@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"io"
+	"io/fs"
 	"sync"
 	"time"
 
@@ -79,14 +81,15 @@ func (r *SandboxReconciler) pullFilespace(ctx context.Context, sbx *v1alpha1.San
 		return true, nil
 	}
 	// The pull outlives the pass, which goes on changing sbx.
-	own := sbx.DeepCopy()
-	p, err := r.pulls.begin(sbx, pod, func() (*supervisorapi.Client, error) { return r.supervisor(sbx, pod) },
-		func(ctx context.Context, sup *supervisorapi.Client) (*filespace.Summary, error) {
-			return r.syncFilespace(ctx, own, sup, filespace.Pull)
-		})
-	if err != nil {
-		return false, err
-	}
+	own, podCopy := sbx.DeepCopy(), pod.DeepCopy()
+	p := r.pulls.begin(sbx, pod, func(ctx context.Context) (*filespace.Summary, error) {
+		// The supervisor is dialed only if the pull needs the workspace:
+		// for an agent that never synced, which is most new sandboxes, it
+		// does not, and the supervisor pool then keeps no client for a
+		// sandbox nothing calls.
+		ws := &lazyWorkspace{dial: func() (*supervisorapi.Client, error) { return r.supervisor(own, podCopy) }}
+		return r.syncFilespace(ctx, own, ws, filespace.Pull)
+	})
 	wait := time.NewTimer(pullWait)
 	defer wait.Stop()
 	select {
@@ -143,20 +146,15 @@ type filespacePull struct {
 // begin returns the pull of sbx into pod, starting it unless one is under
 // way or finished. A pull for an earlier pod is called off: the workspace
 // it wrote into is not the one about to serve.
-func (f *filespacePulls) begin(sbx *v1alpha1.Sandbox, pod *corev1.Pod, dial func() (*supervisorapi.Client, error),
-	run func(context.Context, *supervisorapi.Client) (*filespace.Summary, error)) (*filespacePull, error) {
+func (f *filespacePulls) begin(sbx *v1alpha1.Sandbox, pod *corev1.Pod, run func(context.Context) (*filespace.Summary, error)) *filespacePull {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if p := f.running[sbx.UID]; p != nil {
 		if p.pod == pod.UID {
-			return p, nil
+			return p
 		}
 		p.cancel()
 		delete(f.running, sbx.UID)
-	}
-	sup, err := dial()
-	if err != nil {
-		return nil, err
 	}
 	if f.running == nil {
 		f.running = map[types.UID]*filespacePull{}
@@ -172,7 +170,7 @@ func (f *filespacePulls) begin(sbx *v1alpha1.Sandbox, pod *corev1.Pod, dial func
 		defer cancel()
 		select {
 		case slots <- struct{}{}:
-			p.sum, p.err = run(ctx, sup)
+			p.sum, p.err = run(ctx)
 			<-slots
 		case <-ctx.Done():
 			p.err = ctx.Err()
@@ -185,7 +183,55 @@ func (f *filespacePulls) begin(sbx *v1alpha1.Sandbox, pod *corev1.Pod, dial func
 			}
 		}
 	}()
-	return p, nil
+	return p
+}
+
+// lazyWorkspace is a sandbox's workspace whose supervisor is dialed on
+// the first call.
+type lazyWorkspace struct {
+	dial func() (*supervisorapi.Client, error)
+	once sync.Once
+	sup  *supervisorapi.Client
+	err  error
+}
+
+var _ filespace.Workspace = (*lazyWorkspace)(nil)
+
+func (w *lazyWorkspace) client() (*supervisorapi.Client, error) {
+	w.once.Do(func() { w.sup, w.err = w.dial() })
+	return w.sup, w.err
+}
+
+func (w *lazyWorkspace) Manifest(ctx context.Context, dir string) (*supervisorapi.Manifest, error) {
+	sup, err := w.client()
+	if err != nil {
+		return nil, err
+	}
+	return sup.Manifest(ctx, dir)
+}
+
+func (w *lazyWorkspace) GetFile(ctx context.Context, path string) (io.ReadCloser, error) {
+	sup, err := w.client()
+	if err != nil {
+		return nil, err
+	}
+	return sup.GetFile(ctx, path)
+}
+
+func (w *lazyWorkspace) PutFile(ctx context.Context, path string, body io.Reader, mode fs.FileMode) (*supervisorapi.FileInfo, error) {
+	sup, err := w.client()
+	if err != nil {
+		return nil, err
+	}
+	return sup.PutFile(ctx, path, body, mode)
+}
+
+func (w *lazyWorkspace) Delete(ctx context.Context, path string, recursive bool) error {
+	sup, err := w.client()
+	if err != nil {
+		return err
+	}
+	return sup.Delete(ctx, path, recursive)
 }
 
 // pending reports whether sbx has a pull under way or unseen; the pass
@@ -219,7 +265,7 @@ func (f *filespacePulls) forget(uid types.UID, p *filespacePull) {
 // syncFilespace runs one sync of sbx's workspace with its agent's
 // filespace, or nothing (nil, nil) without a syncer or for a warm sandbox,
 // which has no agent yet and pulls once it is adopted.
-func (r *SandboxReconciler) syncFilespace(ctx context.Context, sbx *v1alpha1.Sandbox, sup *supervisorapi.Client, dir filespace.Direction) (*filespace.Summary, error) {
+func (r *SandboxReconciler) syncFilespace(ctx context.Context, sbx *v1alpha1.Sandbox, sup filespace.Workspace, dir filespace.Direction) (*filespace.Summary, error) {
 	if r.Filespaces == nil || isWarm(sbx) {
 		return nil, nil
 	}
