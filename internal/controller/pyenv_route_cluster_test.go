@@ -114,11 +114,39 @@ func (e *routeEnv) declare(envs ...v1alpha1.WarmPythonEnvironment) {
 
 // waitPrewarmed waits until n ready warm sandboxes hold the environment
 // key by their inventory and conditions, and the pool says so; it returns
-// them.
+// them. Meanwhile the pool's readyReplicas, once its status describes the
+// spec declaring the environment, never counts more sandboxes than have
+// settled their pre-warm (built the environment, or recorded a failure):
+// readiness waits for the build. It fails the test if the pool never
+// counted fewer than n ready during the build, which would mean it did
+// not wait for it.
 func (e *routeEnv) waitPrewarmed(key string, n int) []v1alpha1.Sandbox {
 	e.t.Helper()
 	var held []v1alpha1.Sandbox
+	minReady := int32(n)
 	e.eventually(fmt.Sprintf("%d warm sandboxes to hold %s", n, key), func() error {
+		// The pool first: sandboxes only settle, so those listed after it
+		// are at least as many as the pool can have counted.
+		var pool v1alpha1.SandboxWarmPool
+		if err := e.get("envs", &pool); err != nil {
+			return err
+		}
+		var list v1alpha1.SandboxList
+		if err := e.c.List(e.ctx, &list, client.InNamespace(e.ns), client.MatchingLabels{v1alpha1.LabelWarmPool: "envs"}); err != nil {
+			return err
+		}
+		settled := int32(0)
+		for _, s := range list.Items {
+			if v1alpha1.PythonEnvState(&s, key) == v1alpha1.PythonEnvBuilt || s.Annotations[v1alpha1.AnnotationPrewarmFailed] != "" {
+				settled++
+			}
+		}
+		if pool.Status.ObservedGeneration == pool.Generation && len(pool.Spec.PythonEnvironments) > 0 {
+			if pool.Status.ReadyReplicas > settled {
+				e.t.Errorf("the pool counts %d ready while %d warm sandboxes have settled their pre-warm", pool.Status.ReadyReplicas, settled)
+			}
+			minReady = min(minReady, pool.Status.ReadyReplicas)
+		}
 		held = held[:0]
 		for _, s := range e.free() {
 			c := meta.FindStatusCondition(s.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady)
@@ -126,16 +154,15 @@ func (e *routeEnv) waitPrewarmed(key string, n int) []v1alpha1.Sandbox {
 				held = append(held, s)
 			}
 		}
-		var pool v1alpha1.SandboxWarmPool
-		if err := e.get("envs", &pool); err != nil {
-			return err
-		}
 		c := meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady)
-		if len(held) != n || c == nil || c.Reason != v1alpha1.ReasonPrewarmed {
-			return fmt.Errorf("%d hold it; the pool's condition %+v", len(held), c)
+		if len(held) != n || c == nil || c.Reason != v1alpha1.ReasonPrewarmed || pool.Status.ReadyReplicas != int32(n) {
+			return fmt.Errorf("%d hold it; the pool counts %d ready; its condition %+v", len(held), pool.Status.ReadyReplicas, c)
 		}
 		return nil
 	})
+	if minReady >= int32(n) {
+		e.t.Errorf("the pool never counted fewer than %d ready while its sandboxes built %s", n, key)
+	}
 	return held
 }
 
