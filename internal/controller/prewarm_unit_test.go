@@ -109,7 +109,9 @@ func TestPoolReadyCountsPrewarm(t *testing.T) {
 	rec := events.NewFakeRecorder(10)
 	pr := &SandboxWarmPoolReconciler{Recorder: rec}
 	pool := &v1alpha1.SandboxWarmPool{Spec: v1alpha1.SandboxWarmPoolSpec{Replicas: 2, PythonEnvironments: envs}}
-	readyCond := func() *metav1.Condition { return meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady) }
+	readyCond := func() *metav1.Condition {
+		return meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady)
+	}
 
 	pr.report("", pool, tpl, []*v1alpha1.Sandbox{built, building, unhanded}, 0, 0)
 	if pool.Status.ReadyReplicas != 1 || readyCond().Status != metav1.ConditionFalse || !strings.Contains(readyCond().Message, "2 are building") {
