@@ -334,6 +334,23 @@ const (
 	PythonEnvBuilding         = "building"
 )
 
+// A new Sandbox may name the Python environment its agent will use, so
+// that when it adopts a warm sandbox of its template it takes one that
+// holds that environment (by its inventory), else one building it, else
+// any, as a pool lease naming one does. It names it by
+// AnnotationPythonEnvName (an environment name, as env_name in execute)
+// or AnnotationPythonRequirements (the requirement set, separated by
+// whitespace, as requirements in execute; its key is worked out under the
+// template's package indexes), not both. The Sandbox controller writes how
+// the adoption went into AnnotationPythonEnvRouting: hit, building or
+// miss, as a pool lease's routing.result. A job-mode run sets the first
+// two from its pool_env_name or pool_requirements.
+const (
+	AnnotationPythonEnvName      = GroupName + "/python-env-name"
+	AnnotationPythonRequirements = GroupName + "/python-requirements"
+	AnnotationPythonEnvRouting   = GroupName + "/python-env-routing"
+)
+
 // PythonEnvBuildingMaxAge bounds how long a building mark counts: twice
 // the supervisor's default build timeout (five minutes), past which no
 // build the mark could describe is still running.
