@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
+	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -76,5 +77,26 @@ func TestWarmHealthEvictsFromInventory(t *testing.T) {
 	waitFor(t, "more health calls", func() bool { return f.sup.healthCalls.Load() >= calls+2 })
 	if a := f.sandboxNamed(t, "w-1").Annotations; a[p+"kept"] != v1alpha1.PythonEnvBuilt {
 		t.Errorf("an answer without environments emptied the inventory: %v", a)
+	}
+}
+
+// A job run's sandbox carries the environment the run named, by which the
+// Sandbox controller routes its adoption of a warm sandbox.
+func TestJobSandboxAnnotations(t *testing.T) {
+	for _, c := range []struct {
+		name, envName string
+		reqs          []string
+		want          map[string]string
+	}{
+		{"none", "", nil, map[string]string{v1alpha1.AnnotationCreatedByRequest: "run-1"}},
+		{"by name", "data", nil, map[string]string{v1alpha1.AnnotationCreatedByRequest: "run-1", v1alpha1.AnnotationPythonEnvName: "data"}},
+		{"by requirements", "", []string{"numpy", "pandas>=2"},
+			map[string]string{v1alpha1.AnnotationCreatedByRequest: "run-1", v1alpha1.AnnotationPythonRequirements: "numpy pandas>=2"}},
+	} {
+		run := store.Run{ID: "run-1"}
+		run.Command.PoolEnvName, run.Command.PoolRequirements = c.envName, c.reqs
+		if got := jobSandboxAnnotations(run); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }
