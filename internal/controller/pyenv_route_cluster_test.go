@@ -501,7 +501,8 @@ func TestAdoptionEnvRoutingOnCluster(t *testing.T) {
 			Annotations: map[string]string{v1alpha1.AnnotationPythonRequirements: strings.Join(requirements, " ")}},
 		Spec: v1alpha1.SandboxSpec{AgentID: "adopter-agent", TemplateRef: v1alpha1.LocalObjectReference{Name: "warm"}},
 	}))
-	adopter, took := e.waitPhase("adopter", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonRunning)
+	// An adopter stays Ready with reason AdoptedFromWarmPool.
+	adopter, took := e.waitPhase("adopter", v1alpha1.SandboxPhaseRunning, v1alpha1.ReasonAdoptedFromWarmPool)
 	if adopter.Status.Workload != holder || adopter.Annotations[v1alpha1.AnnotationPythonEnvRouting] != apiclient.RoutingHit {
 		t.Fatalf("the adopter took %q (routing %q); %s held E", adopter.Status.Workload, adopter.Annotations[v1alpha1.AnnotationPythonEnvRouting], holder)
 	}
