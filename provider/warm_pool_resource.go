@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
 	"github.com/hashicorp/terraform-plugin-framework/schema/validator"
 	"github.com/hashicorp/terraform-plugin-framework/types"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -127,7 +128,9 @@ func (r *warmPoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 					"sandbox finds them cached; a pool lease that names one is routed to a sandbox holding it. At most 8. " +
 					"A change builds the new environments in the warm sandboxes the pool has; none is replaced. A build that " +
 					"fails shows in the pool's and the sandbox's `PythonEnvironmentsReady` condition (reason `PrewarmFailed`) " +
-					"and an event, and the sandbox is leased without it.",
+					"and an event, and the sandbox is leased without it. A warm sandbox counts as ready (`status.ready_replicas`, " +
+					"`wait_for_ready`) only once its environments are built or their build has failed; an apply that waited " +
+					"for a pool with a failed build returns with a warning naming the environment.",
 				Validators: []validator.List{listvalidator.SizeAtMost(8)},
 				NestedObject: schema.NestedAttributeObject{Attributes: map[string]schema.Attribute{
 					"name": schema.StringAttribute{
@@ -161,15 +164,18 @@ func (r *warmPoolResource) Schema(ctx context.Context, _ resource.SchemaRequest,
 			"wait_for_ready": schema.BoolAttribute{
 				Optional: true, Computed: true, Default: booldefault.StaticBool(true),
 				MarkdownDescription: "Wait on create and update until the pool has `replicas` ready sandboxes, within the " +
-					"`timeouts`. Defaults to `true`. On timeout the error carries the pool's Ready condition.",
+					"`timeouts`. With `python_environments`, a sandbox is ready once they are built in it, or once their build " +
+					"has failed (it serves without them; the apply then ends with a warning naming the failed environment). " +
+					"Defaults to `true`. On timeout the error carries the pool's Ready condition.",
 			},
 			"status": schema.SingleNestedAttribute{
 				Computed: true,
 				MarkdownDescription: "What the control plane last reported. Refreshed on every read; it never causes a change " +
 					"by itself.",
 				Attributes: map[string]schema.Attribute{
-					"replicas":        computedInt("Unassigned sandboxes the pool has, ready or not."),
-					"ready_replicas":  computedInt("How many of them are ready to be adopted."),
+					"replicas": computedInt("Unassigned sandboxes the pool has, ready or not."),
+					"ready_replicas": computedInt("How many of them are ready to be adopted: running, and done with the pool's " +
+						"`python_environments` (built, or their build failed)."),
 					"leased_replicas": computedInt("Sandboxes of the pool leased out for an ephemeral run; not counted in `replicas`."),
 				},
 			},
@@ -287,6 +293,22 @@ func (r *warmPoolResource) waitAndRefresh(ctx context.Context, c client.Client, 
 			pool.Status.ObservedGeneration, pool.Generation, readyConditionText(pool.Status.Conditions, agentboxv1alpha1.ConditionReady))
 		return current && pool.Status.ReadyReplicas >= pool.Spec.Replicas, progress
 	}, func() { m.setStatus(ctx, &pool.Status, diags) }, diags)
+	if summary, detail, failed := prewarmFailure(&pool); failed && !diags.HasError() {
+		diags.AddWarning(summary, detail)
+	}
+}
+
+// prewarmFailure describes a pool whose python_environments failed to
+// build in some warm sandboxes. Those count as ready (they serve, without
+// the environments), so the wait ends; the apply says what is broken.
+func prewarmFailure(pool *agentboxv1alpha1.SandboxWarmPool) (summary, detail string, failed bool) {
+	c := apimeta.FindStatusCondition(pool.Status.Conditions, agentboxv1alpha1.ConditionPythonEnvironmentsReady)
+	if c == nil || c.Reason != agentboxv1alpha1.ReasonPrewarmFailed || c.ObservedGeneration < pool.Generation {
+		return "", "", false
+	}
+	return fmt.Sprintf("Warm pool %s/%s: python_environments failed to build", pool.Namespace, pool.Name),
+		c.Message + "\n\nThe pool is ready: its sandboxes serve without the failed environment, and an execute that " +
+			"asks for it builds it then. Fix the requirements (or the template's package index) and apply again.", true
 }
 
 func (m *warmPoolModel) spec() agentboxv1alpha1.SandboxWarmPoolSpec {

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-testing/statecheck"
 	"github.com/hashicorp/terraform-plugin-testing/terraform"
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -371,4 +372,28 @@ resource "agentbox_warm_pool" "test" {
 			},
 		},
 	})
+}
+
+// An apply that waited for a pool whose python_environments failed to build
+// in a sandbox ends with a warning naming the environment; one that built,
+// or whose condition describes an older spec, with none.
+func TestWarmPoolPrewarmFailureWarning(t *testing.T) {
+	pool := &agentboxv1alpha1.SandboxWarmPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Generation: 2}}
+	cond := func(reason string, gen int64) {
+		pool.Status.Conditions = []metav1.Condition{{Type: agentboxv1alpha1.ConditionPythonEnvironmentsReady, Status: metav1.ConditionFalse,
+			Reason: reason, ObservedGeneration: gen, Message: `building the python environments failed in 1 warm sandboxes (p-x), which are leased without them: environment "plots": no matching distribution`}}
+	}
+	cond(agentboxv1alpha1.ReasonPrewarmFailed, 2)
+	summary, detail, failed := prewarmFailure(pool)
+	if !failed || !strings.Contains(summary, "ns/p") || !strings.Contains(detail, `environment "plots"`) {
+		t.Errorf("failed pre-warm: %v %q %q", failed, summary, detail)
+	}
+	cond(agentboxv1alpha1.ReasonPrewarmFailed, 1)
+	if _, _, failed := prewarmFailure(pool); failed {
+		t.Error("a condition of an older generation warned")
+	}
+	cond(agentboxv1alpha1.ReasonPrewarmed, 2)
+	if _, _, failed := prewarmFailure(pool); failed {
+		t.Error("a built pool warned")
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-testing/tfjsonpath"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
@@ -71,6 +72,50 @@ resource "agentbox_warm_pool" "python" {
   timeouts = { create = "8m", update = "8m" }
 }
 `, os.Getenv(testAccKubeconfigEnv), DefaultNamespace, tag, suffix, hostname, replicas)
+}
+
+// testAccPlatformPoolsPrewarmConfig is testAccPlatformPoolsConfig whose
+// template's package index is a closed port on the sandbox's own loopback,
+// and whose pool pre-warms an environment from it: every build fails (and
+// no traffic leaves the pod).
+func testAccPlatformPoolsPrewarmConfig(tag, suffix, hostname string, replicas int) string {
+	cfg := testAccPlatformPoolsConfig(tag, suffix, hostname, replicas)
+	cfg = strings.Replace(cfg, "  node_pool = agentbox_node_pool.gvisor.name\n}",
+		"  node_pool = agentbox_node_pool.gvisor.name\n  python    = { index_url = \"http://127.0.0.1:9/simple/\" }\n}", 1)
+	return strings.Replace(cfg, "  timeouts = { create = \"8m\", update = \"8m\" }",
+		"  timeouts = { create = \"8m\", update = \"8m\" }\n  python_environments = [{ name = \"broken\", requirements = [\"agentbox-no-such-package==1.0\"] }]", 1)
+}
+
+// checkPrewarmSettled requires every ready warm sandbox of the pool to be
+// done with its pre-warm when the apply returns, here by a failed build
+// that names the environment: wait_for_ready counted them only then.
+func checkPrewarmSettled(c client.Client, pool string, n int) resource.TestCheckFunc {
+	return func(*terraform.State) error {
+		var list agentboxv1alpha1.SandboxList
+		if err := c.List(context.Background(), &list, client.InNamespace(DefaultNamespace),
+			client.MatchingLabels{agentboxv1alpha1.LabelWarmPool: pool}); err != nil {
+			return err
+		}
+		settled := 0
+		for _, s := range list.Items {
+			if !strings.Contains(s.Annotations[agentboxv1alpha1.AnnotationPrewarmFailed], `environment "broken"`) {
+				continue
+			}
+			settled++
+		}
+		if settled < n {
+			return fmt.Errorf("%d warm sandboxes of %s recorded the failed build of \"broken\" when the apply returned, want %d", settled, pool, n)
+		}
+		var p agentboxv1alpha1.SandboxWarmPool
+		if err := c.Get(context.Background(), types.NamespacedName{Namespace: DefaultNamespace, Name: pool}, &p); err != nil {
+			return err
+		}
+		cond := apimeta.FindStatusCondition(p.Status.Conditions, agentboxv1alpha1.ConditionPythonEnvironmentsReady)
+		if cond == nil || cond.Reason != agentboxv1alpha1.ReasonPrewarmFailed || !strings.Contains(cond.Message, `environment "broken"`) {
+			return fmt.Errorf("pool %s's PythonEnvironmentsReady is %+v", pool, cond)
+		}
+		return nil
+	}
 }
 
 // TestAccWarmPool_withPlatform waits for real readiness: the platform's
@@ -134,6 +179,20 @@ func TestAccWarmPool_withPlatform(t *testing.T) {
 				Check: resource.ComposeTestCheckFunc(took("scale of the warm pool from 1 to 2 (waiting for readiness)"), checkWarmSandboxesOn(c, rcName, 2)),
 			},
 			{
+				// A pool that pre-warms an environment counts a sandbox ready
+				// only once its build has settled: here every build fails
+				// (the index is a closed loopback port), the sandboxes count
+				// all the same, and the apply returns then, with a warning
+				// naming the environment.
+				PreConfig: begin,
+				Config:    testAccPlatformPoolsPrewarmConfig(tag, suffix, hostname, 2),
+				ConfigStateChecks: []statecheck.StateCheck{
+					statecheck.ExpectKnownValue(wpAddr, tfjsonpath.New("status").AtMapKey("ready_replicas"), knownvalue.Int64Exact(2)),
+				},
+				Check: resource.ComposeTestCheckFunc(took("pre-warm of a broken environment in a pool of 2 (waiting for its build to settle)"),
+					checkPrewarmSettled(c, poolName, 2)),
+			},
+			{
 				ResourceName:            wpAddr,
 				ImportState:             true,
 				ImportStateId:           DefaultNamespace + "/" + poolName,
@@ -150,7 +209,7 @@ func TestAccWarmPool_withPlatform(t *testing.T) {
 			{
 				// A pool that cannot become ready fails the apply within its
 				// timeout, and the error says why.
-				Config: testAccPlatformPoolsConfig(tag, suffix, hostname, 2) + fmt.Sprintf(`
+				Config: testAccPlatformPoolsPrewarmConfig(tag, suffix, hostname, 2) + fmt.Sprintf(`
 resource "agentbox_node_pool" "none" {
   name               = "%s-none"
   mode               = "Managed"

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -36,20 +37,13 @@ func noteEnvRouting(ctx context.Context, r *api.PoolLeaseRouting) {
 }
 
 // envInventoryPatch sets the inventory states in set (a state of "" removes
-// the environment) that differ from what sb records.
+// the environment) that differ from what sb records. PythonEnvBuilding is
+// written as a mark of now (v1alpha1.PythonEnvBuildingAt), unless sb
+// records a build under way already. A patch that writes anything also
+// drops the building marks of sb that have expired: their writer never
+// saw the build end.
 func (s *Server) envInventoryPatch(ctx context.Context, sb *v1alpha1.Sandbox, set map[string]string) error {
-	changes := map[string]any{}
-	for name, state := range set {
-		key := v1alpha1.PythonEnvAnnotation(name)
-		if key == "" || sb.Annotations[key] == state {
-			continue
-		}
-		if state == "" {
-			changes[key] = nil
-		} else {
-			changes[key] = state
-		}
-	}
+	changes := envInventoryChanges(sb, set, time.Now())
 	if len(changes) == 0 {
 		return nil
 	}
@@ -65,6 +59,41 @@ func (s *Server) envInventoryPatch(ctx context.Context, sb *v1alpha1.Sandbox, se
 		return fmt.Errorf("record the environments of sandbox %s/%s: %w", sb.Namespace, sb.Name, err)
 	}
 	return nil
+}
+
+// envInventoryChanges is the merge patch of sb's annotations that
+// envInventoryPatch sends at now; empty when nothing changes.
+func envInventoryChanges(sb *v1alpha1.Sandbox, set map[string]string, now time.Time) map[string]any {
+	changes := map[string]any{}
+	for name, state := range set {
+		key := v1alpha1.PythonEnvAnnotation(name)
+		if key == "" {
+			continue
+		}
+		have := sb.Annotations[key]
+		switch {
+		case state == v1alpha1.PythonEnvBuilding:
+			if v1alpha1.PythonEnvValueState(have, now) != v1alpha1.PythonEnvBuilding {
+				changes[key] = v1alpha1.PythonEnvBuildingAt(now)
+			}
+		case have == state:
+		case state == "":
+			changes[key] = nil
+		default:
+			changes[key] = state
+		}
+	}
+	if len(changes) == 0 {
+		return changes
+	}
+	for k, v := range sb.Annotations {
+		if _, ok := strings.CutPrefix(k, v1alpha1.AnnotationPythonEnvPrefix); ok && v != v1alpha1.PythonEnvBuilt {
+			if _, changing := changes[k]; !changing && v1alpha1.PythonEnvValueState(v, now) == "" {
+				changes[k] = nil
+			}
+		}
+	}
+	return changes
 }
 
 // noteEnvs records in sb's inventory what a call learned: set as for
@@ -94,6 +123,27 @@ func (s *Server) envListed(ctx context.Context, sb *v1alpha1.Sandbox, list *supe
 		set[e.Name] = v1alpha1.PythonEnvBuilt
 	}
 	s.noteEnvs(ctx, sb, set)
+}
+
+// envHealth makes the inventory of a free warm sandbox what its
+// supervisor's health answer lists (as envListed does a list's): the
+// keep-alive calls of warm connections (supervisors.Conns.OnHealth) bring
+// evictions to the inventory that routes pool leases, pool runs and
+// adoptions, within a keep-alive period and without a call of their own.
+// The sandbox is read again from the cache first: the keeper's copy may
+// predate a write of the inventory.
+func (s *Server) envHealth(sb *v1alpha1.Sandbox, h *supervisorapi.Health) {
+	if h == nil || h.Environments == nil {
+		// A supervisor that keeps no environments.
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), holds.WriteTimeout)
+	defer cancel()
+	fresh := &v1alpha1.Sandbox{}
+	if err := s.sandboxes.Get(ctx, client.ObjectKeyFromObject(sb), fresh); err != nil || fresh.UID != sb.UID {
+		return
+	}
+	s.envListed(ctx, fresh, &supervisorapi.EnvList{Environments: h.Environments})
 }
 
 // executeEnvKey is the environment an execute will use, as its sandbox's

@@ -157,9 +157,12 @@ func (e *runExecution) jobRun(ctx context.Context) store.RunResult {
 			}
 		}
 		before := e.outBytes
-		if _, apiErr := s.awaitCreated(ctx, run.AgentID, time.Now()); apiErr != nil {
+		if sb, apiErr := s.awaitCreated(ctx, run.AgentID, time.Now()); apiErr != nil {
 			res = e.ended(ctx, apiFailure(apiErr))
 		} else {
+			if n == 1 {
+				e.noteJobRouting(sb)
+			}
 			in := e.in
 			in.env = maps.Clone(in.env)
 			if in.env == nil {
@@ -224,7 +227,7 @@ func (s *Server) createJobSandbox(ctx context.Context, run store.Run, tpl types.
 				v1alpha1.LabelAgentIDHash: v1alpha1.AgentIDHash(run.AgentID),
 				v1alpha1.LabelRunID:       run.ID,
 			},
-			Annotations: map[string]string{v1alpha1.AnnotationCreatedByRequest: run.ID},
+			Annotations: jobSandboxAnnotations(run),
 		},
 		Spec: v1alpha1.SandboxSpec{AgentID: run.AgentID, TemplateRef: v1alpha1.LocalObjectReference{Name: tpl.Name}},
 	}
@@ -236,6 +239,36 @@ func (s *Server) createJobSandbox(ctx context.Context, run store.Run, tpl types.
 	}
 	s.log.Error(err, "create job sandbox", "run", run.ID, "sandbox", tpl.Namespace+"/"+name)
 	return api.Errorf(api.CodeInternal, "could not create the sandbox of run %s from SandboxTemplate %s", run.ID, tpl)
+}
+
+// jobSandboxAnnotations are the annotations of run's job sandbox: the
+// request that made it, and the Python environment the run named, by which
+// the sandbox adopts a warm sandbox of its template holding it (see
+// v1alpha1.AnnotationPythonEnvName).
+func jobSandboxAnnotations(run store.Run) map[string]string {
+	a := map[string]string{v1alpha1.AnnotationCreatedByRequest: run.ID}
+	if run.Command.PoolEnvName != "" {
+		a[v1alpha1.AnnotationPythonEnvName] = run.Command.PoolEnvName
+	}
+	if len(run.Command.PoolRequirements) > 0 {
+		// Checked as requirements, which hold no whitespace.
+		a[v1alpha1.AnnotationPythonRequirements] = strings.Join(run.Command.PoolRequirements, " ")
+	}
+	return a
+}
+
+// noteJobRouting reports how the job run's sandbox adopted a warm one by
+// the run's environment, once the controller has written it, as a pool
+// run reports its lease's routing.
+func (e *runExecution) noteJobRouting(sb *v1alpha1.Sandbox) {
+	if sb == nil || (e.run.Command.PoolEnvName == "" && len(e.run.Command.PoolRequirements) == 0) {
+		return
+	}
+	if routing := sb.Annotations[v1alpha1.AnnotationPythonEnvRouting]; routing != "" {
+		e.log.Info("job run's sandbox adopted a warm sandbox routed by environment", "sandbox", sb.Name, "workload", sb.WorkloadName(), "result", routing)
+	} else {
+		e.log.Info("job run's sandbox started without adopting a warm sandbox", "sandbox", sb.Name)
+	}
 }
 
 // deleteJobSandbox deletes the job run's sandbox, if it is the run's.

@@ -147,7 +147,7 @@ func (s *Server) checkRunTarget(req *api.StartRunRequest) *api.Error {
 	refuse := func(field, mode string) *api.Error {
 		return api.Errorf(api.CodeInvalidArgument, "%s does not apply to a run of mode %q", field, mode)
 	}
-	if req.Mode != api.RunModePool && (len(req.PoolRequirements) > 0 || req.PoolEnvName != "") {
+	if req.Mode != api.RunModePool && req.Mode != api.RunModeJob && (len(req.PoolRequirements) > 0 || req.PoolEnvName != "") {
 		return refuse("pool_requirements and pool_env_name", req.Mode)
 	}
 	if apiErr := holds.ValidatePoolEnv(api.AcquireLeaseRequest{Requirements: req.PoolRequirements, EnvName: req.PoolEnvName}); apiErr != nil {

@@ -98,6 +98,12 @@ type Options struct {
 	// the Store); it defaults to DefaultFilespacePushDelay, and a negative
 	// value turns these pushes off.
 	FilespacePushDelay time.Duration
+	// WarmKeepAlive is how often the API calls the supervisor of each
+	// ready, free warm sandbox over the connection it keeps open to it
+	// (WarmPoolEvents), and so how soon an environment the supervisor
+	// evicted leaves the sandbox's inventory; zero means a minute, the
+	// connection's own need.
+	WarmKeepAlive time.Duration
 	// DefaultTemplate is the SandboxTemplate deploy_or_resume creates an
 	// agent's missing sandbox from when the call names none. Zero means
 	// such a call must name one, which only an admin token may.
@@ -227,6 +233,10 @@ func NewServer(opts Options) (*Server, error) {
 		Activity: s.activity, Clock: s.clock, Log: s.log, OnColdStart: metricColdStarts.Inc,
 	})
 	s.conns = supervisors.NewConns(s.supervisors, s.trustDomain, s.log)
+	if opts.WarmKeepAlive > 0 {
+		s.conns.SetKeepAlive(opts.WarmKeepAlive)
+	}
+	s.conns.OnHealth(s.envHealth)
 	if s.store != nil {
 		s.useStore(opts.FilespacePushDelay)
 	}

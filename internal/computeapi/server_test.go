@@ -46,6 +46,8 @@ type fakeSupervisor struct {
 	// load would.
 	handshakeDelay atomic.Int64
 	healthCalls    atomic.Int32
+	// envs, when set, are the environments health answers list.
+	envs atomic.Pointer[[]supervisorapi.EnvInfo]
 
 	mu       sync.Mutex
 	requests []supervisorapi.CommandRequest
@@ -89,7 +91,11 @@ func (fs *fakeSupervisor) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == supervisorapi.PathHealth && r.Method == http.MethodGet {
 		fs.healthCalls.Add(1)
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(supervisorapi.Health{Status: "ok"})
+		h := supervisorapi.Health{Status: "ok"}
+		if envs := fs.envs.Load(); envs != nil {
+			h.Environments = *envs
+		}
+		_ = json.NewEncoder(w).Encode(h)
 		return
 	}
 	fs.mu.Lock()

@@ -42,6 +42,12 @@ var (
 		Name: "agentbox_warm_pool_adoptions_total",
 		Help: "New sandboxes that adopted a ready sandbox from a warm pool.",
 	})
+	// metricWarmAdoptionEnvRouting is agentbox_pool_lease_env_routing_total
+	// for adoptions by Sandboxes that name their python environment.
+	metricWarmAdoptionEnvRouting = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "agentbox_warm_pool_adoption_env_routing_total",
+		Help: "Adoptions of a warm sandbox by a Sandbox that named its python environment, by result: hit (the warm sandbox held it), building (it was building it), miss.",
+	}, []string{"result"})
 	metricColdStarts = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "agentbox_sandbox_cold_starts_total",
 		Help: "New sandboxes that started a pod of their own because no warm sandbox of their template was ready.",
@@ -54,5 +60,5 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(metricPodStartSeconds, metricSnapshotSeconds, metricRestoreSeconds,
-		metricSnapshots, metricIdleStops, metricResumes, metricWarmAdoptions, metricColdStarts, metricEphemeralRecycled)
+		metricSnapshots, metricIdleStops, metricResumes, metricWarmAdoptions, metricWarmAdoptionEnvRouting, metricColdStarts, metricEphemeralRecycled)
 }

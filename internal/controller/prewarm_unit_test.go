@@ -66,21 +66,73 @@ func TestPrewarmConditions(t *testing.T) {
 	// The pool: failed wins over building, building over done.
 	pr := &SandboxWarmPoolReconciler{Recorder: rec}
 	pool := &v1alpha1.SandboxWarmPool{Spec: v1alpha1.SandboxWarmPoolSpec{PythonEnvironments: envs}}
-	pr.reportPrewarm(pool, []*v1alpha1.Sandbox{done, stale})
+	pr.reportPrewarm(pool, tpl, []*v1alpha1.Sandbox{done, stale})
 	if c := meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady); c == nil || c.Reason != v1alpha1.ReasonPrewarming {
 		t.Errorf("pool building: %+v", c)
 	}
-	pr.reportPrewarm(pool, []*v1alpha1.Sandbox{done, stale, failed})
+	pr.reportPrewarm(pool, tpl, []*v1alpha1.Sandbox{done, stale, failed})
 	if c := meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady); c == nil || c.Reason != v1alpha1.ReasonPrewarmFailed ||
 		!strings.Contains(c.Message, "no matching distribution") {
 		t.Errorf("pool failed: %+v", c)
 	}
-	pr.reportPrewarm(pool, []*v1alpha1.Sandbox{done})
+	pr.reportPrewarm(pool, tpl, []*v1alpha1.Sandbox{done})
 	if c := meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("pool done: %+v", c)
 	}
 	pool.Spec.PythonEnvironments = nil
-	if pr.reportPrewarm(pool, []*v1alpha1.Sandbox{done}); meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady) != nil {
+	if pr.reportPrewarm(pool, tpl, []*v1alpha1.Sandbox{done}); meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady) != nil {
 		t.Error("a pool without environments keeps the condition")
+	}
+}
+
+// A warm sandbox of a pool with pythonEnvironments counts as ready once
+// they are built in it or their build failed, never while they are being
+// built nor before it was handed the pool's current environments; a
+// failure shows in the Ready condition's message, naming the environment.
+func TestPoolReadyCountsPrewarm(t *testing.T) {
+	tpl := &v1alpha1.SandboxTemplate{Spec: v1alpha1.SandboxTemplateSpec{Python: v1alpha1.PythonPolicy{IndexURL: "http://127.0.0.1:9/simple/"}}}
+	envs := []v1alpha1.WarmPythonEnvironment{{Name: "plots", Requirements: []string{"matplotlib"}}}
+	want := v1alpha1.PrewarmEnvsAnnotation(envs)
+	ready := func(name string, annotations map[string]string) *v1alpha1.Sandbox {
+		return &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
+			Status: v1alpha1.SandboxStatus{Phase: v1alpha1.SandboxPhaseRunning,
+				Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonRunning}}}}
+	}
+	built := ready("built", map[string]string{v1alpha1.AnnotationPrewarmEnvs: want, v1alpha1.AnnotationPythonEnvPrefix + "plots": v1alpha1.PythonEnvBuilt})
+	building := ready("building", map[string]string{v1alpha1.AnnotationPrewarmEnvs: want})
+	// Holds the environment, but the pool's current set was not handed to
+	// it yet (the pool just changed): not settled.
+	unhanded := ready("unhanded", map[string]string{v1alpha1.AnnotationPythonEnvPrefix + "plots": v1alpha1.PythonEnvBuilt})
+	failed := ready("failed", map[string]string{v1alpha1.AnnotationPrewarmEnvs: want,
+		v1alpha1.AnnotationPrewarmFailed: prewarmHash(want) + `: environment "plots": no matching distribution`})
+
+	rec := events.NewFakeRecorder(10)
+	pr := &SandboxWarmPoolReconciler{Recorder: rec}
+	pool := &v1alpha1.SandboxWarmPool{Spec: v1alpha1.SandboxWarmPoolSpec{Replicas: 2, PythonEnvironments: envs}}
+	readyCond := func() *metav1.Condition {
+		return meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionReady)
+	}
+
+	pr.report("", pool, tpl, []*v1alpha1.Sandbox{built, building, unhanded}, 0, 0)
+	if pool.Status.ReadyReplicas != 1 || readyCond().Status != metav1.ConditionFalse || !strings.Contains(readyCond().Message, "2 are building") {
+		t.Errorf("one built, two building: ready %d, %+v", pool.Status.ReadyReplicas, readyCond())
+	}
+	pr.report("", pool, tpl, []*v1alpha1.Sandbox{built, failed}, 0, 0)
+	if pool.Status.ReadyReplicas != 2 || readyCond().Reason != v1alpha1.ReasonPoolFull || !strings.Contains(readyCond().Message, "build failed") {
+		t.Errorf("built and failed: ready %d, %+v", pool.Status.ReadyReplicas, readyCond())
+	}
+	pr.reportPrewarm(pool, tpl, []*v1alpha1.Sandbox{built, failed})
+	if c := meta.FindStatusCondition(pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady); c == nil ||
+		c.Reason != v1alpha1.ReasonPrewarmFailed || !strings.Contains(c.Message, `environment "plots": no matching distribution`) {
+		t.Errorf("the pool's PythonEnvironmentsReady names no failed environment: %+v", c)
+	}
+	// Without environments, readiness is the sandbox's own.
+	pool.Spec.PythonEnvironments = nil
+	pr.report("", pool, tpl, []*v1alpha1.Sandbox{building, unhanded}, 0, 0)
+	if pool.Status.ReadyReplicas != 2 {
+		t.Errorf("a pool without environments counts %d ready", pool.Status.ReadyReplicas)
+	}
+	if got := prewarmLabel(v1alpha1.WarmPythonEnvironment{Requirements: []string{"numpy", "pandas>=2"}}); got != "of requirements numpy pandas>=2" {
+		t.Errorf("label of an unnamed environment: %q", got)
 	}
 }

@@ -69,6 +69,11 @@ func (r *SandboxReconciler) adopt(ctx context.Context, sbx *v1alpha1.Sandbox, tp
 	if err != nil {
 		return err
 	}
+	key, ignored := adoptEnvKey(sbx, tpl)
+	if ignored != "" && len(warm) > 0 {
+		r.warnPythonEnvIgnored(sbx, ignored)
+	}
+	warm = routeWarm(warm, key)
 	var w *v1alpha1.Sandbox
 	for i := range warm {
 		if warm[i].Annotations[v1alpha1.AnnotationAdoptedBy] == sbx.Name {
@@ -89,15 +94,25 @@ func (r *SandboxReconciler) adopt(ctx context.Context, sbx *v1alpha1.Sandbox, tp
 	// this intermediate status still reports the adoption. A copy is
 	// patched so that the pass's other status changes are not replaced by
 	// the server's answer.
+	routing := adoptionEnvRouting(w, key)
+	if err := r.noteAdoptedEnvs(ctx, sbx, w, routing); err != nil {
+		return err
+	}
 	before := sbx.DeepCopy()
 	sbx.Status.Workload = w.Name
 	msg := fmt.Sprintf("adopted warm sandbox %s of pool %s: taking over its running pod %s",
 		w.Name, w.Labels[v1alpha1.LabelWarmPool], PodName(w.Name))
+	if routing != "" {
+		msg += fmt.Sprintf(" (routed by python environment %s: %s)", key, routing)
+	}
 	r.setNotServing(sbx, v1alpha1.SandboxPhasePending, v1alpha1.ReasonAdoptedFromWarmPool, msg)
 	if err := r.Status().Patch(ctx, sbx.DeepCopy(), client.MergeFrom(before)); err != nil {
 		return fmt.Errorf("record adoption of warm sandbox %s: %w", w.Name, err)
 	}
 	metricWarmAdoptions.Inc()
+	if routing != "" {
+		metricWarmAdoptionEnvRouting.WithLabelValues(routing).Inc()
+	}
 	r.event(sbx, w, corev1.EventTypeNormal, EventAdoptedFromWarmPool, "Adopt", msg)
 	return r.moveFromWarm(ctx, sbx, tpl, w.Name)
 }

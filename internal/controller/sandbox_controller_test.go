@@ -116,6 +116,8 @@ type clusterEnv struct {
 	// agentEvents is platformEnv's agent event log writer, shared by the
 	// reconciler and computeAPIWithStore's API as in the control plane.
 	agentEvents *computeapi.AgentEvents
+	// apiServer is the Server computeAPIWithStore started last.
+	apiServer *computeapi.Server
 }
 
 // newClusterEnv starts a manager for a fresh namespace; configure adds to

@@ -126,6 +126,7 @@ func (e *clusterEnv) startComputeAPI(pool *computeapi.SupervisorPool, st *store.
 	}
 	srv, err := computeapi.NewServer(opts)
 	must(e.t, err)
+	e.apiServer = srv
 	hs := httptest.NewTLSServer(srv.Handler())
 	var once sync.Once
 	shutdown := func() {

@@ -88,6 +88,15 @@ func prewarmName(e v1alpha1.WarmPythonEnvironment, tpl *v1alpha1.SandboxTemplate
 	return pyenv.RequirementsKey(e.Requirements, tpl.Spec.Python.IndexURL, tpl.Spec.Python.ExtraIndexURLs)
 }
 
+// prewarmLabel names a pre-warmed environment to a person: by its name,
+// or by its requirements.
+func prewarmLabel(e v1alpha1.WarmPythonEnvironment) string {
+	if e.Name != "" {
+		return fmt.Sprintf("%q", e.Name)
+	}
+	return "of requirements " + strings.Join(e.Requirements, " ")
+}
+
 // prewarm sets the PythonEnvironmentsReady condition of a ready warm
 // sandbox whose pool declares environments, and starts their build when
 // some are missing. It returns when to look again (0: no need).
@@ -167,7 +176,9 @@ func (r *SandboxReconciler) buildPrewarm(key client.ObjectKey, sbx *v1alpha1.San
 		set := map[string]any{}
 		if err != nil {
 			log.Info("building a warm pool python environment failed", "requirements", e.Requirements, "error", err.Error())
-			set[v1alpha1.AnnotationPrewarmFailed] = hash + ": " + truncateMessage(err.Error())
+			// Named, so that the pool's condition (and an apply waiting
+			// for the pool) says which environment is broken.
+			set[v1alpha1.AnnotationPrewarmFailed] = hash + ": " + truncateMessage(fmt.Sprintf("environment %s: %v", prewarmLabel(e), err))
 		} else if k := v1alpha1.PythonEnvAnnotation(res.Name); k != "" {
 			set[k] = v1alpha1.PythonEnvBuilt
 		}

@@ -182,8 +182,8 @@ func (r *SandboxWarmPoolReconciler) reconcilePool(ctx context.Context, prevReaso
 	if err := r.passPrewarm(ctx, pool, current); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.report(prevReason, pool, tpl != nil, current, pending+created, m.leased)
-	r.reportPrewarm(pool, current)
+	r.report(prevReason, pool, tpl, current, pending+created, m.leased)
+	r.reportPrewarm(pool, tpl, current)
 	return result, nil
 }
 
@@ -314,21 +314,37 @@ func (r *SandboxWarmPoolReconciler) scale(ctx context.Context, pool *v1alpha1.Sa
 }
 
 // report sets the pool's replica counts and its Ready condition: current
-// are its sandboxes, starting counts those created but not seen yet.
-func (r *SandboxWarmPoolReconciler) report(prevReason string, pool *v1alpha1.SandboxWarmPool, haveTemplate bool, current []*v1alpha1.Sandbox, starting, leased int) {
+// are its sandboxes, starting counts those created but not seen yet. A
+// sandbox of a pool with pythonEnvironments counts as ready only once its
+// pre-warm has settled (prewarmSettledFor): built, or failed, since a
+// failed one is leased all the same and a broken requirement must not keep
+// the pool (and an apply waiting for it) from ever being full.
+func (r *SandboxWarmPoolReconciler) report(prevReason string, pool *v1alpha1.SandboxWarmPool, tpl *v1alpha1.SandboxTemplate, current []*v1alpha1.Sandbox, starting, leased int) {
 	want := int(pool.Spec.Replicas)
-	ready := 0
+	ready, prewarming, failed := 0, 0, 0
 	for _, s := range current {
-		if sandboxReady(s) {
-			ready++
+		if !sandboxReady(s) {
+			continue
 		}
+		switch prewarmSettledFor(pool, tpl, s) {
+		case prewarmBuilding:
+			prewarming++
+			continue
+		case prewarmFailedState:
+			failed++
+		}
+		ready++
 	}
 	pool.Status.Replicas = int32(len(current) + starting)
 	pool.Status.ReadyReplicas = int32(ready)
 	pool.Status.LeasedReplicas = int32(leased)
+	note := ""
+	if failed > 0 {
+		note = fmt.Sprintf("; %d of them serve without the pool's python environments, whose build failed (see the PythonEnvironmentsReady condition)", failed)
+	}
 
 	switch {
-	case !haveTemplate:
+	case tpl == nil:
 		msg := fmt.Sprintf("SandboxTemplate %q does not exist in namespace %q; the pool fills when it is created",
 			pool.Spec.TemplateRef.Name, pool.Namespace)
 		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonTemplateNotFound, msg)
@@ -336,14 +352,17 @@ func (r *SandboxWarmPoolReconciler) report(prevReason string, pool *v1alpha1.San
 			r.event(pool, nil, corev1.EventTypeWarning, EventTemplateNotFound, "Wait", msg)
 		}
 	case ready >= want:
-		msg := fmt.Sprintf("%d of %d warm sandboxes are ready", ready, want)
+		msg := fmt.Sprintf("%d of %d warm sandboxes are ready%s", ready, want, note)
 		r.setReady(pool, metav1.ConditionTrue, v1alpha1.ReasonPoolFull, msg)
 		if prevReason != v1alpha1.ReasonPoolFull {
 			r.event(pool, nil, corev1.EventTypeNormal, EventPoolFull, "Scale", msg)
 		}
 	default:
-		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonScaling,
-			fmt.Sprintf("%d of %d warm sandboxes are ready; %d are starting", ready, want, int(pool.Status.Replicas)-ready))
+		msg := fmt.Sprintf("%d of %d warm sandboxes are ready%s; %d are starting", ready, want, note, int(pool.Status.Replicas)-ready-prewarming)
+		if prewarming > 0 {
+			msg += fmt.Sprintf(", %d are building the pool's python environments", prewarming)
+		}
+		r.setReady(pool, metav1.ConditionFalse, v1alpha1.ReasonScaling, msg)
 	}
 }
 

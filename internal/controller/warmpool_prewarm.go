@@ -47,9 +47,65 @@ func (r *SandboxWarmPoolReconciler) passPrewarm(ctx context.Context, pool *v1alp
 	return nil
 }
 
+// States of a warm sandbox's pre-warm, as the pool counts it.
+const (
+	prewarmNone = iota
+	prewarmBuilding
+	prewarmBuilt
+	prewarmFailedState
+)
+
+// prewarmSettledFor is where the pre-warm of the pool's sandbox s stands
+// for the pool's environments as they are now: prewarmNone for a pool
+// that declares none. It reads the sandbox's metadata (the environments
+// handed to it, its inventory, a recorded failure) rather than its
+// PythonEnvironmentsReady condition, which lags a change of the pool's
+// environments by a pass of the Sandbox controller: a sandbox not yet
+// handed the current environments is building them.
+func prewarmSettledFor(pool *v1alpha1.SandboxWarmPool, tpl *v1alpha1.SandboxTemplate, s *v1alpha1.Sandbox) int {
+	want := v1alpha1.PrewarmEnvsAnnotation(pool.Spec.PythonEnvironments)
+	if want == "" {
+		return prewarmNone
+	}
+	if s.Annotations[v1alpha1.AnnotationPrewarmEnvs] != want || tpl == nil {
+		return prewarmBuilding
+	}
+	if strings.HasPrefix(s.Annotations[v1alpha1.AnnotationPrewarmFailed], prewarmHash(want)+": ") {
+		return prewarmFailedState
+	}
+	for _, e := range pool.Spec.PythonEnvironments {
+		name, err := prewarmName(e, tpl)
+		if err != nil {
+			// The Sandbox controller reports it PrewarmFailed, and the
+			// sandbox is leased without it.
+			return prewarmFailedState
+		}
+		if v1alpha1.PythonEnvState(s, name) != v1alpha1.PythonEnvBuilt {
+			return prewarmBuilding
+		}
+	}
+	return prewarmBuilt
+}
+
+// prewarmFailureText is what s records of its failed pre-warm.
+func prewarmFailureText(pool *v1alpha1.SandboxWarmPool, tpl *v1alpha1.SandboxTemplate, s *v1alpha1.Sandbox) string {
+	want := v1alpha1.PrewarmEnvsAnnotation(pool.Spec.PythonEnvironments)
+	if msg, ok := strings.CutPrefix(s.Annotations[v1alpha1.AnnotationPrewarmFailed], prewarmHash(want)+": "); ok {
+		return msg
+	}
+	for _, e := range pool.Spec.PythonEnvironments {
+		if _, err := prewarmName(e, tpl); err != nil {
+			return fmt.Sprintf("environment %s is invalid: %v", prewarmLabel(e), err)
+		}
+	}
+	return "the build failed"
+}
+
 // reportPrewarm sets the pool's PythonEnvironmentsReady condition from its
-// ready sandboxes' own; a pool without pythonEnvironments has none.
-func (r *SandboxWarmPoolReconciler) reportPrewarm(pool *v1alpha1.SandboxWarmPool, current []*v1alpha1.Sandbox) {
+// ready sandboxes' pre-warm, read as report reads it (prewarmSettledFor),
+// so that the ready count and this condition never disagree; a pool
+// without pythonEnvironments has none.
+func (r *SandboxWarmPoolReconciler) reportPrewarm(pool *v1alpha1.SandboxWarmPool, tpl *v1alpha1.SandboxTemplate, current []*v1alpha1.Sandbox) {
 	if len(pool.Spec.PythonEnvironments) == 0 {
 		meta.RemoveStatusCondition(&pool.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady)
 		return
@@ -60,14 +116,13 @@ func (r *SandboxWarmPoolReconciler) reportPrewarm(pool *v1alpha1.SandboxWarmPool
 		if !sandboxReady(s) {
 			continue
 		}
-		c := meta.FindStatusCondition(s.Status.Conditions, v1alpha1.ConditionPythonEnvironmentsReady)
-		switch {
-		case c != nil && c.Reason == v1alpha1.ReasonPrewarmFailed:
+		switch prewarmSettledFor(pool, tpl, s) {
+		case prewarmFailedState:
 			failed = append(failed, s.Name)
 			if failMsg == "" {
-				failMsg = c.Message
+				failMsg = prewarmFailureText(pool, tpl, s)
 			}
-		case c == nil || c.Status != metav1.ConditionTrue:
+		case prewarmBuilding:
 			building = append(building, s.Name)
 		}
 	}

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -24,5 +25,28 @@ func TestPythonEnvInventory(t *testing.T) {
 	}
 	if got := PythonEnvAnnotation(long[:63]); got != AnnotationPythonEnvPrefix+long[:63] {
 		t.Errorf("a 63-byte name got annotation %q", got)
+	}
+}
+
+// A building mark carries its time and counts for PythonEnvBuildingMaxAge;
+// an older one, or one that does not parse, reads as absent. A plain
+// "building" of before reads as building.
+func TestPythonEnvBuildingMark(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	fresh := PythonEnvBuildingAt(now.Add(-time.Minute))
+	if fresh != "building@1799999940" {
+		t.Errorf("mark %q", fresh)
+	}
+	sb := &Sandbox{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+		AnnotationPythonEnvPrefix + "fresh":   fresh,
+		AnnotationPythonEnvPrefix + "stale":   PythonEnvBuildingAt(now.Add(-PythonEnvBuildingMaxAge - time.Second)),
+		AnnotationPythonEnvPrefix + "old":     PythonEnvBuilding,
+		AnnotationPythonEnvPrefix + "junk":    "building@soon",
+		AnnotationPythonEnvPrefix + "unknown": "half-built",
+	}}}
+	for name, want := range map[string]string{"fresh": PythonEnvBuilding, "stale": "", "old": PythonEnvBuilding, "junk": "", "unknown": ""} {
+		if got := PythonEnvStateAt(sb, name, now); got != want {
+			t.Errorf("%s: state %q, want %q", name, got, want)
+		}
 	}
 }

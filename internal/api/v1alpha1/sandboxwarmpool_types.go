@@ -39,7 +39,9 @@ type SandboxWarmPoolSpec struct {
 	// in place). A build that fails sets the sandbox's
 	// PythonEnvironmentsReady condition to False (reason PrewarmFailed),
 	// with an event, and the sandbox is leased all the same: a broken
-	// requirement must not empty the pool.
+	// requirement must not empty the pool. A warm sandbox counts in
+	// readyReplicas (and towards the pool's Ready condition) only once
+	// the environments are built in it, or their build has failed.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=8
@@ -105,7 +107,10 @@ type SandboxWarmPoolStatus struct {
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
 
-	// readyReplicas is how many of them are ready to be adopted.
+	// readyReplicas is how many of them are ready to be adopted: running,
+	// and, for a pool with pythonEnvironments, done with them (built, or
+	// their build failed, in which case the Ready condition's message
+	// says how many serve without them).
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 

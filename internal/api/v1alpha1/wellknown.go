@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -314,18 +315,52 @@ const DefaultCheckpointsKept = 3
 // The Python environment inventory of a sandbox: one annotation per cached
 // environment, AnnotationPythonEnvPrefix followed by the environment's
 // name (for an environment asked for by requirements alone, the stable
-// key of its requirement set), whose value is PythonEnvBuilt or
-// PythonEnvBuilding. The Compute API writes them as it learns of a change
-// (an environment built, deleted, or missing from a list or an execute's
-// answer), so that a pool lease can prefer a sandbox that holds the
-// environment its caller asks for without asking every sandbox. It is a
-// hint: an environment evicted since is learned of on the next list or
-// execute. Names longer than an annotation name allows are not recorded.
+// key of its requirement set), whose value is PythonEnvBuilt, or
+// PythonEnvBuilding followed by "@" and the Unix time the build was seen
+// to start (PythonEnvBuildingAt). The Compute API writes them as it learns
+// of a change (an environment built, deleted, or missing from a list or an
+// execute's answer, or evicted, as the keep-alive health call of a free
+// warm sandbox tells), so that a pool lease, a pool run or an adopting
+// Sandbox can prefer a sandbox that holds the environment its caller asks
+// for without asking every sandbox. It is a hint. A building mark older
+// than PythonEnvBuildingMaxAge was left by a call that never saw its build
+// end (an API replica that died meanwhile): it reads as absent, and the
+// next write to the sandbox's inventory removes it. A mark of plain
+// PythonEnvBuilding (written before marks carried their time) reads as
+// building. Names longer than an annotation name allows are not recorded.
 const (
 	AnnotationPythonEnvPrefix = "pyenv." + GroupName + "/"
 	PythonEnvBuilt            = "built"
 	PythonEnvBuilding         = "building"
 )
+
+// A new Sandbox may name the Python environment its agent will use, so
+// that when it adopts a warm sandbox of its template it takes one that
+// holds that environment (by its inventory), else one building it, else
+// any, as a pool lease naming one does. It names it by
+// AnnotationPythonEnvName (an environment name, as env_name in execute)
+// or AnnotationPythonRequirements (the requirement set, separated by
+// whitespace, as requirements in execute; its key is worked out under the
+// template's package indexes), not both. The Sandbox controller writes how
+// the adoption went into AnnotationPythonEnvRouting: hit, building or
+// miss, as a pool lease's routing.result. A job-mode run sets the first
+// two from its pool_env_name or pool_requirements.
+const (
+	AnnotationPythonEnvName      = GroupName + "/python-env-name"
+	AnnotationPythonRequirements = GroupName + "/python-requirements"
+	AnnotationPythonEnvRouting   = GroupName + "/python-env-routing"
+)
+
+// PythonEnvBuildingMaxAge bounds how long a building mark counts: twice
+// the supervisor's default build timeout (five minutes), past which no
+// build the mark could describe is still running.
+const PythonEnvBuildingMaxAge = 10 * time.Minute
+
+// PythonEnvBuildingAt is the inventory value of an environment whose build
+// was seen to start at t.
+func PythonEnvBuildingAt(t time.Time) string {
+	return PythonEnvBuilding + "@" + strconv.FormatInt(t.Unix(), 10)
+}
 
 // PythonEnvAnnotation is the inventory annotation of the environment
 // named name, or "" when the name does not fit an annotation's name part.
@@ -337,13 +372,37 @@ func PythonEnvAnnotation(name string) string {
 }
 
 // PythonEnvState is the state sb's inventory records for the environment
-// named name: PythonEnvBuilt, PythonEnvBuilding or "".
+// named name: PythonEnvBuilt, PythonEnvBuilding or "" (none, or a building
+// mark past PythonEnvBuildingMaxAge).
 func PythonEnvState(sb *Sandbox, name string) string {
+	return PythonEnvStateAt(sb, name, time.Now())
+}
+
+// PythonEnvStateAt is PythonEnvState at now.
+func PythonEnvStateAt(sb *Sandbox, name string, now time.Time) string {
 	key := PythonEnvAnnotation(name)
 	if key == "" {
 		return ""
 	}
-	return sb.Annotations[key]
+	return PythonEnvValueState(sb.Annotations[key], now)
+}
+
+// PythonEnvValueState is the state an inventory annotation's value
+// records at now: PythonEnvBuilt, PythonEnvBuilding or "".
+func PythonEnvValueState(v string, now time.Time) string {
+	switch v {
+	case PythonEnvBuilt, PythonEnvBuilding:
+		return v
+	}
+	at, ok := strings.CutPrefix(v, PythonEnvBuilding+"@")
+	if !ok {
+		return ""
+	}
+	sec, err := strconv.ParseInt(at, 10, 64)
+	if err != nil || now.Sub(time.Unix(sec, 0)) > PythonEnvBuildingMaxAge {
+		return ""
+	}
+	return PythonEnvBuilding
 }
 
 // PrewarmEnvsAnnotation is the value of AnnotationPrewarmEnvs for a pool's

@@ -85,8 +85,11 @@ type StartRunRequest struct {
 	Template string `json:"template,omitempty"`
 	// PoolRequirements and PoolEnvName route a pool run's lease as
 	// AcquireLeaseRequest's Requirements and EnvName route a pool lease:
-	// to a free sandbox holding that Python environment first. Pool runs
-	// only; at most one of the two.
+	// to a free sandbox holding that Python environment first. A job
+	// run's sandbox, when it adopts a warm sandbox of its template, takes
+	// one holding it the same way (its sandbox's python-env-routing
+	// annotation says how it went). Pool and job runs; at most one of the
+	// two.
 	PoolRequirements []string `json:"pool_requirements,omitempty"`
 	PoolEnvName      string   `json:"pool_env_name,omitempty"`
 	// BackoffLimit is how many times a job run's failed attempt is

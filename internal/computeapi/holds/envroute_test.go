@@ -28,7 +28,9 @@ func TestRouteByEnv(t *testing.T) {
 		sb("old-building", 8, map[string]string{key: v1alpha1.PythonEnvBuilding}),
 		sb("other-env", 7, map[string]string{"reqs-ffffffffffffffff": v1alpha1.PythonEnvBuilt}),
 		sb("hit-a", 6, map[string]string{key: v1alpha1.PythonEnvBuilt}),
-		sb("young-building", 5, map[string]string{key: v1alpha1.PythonEnvBuilding}),
+		sb("young-building", 5, map[string]string{key: v1alpha1.PythonEnvBuildingAt(time.Now())}),
+		// Marked by a call that never saw its build end: as good as none.
+		sb("dead-building", 4, map[string]string{key: v1alpha1.PythonEnvBuildingAt(time.Now().Add(-v1alpha1.PythonEnvBuildingMaxAge - time.Minute))}),
 		sb("hit-b", 4, map[string]string{key: v1alpha1.PythonEnvBuilt, "named": v1alpha1.PythonEnvBuilt}),
 		sb("young-miss", 3, nil),
 	}
@@ -39,7 +41,7 @@ func TestRouteByEnv(t *testing.T) {
 		}
 		return out
 	}
-	want := []string{"hit-a", "hit-b", "old-building", "young-building", "old-miss", "other-env", "young-miss"}
+	want := []string{"hit-a", "hit-b", "old-building", "young-building", "old-miss", "other-env", "dead-building", "young-miss"}
 	if got := names(RouteByEnv(free, key)); !slices.Equal(got, want) {
 		t.Errorf("routed order %v, want %v", got, want)
 	}
@@ -52,7 +54,8 @@ func TestRouteByEnv(t *testing.T) {
 	for _, c := range []struct {
 		sb   *v1alpha1.Sandbox
 		want string
-	}{{free[3], api.RoutingHit}, {free[1], api.RoutingBuilding}, {free[0], api.RoutingMiss}, {free[2], api.RoutingMiss}} {
+	}{{free[3], api.RoutingHit}, {free[1], api.RoutingBuilding}, {free[4], api.RoutingBuilding}, {free[5], api.RoutingMiss},
+		{free[0], api.RoutingMiss}, {free[2], api.RoutingMiss}} {
 		if got := EnvRouting(c.sb, key); got != c.want {
 			t.Errorf("%s: routing %q, want %q", c.sb.Name, got, c.want)
 		}

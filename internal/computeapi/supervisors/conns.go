@@ -68,6 +68,9 @@ type Conns struct {
 	running sync.WaitGroup
 	// period is warmKeepAlive, as a time.Duration, but in tests.
 	period atomic.Int64
+	// onHealth, when set, is given every health answer of a warm
+	// sandbox's supervisor (OnHealth).
+	onHealth atomic.Pointer[func(*v1alpha1.Sandbox, *supervisorapi.Health)]
 }
 
 type warmConn struct {
@@ -316,6 +319,16 @@ func (c *Conns) nextDue(now time.Time) (*warmConn, *v1alpha1.Sandbox, time.Durat
 	return nil, nil, next
 }
 
+// OnHealth has fn given the answer of every health call made to keep or
+// open a warm sandbox's connection, with the sandbox as last seen. The
+// answer lists the supervisor's cached environments, so the calls the
+// connections need anyway tell of environments evicted since (the
+// supervisor's time-to-live sweep, its count and size limits) at no cost
+// of their own. fn runs on the keeper's goroutine: it must be bounded.
+func (c *Conns) OnHealth(fn func(*v1alpha1.Sandbox, *supervisorapi.Health)) {
+	c.onHealth.Store(&fn)
+}
+
 // callHealth makes a health call to sb's supervisor over a pooled
 // connection, opening one if there is none, and reports whether it
 // succeeded.
@@ -326,10 +339,14 @@ func (c *Conns) callHealth(sb *v1alpha1.Sandbox) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), warmConnectionTimeout)
 	defer cancel()
-	if _, err := sup.Health(ctx); err != nil {
+	h, err := sup.Health(ctx)
+	if err != nil {
 		c.log.V(1).Info("could not open a connection to a warm sandbox",
 			"sandbox", sb.Namespace+"/"+sb.Name, "error", err.Error())
 		return false
+	}
+	if fn := c.onHealth.Load(); fn != nil && *fn != nil {
+		(*fn)(sb, h)
 	}
 	return true
 }
