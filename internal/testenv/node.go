@@ -148,7 +148,16 @@ func (c *Cluster) startContainerd(ctx context.Context, path string) error {
 	if err := os.WriteFile(filepath.Join(cniConf, "10-agentbox.conflist"), []byte(c.cniConfig()), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(cdDir, "runsc.toml"), []byte(c.runscConfig()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cdDir, "runsc.toml"), []byte(c.runscConfig("")), 0o644); err != nil {
+		return err
+	}
+	// gVisor checks that a restored container's spec matches the
+	// checkpointed one, including the dev.gvisor.spec.cgroup-parent
+	// annotation runsc derives from the pod's cgroup, which names the pod's
+	// UID: a new pod never matches. The restoring handler logs mismatches
+	// instead of refusing them.
+	if err := os.WriteFile(filepath.Join(cdDir, "runsc-restore.toml"), []byte(c.runscConfig(`  restore-spec-validation = "warning"
+`)), 0o644); err != nil {
 		return err
 	}
 	cdConfPath := filepath.Join(cdDir, "config.toml")
@@ -190,14 +199,15 @@ func (c *Cluster) cniConfig() string {
 	return conflist
 }
 
-// runscConfig is the options file of containerd's runsc runtime.
-func (c *Cluster) runscConfig() string {
+// runscConfig is the options file of containerd's runsc runtime, with
+// extra runsc flags.
+func (c *Cluster) runscConfig(extra string) string {
 	st := c.st
 	runscToml := fmt.Sprintf(`binary_name = %q
 root = %q
 [runsc_config]
   platform = "systrap"
-`, c.bin("runsc"), filepath.Join(st.Dir, "runsc"))
+%s`, c.bin("runsc"), filepath.Join(st.Dir, "runsc"), extra)
 	return runscToml
 }
 
@@ -211,7 +221,8 @@ func (c *Cluster) RestoreDir() string { return filepath.Join(c.st.Dir, "checkpoi
 
 // containerdConfig is containerd's configuration, with runc as the
 // default runtime, runsc for the RuntimeClass and, when built, the
-// restoring runsc shim for RestoreRuntimeClass (same runsc options).
+// restoring runsc shim for RestoreRuntimeClass (the same runsc root, its
+// own options file).
 func (c *Cluster) containerdConfig(cdDir, cniConf string) string {
 	restore := ""
 	if c.restoreShim() {
@@ -222,7 +233,7 @@ func (c *Cluster) containerdConfig(cdDir, cniConf string) string {
       pod_annotations = [%q]
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc-restore.options]
         TypeUrl = "io.containerd.runsc.v1.options"
-        ConfigPath = %q`, c.bin(toolchain.RestoreShim), RestoreAnnotation, filepath.Join(cdDir, "runsc.toml"))
+        ConfigPath = %q`, c.bin(toolchain.RestoreShim), RestoreAnnotation, filepath.Join(cdDir, "runsc-restore.toml"))
 	}
 	cdConfig := fmt.Sprintf(`version = 3
 root = %[1]q
