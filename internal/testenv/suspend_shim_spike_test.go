@@ -153,6 +153,12 @@ func TestSuspendSpikeShimRestore(t *testing.T) {
 	sandboxID, _ := readSpec(t, filepath.Join(bundles, id, "config.json"))["annotations"].(map[string]any)["io.kubernetes.cri.sandbox-id"].(string)
 	logContainers(t, "before the checkpoint", pod)
 
+	if err := os.WriteFile(filepath.Join(ws, "changed"), []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := inPod("cat", "/workspace/changed"); got != "v1" {
+		t.Fatalf("workspace file before the checkpoint: %q", got)
+	}
 	before, err := strconv.Atoi(must("counter")("cat", "/tmp/count"))
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +178,12 @@ func TestSuspendSpikeShimRestore(t *testing.T) {
 		}
 		return fmt.Errorf("pod spike still there: %v", err)
 	})
+
+	// The workspace changes while the sandbox is away, as a restore of the
+	// workspace from its snapshot may change it.
+	if err := os.WriteFile(filepath.Join(ws, "changed"), []byte("v2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	// The new pod: same name, containers, images and volume paths; its
 	// own UID, sandbox, network namespace, IP and cgroup.
@@ -205,7 +217,19 @@ func TestSuspendSpikeShimRestore(t *testing.T) {
 		lastErr = err
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("restored pod: first command output %s after the pod's creation (counter %d); kubelet reported Running after %s", firstOut.Round(time.Millisecond), first, running.Round(time.Millisecond))
+	for running == 0 {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, "spike", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase == corev1.PodRunning {
+			running = time.Since(t0)
+		} else if time.Since(t0) > time.Minute {
+			t.Fatalf("the restored pod answers but is %s", p.Status.Phase)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("restored pod: first command output %s after the pod's creation (counter %d); the API showed it Running after %s", firstOut.Round(time.Millisecond), first, running.Round(time.Millisecond))
 	if first < before {
 		t.Errorf("counter restarted: %d after the restore, %d before the checkpoint", first, before)
 	}
@@ -243,6 +267,12 @@ func TestSuspendSpikeShimRestore(t *testing.T) {
 	})
 	t.Logf("the server that listened before the checkpoint answers at the new pod IP %s", restored.Status.PodIP)
 
+	// Files that differ in the new pod: the workspace file changed on the
+	// host, /etc/hosts (kubelet's, naming the new IP).
+	t.Logf("workspace file changed on the host while suspended (v1 -> v2) reads %q after the restore", inPod("cat", "/workspace/changed"))
+	hosts := inPod("cat", "/etc/hosts")
+	t.Logf("/etc/hosts after the restore names the new IP %s: %v, the old IP %s: %v", restored.Status.PodIP, strings.Contains(hosts, restored.Status.PodIP), oldIP, strings.Contains(hosts, oldIP))
+
 	// What kubelet makes of it, a few seconds on.
 	time.Sleep(5 * time.Second)
 	restored, err = cs.CoreV1().Pods(ns).Get(ctx, "spike", metav1.GetOptions{})
@@ -274,6 +304,11 @@ func TestSuspendSpikeShimRestore(t *testing.T) {
 			t.Errorf("the OCI spec of %s lacks %s", name, testenv.RestoreAnnotation)
 		}
 	}
+	var mounts []string
+	for _, m := range readSpec(t, filepath.Join(bundles, ids["python"], "config.json"))["mounts"].([]any) {
+		mounts = append(mounts, m.(map[string]any)["destination"].(string))
+	}
+	t.Logf("mounts of python: %v", mounts)
 	evs, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 	if err == nil {
 		for _, e := range evs.Items {
@@ -283,6 +318,31 @@ func TestSuspendSpikeShimRestore(t *testing.T) {
 		}
 	}
 	shimLog(t, run)
+
+	// A restore that cannot happen fails the pod's sandbox with the shim's
+	// message; kubelet retries it, so the controller must give up and
+	// resume without memory.
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, "spike", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	bad := newPod(map[string]string{testenv.RestoreAnnotation: filepath.Join(run, "checkpoints", "missing")})
+	bad.Name = "spike-bad"
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, func() error {
+		evs, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=spike-bad"})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if strings.Contains(e.Message, "no checkpoint image") || strings.Contains(e.Message, "checkpoint directory") {
+				t.Logf("a pod naming a missing checkpoint: %s %s: %.500s", e.Type, e.Reason, e.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("no event about the missing checkpoint yet (%d events)", len(evs.Items))
+	})
 }
 
 // shimLog logs what containerd's log says about restores (the shim's
@@ -292,7 +352,7 @@ func shimLog(t *testing.T, run string) {
 	if b, err := os.ReadFile(filepath.Join(run, "containerd.log")); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if strings.Contains(l, "estore") && !strings.Contains(l, "starting cri plugin") {
-				t.Logf("containerd.log: %.600s", l)
+				t.Logf("containerd.log: %.1200s", l)
 			}
 		}
 	}
