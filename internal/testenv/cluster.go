@@ -48,6 +48,16 @@ const (
 	Bridge   = "abx-cni0"
 	// RuntimeClass is the gVisor RuntimeClass every node cluster has.
 	RuntimeClass = "gvisor"
+	// RestoreRuntimeClass is gVisor through the restoring runsc shim
+	// (toolchain.RestoreShim): a pod annotated RestoreAnnotation starts
+	// from the sandbox checkpoint it names instead of afresh. A node has it
+	// only when the toolchain built that shim (`make testenv`); pods
+	// without the annotation run as under RuntimeClass.
+	RestoreRuntimeClass = "gvisor-restore"
+	// RestoreAnnotation names a checkpoint directory below RestoreDir(); the
+	// restoring shim reads it from every container's OCI spec, where
+	// containerd's CRI copies it from the pod.
+	RestoreAnnotation = "agentbox.dev/restore-from"
 	// StorageClass is the default class. Its provisioner makes folders any
 	// user may write: kube-controller-manager's hostPath provisioner (also
 	// enabled) makes root-only folders, which non-root sandboxes cannot use.

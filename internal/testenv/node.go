@@ -117,9 +117,15 @@ func (c *Cluster) startNode(ctx context.Context, images []string) error {
 		c.logf("NetworkPolicy enforcer (kube-router %s) ready (%s)", toolchain.KubeRouterVersion, time.Since(t3).Round(time.Millisecond))
 	}
 
-	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: RuntimeClass}, Handler: "runsc"}
-	if _, err := cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create RuntimeClass %s: %w", RuntimeClass, err)
+	classes := map[string]string{RuntimeClass: "runsc"}
+	if c.restoreShim() {
+		classes[RestoreRuntimeClass] = "runsc-restore"
+	}
+	for name, handler := range classes {
+		rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Handler: handler}
+		if _, err := cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create RuntimeClass %s: %w", name, err)
+		}
 	}
 	c.logf("node ready (%s)", time.Since(t0).Round(time.Millisecond))
 	return c.st.save()
@@ -142,14 +148,32 @@ func (c *Cluster) startContainerd(ctx context.Context, path string) error {
 	if err := os.WriteFile(filepath.Join(cniConf, "10-agentbox.conflist"), []byte(c.cniConfig()), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(cdDir, "runsc.toml"), []byte(c.runscConfig()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cdDir, "runsc.toml"), []byte(c.runscConfig("")), 0o644); err != nil {
+		return err
+	}
+	// gVisor checks that a restored container's spec matches the
+	// checkpointed one, including the dev.gvisor.spec.cgroup-parent
+	// annotation runsc derives from the pod's cgroup, which names the pod's
+	// UID: a new pod never matches. The restoring handler logs mismatches
+	// instead of refusing them.
+	if err := os.WriteFile(filepath.Join(cdDir, "runsc-restore.toml"), []byte(c.runscConfig(`  restore-spec-validation = "warning"
+`)), 0o644); err != nil {
 		return err
 	}
 	cdConfPath := filepath.Join(cdDir, "config.toml")
 	if err := os.WriteFile(cdConfPath, []byte(c.containerdConfig(cdDir, cniConf)), 0o644); err != nil {
 		return err
 	}
-	if err := startProcess(st, "containerd", c.bin("containerd"), []string{"--config", cdConfPath}, []string{path}); err != nil {
+	env := []string{path}
+	if c.restoreShim() {
+		if err := os.MkdirAll(c.RestoreDir(), 0o755); err != nil {
+			return err
+		}
+		// The restoring shim inherits containerd's environment and
+		// restores only checkpoints below this folder.
+		env = append(env, "AGENTBOX_RESTORE_ROOT="+c.RestoreDir())
+	}
+	if err := startProcess(st, "containerd", c.bin("containerd"), []string{"--config", cdConfPath}, env); err != nil {
 		return err
 	}
 	return waitFor(ctx, st, "containerd", 30*time.Second, func(ctx context.Context) error {
@@ -175,20 +199,42 @@ func (c *Cluster) cniConfig() string {
 	return conflist
 }
 
-// runscConfig is the options file of containerd's runsc runtime.
-func (c *Cluster) runscConfig() string {
+// runscConfig is the options file of containerd's runsc runtime, with
+// extra runsc flags.
+func (c *Cluster) runscConfig(extra string) string {
 	st := c.st
 	runscToml := fmt.Sprintf(`binary_name = %q
 root = %q
 [runsc_config]
   platform = "systrap"
-`, c.bin("runsc"), filepath.Join(st.Dir, "runsc"))
+%s`, c.bin("runsc"), filepath.Join(st.Dir, "runsc"), extra)
 	return runscToml
 }
 
+// restoreShim says whether the toolchain built the restoring runsc shim,
+// which RestoreRuntimeClass runs on.
+func (c *Cluster) restoreShim() bool { return fileExists(c.bin(toolchain.RestoreShim)) }
+
+// RestoreDir is the node's folder of sandbox checkpoints that pods of
+// RestoreRuntimeClass may restore from.
+func (c *Cluster) RestoreDir() string { return filepath.Join(c.st.Dir, "checkpoints") }
+
 // containerdConfig is containerd's configuration, with runc as the
-// default runtime and runsc for the RuntimeClass.
+// default runtime, runsc for the RuntimeClass and, when built, the
+// restoring runsc shim for RestoreRuntimeClass (the same runsc root, its
+// own options file).
 func (c *Cluster) containerdConfig(cdDir, cniConf string) string {
+	restore := ""
+	if c.restoreShim() {
+		restore = fmt.Sprintf(`
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc-restore]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = %q
+      pod_annotations = [%q]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc-restore.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = %q`, c.bin(toolchain.RestoreShim), RestoreAnnotation, filepath.Join(cdDir, "runsc-restore.toml"))
+	}
 	cdConfig := fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
@@ -212,7 +258,7 @@ state = %[2]q
       runtime_type = "io.containerd.runsc.v1"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc.options]
         TypeUrl = "io.containerd.runsc.v1.options"
-        ConfigPath = %[5]q
+        ConfigPath = %[5]q%[8]s
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = %[6]q
@@ -220,7 +266,7 @@ state = %[2]q
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 `, filepath.Join(cdDir, "root"), filepath.Join(cdDir, "state"), c.sock(), c.sock()+".ttrpc",
-		filepath.Join(cdDir, "runsc.toml"), cniConf, toolchain.PauseImage)
+		filepath.Join(cdDir, "runsc.toml"), cniConf, toolchain.PauseImage, restore)
 	return cdConfig
 }
 

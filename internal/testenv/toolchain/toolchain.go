@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,6 +55,36 @@ var TestPackages = []string{"postgresql", "ipset"}
 
 //go:embed wrappers
 var wrappers embed.FS
+
+// RestoreShim is the runsc shim that can start a pod's containers from a
+// sandbox checkpoint (wrappers/gvisor-restore-shim/main.go).
+const RestoreShim = "containerd-shim-agentbox-runsc-v1"
+
+// wrapperSources are a wrapper's own Go files: a component whose main
+// package is not in its dependencies keeps it beside its go.mod, behind a
+// "go:build ignore" line so that this module never builds it.
+func wrapperSources(name string) (map[string][]byte, error) {
+	entries, err := wrappers.ReadDir("wrappers/" + name)
+	if err != nil {
+		return nil, err
+	}
+	srcs := map[string][]byte{}
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".go") {
+			continue
+		}
+		b, err := wrappers.ReadFile("wrappers/" + name + "/" + e.Name())
+		if err != nil {
+			return nil, err
+		}
+		const ignore = "//go:build ignore\n"
+		if !bytes.HasPrefix(b, []byte(ignore)) {
+			return nil, fmt.Errorf("wrapper %s/%s must start with %q", name, e.Name(), ignore)
+		}
+		srcs[e.Name()] = b[len(ignore):]
+	}
+	return srcs, nil
+}
 
 type binary struct {
 	out string // file name under bin/
@@ -105,6 +136,13 @@ func components() []component {
 		{name: "gvisor", binary: []binary{
 			{"runsc", "gvisor.dev/gvisor/runsc"},
 			{"containerd-shim-runsc-v1", "gvisor.dev/gvisor/shim"},
+		}, ldflags: "-s -w", vendor: true, patch: patchGVisorShimOOM},
+		// The runsc shim with the restore from memory (the suspend with
+		// memory research): its own component, so that its cache entry
+		// never replaces the stock shim's. Only the test env's restoring
+		// runtime handler uses it.
+		{name: "gvisor-restore-shim", testOnly: true, binary: []binary{
+			{RestoreShim, "agentbox.local/testenv/gvisor-restore-shim"},
 		}, ldflags: "-s -w", vendor: true, patch: patchGVisorShimOOM},
 		// The S3-compatible store the archive snapshot driver is tested
 		// against.
@@ -342,6 +380,13 @@ func (c component) stamp() (string, error) {
 	for _, bin := range c.binary {
 		fmt.Fprintf(h, "%s=%s\n", bin.out, bin.pkg)
 	}
+	srcs, err := wrapperSources(c.name)
+	if err != nil {
+		return "", err
+	}
+	for _, name := range slices.Sorted(maps.Keys(srcs)) {
+		fmt.Fprintf(h, "src:%s:%x\n", name, sha256.Sum256(srcs[name]))
+	}
 	for _, f := range c.produces {
 		fmt.Fprintf(h, "file:%s\n", f)
 	}
@@ -395,6 +440,15 @@ func (b *Builder) resolve(ctx context.Context, c component) (string, error) {
 	// does not answer for, taken from a go.sum it did verify.
 	if gosum, err := wrappers.ReadFile("wrappers/" + c.name + "/go.sum.txt"); err == nil {
 		if err := os.WriteFile(filepath.Join(src, "go.sum"), gosum, 0o644); err != nil {
+			return "", err
+		}
+	}
+	srcs, err := wrapperSources(c.name)
+	if err != nil {
+		return "", err
+	}
+	for name, data := range srcs {
+		if err := os.WriteFile(filepath.Join(src, name), data, 0o644); err != nil {
 			return "", err
 		}
 	}

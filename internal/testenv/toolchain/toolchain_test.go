@@ -96,3 +96,59 @@ func TestBuildsOfOneCacheTakeTurns(t *testing.T) {
 		t.Errorf("the waiting build said %q", secondOut.String())
 	}
 }
+
+// The restoring shim is the stock shim plus an extension: it must come
+// from the very gVisor the stock shim and runsc are built from (a
+// checkpoint restores only under the runsc that wrote it), under its own
+// cache entry, and its main package must reach the build.
+func TestRestoreShimBuildsFromTheStockGVisor(t *testing.T) {
+	mod, err := wrappers.ReadFile("wrappers/gvisor-restore-shim/go.mod.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mod), "gvisor.dev/gvisor "+GVisorVersion+"\n") {
+		t.Errorf("the restoring shim's go.mod does not require gVisor %s:\n%s", GVisorVersion, mod)
+	}
+	stock, err := wrappers.ReadFile("wrappers/gvisor/go.mod.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(stock), "gvisor.dev/gvisor "+GVisorVersion+"\n") {
+		t.Errorf("the stock gVisor wrapper does not require %s; GVisorVersion and the wrappers disagree", GVisorVersion)
+	}
+	srcs, err := wrapperSources("gvisor-restore-shim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	main, ok := srcs["main.go"]
+	if !ok || !bytes.Contains(main, []byte("extension.NewExtension = ")) || bytes.Contains(main, []byte("go:build")) {
+		t.Errorf("main.go of the restoring shim, as written for the build, is missing or keeps its build constraint")
+	}
+	var restore, stockC component
+	for _, c := range components() {
+		switch c.name {
+		case "gvisor-restore-shim":
+			restore = c
+		case "gvisor":
+			stockC = c
+		}
+	}
+	if !restore.testOnly || len(restore.binary) != 1 || restore.binary[0].out != RestoreShim {
+		t.Errorf("restoring shim component: %+v", restore)
+	}
+	rs, err := restore.stamp()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := stockC.stamp()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs == ss || slices.Contains(stockC.names(), RestoreShim) {
+		t.Errorf("the restoring shim shares the stock shim's cache entry")
+	}
+	// Components without Go sources keep their stamps.
+	if srcs, err := wrapperSources("gvisor"); err != nil || len(srcs) != 0 {
+		t.Errorf("the stock gVisor wrapper has Go sources %v (%v)", srcs, err)
+	}
+}
