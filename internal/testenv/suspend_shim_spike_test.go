@@ -35,7 +35,7 @@ func TestSuspendSpikeShimRestore(t *testing.T) {
 	requireRoot(t)
 	dir := cacheDir(t)
 	if _, err := os.Stat(filepath.Join(toolchain.BinDir(dir), toolchain.RestoreShim)); err != nil {
-		t.Skipf("the restoring shim is not built (make testenv): %v", err)
+		t.Skipf("the restoring shim is not built (.build/bin/agentbox-testenv build -spikes): %v", err)
 	}
 	cfg, _ := testenv.Shared(t)
 	cs, err := kubernetes.NewForConfig(cfg)

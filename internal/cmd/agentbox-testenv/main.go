@@ -81,8 +81,9 @@ func buildCommand(ctx context.Context, dir string, args []string) error {
 	fs := flag.NewFlagSet("build", flag.ExitOnError)
 	skipPkgs := fs.Bool("skip-packages", false, "do not install missing Debian packages")
 	clusterOnly := fs.Bool("cluster-only", false, "build what a cluster runs (the quickstart's needs), not the servers only tests start")
+	spikes := fs.Bool("spikes", false, "also build what only the research spikes use (the restoring runsc shim)")
 	_ = fs.Parse(args)
-	b := &toolchain.Builder{Dir: dir, Out: os.Stdout, SkipPackages: *skipPkgs, ClusterOnly: *clusterOnly}
+	b := &toolchain.Builder{Dir: dir, Out: os.Stdout, SkipPackages: *skipPkgs, ClusterOnly: *clusterOnly, Spikes: *spikes}
 	return b.Build(ctx)
 }
 

@@ -96,9 +96,12 @@ type component struct {
 	// testOnly components serve tests that start them themselves; a
 	// cluster, and so the quickstart, runs without them.
 	testOnly bool
-	binary   []binary
-	ldflags  string
-	tags     string
+	// spike components serve research spikes (build tags of their own)
+	// and are built only when the Builder asks for Spikes.
+	spike   bool
+	binary  []binary
+	ldflags string
+	tags    string
 	// vendor builds from a vendored tree, so that patch can change a file of
 	// a dependency without committing any of its source.
 	vendor bool
@@ -140,8 +143,10 @@ func components() []component {
 		// The runsc shim with the restore from memory (the suspend with
 		// memory research): its own component, so that its cache entry
 		// never replaces the stock shim's. Only the test env's restoring
-		// runtime handler uses it.
-		{name: "gvisor-restore-shim", testOnly: true, binary: []binary{
+		// runtime handler uses it. Built only on request (Spikes): no test
+		// in CI starts it, and a second gVisor build would add minutes to
+		// a cold CI run.
+		{name: "gvisor-restore-shim", testOnly: true, spike: true, binary: []binary{
 			{RestoreShim, "agentbox.local/testenv/gvisor-restore-shim"},
 		}, ldflags: "-s -w", vendor: true, patch: patchGVisorShimOOM},
 		// The S3-compatible store the archive snapshot driver is tested
@@ -207,6 +212,9 @@ type Builder struct {
 	// start (the S3 server, the snapshot and CSI sidecars, PostgreSQL): what
 	// the quickstart needs. A later full build reuses all of it.
 	ClusterOnly bool
+	// Spikes also builds the components only research spikes use (the
+	// restoring runsc shim).
+	Spikes bool
 }
 
 // Build builds every missing or outdated component. A second run with
@@ -237,7 +245,7 @@ func (b *Builder) Build(ctx context.Context) error {
 	}
 	var todo []component
 	for _, c := range components() {
-		if !c.testOnly || !b.ClusterOnly {
+		if (!c.testOnly || !b.ClusterOnly) && (!c.spike || b.Spikes) {
 			todo = append(todo, c)
 		}
 	}
