@@ -267,8 +267,8 @@ func (c podCgroup) describe() string {
 		mib(c.read("memory.kmem.usage_in_bytes")))
 }
 
-// chargeSampler reads the pod's charge every millisecond, when it can
-// (cgroup v2 on this machine), so that the peak of each step is known: the
+// chargeSampler reads the pod's charge every millisecond, when the test
+// runs on the node, so that the peak of each step is known: the
 // charge can pass the limit between two of the test's own readings.
 type chargeSampler struct {
 	t    *testing.T
@@ -284,9 +284,13 @@ type chargeSampler struct {
 
 func (c podCgroup) sample(t *testing.T) *chargeSampler {
 	s := &chargeSampler{t: t, t0: time.Now(), done: make(chan struct{}), ended: make(chan struct{})}
-	if c.dir == "" || !c.v2 {
+	if c.dir == "" {
 		close(s.ended)
 		return s
+	}
+	usage := "memory.usage_in_bytes"
+	if c.v2 {
+		usage = "memory.current"
 	}
 	go func() {
 		defer close(s.ended)
@@ -297,7 +301,7 @@ func (c podCgroup) sample(t *testing.T) *chargeSampler {
 				return
 			case <-time.After(time.Millisecond):
 			}
-			n, err := strconv.ParseInt(c.read("memory.current"), 10, 64)
+			n, err := strconv.ParseInt(c.read(usage), 10, 64)
 			if err != nil {
 				continue
 			}

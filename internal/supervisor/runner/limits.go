@@ -166,7 +166,7 @@ func (p *guardPolicy) read(r guardReading, now time.Time) (kill bool, wait time.
 	fast := p.interval / 5
 	p.heldFloor = 0
 	if h := p.held; h != nil {
-		h.observe(r.waste)
+		h.observe(r)
 		switch {
 		case h.over(now):
 			p.held = nil
@@ -211,7 +211,7 @@ func (p *guardPolicy) killed(r guardReading, pgid int, now time.Time) {
 	if p.held == nil {
 		p.held = newHeldRelease(r.waste)
 	} else {
-		p.held.observe(r.waste)
+		p.held.observe(r)
 		charged = max(charged, p.held.floor(r.groups))
 	}
 	live := make(map[int]int64, len(r.groups))

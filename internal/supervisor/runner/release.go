@@ -80,6 +80,9 @@ type heldRelease struct {
 	// waste0 is the waste just before the first kill, wastePeak the most
 	// seen since the last kill, lastWaste the last reading.
 	waste0, wastePeak, lastWaste int64
+	// bound is the most the killed groups can still hold by the charge
+	// read (see observe).
+	bound int64
 	// groups0 is each live group's resident memory at the last kill.
 	groups0 map[int]int64
 }
@@ -88,13 +91,21 @@ func newHeldRelease(waste int64) *heldRelease {
 	return &heldRelease{waste0: waste, wastePeak: waste, lastWaste: waste}
 }
 
-// observe takes a reading of the waste.
-func (h *heldRelease) observe(waste int64) {
-	if waste < 0 {
-		return
+// observe takes a reading. The waste tells what the killed groups still
+// hold, but the guard may not see it rise at all: the sentry gives a dead
+// group's pages back within milliseconds when nothing else runs, between
+// two of its samples. So the charge read bounds it too, when no live
+// group grows past heldSlack (and so nothing a live group took can be
+// missing from the reading): the killed groups cannot hold more than the
+// charge read less the base.
+func (h *heldRelease) observe(r guardReading) {
+	if r.waste >= 0 {
+		h.lastWaste = r.waste
+		h.wastePeak = max(h.wastePeak, r.waste)
 	}
-	h.lastWaste = waste
-	h.wastePeak = max(h.wastePeak, waste)
+	if r.groups != nil && h.growth(r.groups) <= heldSlack {
+		h.bound = min(h.bound, max(0, r.charged-h.base))
+	}
 }
 
 // pending is what the killed groups still hold. Their pages become waste
@@ -105,13 +116,14 @@ func (h *heldRelease) observe(waste int64) {
 // be dead yet, and all of it is held; and what never showed as waste
 // (meminfo had not counted it before they died) is held until the end.
 // A live command's own freed memory, which it soon recycles, counts as
-// theirs while it is waste: the floor errs high, never low, for it.
+// theirs while it is waste: the floor errs high, never low, for it. The
+// bound from the charge read (see observe) caps it all.
 func (h *heldRelease) pending() int64 {
 	seen := h.wastePeak - h.waste0
 	if h.waste0 < 0 || seen < h.killed/2 {
-		return h.killed
+		return min(h.bound, h.killed)
 	}
-	return min(h.killed, max(0, h.lastWaste-h.waste0)+max(0, h.killed-seen))
+	return min(h.bound, h.killed, max(0, h.lastWaste-h.waste0)+max(0, h.killed-seen))
 }
 
 // growth is what the live groups have grown by since the last kill; a
@@ -130,7 +142,7 @@ func (h *heldRelease) floor(groups map[int]int64) int64 {
 }
 
 // over reports whether the release is over: the killed groups hold
-// nothing more, or the waste is back where it was before the first kill
+// next to nothing more, or the waste is back where it was before the first kill
 // after having risen (what meminfo never counted went with it), or
 // holdFor has passed since the last kill.
 func (h *heldRelease) over(now time.Time) bool {
@@ -139,7 +151,7 @@ func (h *heldRelease) over(now time.Time) bool {
 		return true
 	case h.waste0 < 0:
 		return false
-	case h.pending() == 0:
+	case h.pending() <= settleSlack:
 		return true
 	}
 	return h.wastePeak > h.waste0+settleSlack && h.lastWaste <= h.waste0+settleSlack
@@ -151,6 +163,7 @@ func (h *heldRelease) over(now time.Time) bool {
 // now is the new start of what is seen.
 func (h *heldRelease) kill(now time.Time, charged, killed int64, groups map[int]int64) {
 	h.killed = h.pending() + killed
+	h.bound = h.killed
 	h.wastePeak = h.lastWaste
 	h.since = now
 	h.base = max(0, charged-h.pending())
