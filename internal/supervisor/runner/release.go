@@ -48,7 +48,7 @@ import (
 
 // holdFor bounds how long after a kill the guard holds the killed group's
 // memory as charged when its release does not show in meminfo: gVisor
-// gave a bomb's memory back 50 to 330 ms after the kill.
+// gave a bomb's memory back 15 to 330 ms after the kill.
 const holdFor = 2 * memorySettle
 
 // heldSlack is how much the live groups may grow while the guard holds a
@@ -95,9 +95,12 @@ func newHeldRelease(waste int64) *heldRelease {
 // hold, but the guard may not see it rise at all: the sentry gives a dead
 // group's pages back within milliseconds when nothing else runs, between
 // two of its samples. So the charge read bounds it too, when no live
-// group grows past heldSlack (and so nothing a live group took can be
-// missing from the reading): the killed groups cannot hold more than the
-// charge read less the base.
+// group grows past heldSlack (and so little that a live group took can
+// be missing from the reading): the killed groups cannot hold more than
+// the charge read less the base. The bound errs low by what meminfo never
+// counted of the killed group (what it touched after the sentry's last
+// scan), as the threshold does for a bomb's growth between two samples;
+// the reserve covers both.
 func (h *heldRelease) observe(r guardReading) {
 	if r.waste >= 0 {
 		h.lastWaste = r.waste
@@ -141,18 +144,18 @@ func (h *heldRelease) floor(groups map[int]int64) int64 {
 	return h.base + h.pending() + h.growth(groups)
 }
 
-// over reports whether the release is over: the killed groups hold
-// next to nothing more, or the waste is back where it was before the first kill
-// after having risen (what meminfo never counted went with it), or
+// over reports whether the release is over: the killed groups hold next
+// to nothing more, or the waste is back where it was before the first
+// kill after having risen (what meminfo never counted went with it), or
 // holdFor has passed since the last kill.
 func (h *heldRelease) over(now time.Time) bool {
 	switch {
 	case now.Sub(h.since) >= holdFor:
 		return true
-	case h.waste0 < 0:
-		return false
 	case h.pending() <= settleSlack:
 		return true
+	case h.waste0 < 0:
+		return false
 	}
 	return h.wastePeak > h.waste0+settleSlack && h.lastWaste <= h.waste0+settleSlack
 }
