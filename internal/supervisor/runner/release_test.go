@@ -2,7 +2,9 @@ package runner
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -267,4 +269,39 @@ func TestGuardHoldBoundedByTheChargeRead(t *testing.T) {
 		{fast, 60 * mib, before, map[int]int64{legit: 100 * mib}, false, 0},
 		{fast, 60 * mib, before, map[int]int64{legit: 110 * mib}, true, legit},
 	})
+}
+
+// scanGroups reads real processes: a command's group, with its resident
+// memory and its process count, and not a group the guard has killed.
+func TestScanGroupsReadsTheCommandsGroups(t *testing.T) {
+	rn := New(Config{})
+	var pgids []int
+	for range 2 {
+		cmd := exec.Command("sleep", "30")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		pgids = append(pgids, cmd.Process.Pid)
+		rn.track(cmd.Process.Pid)
+	}
+	rn.oomKilled[pgids[1]] = true
+	rss, procs := rn.scanGroups()
+	if rss[pgids[0]] <= 0 || procs[pgids[0]] != 1 {
+		t.Errorf("scanGroups: group %d has %d bytes in %d processes; want its one sleep's resident memory", pgids[0], rss[pgids[0]], procs[pgids[0]])
+	}
+	if _, ok := rss[pgids[1]]; ok {
+		t.Errorf("scanGroups read group %d, which the guard killed", pgids[1])
+	}
+	pgid, cost, _ := rn.largestGroup()
+	if pgid != pgids[0] || cost != rss[pgids[0]]+hiddenPerProcess {
+		t.Errorf("largestGroup = %d, %d; want %d, %d", pgid, cost, pgids[0], rss[pgids[0]]+hiddenPerProcess)
+	}
+}
+
+func TestMemInfoWasteReadsThisMachine(t *testing.T) {
+	if n, err := MemInfoWaste(); err != nil || n < 0 {
+		t.Errorf("MemInfoWaste() = %d, %v", n, err)
+	}
 }
