@@ -128,7 +128,9 @@ func (s *Server) startMemoryGuard() error {
 	// given back, and means nothing beside another reading.
 	inUse, waste := s.cfg.MemoryInUse, (func() (int64, error))(nil)
 	if inUse == nil {
-		inUse, waste = runner.NewChargeEstimate().Charged, runner.MemInfoWaste
+		mi, est := runner.NewMemInfo(), runner.NewChargeEstimate()
+		est.InUse = mi.InUse
+		inUse, waste = est.Charged, mi.Waste
 	}
 	return s.runner.StartMemoryGuard(s.cfg.MemoryLimit, s.cfg.MemoryReserve, 0, inUse, waste)
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -90,7 +91,7 @@ type memoryGuard struct {
 	// inUse reports the sandbox's memory in use, in bytes.
 	inUse func() (int64, error)
 	// waste reports what the sandbox counts for ended processes' memory
-	// not yet given back (MemInfoWaste); nil when it cannot be read, and
+	// not yet given back (MemInfo.Waste); nil when it cannot be read, and
 	// then the guard holds a killed group's memory for holdFor.
 	waste func() (int64, error)
 	stop  chan struct{}
@@ -148,6 +149,9 @@ type guardPolicy struct {
 	// heldFloor is the held floor of the charge that made the last kill,
 	// zero if the charge read did.
 	heldFloor int64
+	// near is whether the last charge read was past three quarters of
+	// the threshold.
+	near bool
 }
 
 // sample returns whether to kill the largest command group, given the
@@ -156,27 +160,39 @@ func (p *guardPolicy) sample(used int64, now time.Time) (kill bool, wait time.Du
 	return p.read(guardReading{charged: used, waste: -1}, now)
 }
 
-// holding reports whether the guard holds a killed group's memory, and so
-// needs the waste and the live groups in its readings.
-func (p *guardPolicy) holding() bool { return p.held != nil }
+// holding reports whether the guard needs the waste and the live groups
+// in its readings: while it holds a killed group's memory, and while the
+// charge read is past three quarters of the threshold (to watch it).
+func (p *guardPolicy) holding() bool { return p.held != nil || p.near }
 
 // read is sample with all that the guard read.
 func (p *guardPolicy) read(r guardReading, now time.Time) (kill bool, wait time.Duration) {
 	used := r.charged
 	fast := p.interval / 5
 	p.heldFloor = 0
+	p.near = used > p.threshold/4*3
 	if h := p.held; h != nil {
 		h.observe(r)
 		switch {
-		case h.over(now):
+		case h.over(now) || h.watch && !p.near && h.floor(r) <= p.threshold/4*3:
 			p.held = nil
-		case r.groups != nil && h.growth(r.groups) > heldSlack && h.floor(r.groups) >= p.threshold:
+		case r.groups != nil && h.growth(r) > heldSlack && h.floor(r) >= p.threshold:
 			// Something grows while the last kill's memory is still on
-			// its way back, and the two are more than the threshold:
-			// meminfo may show less (see heldRelease).
-			p.killedAt, p.floor, p.heldFloor = now, used, h.floor(r.groups)
+			// its way back, or while meminfo lags, and the floor of the
+			// charge is past the threshold: meminfo may show less (see
+			// heldRelease).
+			p.killedAt, p.floor, p.heldFloor = now, used, h.floor(r)
 			return true, fast
+		case h.watch && r.groups != nil && (used >= h.floor(r) || now.Sub(h.since) >= holdFor):
+			// meminfo has caught up, or has had time to: watch from here.
+			// (Resident memory counts a process's shared libraries whole,
+			// and new processes in a build would otherwise keep the floor
+			// over the charge for as long as they run.)
+			h.rebase(r, now)
 		}
+	}
+	if p.held == nil && p.near && r.groups != nil && r.waste >= 0 {
+		p.held = newWatch(r, now)
 	}
 	settling := !p.killedAt.IsZero() && now.Sub(p.killedAt) < memorySettle
 	if settling {
@@ -189,7 +205,7 @@ func (p *guardPolicy) read(r guardReading, now time.Time) (kill bool, wait time.
 		// often: a bomb on a busy node gets further between two samples
 		// than the reserve allows for, and the pod's limit ends the whole
 		// sandbox.
-		if settling || p.held != nil || used > p.threshold/4*3 {
+		if settling || p.held != nil || p.near {
 			return false, fast
 		}
 		return false, p.interval
@@ -208,11 +224,12 @@ func (p *guardPolicy) killed(r guardReading, pgid int, now time.Time) {
 		return
 	}
 	charged := r.charged
-	if p.held == nil {
-		p.held = newHeldRelease(r.waste)
-	} else {
+	if p.held != nil {
 		p.held.observe(r)
-		charged = max(charged, p.held.floor(r.groups))
+		charged = max(charged, p.held.floor(r))
+	}
+	if p.held == nil || p.held.watch {
+		p.held = newHeldRelease(r.waste)
 	}
 	live := make(map[int]int64, len(r.groups))
 	for g, n := range r.groups {
@@ -228,7 +245,7 @@ func (p *guardPolicy) killed(r guardReading, pgid int, now time.Time) {
 // kernel's own memory is charged to the pod but not reported in the
 // sandbox's /proc/meminfo. inUse reads what the pod is charged, and waste,
 // if not nil, what the sandbox still counts for ended processes' memory
-// (MemInfoWaste, when inUse reads this sandbox).
+// (MemInfo.Waste, beside a charge read from the same MemInfo).
 func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration, inUse, waste func() (int64, error)) error {
 	if reserve <= 0 {
 		reserve = defaultMemoryReserve(limit)
@@ -259,7 +276,10 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		rn.mu.Lock()
 		idle := len(rn.groups) == 0
 		rn.mu.Unlock()
-		if idle {
+		// While it holds a killed group's memory the guard samples on
+		// with no command running: the release is often over before the
+		// next command starts, and only a reading then shows it.
+		if idle && !g.policy.holding() {
 			continue
 		}
 		used, err := g.inUse()
@@ -269,7 +289,7 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		r := guardReading{charged: used, waste: -1}
 		if g.policy.holding() {
 			r.waste = g.readWaste()
-			r.groups, _ = rn.scanGroups()
+			r.groups, _, r.procs = rn.scanGroups()
 		}
 		var kill bool
 		now := time.Now()
@@ -280,11 +300,11 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		if r.waste < 0 {
 			r.waste = g.readWaste()
 		}
-		pgid, cost, rss := rn.largestGroup()
+		pgid, cost, rss, pids := rn.largestGroup()
 		if pgid == 0 {
 			continue
 		}
-		r.groups = rss
+		r.groups, r.procs = rss, pids
 		g.policy.killed(r, pgid, now)
 		rn.mu.Lock()
 		rn.oomKilled[pgid] = true
@@ -314,12 +334,14 @@ func (g *memoryGuard) close() {
 }
 
 // scanGroups reads, for each tracked process group the guard has not
-// killed, its processes' resident memory and how many they are. Groups
-// the guard has killed are left out: they are on their way out.
-func (rn *Runner) scanGroups() (rss map[int]int64, procs map[int]int) {
+// killed, its processes' resident memory and how many they are, and each
+// of those processes' own. Groups the guard has killed are left out: they
+// are on their way out.
+func (rn *Runner) scanGroups() (rss map[int]int64, procs map[int]int, pids map[int]int64) {
 	rn.mu.Lock()
 	rss = make(map[int]int64, len(rn.groups))
 	procs = make(map[int]int, len(rn.groups))
+	pids = make(map[int]int64)
 	for g := range rn.groups {
 		if !rn.oomKilled[g] {
 			rss[g] = 0
@@ -328,7 +350,7 @@ func (rn *Runner) scanGroups() (rss map[int]int64, procs map[int]int) {
 	rn.mu.Unlock()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return rss, procs
+		return rss, procs, pids
 	}
 	page := int64(os.Getpagesize())
 	for _, e := range entries {
@@ -340,9 +362,10 @@ func (rn *Runner) scanGroups() (rss map[int]int64, procs map[int]int) {
 		if _, ours := rss[g]; ok && ours {
 			rss[g] += pages * page
 			procs[g]++
+			pids[pid] = pages * page
 		}
 	}
-	return rss, procs
+	return rss, procs, pids
 }
 
 // largestGroup returns the tracked process group that costs the pod the
@@ -350,16 +373,16 @@ func (rn *Runner) scanGroups() (rss map[int]int64, procs map[int]int) {
 // process what the sandbox kernel holds for it beyond that
 // (hiddenPerProcess), so that a fork bomb of small processes is found.
 // Groups the guard has already killed are left out: they are on their way
-// out, and the next kill must hit what still grows. rss is every group's
-// resident memory, as scanGroups reads it.
-func (rn *Runner) largestGroup() (pgid int, cost int64, rss map[int]int64) {
-	rss, procs := rn.scanGroups()
+// out, and the next kill must hit what still grows. rss and pids are
+// every group's and process's resident memory, as scanGroups reads them.
+func (rn *Runner) largestGroup() (pgid int, cost int64, rss, pids map[int]int64) {
+	rss, procs, pids := rn.scanGroups()
 	for g, n := range rss {
 		if c := n + int64(procs[g])*hiddenPerProcess; c > cost {
 			pgid, cost = g, c
 		}
 	}
-	return pgid, cost, rss
+	return pgid, cost, rss, pids
 }
 
 // procGroupRSS reads a process's group and resident pages from its stat
@@ -403,8 +426,12 @@ func MemInfoInUse() (int64, error) {
 		return 0, err
 	}
 	defer f.Close()
+	return memInfoInUse(f)
+}
+
+func memInfoInUse(r io.Reader) (int64, error) {
 	var total, avail int64 = -1, -1
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
 		if !ok {

@@ -2,11 +2,13 @@ package runner
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -66,8 +68,9 @@ type guardReading struct {
 	// given back. Negative when unknown.
 	waste int64
 	// groups is the resident memory of each live command group the guard
-	// has not killed; nil when not read.
-	groups map[int]int64
+	// has not killed, and procs of each of their processes; nil when not
+	// read.
+	groups, procs map[int]int64
 }
 
 // heldRelease is what the guard holds after a kill, until the killed
@@ -83,8 +86,35 @@ type heldRelease struct {
 	// bound is the most the killed groups can still hold by the charge
 	// read (see observe).
 	bound int64
-	// groups0 is each live group's resident memory at the last kill.
+	// groups0 is each live group's resident memory at the last kill, or
+	// for a watch each of their processes' at the start.
 	groups0 map[int]int64
+	// watch is set when nothing was killed: the guard watches a charge
+	// near the threshold (see newWatch).
+	watch bool
+}
+
+// newWatch starts a floor of the charge with no kill, from a reading past
+// three quarters of the threshold. meminfo lags a bomb's growth even with
+// no release going on (the sentry's scan for committed pages is
+// throttled, and slower on a busy node): a first bomb in a 1 GiB pod grew
+// from 60 MiB to the pod's limit in 0.9 s with the guard's reading never
+// past its threshold. The floor is the reading at the start, plus how the
+// waste has moved since (it falls as dead memory is given back, and rises
+// as it dies), plus how the live groups' resident memory has moved, which
+// does not lag; it starts again from the reading whenever meminfo catches
+// up with it, and after holdFor.
+func newWatch(r guardReading, now time.Time) *heldRelease {
+	h := &heldRelease{watch: true}
+	h.rebase(r, now)
+	return h
+}
+
+// rebase starts a watch again from reading r.
+func (h *heldRelease) rebase(r guardReading, now time.Time) {
+	h.since = now
+	h.base, h.waste0, h.wastePeak, h.lastWaste = r.charged, r.waste, r.waste, r.waste
+	h.groups0 = r.procs
 }
 
 func newHeldRelease(waste int64) *heldRelease {
@@ -106,7 +136,7 @@ func (h *heldRelease) observe(r guardReading) {
 		h.lastWaste = r.waste
 		h.wastePeak = max(h.wastePeak, r.waste)
 	}
-	if r.groups != nil && h.growth(r.groups) <= heldSlack {
+	if !h.watch && r.groups != nil && h.growth(r) <= heldSlack {
 		h.bound = min(h.bound, max(0, r.charged-h.base))
 	}
 }
@@ -122,6 +152,11 @@ func (h *heldRelease) observe(r guardReading) {
 // theirs while it is waste: the floor errs high, never low, for it. The
 // bound from the charge read (see observe) caps it all.
 func (h *heldRelease) pending() int64 {
+	if h.watch {
+		// How the waste has moved since the start: given back, it is
+		// no longer charged; recycled, it shows in growth instead.
+		return h.lastWaste - h.waste0
+	}
 	seen := h.wastePeak - h.waste0
 	if h.waste0 < 0 || seen < h.killed/2 {
 		return min(h.bound, h.killed)
@@ -130,18 +165,41 @@ func (h *heldRelease) pending() int64 {
 }
 
 // growth is what the live groups have grown by since the last kill; a
-// group started since counts whole.
-func (h *heldRelease) growth(groups map[int]int64) int64 {
+// group started since counts whole. A watch counts the processes it
+// started with, and only them: a process started since (a compiler in a
+// build) counts its shared libraries whole in its resident memory though
+// they were charged before, while a bomb that meminfo lags is a process
+// that was already there, growing.
+func (h *heldRelease) growth(r guardReading) int64 {
 	var n int64
-	for g, rss := range groups {
+	if h.watch {
+		for pid, rss0 := range h.groups0 {
+			if rss, ok := r.procs[pid]; ok {
+				n += max(0, rss-rss0)
+			}
+		}
+		return n
+	}
+	for g, rss := range r.groups {
 		n += max(0, rss-h.groups0[g])
 	}
 	return n
 }
 
 // floor is the least the pod is charged now, by what the guard holds.
-func (h *heldRelease) floor(groups map[int]int64) int64 {
-	return h.base + h.pending() + h.growth(groups)
+// A watch counts what its processes gave up too (their resident memory
+// fell, and what they freed is now waste, or given back; a process that
+// ended gave up all it held): it has no killed group's memory to hold
+// apart.
+func (h *heldRelease) floor(r guardReading) int64 {
+	if !h.watch {
+		return h.base + h.pending() + h.growth(r)
+	}
+	n := h.base + h.pending()
+	for pid, rss0 := range h.groups0 {
+		n += r.procs[pid] - rss0
+	}
+	return n
 }
 
 // over reports whether the release is over: the killed groups hold next
@@ -150,6 +208,8 @@ func (h *heldRelease) floor(groups map[int]int64) int64 {
 // holdFor has passed since the last kill.
 func (h *heldRelease) over(now time.Time) bool {
 	switch {
+	case h.watch:
+		return false // the policy ends a watch
 	case now.Sub(h.since) >= holdFor:
 		return true
 	case h.pending() <= settleSlack:
@@ -171,6 +231,38 @@ func (h *heldRelease) kill(now time.Time, charged, killed int64, groups map[int]
 	h.since = now
 	h.base = max(0, charged-h.pending())
 	h.groups0 = groups
+}
+
+// MemInfo reads the sandbox's /proc/meminfo for the memory guard once a
+// sample (each reading makes the sentry scan for committed pages): InUse
+// is MemInfoInUse, and Waste is MemInfoWaste as of InUse's last reading.
+type MemInfo struct {
+	mu    sync.Mutex
+	waste int64
+	err   error
+}
+
+// NewMemInfo returns a MemInfo that has read nothing yet.
+func NewMemInfo() *MemInfo { return &MemInfo{err: errors.New("/proc/meminfo not read yet")} }
+
+// InUse reads /proc/meminfo, as MemInfoInUse.
+func (m *MemInfo) InUse() (int64, error) {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	waste, werr := memInfoWaste(bytes.NewReader(data))
+	m.mu.Lock()
+	m.waste, m.err = waste, werr
+	m.mu.Unlock()
+	return memInfoInUse(bytes.NewReader(data))
+}
+
+// Waste is MemInfoWaste as of the last InUse.
+func (m *MemInfo) Waste() (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.waste, m.err
 }
 
 // MemInfoWaste reads what the sandbox's /proc/meminfo counts as in use

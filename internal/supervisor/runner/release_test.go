@@ -29,20 +29,21 @@ func runReadings(t *testing.T, p *guardPolicy, start time.Time, steps []readStep
 	now := start
 	for i, s := range steps {
 		now = now.Add(s.after)
+		// Each group here is one process, whose PID is the group's.
 		r := guardReading{charged: s.used, waste: s.waste}
 		if p.holding() {
-			r.groups = s.groups
+			r.groups, r.procs = s.groups, s.groups
 		}
 		kill, _ := p.read(r, now)
 		if kill != s.kill {
 			held := "nothing held"
 			if h := p.held; h != nil {
-				held = fmt.Sprintf("held: base %d MiB, pending %d MiB, growth %d MiB", h.base/mib, h.pending()/mib, h.growth(s.groups)/mib)
+				held = fmt.Sprintf("held: base %d MiB, pending %d MiB, growth %d MiB", h.base/mib, h.pending()/mib, h.growth(r)/mib)
 			}
 			t.Errorf("reading %d (%d MiB, waste %d MiB, groups %v): kill %v, want %v (%s)", i+1, s.used/mib, s.waste/mib, s.groups, kill, s.kill, held)
 		}
 		if kill {
-			r.groups = s.groups
+			r.groups, r.procs = s.groups, s.groups
 			p.killed(r, s.killPgid, now)
 		}
 	}
@@ -140,7 +141,7 @@ func TestGuardHoldCountsRecycledPagesOnce(t *testing.T) {
 		// A command takes 20 MiB of what is left: 50 + 30 + 20.
 		{fast, 80 * mib, 32 * mib, map[int]int64{legit: 20 * mib}, false, 0},
 	})
-	if got := p.held.floor(map[int]int64{legit: 20 * mib}); got != 100*mib {
+	if got := p.held.floor(guardReading{groups: map[int]int64{legit: 20 * mib}}); got != 100*mib {
 		t.Errorf("held floor %d MiB, want 100 (120 if the recycled pages counted twice)", got/mib)
 	}
 }
@@ -199,7 +200,7 @@ func TestGuardHoldWithoutWasteLastsHoldFor(t *testing.T) {
 		t.Fatal("the hold ended before holdFor")
 	}
 	runReadings(t, p, now, []readStep{{time.Millisecond, 130 * mib, -1, map[int]int64{legit: 30 * mib}, false, 0}})
-	if p.holding() {
+	if p.held != nil {
 		t.Fatal("still holding after holdFor")
 	}
 }
@@ -287,14 +288,20 @@ func TestScanGroupsReadsTheCommandsGroups(t *testing.T) {
 		rn.track(cmd.Process.Pid)
 	}
 	rn.oomKilled[pgids[1]] = true
-	rss, procs := rn.scanGroups()
+	rss, procs, pids := rn.scanGroups()
 	if rss[pgids[0]] <= 0 || procs[pgids[0]] != 1 {
 		t.Errorf("scanGroups: group %d has %d bytes in %d processes; want its one sleep's resident memory", pgids[0], rss[pgids[0]], procs[pgids[0]])
+	}
+	if pids[pgids[0]] != rss[pgids[0]] {
+		t.Errorf("scanGroups: process %d has %d bytes, its group %d", pgids[0], pids[pgids[0]], rss[pgids[0]])
 	}
 	if _, ok := rss[pgids[1]]; ok {
 		t.Errorf("scanGroups read group %d, which the guard killed", pgids[1])
 	}
-	pgid, cost, _ := rn.largestGroup()
+	if _, ok := pids[pgids[1]]; ok {
+		t.Errorf("scanGroups read process %d, whose group the guard killed", pgids[1])
+	}
+	pgid, cost, _, _ := rn.largestGroup()
 	if pgid != pgids[0] || cost != rss[pgids[0]]+hiddenPerProcess {
 		t.Errorf("largestGroup = %d, %d; want %d, %d", pgid, cost, pgids[0], rss[pgids[0]]+hiddenPerProcess)
 	}
@@ -304,4 +311,77 @@ func TestMemInfoWasteReadsThisMachine(t *testing.T) {
 	if n, err := MemInfoWaste(); err != nil || n < 0 {
 		t.Errorf("MemInfoWaste() = %d, %v", n, err)
 	}
+	mi := NewMemInfo()
+	if _, err := mi.Waste(); err == nil {
+		t.Error("MemInfo.Waste before any reading: no error")
+	}
+	if n, err := mi.InUse(); err != nil || n <= 0 {
+		t.Errorf("MemInfo.InUse() = %d, %v", n, err)
+	}
+	if n, err := mi.Waste(); err != nil || n < 0 {
+		t.Errorf("MemInfo.Waste() after a reading = %d, %v", n, err)
+	}
+}
+
+// A first bomb, with no kill before it: meminfo lags its growth (the
+// sentry's scan for committed pages is throttled), but from three
+// quarters of the threshold on the guard watches the groups' resident
+// memory, which does not lag.
+func TestGuardWatchCatchesABombMeminfoLags(t *testing.T) {
+	p := newPolicy()
+	runReadings(t, p, t0, []readStep{
+		{0, 100 * mib, before, nil, false, 0},
+		{slow, 125 * mib, before, nil, false, 0},
+		{fast, 126 * mib, before, map[int]int64{bomb2: 90 * mib}, false, 0},
+		{fast, 128 * mib, before, map[int]int64{bomb2: 110 * mib}, false, 0},
+		// 126 + 40, though the reading says 130.
+		{fast, 130 * mib, before, map[int]int64{bomb2: 130 * mib}, true, bomb2},
+	})
+	if p.held == nil || p.held.watch {
+		t.Fatal("after the kill the guard does not hold the bomb's memory")
+	}
+}
+
+// A command that starts while the previous command's memory is still
+// being given back is not blamed for that memory: the watch counts the
+// waste as it falls.
+func TestGuardWatchFollowsTheRelease(t *testing.T) {
+	p := newPolicy()
+	runReadings(t, p, t0, []readStep{
+		{0, 150 * mib, 102 * mib, nil, false, 0},
+		{fast, 150 * mib, 102 * mib, map[int]int64{legit: 14 * mib}, false, 0},
+		// 50 MiB given back as the command grows by 46: 150 - 50 + 46.
+		{fast, 140 * mib, 52 * mib, map[int]int64{legit: 60 * mib}, false, 0},
+		// All given back: 150 - 100 + 96.
+		{fast, 140 * mib, before, map[int]int64{legit: 110 * mib}, false, 0},
+		{fast, 146 * mib, before, map[int]int64{legit: 110 * mib}, false, 0},
+	})
+	if p.held == nil || !p.held.watch || p.held.base != 146*mib {
+		t.Fatalf("the watch did not start again from the reading that caught up with it: %+v", p.held)
+	}
+	// The command ends, and what it held becomes waste: still charged.
+	runReadings(t, p, t0.Add(time.Second), []readStep{{fast, 146 * mib, 112 * mib, map[int]int64{}, false, 0}})
+	if got := p.held.floor(guardReading{groups: map[int]int64{}, procs: map[int]int64{}}); got != 146*mib {
+		t.Errorf("floor once the command ended: %d MiB, want 146", got/mib)
+	}
+	// Given back: the reading falls under three quarters, and so does the
+	// floor.
+	runReadings(t, p, t0.Add(2*time.Second), []readStep{{fast, 40 * mib, before, map[int]int64{}, false, 0}})
+	if p.held != nil {
+		t.Fatal("still watching after the reading fell")
+	}
+}
+
+// A build near the threshold: a compiler started since the watch began
+// maps shared libraries that were charged before, and its resident memory
+// counts them whole; it is not taken for growth.
+func TestGuardWatchLeavesNewProcessesOut(t *testing.T) {
+	p := newPolicy()
+	runReadings(t, p, t0, []readStep{
+		{0, 125 * mib, before, nil, false, 0},
+		{fast, 125 * mib, before, map[int]int64{legit: 60 * mib}, false, 0},
+		{fast, 126 * mib, before, map[int]int64{legit: 60 * mib, shell: 40 * mib}, false, 0},
+		// The process that was there grows, and meminfo lags: 125 + 36.
+		{fast, 130 * mib, before, map[int]int64{legit: 96 * mib, shell: 40 * mib}, true, legit},
+	})
 }
