@@ -134,7 +134,10 @@ type memoryGuard struct {
 // third bomb in a row grew unseen to the pod's limit. So from a kill until
 // the killed group's memory has left meminfo, the guard also holds a floor
 // of the charge built from what does not lag, the live groups' resident
-// memory, and kills what grows past it (see heldRelease).
+// memory, and kills what grows past it (see heldRelease). meminfo lags a
+// growing bomb with no kill before it too, on a busy node, so from three
+// quarters of the threshold on the guard watches the charge with the same
+// kind of floor (see newWatch).
 type guardPolicy struct {
 	threshold int64
 	interval  time.Duration
