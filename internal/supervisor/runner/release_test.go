@@ -288,7 +288,16 @@ func TestScanGroupsReadsTheCommandsGroups(t *testing.T) {
 		rn.track(cmd.Process.Pid)
 	}
 	rn.oomKilled[pgids[1]] = true
-	rss, procs, pids := rn.scanGroups()
+	// A process just started may not have exec'd yet, and holds nothing
+	// of its own until it has.
+	var rss, pids map[int]int64
+	var procs map[int]int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		rss, procs, pids = rn.scanGroups()
+		if rss[pgids[0]] > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if rss[pgids[0]] <= 0 || procs[pgids[0]] != 1 {
 		t.Errorf("scanGroups: group %d has %d bytes in %d processes; want its one sleep's resident memory", pgids[0], rss[pgids[0]], procs[pgids[0]])
 	}
@@ -301,7 +310,7 @@ func TestScanGroupsReadsTheCommandsGroups(t *testing.T) {
 	if _, ok := pids[pgids[1]]; ok {
 		t.Errorf("scanGroups read process %d, whose group the guard killed", pgids[1])
 	}
-	pgid, cost, _, _ := rn.largestGroup()
+	pgid, cost, rss, _ := rn.largestGroup()
 	if pgid != pgids[0] || cost != rss[pgids[0]]+hiddenPerProcess {
 		t.Errorf("largestGroup = %d, %d; want %d, %d", pgid, cost, pgids[0], rss[pgids[0]]+hiddenPerProcess)
 	}
