@@ -123,11 +123,16 @@ func (s *Server) startMemoryGuard() error {
 	if s.cfg.MemoryLimit <= 0 {
 		return nil
 	}
-	inUse := s.cfg.MemoryInUse
+	// The waste is read only beside this sandbox's own charge: it tells
+	// the guard how much of a killed command's memory is still to be
+	// given back, and means nothing beside another reading.
+	inUse, waste := s.cfg.MemoryInUse, (func() (int64, error))(nil)
 	if inUse == nil {
-		inUse = runner.NewChargeEstimate().Charged
+		mi, est := runner.NewMemInfo(), runner.NewChargeEstimate()
+		est.InUse = mi.InUse
+		inUse, waste = est.Charged, mi.Waste
 	}
-	return s.runner.StartMemoryGuard(s.cfg.MemoryLimit, s.cfg.MemoryReserve, 0, inUse)
+	return s.runner.StartMemoryGuard(s.cfg.MemoryLimit, s.cfg.MemoryReserve, 0, inUse, waste)
 }
 
 // Close releases the workspace handle and stops environment builds.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -89,6 +90,10 @@ type memoryGuard struct {
 	interval time.Duration
 	// inUse reports the sandbox's memory in use, in bytes.
 	inUse func() (int64, error)
+	// waste reports what the sandbox counts for ended processes' memory
+	// not yet given back (MemInfo.Waste); nil when it cannot be read, and
+	// then the guard holds a killed group's memory for holdFor.
+	waste func() (int64, error)
 	stop  chan struct{}
 	done  chan struct{}
 }
@@ -122,6 +127,17 @@ type memoryGuard struct {
 // once the memory in use rises past the lowest reading since the kill:
 // what the dead group still holds is not blamed on the next command, and
 // anything that grows on top of it is.
+//
+// That alone did not do: while the killed group's memory is given back,
+// meminfo falls by what is given back and recycled as it rises by what a
+// new bomb takes, and lags what the new bomb touched, so a 256 MiB pod's
+// third bomb in a row grew unseen to the pod's limit. So from a kill until
+// the killed group's memory has left meminfo, the guard also holds a floor
+// of the charge built from what does not lag, the live groups' resident
+// memory, and kills what grows past it (see heldRelease). meminfo lags a
+// growing bomb with no kill before it too, on a busy node, so from three
+// quarters of the threshold on the guard watches the charge with the same
+// kind of floor (see newWatch).
 type guardPolicy struct {
 	threshold int64
 	interval  time.Duration
@@ -129,12 +145,58 @@ type guardPolicy struct {
 	// since.
 	killedAt time.Time
 	floor    int64
+	// held is what the guard holds as charged from a kill until the
+	// killed group's memory is given back (see heldRelease); nil when
+	// nothing is held.
+	held *heldRelease
+	// heldFloor is the held floor of the charge that made the last kill,
+	// zero if the charge read did.
+	heldFloor int64
+	// near is whether the last charge read was past three quarters of
+	// the threshold.
+	near bool
 }
 
 // sample returns whether to kill the largest command group, given the
 // memory in use now, and how long to wait before the next sample.
 func (p *guardPolicy) sample(used int64, now time.Time) (kill bool, wait time.Duration) {
+	return p.read(guardReading{charged: used, waste: -1}, now)
+}
+
+// holding reports whether the guard needs the waste and the live groups
+// in its readings: while it holds a killed group's memory, and while the
+// charge read is past three quarters of the threshold (to watch it).
+func (p *guardPolicy) holding() bool { return p.held != nil || p.near }
+
+// read is sample with all that the guard read.
+func (p *guardPolicy) read(r guardReading, now time.Time) (kill bool, wait time.Duration) {
+	used := r.charged
 	fast := p.interval / 5
+	p.heldFloor = 0
+	p.near = used > p.threshold/4*3
+	if h := p.held; h != nil {
+		h.observe(r)
+		switch {
+		case h.over(now) || h.watch && !p.near && h.floor(r) <= p.threshold/4*3:
+			p.held = nil
+		case r.groups != nil && h.growth(r) > heldSlack && h.floor(r) >= p.threshold:
+			// Something grows while the last kill's memory is still on
+			// its way back, or while meminfo lags, and the floor of the
+			// charge is past the threshold: meminfo may show less (see
+			// heldRelease).
+			p.killedAt, p.floor, p.heldFloor = now, used, h.floor(r)
+			return true, fast
+		case h.watch && r.groups != nil && (used >= h.floor(r) || now.Sub(h.since) >= holdFor):
+			// meminfo has caught up, or has had time to: watch from here.
+			// (Resident memory counts a process's shared libraries whole,
+			// and new processes in a build would otherwise keep the floor
+			// over the charge for as long as they run.)
+			h.rebase(r, now)
+		}
+	}
+	if p.held == nil && p.near && r.groups != nil && r.waste >= 0 {
+		p.held = newWatch(r, now)
+	}
 	settling := !p.killedAt.IsZero() && now.Sub(p.killedAt) < memorySettle
 	if settling {
 		p.floor = min(p.floor, used)
@@ -146,7 +208,7 @@ func (p *guardPolicy) sample(used int64, now time.Time) (kill bool, wait time.Du
 		// often: a bomb on a busy node gets further between two samples
 		// than the reserve allows for, and the pod's limit ends the whole
 		// sandbox.
-		if settling || used > p.threshold/4*3 {
+		if settling || p.held != nil || p.near {
 			return false, fast
 		}
 		return false, p.interval
@@ -157,11 +219,37 @@ func (p *guardPolicy) sample(used int64, now time.Time) (kill bool, wait time.Du
 	return true, fast
 }
 
+// killed records that the guard killed group pgid after reading r (its
+// groups read just before the kill, pgid among them): from now until its
+// memory is given back, the guard holds it as charged.
+func (p *guardPolicy) killed(r guardReading, pgid int, now time.Time) {
+	if r.groups == nil {
+		return
+	}
+	charged := r.charged
+	if p.held != nil {
+		p.held.observe(r)
+		charged = max(charged, p.held.floor(r))
+	}
+	if p.held == nil || p.held.watch {
+		p.held = newHeldRelease(r.waste)
+	}
+	live := make(map[int]int64, len(r.groups))
+	for g, n := range r.groups {
+		if g != pgid {
+			live[g] = n
+		}
+	}
+	p.held.kill(now, charged, r.groups[pgid], live)
+}
+
 // StartMemoryGuard runs the guard until Close. limit is the pod's memory
 // limit and reserve what is kept back under it: under gVisor the sandbox
 // kernel's own memory is charged to the pod but not reported in the
-// sandbox's /proc/meminfo.
-func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration, inUse func() (int64, error)) error {
+// sandbox's /proc/meminfo. inUse reads what the pod is charged, and waste,
+// if not nil, what the sandbox still counts for ended processes' memory
+// (MemInfo.Waste, beside a charge read from the same MemInfo).
+func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration, inUse, waste func() (int64, error)) error {
 	if reserve <= 0 {
 		reserve = defaultMemoryReserve(limit)
 	}
@@ -172,7 +260,7 @@ func (rn *Runner) StartMemoryGuard(limit, reserve int64, interval time.Duration,
 		interval = DefaultMemoryGuardInterval
 	}
 	g := &memoryGuard{policy: guardPolicy{threshold: limit - reserve, interval: interval}, interval: interval, inUse: inUse,
-		stop: make(chan struct{}), done: make(chan struct{})}
+		waste: waste, stop: make(chan struct{}), done: make(chan struct{})}
 	rn.memGuard = g
 	go rn.guardMemory(g)
 	return nil
@@ -191,29 +279,56 @@ func (rn *Runner) guardMemory(g *memoryGuard) {
 		rn.mu.Lock()
 		idle := len(rn.groups) == 0
 		rn.mu.Unlock()
-		if idle {
+		// While it holds a killed group's memory the guard samples on
+		// with no command running: the release is often over before the
+		// next command starts, and only a reading then shows it.
+		if idle && !g.policy.holding() {
 			continue
 		}
 		used, err := g.inUse()
 		if err != nil {
 			continue
 		}
+		r := guardReading{charged: used, waste: -1}
+		if g.policy.holding() {
+			r.waste = g.readWaste()
+			r.groups, _, r.procs = rn.scanGroups()
+		}
 		var kill bool
-		kill, wait = g.policy.sample(used, time.Now())
+		now := time.Now()
+		kill, wait = g.policy.read(r, now)
 		if !kill {
 			continue
 		}
-		pgid, cost := rn.largestGroup()
+		if r.waste < 0 {
+			r.waste = g.readWaste()
+		}
+		pgid, cost, rss, pids := rn.largestGroup()
 		if pgid == 0 {
 			continue
 		}
+		r.groups, r.procs = rss, pids
+		g.policy.killed(r, pgid, now)
 		rn.mu.Lock()
 		rn.oomKilled[pgid] = true
 		rn.mu.Unlock()
 		rn.cfg.Log.Warn("sandbox memory near its limit: killed the command using the most",
-			"in_use_bytes", used, "threshold_bytes", g.policy.threshold, "pgid", pgid, "group_bytes", cost)
+			"in_use_bytes", used, "held_floor_bytes", g.policy.heldFloor, "threshold_bytes", g.policy.threshold,
+			"pgid", pgid, "group_bytes", cost)
 		sweepGroup(pgid)
 	}
+}
+
+// readWaste reads the waste, -1 if it cannot be read.
+func (g *memoryGuard) readWaste() int64 {
+	if g.waste == nil {
+		return -1
+	}
+	n, err := g.waste()
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 func (g *memoryGuard) close() {
@@ -221,24 +336,24 @@ func (g *memoryGuard) close() {
 	<-g.done
 }
 
-// largestGroup returns the tracked process group that costs the pod the
-// most, and that amount: its processes' resident memory, and for each
-// process what the sandbox kernel holds for it beyond that
-// (hiddenPerProcess), so that a fork bomb of small processes is found.
-// Groups the guard has already killed are left out: they are on their way
-// out, and the next kill must hit what still grows.
-func (rn *Runner) largestGroup() (pgid int, cost int64) {
+// scanGroups reads, for each tracked process group the guard has not
+// killed, its processes' resident memory and how many they are, and each
+// of those processes' own. Groups the guard has killed are left out: they
+// are on their way out.
+func (rn *Runner) scanGroups() (rss map[int]int64, procs map[int]int, pids map[int]int64) {
 	rn.mu.Lock()
-	tracked := make(map[int]int64, len(rn.groups))
+	rss = make(map[int]int64, len(rn.groups))
+	procs = make(map[int]int, len(rn.groups))
+	pids = make(map[int]int64)
 	for g := range rn.groups {
 		if !rn.oomKilled[g] {
-			tracked[g] = 0
+			rss[g] = 0
 		}
 	}
 	rn.mu.Unlock()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, 0
+		return rss, procs, pids
 	}
 	page := int64(os.Getpagesize())
 	for _, e := range entries {
@@ -247,16 +362,30 @@ func (rn *Runner) largestGroup() (pgid int, cost int64) {
 			continue
 		}
 		g, pages, ok := procGroupRSS(pid)
-		if _, ours := tracked[g]; ok && ours {
-			tracked[g] += pages*page + hiddenPerProcess
+		if _, ours := rss[g]; ok && ours {
+			rss[g] += pages * page
+			procs[g]++
+			pids[pid] = pages * page
 		}
 	}
-	for g, n := range tracked {
-		if n > cost {
-			pgid, cost = g, n
+	return rss, procs, pids
+}
+
+// largestGroup returns the tracked process group that costs the pod the
+// most, and that amount: its processes' resident memory, and for each
+// process what the sandbox kernel holds for it beyond that
+// (hiddenPerProcess), so that a fork bomb of small processes is found.
+// Groups the guard has already killed are left out: they are on their way
+// out, and the next kill must hit what still grows. rss and pids are
+// every group's and process's resident memory, as scanGroups reads them.
+func (rn *Runner) largestGroup() (pgid int, cost int64, rss, pids map[int]int64) {
+	rss, procs, pids := rn.scanGroups()
+	for g, n := range rss {
+		if c := n + int64(procs[g])*hiddenPerProcess; c > cost {
+			pgid, cost = g, c
 		}
 	}
-	return pgid, cost
+	return pgid, cost, rss, pids
 }
 
 // procGroupRSS reads a process's group and resident pages from its stat
@@ -300,8 +429,12 @@ func MemInfoInUse() (int64, error) {
 		return 0, err
 	}
 	defer f.Close()
+	return memInfoInUse(f)
+}
+
+func memInfoInUse(r io.Reader) (int64, error) {
 	var total, avail int64 = -1, -1
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
 		if !ok {
