@@ -13,7 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
@@ -30,6 +32,16 @@ type Client struct {
 	httpClient *http.Client
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+	// DisableCompression keeps file transfers as they are: uploads are
+	// never zstd-coded and downloads do not ask for the coding. By
+	// default an upload whose content compresses is coded once the API
+	// has said it takes the coding (on any earlier answer), and a
+	// download asks for it and is decoded as it is read.
+	DisableCompression bool
+
+	// acceptsZstd is whether the API's latest answer said it takes
+	// zstd-coded uploads.
+	acceptsZstd atomic.Bool
 
 	mu sync.Mutex
 	// leases are the lease IDs the client presents, by agent ID.
@@ -235,7 +247,8 @@ func (c *Client) CloseIdleConnections() { c.httpClient.CloseIdleConnections() }
 // transport is the client's wire transport for one call: every request
 // carries the token, and the hold the client presents on the agent.
 func (c *Client) transport() *wire.Transport[wire.API] {
-	return &wire.Transport[wire.API]{BaseURL: c.endpoint, HTTPClient: c.httpClient, MaxResponseBytes: c.MaxResponseBytes, Authorize: c.authorize}
+	return &wire.Transport[wire.API]{BaseURL: c.endpoint, HTTPClient: c.httpClient, MaxResponseBytes: c.MaxResponseBytes, Authorize: c.authorize,
+		Observe: func(resp *http.Response) { c.acceptsZstd.Store(contentcoding.Advertised(resp)) }}
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
@@ -322,7 +335,27 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 	if mode != 0 {
 		p += "?mode=" + strconv.FormatUint(uint64(mode), 8)
 	}
-	resp, err := c.stream(ctx, http.MethodPut, p, body)
+	r := wire.Request{Method: http.MethodPut, Path: p, Body: body, ContentType: "application/octet-stream"}
+	if !c.DisableCompression && c.acceptsZstd.Load() {
+		size := wire.LengthOf(body)
+		sniffed, compressible, err := contentcoding.Sniff(body, size)
+		if err != nil {
+			return nil, fmt.Errorf("PUT %s: read the content: %w", p, err)
+		}
+		r.Body = sniffed
+		if size >= 0 {
+			// Sent with its length, as the body itself would have been.
+			r.Body = wire.Sized(sniffed, size)
+		}
+		if compressible {
+			coded := contentcoding.Encode(sniffed)
+			defer coded.Close()
+			r.Body = coded
+			r.Header = http.Header{}
+			contentcoding.SetCoded(r.Header, size)
+		}
+	}
+	resp, err := c.transport().Send(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -334,13 +367,32 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 	return &fi, nil
 }
 
-// GetFile streams the workspace file at path; the caller closes it.
+// GetFile streams the workspace file at path; the caller closes it. It
+// asks for the zstd coding (unless DisableCompression) and decodes what
+// comes coded, so the reader gives the file as it is either way.
 func (c *Client) GetFile(ctx context.Context, agentID, path string) (io.ReadCloser, error) {
-	resp, err := c.stream(ctx, http.MethodGet, PathFile(agentID, path), nil)
+	r := wire.Request{Method: http.MethodGet, Path: PathFile(agentID, path)}
+	if !c.DisableCompression {
+		r.Header = http.Header{"Accept-Encoding": {contentcoding.Zstd}}
+	}
+	resp, err := c.transport().Send(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	return resp.Body, nil
+	coding, err := contentcoding.Of(resp.Header)
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %w", r.Path, err)
+	}
+	if coding != contentcoding.Zstd {
+		return resp.Body, nil
+	}
+	dec, err := contentcoding.NewReader(resp.Body)
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %w", r.Path, err)
+	}
+	return dec, nil
 }
 
 // DeleteFile removes a workspace file, or a directory with recursive.

@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
@@ -31,7 +33,17 @@ type Client struct {
 	HTTPClient *http.Client
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+
+	// acceptsZstd is whether the supervisor's latest answer said it
+	// takes zstd-coded uploads (see AcceptsZstd).
+	acceptsZstd atomic.Bool
 }
+
+// AcceptsZstd reports whether the supervisor said, on its latest answer
+// to this client, that it takes zstd-coded uploads (PutFileZstd). A
+// supervisor of a version before the coding never says so, and one that
+// stopped saying so is believed at once.
+func (c *Client) AcceptsZstd() bool { return c.acceptsZstd.Load() }
 
 // NewClient returns a client for the supervisor at baseURL.
 func NewClient(baseURL string, httpClient *http.Client) *Client {
@@ -146,6 +158,7 @@ func (c *Client) transport() *wire.Transport[wire.Supervisor] {
 		BaseURL:          strings.TrimSuffix(c.BaseURL, "/"),
 		HTTPClient:       c.HTTPClient,
 		MaxResponseBytes: c.MaxResponseBytes,
+		Observe:          func(resp *http.Response) { c.acceptsZstd.Store(contentcoding.Advertised(resp)) },
 	}
 }
 
