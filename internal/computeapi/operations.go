@@ -120,7 +120,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var fi *supervisorapi.FileInfo
 	switch {
-	case coding == contentcoding.Zstd && sup.AcceptsZstd():
+	case coding == contentcoding.Zstd && sup.AcceptsZstd(ctx):
 		// Passed on coded: the bytes stay few across the sandbox's
 		// network stack, which is what the coding is for.
 		fi, err = sup.PutFileZstd(ctx, r.PathValue("path"), r.Body, decodedLen, mode)

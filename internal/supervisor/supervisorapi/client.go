@@ -34,16 +34,37 @@ type Client struct {
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 
-	// acceptsZstd is whether the supervisor's latest answer said it
-	// takes zstd-coded uploads (see AcceptsZstd).
-	acceptsZstd atomic.Bool
+	// zstd is what the supervisor's latest answer said of zstd-coded
+	// uploads: zstdUnknown before any answer (see AcceptsZstd).
+	zstd atomic.Int32
 }
 
+// What a supervisor said of zstd-coded uploads.
+const (
+	zstdUnknown int32 = iota
+	zstdAccepted
+	zstdRefused
+)
+
 // AcceptsZstd reports whether the supervisor said, on its latest answer
-// to this client, that it takes zstd-coded uploads (PutFileZstd). A
-// supervisor of a version before the coding never says so, and one that
-// stopped saying so is believed at once.
-func (c *Client) AcceptsZstd() bool { return c.acceptsZstd.Load() }
+// to this client, that it takes zstd-coded uploads (PutFileZstd). Before
+// any answer it asks, with a health call bounded by ctx; a supervisor of a
+// version before the coding never says so, and one that stopped saying so
+// is believed at once.
+func (c *Client) AcceptsZstd(ctx context.Context) bool {
+	if c.zstd.Load() == zstdUnknown {
+		_, _ = c.Health(ctx)
+	}
+	return c.zstd.Load() == zstdAccepted
+}
+
+func (c *Client) observe(resp *http.Response) {
+	if contentcoding.Advertised(resp) {
+		c.zstd.Store(zstdAccepted)
+	} else {
+		c.zstd.Store(zstdRefused)
+	}
+}
 
 // NewClient returns a client for the supervisor at baseURL.
 func NewClient(baseURL string, httpClient *http.Client) *Client {
@@ -158,7 +179,7 @@ func (c *Client) transport() *wire.Transport[wire.Supervisor] {
 		BaseURL:          strings.TrimSuffix(c.BaseURL, "/"),
 		HTTPClient:       c.HTTPClient,
 		MaxResponseBytes: c.MaxResponseBytes,
-		Observe:          func(resp *http.Response) { c.acceptsZstd.Store(contentcoding.Advertised(resp)) },
+		Observe:          c.observe,
 	}
 }
 
