@@ -51,6 +51,9 @@ const (
 	// windowSize bounds the coder's memory per transfer: a supervisor may
 	// run in a small sandbox, and the API codes many transfers at once.
 	windowSize = 2 << 20
+	// encoderConcurrency is how many blocks a stream's coder works on at
+	// once.
+	encoderConcurrency = 2
 	// maxDecodeWindow is the largest window a coded body may ask the
 	// decoder for; the zstd tool's default levels stay below it, and
 	// long-distance mode, which needs far more memory, is refused.
@@ -139,7 +142,9 @@ var sampleEncoder = sync.OnceValue(func() *zstd.Encoder {
 func encoderOptions() []zstd.EOption {
 	return []zstd.EOption{
 		zstd.WithEncoderLevel(zstd.SpeedFastest),
-		zstd.WithEncoderConcurrency(1),
+		// Two: one block is coded while the next is read and the one
+		// before is sent, which overlaps the coder with the network.
+		zstd.WithEncoderConcurrency(encoderConcurrency),
 		zstd.WithWindowSize(windowSize),
 		zstd.WithLowerEncoderMem(true),
 	}
