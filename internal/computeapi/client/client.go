@@ -39,9 +39,9 @@ type Client struct {
 	// download asks for it and is decoded as it is read.
 	DisableCompression bool
 
-	// acceptsZstd is whether the API's latest answer said it takes
-	// zstd-coded uploads.
-	acceptsZstd atomic.Bool
+	// zstd is what the API's latest answer said of zstd-coded uploads:
+	// zstdUnknown before any answer.
+	zstd atomic.Int32
 
 	mu sync.Mutex
 	// leases are the lease IDs the client presents, by agent ID.
@@ -248,7 +248,7 @@ func (c *Client) CloseIdleConnections() { c.httpClient.CloseIdleConnections() }
 // carries the token, and the hold the client presents on the agent.
 func (c *Client) transport() *wire.Transport[wire.API] {
 	return &wire.Transport[wire.API]{BaseURL: c.endpoint, HTTPClient: c.httpClient, MaxResponseBytes: c.MaxResponseBytes, Authorize: c.authorize,
-		Observe: func(resp *http.Response) { c.acceptsZstd.Store(contentcoding.Advertised(resp)) }}
+		Observe: c.observe}
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
@@ -336,7 +336,7 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 		p += "?mode=" + strconv.FormatUint(uint64(mode), 8)
 	}
 	r := wire.Request{Method: http.MethodPut, Path: p, Body: body, ContentType: "application/octet-stream"}
-	if !c.DisableCompression && c.acceptsZstd.Load() {
+	if !c.DisableCompression && c.zstd.Load() != zstdRefused {
 		size := wire.LengthOf(body)
 		sniffed, compressible, err := contentcoding.Sniff(body, size)
 		if err != nil {
@@ -347,7 +347,13 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 			// Sent with its length, as the body itself would have been.
 			r.Body = wire.Sized(sniffed, size)
 		}
-		if compressible {
+		if compressible && c.zstd.Load() == zstdUnknown && (size < 0 || size >= probeMinBytes) {
+			// A client that has had no answer yet (a CLI's one upload)
+			// asks first, with a call that does not wake the sandbox;
+			// its result does not matter, only what the answer says.
+			_, _ = c.Status(ctx, agentID)
+		}
+		if compressible && c.zstd.Load() == zstdAccepted {
 			coded := contentcoding.Encode(sniffed)
 			defer coded.Close()
 			r.Body = coded
@@ -365,6 +371,26 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 		return nil, fmt.Errorf("PUT %s: decode response: %w", p, err)
 	}
 	return &fi, nil
+}
+
+// What the API said of zstd-coded uploads.
+const (
+	zstdUnknown int32 = iota
+	zstdAccepted
+	zstdRefused
+)
+
+// probeMinBytes is the smallest compressible upload for which a client
+// that has not heard from the API yet asks it whether it takes the
+// coding: a round trip is worth it only when it saves more.
+const probeMinBytes = 1 << 20
+
+func (c *Client) observe(resp *http.Response) {
+	if contentcoding.Advertised(resp) {
+		c.zstd.Store(zstdAccepted)
+	} else {
+		c.zstd.Store(zstdRefused)
+	}
 }
 
 // GetFile streams the workspace file at path; the caller closes it. It
