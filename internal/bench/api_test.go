@@ -584,7 +584,8 @@ func (b *apiBench) rawSpawns(t *testing.T, agent string, n int, gap time.Duratio
 // files: 100 MiB up and down through the file API against kubectl cp on
 // the same pod, alternating, for two contents: random bytes, which do not
 // compress and go as they are, and the start of a tar of Go's source
-// tree, which the client and the supervisor code with zstd. Each is also
+// tree, which the client and the supervisor code (S2, see package
+// contentcoding). Each is also
 // moved by a client that does not negotiate the coding (the path every
 // caller took before it), in the same rounds, for the before and after.
 func (b *apiBench) files(t *testing.T) {
@@ -692,7 +693,7 @@ func (b *apiBench) filesOf(t *testing.T, sb *v1alpha1.Sandbox, agent string, pla
 		benchreport.Record(t, benchreport.Figure{
 			Name: "100 MiB " + r.what + ", " + kind + ": kubectl cp time / API time", Unit: "x", Values: rs,
 			Target: ">= 5x faster", Met: benchreport.Bool(benchreport.Percentile(rs, 50) >= 5),
-			Note: fmt.Sprintf("zstd negotiated: API %.0f ms (%.0f MiB/s); without compression %.0f ms (%.0f MiB/s, %.2fx); kubectl cp %.0f ms; same pod, alternating",
+			Note: fmt.Sprintf("coding negotiated: API %.0f ms (%.0f MiB/s); without compression %.0f ms (%.0f MiB/s, %.2fx); kubectl cp %.0f ms; same pod, alternating",
 				a, 100/(a/1000), pl, 100/(pl/1000), benchreport.Percentile(plainRs, 50), k),
 		})
 		benchreport.Record(t, benchreport.Figure{

@@ -170,7 +170,7 @@ func (b hashedBody) Read(p []byte) (int, error) {
 func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter, *http.Request) *Principal) string {
 	start := s.clock.Now()
 	r, requestID := withRequestID(w, r)
-	// Every answer says that uploads may come zstd-coded, so that a
+	// Every answer names the codings uploads may come in, so that a
 	// client learns it from whatever call it makes first.
 	contentcoding.Advertise(w.Header())
 	if s.audit == nil {

@@ -35,7 +35,7 @@ type codingSeen struct {
 
 func (c *codingSeen) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Content-Encoding") == contentcoding.Zstd {
+		if r.Header.Get("Content-Encoding") != "" {
 			c.codedIn.Add(1)
 		}
 		r.Body = &countingBody{ReadCloser: r.Body, n: &c.in}
@@ -65,7 +65,7 @@ func (w *countingWriter) WriteHeader(code int) {
 		// A supervisor of a version before the coding.
 		w.Header().Del("Accept-Encoding")
 	}
-	if w.Header().Get("Content-Encoding") == contentcoding.Zstd {
+	if w.Header().Get("Content-Encoding") != "" {
 		w.seen.codedOut.Add(1)
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -78,12 +78,12 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 
 func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// TestFilesZstdThroughTheAPI: a client that negotiates the coding sends
-// and receives compressible files zstd-coded all the way to the
+// TestFilesCodedThroughTheAPI: a client that negotiates the coding sends
+// and receives compressible files coded all the way to the
 // supervisor, random ones as they are; a client that does not
 // (DisableCompression, or any HTTP client that does not ask) sends and
 // gets files as they are; each reads what the other wrote.
-func TestFilesZstdThroughTheAPI(t *testing.T) {
+func TestFilesCodedThroughTheAPI(t *testing.T) {
 	seen := &codingSeen{}
 	clients := realSupervisorAPIWith(t, apiSetup{pushDelay: -1, wrapSupervisor: seen.wrap,
 		configure: func(c *supervisor.Config) { c.WorkspaceCap = 16 << 20 }})
@@ -152,14 +152,36 @@ func TestFilesZstdThroughTheAPI(t *testing.T) {
 	}
 	back, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.Header.Get("Content-Encoding") != "" || !bytes.Equal(back, text) || resp.Header.Get("Accept-Encoding") != contentcoding.Zstd {
+	if resp.Header.Get("Content-Encoding") != "" || !bytes.Equal(back, text) || resp.Header.Get("Accept-Encoding") != contentcoding.AcceptAll {
 		t.Errorf("raw get: Content-Encoding %q, Accept-Encoding %q, %d bytes", resp.Header.Get("Content-Encoding"), resp.Header.Get("Accept-Encoding"), len(back))
+	}
+
+	// An HTTP client that knows only zstd gets zstd, and can send it.
+	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	req.Header.Set("Accept-Encoding", "gzip, zstd")
+	resp, err = hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := contentcoding.NewReader(resp.Header.Get("Content-Encoding"), resp.Body)
+	if err != nil {
+		t.Fatalf("Accept-Encoding gzip, zstd: %v (Content-Encoding %q)", err, resp.Header.Get("Content-Encoding"))
+	}
+	back, err = io.ReadAll(dec)
+	dec.Close()
+	if resp.Header.Get("Content-Encoding") != contentcoding.Zstd || err != nil || !bytes.Equal(back, text) {
+		t.Errorf("zstd get: Content-Encoding %q, %d bytes, %v", resp.Header.Get("Content-Encoding"), len(back), err)
 	}
 
 	// Refusals keep their codes: an unknown coding, a malformed decoded
 	// length, and a coded file whose decoded length cannot fit, which the
 	// supervisor refuses before the body moves.
-	coded, _ := io.ReadAll(contentcoding.Encode(bytes.NewReader(text)))
+	enc, err := contentcoding.Encode(contentcoding.Zstd, bytes.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	coded, _ := io.ReadAll(enc)
 	for _, r := range []struct {
 		name   string
 		header map[string]string
@@ -168,6 +190,7 @@ func TestFilesZstdThroughTheAPI(t *testing.T) {
 		{"gzip", map[string]string{"Content-Encoding": "gzip"}, api.CodeInvalidArgument},
 		{"bad length", map[string]string{"Content-Encoding": "zstd", contentcoding.HeaderDecodedLength: "many"}, api.CodeInvalidArgument},
 		{"past the cap", map[string]string{"Content-Encoding": "zstd", contentcoding.HeaderDecodedLength: strconv.Itoa(64 << 20)}, api.CodeWorkspaceFull},
+		{"zstd, as sent", map[string]string{"Content-Encoding": "zstd", contentcoding.HeaderDecodedLength: strconv.Itoa(len(text))}, ""},
 	} {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, url, bytes.NewReader(coded))
 		req.Header.Set("Authorization", "Bearer "+adminToken)
@@ -180,16 +203,22 @@ func TestFilesZstdThroughTheAPI(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if r.code == "" {
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("%s: %d %s", r.name, resp.StatusCode, body)
+			}
+			continue
+		}
 		if resp.StatusCode != r.code.HTTPStatus() || !bytes.Contains(body, []byte(`"`+string(r.code)+`"`)) {
 			t.Errorf("%s: %d %s, want %s", r.name, resp.StatusCode, body, r.code)
 		}
 	}
 }
 
-// TestFilesZstdToAnOlderSupervisor: a supervisor that does not say it
+// TestFilesCodedToAnOlderSupervisor: a supervisor that does not say it
 // takes the coding gets a coded upload decoded by the API, and answers
 // downloads as they are, which reach the negotiating client whole.
-func TestFilesZstdToAnOlderSupervisor(t *testing.T) {
+func TestFilesCodedToAnOlderSupervisor(t *testing.T) {
 	seen := &codingSeen{hideAcceptEncoding: true}
 	clients := realSupervisorAPIWith(t, apiSetup{pushDelay: -1, wrapSupervisor: func(h http.Handler) http.Handler {
 		return seen.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -120,15 +120,15 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var fi *supervisorapi.FileInfo
 	switch {
-	case coding == contentcoding.Zstd && sup.AcceptsZstd(ctx):
+	case coding != "" && sup.AcceptedCoding(ctx) == coding:
 		// Passed on coded: the bytes stay few across the sandbox's
 		// network stack, which is what the coding is for.
-		fi, err = sup.PutFileZstd(ctx, r.PathValue("path"), r.Body, decodedLen, mode)
-	case coding == contentcoding.Zstd:
-		// A supervisor that has not said it takes the coding gets the
-		// file decoded here.
+		fi, err = sup.PutFileCoded(ctx, r.PathValue("path"), r.Body, coding, decodedLen, mode)
+	case coding != "":
+		// A supervisor that has not named the coding gets the file
+		// decoded here.
 		var dec io.ReadCloser
-		if dec, err = contentcoding.NewReader(r.Body); err == nil {
+		if dec, err = contentcoding.NewReader(coding, r.Body); err == nil {
 			body := io.Reader(dec)
 			if decodedLen >= 0 {
 				body = supervisorapi.Sized(dec, decodedLen)
@@ -172,10 +172,10 @@ func drainRefusedBody(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxRefusedDrain))
 }
 
-// getFile streams a file. A caller that accepts zstd gets the
-// supervisor's coding passed on as it is (the supervisor codes only what
-// compresses); any other caller gets the file as it is, as before the
-// coding.
+// getFile streams a file. A caller that accepts a content coding gets
+// the supervisor's coding passed on as it is (the supervisor codes only
+// what compresses); any other caller gets the file as it is, as before the
+// codings.
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	sup, log, apiErr := s.supervisorFor(r, "get_file")
 	if apiErr != nil {
@@ -186,8 +186,8 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var f *supervisorapi.CodedFile
 	var err error
-	if contentcoding.Accepts(r.Header) {
-		f, err = sup.GetFileZstd(ctx, r.PathValue("path"))
+	if coding := contentcoding.Preferred(r.Header); coding != "" {
+		f, err = sup.GetFileCoded(ctx, r.PathValue("path"), coding)
 	} else {
 		f = &supervisorapi.CodedFile{DecodedLength: -1}
 		f.Body, err = sup.GetFile(ctx, r.PathValue("path"))
@@ -202,8 +202,8 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Vary", "Accept-Encoding")
-	if f.Zstd {
-		contentcoding.SetCoded(w.Header(), f.DecodedLength)
+	if f.Coding != "" {
+		contentcoding.SetCoded(w.Header(), f.Coding, f.DecodedLength)
 	}
 	w.WriteHeader(http.StatusOK)
 	if _, err := io.Copy(w, f.Body); err != nil {

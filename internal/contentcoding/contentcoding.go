@@ -1,24 +1,29 @@
-// Package contentcoding is the zstd content coding that file transfers
+// Package contentcoding is the content codings that file transfers
 // negotiate between the Go client, the Compute API and the supervisor.
 //
 // Every byte of a file transfer crosses the sandbox kernel's network
-// stack, which caps the transfer well below what the disks and the host
-// network could move; sending fewer bytes is the one lever that stays
-// outside the sandbox. The coding is negotiated the HTTP way, so that a
-// peer that does not know it is never sent it:
+// stack, and sending fewer bytes across it is a lever that stays outside
+// the sandbox; but the coding costs CPU on both ends, and on a few shared
+// cores a coder slower than the link makes the transfer slower, not
+// faster. Two codings are offered: S2 (the Snappy-derived format of
+// github.com/klauspost/compress/s2, private token "s2"), fast enough to
+// pay off at the rates the sandbox's network stack reaches, which the
+// agentbox clients prefer; and zstd (RFC 8878), for HTTP clients that know
+// only the registered codings. The coding is negotiated the HTTP way, so
+// that a peer that does not know it is never sent it:
 //
-//   - a download asks with Accept-Encoding: zstd and gets Content-Encoding:
-//     zstd only when the content is worth compressing (Compressible);
-//   - an upload is sent with Content-Encoding: zstd only to a peer that
-//     said it accepts the coding, by answering Accept-Encoding: zstd
-//     (RFC 7694) on an earlier response (Advertise, Advertised);
+//   - a download asks with Accept-Encoding and gets Content-Encoding only
+//     when the content is worth coding (Compressible);
+//   - an upload is coded only for a peer that said which codings it
+//     accepts, by answering Accept-Encoding (RFC 7694) on an earlier
+//     response (Advertise, Advertised);
 //   - a coded body carries its decoded length in HeaderDecodedLength, so
 //     that the workspace cap is checked before the body moves, as it is
 //     for an uncoded body with a Content-Length.
 //
 // Content that does not compress (random, or already compressed) is sent
-// as it is, so an incompressible transfer costs one trial compression of
-// a sample and nothing else.
+// as it is, so an incompressible transfer costs one trial coding of a
+// sample and nothing else.
 package contentcoding
 
 import (
@@ -31,11 +36,14 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 )
 
 const (
-	// Zstd is the one content coding file transfers negotiate.
+	// S2 is the coding agentbox's own clients prefer.
+	S2 = "s2"
+	// Zstd is the registered coding offered beside it.
 	Zstd = "zstd"
 	// HeaderDecodedLength carries the length of a coded body once
 	// decoded, where it is known.
@@ -48,65 +56,89 @@ const (
 	// maxRatio is the coded size, as a fraction of the sample, above
 	// which the content is sent as it is.
 	maxRatio = 0.85
-	// windowSize bounds the coder's memory per transfer: a supervisor may
-	// run in a small sandbox, and the API codes many transfers at once.
+	// windowSize bounds the zstd coder's memory per transfer: a
+	// supervisor may run in a small sandbox, and the API codes many
+	// transfers at once.
 	windowSize = 2 << 20
 	// encoderConcurrency is how many blocks a stream's coder works on at
-	// once.
+	// once: one is coded while the next is read and the one before is
+	// sent, which overlaps the coder with the network.
 	encoderConcurrency = 2
-	// maxDecodeWindow is the largest window a coded body may ask the
+	// s2BlockSize is the S2 coder's block, which bounds the decoder's
+	// buffers too: a body with larger blocks fails to read.
+	s2BlockSize = 1 << 20
+	// maxDecodeWindow is the largest window a zstd body may ask the
 	// decoder for; the zstd tool's default levels stay below it, and
 	// long-distance mode, which needs far more memory, is refused.
 	maxDecodeWindow = 8 << 20
 )
 
-// ErrUnsupported is returned for a Content-Encoding other than zstd or
-// identity.
+// codings are the codings offered, preferred first.
+var codings = []string{S2, Zstd}
+
+// ErrUnsupported is returned for a Content-Encoding other than one of
+// the codings or identity.
 var ErrUnsupported = errors.New("unsupported content encoding")
 
 // Of returns the content coding a request's or response's header
-// declares: "" for none (or identity), Zstd, or an error wrapping
+// declares: "" for none (or identity), S2 or Zstd, or an error wrapping
 // ErrUnsupported for anything else, which the body cannot be read as.
 func Of(h http.Header) (string, error) {
 	v := strings.TrimSpace(h.Get("Content-Encoding"))
-	switch {
-	case v == "" || strings.EqualFold(v, "identity"):
+	if v == "" || strings.EqualFold(v, "identity") {
 		return "", nil
-	case strings.EqualFold(v, Zstd):
-		return Zstd, nil
-	default:
-		return "", fmt.Errorf("%w %q; send zstd or none", ErrUnsupported, v)
 	}
+	for _, c := range codings {
+		if strings.EqualFold(v, c) {
+			return c, nil
+		}
+	}
+	return "", fmt.Errorf("%w %q; send %s or none", ErrUnsupported, v, strings.Join(codings, ", "))
 }
 
-// Accepts reports whether the Accept-Encoding of h lists zstd (or *)
-// without q=0.
-func Accepts(h http.Header) bool {
+// Preferred returns the coding to answer with for a request whose
+// Accept-Encoding is in h: the first of S2 and Zstd that it lists (or *)
+// without q=0, or "" when it lists neither.
+func Preferred(h http.Header) string {
+	listed := map[string]bool{}
+	star := false
 	for _, line := range h.Values("Accept-Encoding") {
 		for _, part := range strings.Split(line, ",") {
 			name, params, _ := strings.Cut(part, ";")
-			name = strings.TrimSpace(name)
-			if !strings.EqualFold(name, Zstd) && name != "*" {
-				continue
-			}
+			name = strings.ToLower(strings.TrimSpace(name))
 			if q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q="); ok {
 				if f, err := strconv.ParseFloat(q, 64); err == nil && f == 0 {
 					continue
 				}
 			}
-			return true
+			if name == "*" {
+				star = true
+			}
+			listed[name] = true
 		}
 	}
-	return false
+	for _, c := range codings {
+		if listed[c] {
+			return c
+		}
+	}
+	if star {
+		return codings[0]
+	}
+	return ""
 }
 
-// Advertise says on a response that the server accepts zstd-coded
-// request bodies (RFC 7694, section 3).
-func Advertise(h http.Header) { h.Set("Accept-Encoding", Zstd) }
+// AcceptAll is the Accept-Encoding of a client that takes every coding,
+// preferred first.
+var AcceptAll = strings.Join(codings, ", ")
 
-// Advertised reports whether a response said its server accepts
-// zstd-coded request bodies.
-func Advertised(resp *http.Response) bool { return Accepts(resp.Header) }
+// Advertise says on a response which codings the server takes for
+// request bodies (RFC 7694, section 3).
+func Advertise(h http.Header) { h.Set("Accept-Encoding", AcceptAll) }
+
+// Advertised returns the coding a response said its server takes for
+// request bodies, preferred first, or "".
+func Advertised(resp *http.Response) string { return Preferred(resp.Header) }
 
 // DecodedLength returns the length HeaderDecodedLength declares, or -1
 // when it is absent; a malformed one is an error.
@@ -122,48 +154,32 @@ func DecodedLength(h http.Header) (int64, error) {
 	return n, nil
 }
 
-// SetCoded labels h for a zstd-coded body whose decoded length is n (-1
+// SetCoded labels h for a body in coding whose decoded length is n (-1
 // if unknown).
-func SetCoded(h http.Header, n int64) {
-	h.Set("Content-Encoding", Zstd)
+func SetCoded(h http.Header, coding string, n int64) {
+	h.Set("Content-Encoding", coding)
 	if n >= 0 {
 		h.Set(HeaderDecodedLength, strconv.FormatInt(n, 10))
 	}
 }
 
-var sampleEncoder = sync.OnceValue(func() *zstd.Encoder {
-	enc, err := zstd.NewWriter(nil, encoderOptions()...)
-	if err != nil {
-		panic(err) // the options are constants
-	}
-	return enc
-})
-
-func encoderOptions() []zstd.EOption {
-	return []zstd.EOption{
-		zstd.WithEncoderLevel(zstd.SpeedFastest),
-		// Two: one block is coded while the next is read and the one
-		// before is sent, which overlaps the coder with the network.
-		zstd.WithEncoderConcurrency(encoderConcurrency),
-		zstd.WithWindowSize(windowSize),
-		zstd.WithLowerEncoderMem(true),
-	}
-}
-
 // Compressible reports whether sample, the start of a body of total
 // bytes (-1 if unknown), is worth coding: large enough, and compressing
-// to at most maxRatio of itself at the coder's speed.
+// to at most maxRatio of itself with the fast coder.
 func Compressible(sample []byte, total int64) bool {
 	if len(sample) < minCompressible || total >= 0 && total < minCompressible {
 		return false
 	}
 	buf := bufPool.Get().(*[]byte)
 	defer bufPool.Put(buf)
-	*buf = sampleEncoder().EncodeAll(sample, (*buf)[:0])
-	return float64(len(*buf)) <= maxRatio*float64(len(sample))
+	if need := s2.MaxEncodedLen(len(sample)); cap(*buf) < need {
+		*buf = make([]byte, need)
+	}
+	coded := s2.EncodeBetter((*buf)[:cap(*buf)], sample)
+	return float64(len(coded)) <= maxRatio*float64(len(sample))
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, SampleSize+SampleSize/8); return &b }}
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, s2.MaxEncodedLen(SampleSize)); return &b }}
 
 // Sniff reads up to SampleSize bytes of r and says whether the body is
 // worth coding (see Compressible); the reader it returns gives the whole
@@ -201,61 +217,99 @@ type sizedReaderAt interface {
 	Len() int
 }
 
-var encoders = sync.Pool{New: func() any {
-	enc, err := zstd.NewWriter(nil, encoderOptions()...)
-	if err != nil {
-		panic(err)
-	}
-	return enc
-}}
+var (
+	zstdEncoders = sync.Pool{New: func() any {
+		enc, err := zstd.NewWriter(nil,
+			zstd.WithEncoderLevel(zstd.SpeedFastest),
+			zstd.WithEncoderConcurrency(encoderConcurrency),
+			zstd.WithWindowSize(windowSize),
+			zstd.WithLowerEncoderMem(true))
+		if err != nil {
+			panic(err) // the options are constants
+		}
+		return enc
+	}}
+	s2Encoders = sync.Pool{New: func() any {
+		return s2.NewWriter(nil, s2.WriterConcurrency(encoderConcurrency), s2.WriterBetterCompression(), s2.WriterBlockSize(s2BlockSize))
+	}}
+)
 
-// Writer codes what is written to it onto w. Close ends the frame (it
+// coder is what the zstd and S2 stream writers have in common.
+type coder interface {
+	io.Writer
+	io.ReaderFrom
+	Close() error
+	Reset(io.Writer)
+}
+
+type zstdCoder struct{ *zstd.Encoder }
+
+func (z zstdCoder) Reset(w io.Writer) { z.Encoder.Reset(w) }
+
+// Writer codes what is written to it onto w. Close ends the stream (it
 // does not close w) and must be called once the body is written.
 type Writer struct {
-	enc *zstd.Encoder
+	c    coder
+	pool *sync.Pool
 }
 
-// NewWriter returns a Writer onto w.
-func NewWriter(w io.Writer) *Writer {
-	enc := encoders.Get().(*zstd.Encoder)
-	enc.Reset(w)
-	return &Writer{enc: enc}
+// NewWriter returns a Writer of coding (S2 or Zstd) onto w.
+func NewWriter(coding string, w io.Writer) (*Writer, error) {
+	switch coding {
+	case S2:
+		c := s2Encoders.Get().(*s2.Writer)
+		c.Reset(w)
+		return &Writer{c: c, pool: &s2Encoders}, nil
+	case Zstd:
+		enc := zstdEncoders.Get().(*zstd.Encoder)
+		enc.Reset(w)
+		return &Writer{c: zstdCoder{enc}, pool: &zstdEncoders}, nil
+	}
+	return nil, fmt.Errorf("%w %q", ErrUnsupported, coding)
 }
 
-func (w *Writer) Write(p []byte) (int, error) { return w.enc.Write(p) }
+func (w *Writer) Write(p []byte) (int, error) { return w.c.Write(p) }
 
 // ReadFrom codes all of r, in the coder's block size rather than in
 // whatever size the caller's copy would use.
-func (w *Writer) ReadFrom(r io.Reader) (int64, error) { return w.enc.ReadFrom(r) }
+func (w *Writer) ReadFrom(r io.Reader) (int64, error) { return w.c.ReadFrom(r) }
 
-// Close ends the frame and returns the coder to the pool.
+// Close ends the stream and returns the coder to the pool.
 func (w *Writer) Close() error {
-	if w.enc == nil {
+	if w.c == nil {
 		return nil
 	}
-	err := w.enc.Close()
-	w.enc.Reset(nil)
-	encoders.Put(w.enc)
-	w.enc = nil
+	err := w.c.Close()
+	w.c.Reset(nil)
+	switch c := w.c.(type) {
+	case zstdCoder:
+		w.pool.Put(c.Encoder)
+	default:
+		w.pool.Put(c)
+	}
+	w.c = nil
 	return err
 }
 
-// Encode returns the zstd coding of r, coded as it is read. Close stops
-// the coding early and returns once the coder has stopped reading r (it
-// does not close r).
-func Encode(r io.Reader) io.ReadCloser {
+// Encode returns the coding of r, coded as it is read. Close stops the
+// coding early and returns once the coder has stopped reading r (it does
+// not close r).
+func Encode(coding string, r io.Reader) (io.ReadCloser, error) {
 	pr, pw := io.Pipe()
+	zw, err := NewWriter(coding, pw)
+	if err != nil {
+		return nil, err
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		zw := NewWriter(pw)
 		_, err := zw.ReadFrom(r)
 		if cerr := zw.Close(); err == nil {
 			err = cerr
 		}
 		pw.CloseWithError(err)
 	}()
-	return &encoding{PipeReader: pr, done: done}
+	return &encoding{PipeReader: pr, done: done}, nil
 }
 
 type encoding struct {
@@ -272,46 +326,42 @@ func (e *encoding) Close() error {
 // reader decodes a coded body; Close releases the decoder and closes the
 // body when it is a Closer.
 type reader struct {
-	dec  *zstd.Decoder
-	body io.Reader
+	dec     io.Reader
+	release func()
+	body    io.Reader
 }
 
-// NewReader returns the decoding of r, bounded in memory (a body that
-// asks for a window larger than maxDecodeWindow fails to read).
-func NewReader(r io.Reader) (io.ReadCloser, error) {
-	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxDecodeWindow), zstd.WithDecoderLowmem(true))
-	if err != nil {
-		return nil, fmt.Errorf("zstd: %w", err)
+// NewReader returns the decoding of r from coding (S2 or Zstd), bounded
+// in memory (a body that asks for larger blocks or windows than the
+// coders here make fails to read).
+func NewReader(coding string, r io.Reader) (io.ReadCloser, error) {
+	switch coding {
+	case S2:
+		return &reader{dec: s2.NewReader(r, s2.ReaderMaxBlockSize(s2BlockSize)), release: func() {}, body: r}, nil
+	case Zstd:
+		dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxDecodeWindow), zstd.WithDecoderLowmem(true))
+		if err != nil {
+			return nil, fmt.Errorf("zstd: %w", err)
+		}
+		return &reader{dec: dec, release: dec.Close, body: r}, nil
 	}
-	return &reader{dec: dec, body: r}, nil
+	return nil, fmt.Errorf("%w %q", ErrUnsupported, coding)
 }
 
 func (r *reader) Read(p []byte) (int, error) {
 	if r.dec == nil {
-		return 0, errors.New("zstd: read after close")
+		return 0, errors.New("content coding: read after close")
 	}
 	n, err := r.dec.Read(p)
 	if err != nil && !errors.Is(err, io.EOF) {
-		err = fmt.Errorf("zstd: %w", err)
-	}
-	return n, err
-}
-
-// WriteTo decodes straight into w, without the caller's copy buffer.
-func (r *reader) WriteTo(w io.Writer) (int64, error) {
-	if r.dec == nil {
-		return 0, errors.New("zstd: read after close")
-	}
-	n, err := r.dec.WriteTo(w)
-	if err != nil {
-		err = fmt.Errorf("zstd: %w", err)
+		err = fmt.Errorf("content coding: %w", err)
 	}
 	return n, err
 }
 
 func (r *reader) Close() error {
 	if r.dec != nil {
-		r.dec.Close()
+		r.release()
 		r.dec = nil
 	}
 	if c, ok := r.body.(io.Closer); ok {

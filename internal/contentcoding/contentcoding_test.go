@@ -28,27 +28,30 @@ func random(n int) []byte {
 	return b
 }
 
-func TestAccepts(t *testing.T) {
+func TestPreferred(t *testing.T) {
 	for _, c := range []struct {
-		header string
-		want   bool
+		header, want string
 	}{
-		{"", false},
-		{"gzip", false},
-		{"zstd", true},
-		{"gzip, zstd", true},
-		{"ZSTD;q=0.5", true},
-		{"zstd;q=0", false},
-		{"zstd; q=0.0", false},
-		{"*", true},
-		{"identity", false},
+		{"", ""},
+		{"gzip", ""},
+		{"zstd", Zstd},
+		{"gzip, zstd", Zstd},
+		{"ZSTD;q=0.5", Zstd},
+		{"zstd;q=0", ""},
+		{"zstd; q=0.0", ""},
+		{"s2", S2},
+		{"zstd, s2", S2},
+		{"s2;q=0, zstd", Zstd},
+		{"*", S2},
+		{"identity", ""},
+		{AcceptAll, S2},
 	} {
 		h := http.Header{}
 		if c.header != "" {
 			h.Set("Accept-Encoding", c.header)
 		}
-		if got := Accepts(h); got != c.want {
-			t.Errorf("Accepts(%q) = %v, want %v", c.header, got, c.want)
+		if got := Preferred(h); got != c.want {
+			t.Errorf("Preferred(%q) = %q, want %q", c.header, got, c.want)
 		}
 	}
 }
@@ -62,6 +65,7 @@ func TestOf(t *testing.T) {
 		{"identity", "", false},
 		{"zstd", Zstd, false},
 		{" Zstd ", Zstd, false},
+		{"s2", S2, false},
 		{"gzip", "", true},
 		{"zstd, gzip", "", true},
 	} {
@@ -81,8 +85,8 @@ func TestDecodedLength(t *testing.T) {
 	if n, err := DecodedLength(h); n != -1 || err != nil {
 		t.Errorf("absent: %d, %v", n, err)
 	}
-	SetCoded(h, 1234)
-	if n, err := DecodedLength(h); n != 1234 || err != nil || h.Get("Content-Encoding") != Zstd {
+	SetCoded(h, S2, 1234)
+	if n, err := DecodedLength(h); n != 1234 || err != nil || h.Get("Content-Encoding") != S2 {
 		t.Errorf("set: %d, %v, %v", n, err, h)
 	}
 	h.Set(HeaderDecodedLength, "-5")
@@ -95,12 +99,12 @@ func TestDecodedLength(t *testing.T) {
 // and one that does not is not.
 func TestAdvertise(t *testing.T) {
 	resp := &http.Response{Header: http.Header{}}
-	if Advertised(resp) {
-		t.Error("a response without Accept-Encoding advertised zstd")
+	if got := Advertised(resp); got != "" {
+		t.Errorf("a response without Accept-Encoding advertised %q", got)
 	}
 	Advertise(resp.Header)
-	if !Advertised(resp) {
-		t.Error("Advertise did not advertise zstd")
+	if got := Advertised(resp); got != S2 {
+		t.Errorf("Advertise advertised %q first, want %q", got, S2)
 	}
 }
 
@@ -147,77 +151,125 @@ func TestSniffReadError(t *testing.T) {
 	}
 }
 
-// TestRoundTrip: Encode and NewWriter code what NewReader decodes, and
-// source-like text comes out much smaller.
+// TestRoundTrip: Encode and NewWriter code what NewReader decodes, in
+// each coding, and source-like text comes out much smaller.
 func TestRoundTrip(t *testing.T) {
 	data := sourceLike(5 << 20)
-	coded, err := io.ReadAll(Encode(bytes.NewReader(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(coded) > len(data)/4 {
-		t.Errorf("coded %d bytes into %d", len(data), len(coded))
-	}
-	var viaWriter bytes.Buffer
-	zw := NewWriter(&viaWriter)
-	if _, err := io.Copy(zw, bytes.NewReader(data)); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	for name, c := range map[string][]byte{"Encode": coded, "NewWriter": viaWriter.Bytes()} {
-		r, err := NewReader(bytes.NewReader(c))
+	for _, coding := range []string{S2, Zstd} {
+		enc, err := Encode(coding, bytes.NewReader(data))
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := io.ReadAll(iotest.OneByteReader(r))
-		if err != nil || !bytes.Equal(got, data) {
-			t.Errorf("%s: decoded %d bytes, %v", name, len(got), err)
+		coded, err := io.ReadAll(enc)
+		if err != nil {
+			t.Fatal(err)
 		}
-		var viaWriteTo bytes.Buffer
-		r2, _ := NewReader(bytes.NewReader(c))
-		if _, err := r2.(io.WriterTo).WriteTo(&viaWriteTo); err != nil || !bytes.Equal(viaWriteTo.Bytes(), data) {
-			t.Errorf("%s: WriteTo decoded %d bytes, %v", name, viaWriteTo.Len(), err)
+		if len(coded) > len(data)/4 {
+			t.Errorf("%s: coded %d bytes into %d", coding, len(data), len(coded))
 		}
-		_ = r.Close()
-		_ = r2.Close()
+		var viaWriter bytes.Buffer
+		zw, err := NewWriter(coding, &viaWriter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(zw, bytes.NewReader(data)); err != nil {
+			t.Fatal(err)
+		}
+		if err := zw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for name, c := range map[string][]byte{"Encode": coded, "NewWriter": viaWriter.Bytes()} {
+			r, err := NewReader(coding, bytes.NewReader(c))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(iotest.OneByteReader(r))
+			if err != nil || !bytes.Equal(got, data) {
+				t.Errorf("%s %s: decoded %d bytes, %v", coding, name, len(got), err)
+			}
+			_ = r.Close()
+		}
+	}
+	if _, err := NewWriter("gzip", io.Discard); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("NewWriter(gzip): %v", err)
+	}
+	if _, err := NewReader("gzip", bytes.NewReader(nil)); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("NewReader(gzip): %v", err)
 	}
 }
 
-// TestCorruptBodyFails: a body that is not zstd, or is cut short, is a
-// read error, never a short success.
+func encoded(t *testing.T, coding string, data []byte) []byte {
+	t.Helper()
+	enc, err := Encode(coding, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := io.ReadAll(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestCorruptBodyFails: a body that is not in the coding is a read error,
+// never a success; so is a zstd body cut short (an S2 stream cut at a
+// block boundary is not detectable in the stream, which is why coded
+// bodies carry their decoded length).
 func TestCorruptBodyFails(t *testing.T) {
-	coded, _ := io.ReadAll(Encode(bytes.NewReader(sourceLike(1 << 20))))
-	for name, body := range map[string][]byte{
-		"not zstd":  []byte("plain text, not a zstd frame at all"),
-		"truncated": coded[:len(coded)/2],
-	} {
-		r, err := NewReader(bytes.NewReader(body))
-		if err != nil {
-			continue
+	for _, coding := range []string{S2, Zstd} {
+		bodies := map[string][]byte{"not coded": []byte("plain text, not a coded stream at all")}
+		if coding == Zstd {
+			c := encoded(t, coding, sourceLike(1<<20))
+			bodies["truncated"] = c[:len(c)/2]
 		}
-		if _, err := io.ReadAll(r); err == nil {
-			t.Errorf("%s: read without error", name)
+		for name, body := range bodies {
+			r, err := NewReader(coding, bytes.NewReader(body))
+			if err != nil {
+				continue
+			}
+			if _, err := io.ReadAll(r); err == nil {
+				t.Errorf("%s %s: read without error", coding, name)
+			}
+			_ = r.Close()
 		}
-		_ = r.Close()
 	}
 }
 
 // TestEncodeSourceError: a failing source fails the coded stream.
 func TestEncodeSourceError(t *testing.T) {
 	boom := errors.New("boom")
-	_, err := io.ReadAll(Encode(io.MultiReader(bytes.NewReader(sourceLike(1<<20)), iotest.ErrReader(boom))))
-	if !errors.Is(err, boom) {
-		t.Errorf("got %v, want %v", err, boom)
+	for _, coding := range []string{S2, Zstd} {
+		enc, err := Encode(coding, io.MultiReader(bytes.NewReader(sourceLike(1<<20)), iotest.ErrReader(boom)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAll(enc); !errors.Is(err, boom) {
+			t.Errorf("%s: got %v, want %v", coding, err, boom)
+		}
+	}
+}
+
+// TestEncodeCloseStops: closing a coding before it is read to the end
+// returns once the coder has stopped.
+func TestEncodeCloseStops(t *testing.T) {
+	enc, err := Encode(S2, bytes.NewReader(sourceLike(8<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(enc, make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	_ = enc.Close()
+	if _, err := enc.Read(make([]byte, 10)); err == nil {
+		t.Error("read after close succeeded")
 	}
 }
 
 // TestCloseClosesBody: closing the decoding closes the body it reads.
 func TestCloseClosesBody(t *testing.T) {
-	coded, _ := io.ReadAll(Encode(bytes.NewReader(sourceLike(8 << 10))))
+	coded := encoded(t, Zstd, sourceLike(8<<10))
 	body := &closeRecorder{Reader: bytes.NewReader(coded)}
-	r, err := NewReader(body)
+	r, err := NewReader(Zstd, body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,7 +180,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rt, m := s.match(r)
 	probe := rt != nil && rt.probe
-	// Every answer says that uploads may come zstd-coded, so that the
+	// Every answer names the codings uploads may come in, so that the
 	// control plane learns it from the health calls it makes anyway,
 	// before the first upload.
 	contentcoding.Advertise(w.Header())

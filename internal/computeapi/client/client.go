@@ -33,15 +33,16 @@ type Client struct {
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 	// DisableCompression keeps file transfers as they are: uploads are
-	// never zstd-coded and downloads do not ask for the coding. By
-	// default an upload whose content compresses is coded once the API
-	// has said it takes the coding (on any earlier answer), and a
-	// download asks for it and is decoded as it is read.
+	// never coded and downloads do not ask for a coding. By default an
+	// upload whose content compresses is coded (S2, see package
+	// contentcoding) once the API has said it takes the coding (on any
+	// earlier answer), and a download asks for it and is decoded as it is
+	// read.
 	DisableCompression bool
 
-	// zstd is what the API's latest answer said of zstd-coded uploads:
-	// zstdUnknown before any answer.
-	zstd atomic.Int32
+	// coding is what the API's latest answer said of coded uploads: the
+	// coding it prefers, "" for none, or nil before any answer.
+	coding atomic.Pointer[string]
 
 	mu sync.Mutex
 	// leases are the lease IDs the client presents, by agent ID.
@@ -336,7 +337,7 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 		p += "?mode=" + strconv.FormatUint(uint64(mode), 8)
 	}
 	r := wire.Request{Method: http.MethodPut, Path: p, Body: body, ContentType: "application/octet-stream"}
-	if !c.DisableCompression && c.zstd.Load() != zstdRefused {
+	if coding := c.coding.Load(); !c.DisableCompression && (coding == nil || *coding != "") {
 		size := wire.LengthOf(body)
 		sniffed, compressible, err := contentcoding.Sniff(body, size)
 		if err != nil {
@@ -347,18 +348,22 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 			// Sent with its length, as the body itself would have been.
 			r.Body = wire.Sized(sniffed, size)
 		}
-		if compressible && c.zstd.Load() == zstdUnknown && (size < 0 || size >= probeMinBytes) {
+		if compressible && coding == nil && (size < 0 || size >= probeMinBytes) {
 			// A client that has had no answer yet (a CLI's one upload)
 			// asks first, with a call that does not wake the sandbox;
 			// its result does not matter, only what the answer says.
 			_, _ = c.Status(ctx, agentID)
+			coding = c.coding.Load()
 		}
-		if compressible && c.zstd.Load() == zstdAccepted {
-			coded := contentcoding.Encode(sniffed)
+		if compressible && coding != nil && *coding != "" {
+			coded, err := contentcoding.Encode(*coding, sniffed)
+			if err != nil {
+				return nil, fmt.Errorf("PUT %s: %w", p, err)
+			}
 			defer coded.Close()
 			r.Body = coded
 			r.Header = http.Header{}
-			contentcoding.SetCoded(r.Header, size)
+			contentcoding.SetCoded(r.Header, *coding, size)
 		}
 	}
 	resp, err := c.transport().Send(ctx, r)
@@ -373,33 +378,23 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 	return &fi, nil
 }
 
-// What the API said of zstd-coded uploads.
-const (
-	zstdUnknown int32 = iota
-	zstdAccepted
-	zstdRefused
-)
-
 // probeMinBytes is the smallest compressible upload for which a client
-// that has not heard from the API yet asks it whether it takes the
-// coding: a round trip is worth it only when it saves more.
+// that has not heard from the API yet asks it whether it takes a coding:
+// a round trip is worth it only when it saves more.
 const probeMinBytes = 1 << 20
 
 func (c *Client) observe(resp *http.Response) {
-	if contentcoding.Advertised(resp) {
-		c.zstd.Store(zstdAccepted)
-	} else {
-		c.zstd.Store(zstdRefused)
-	}
+	coding := contentcoding.Advertised(resp)
+	c.coding.Store(&coding)
 }
 
 // GetFile streams the workspace file at path; the caller closes it. It
-// asks for the zstd coding (unless DisableCompression) and decodes what
+// asks for a content coding (unless DisableCompression) and decodes what
 // comes coded, so the reader gives the file as it is either way.
 func (c *Client) GetFile(ctx context.Context, agentID, path string) (io.ReadCloser, error) {
 	r := wire.Request{Method: http.MethodGet, Path: PathFile(agentID, path)}
 	if !c.DisableCompression {
-		r.Header = http.Header{"Accept-Encoding": {contentcoding.Zstd}}
+		r.Header = http.Header{"Accept-Encoding": {contentcoding.AcceptAll}}
 	}
 	resp, err := c.transport().Send(ctx, r)
 	if err != nil {
@@ -410,15 +405,41 @@ func (c *Client) GetFile(ctx context.Context, agentID, path string) (io.ReadClos
 		resp.Body.Close()
 		return nil, fmt.Errorf("GET %s: %w", r.Path, err)
 	}
-	if coding != contentcoding.Zstd {
+	if coding == "" {
 		return resp.Body, nil
 	}
-	dec, err := contentcoding.NewReader(resp.Body)
+	dec, err := contentcoding.NewReader(coding, resp.Body)
 	if err != nil {
 		resp.Body.Close()
 		return nil, fmt.Errorf("GET %s: %w", r.Path, err)
 	}
-	return dec, nil
+	n, err := contentcoding.DecodedLength(resp.Header)
+	if err != nil || n < 0 {
+		return dec, nil
+	}
+	return &lengthChecked{ReadCloser: dec, left: n, path: r.Path}, nil
+}
+
+// lengthChecked fails a decoded download that ends short of, or runs
+// past, the length the API declared: a coded stream cut at a block
+// boundary, relayed by the API in a body that ends cleanly, would
+// otherwise read as a whole, shorter file.
+type lengthChecked struct {
+	io.ReadCloser
+	left int64
+	path string
+}
+
+func (l *lengthChecked) Read(p []byte) (int, error) {
+	n, err := l.ReadCloser.Read(p)
+	l.left -= int64(n)
+	switch {
+	case l.left < 0:
+		return n, fmt.Errorf("GET %s: the decoded file is longer than the %s the API declared", l.path, contentcoding.HeaderDecodedLength)
+	case errors.Is(err, io.EOF) && l.left > 0:
+		return n, fmt.Errorf("GET %s: the file ended %d bytes short: %w", l.path, l.left, io.ErrUnexpectedEOF)
+	}
+	return n, err
 }
 
 // DeleteFile removes a workspace file, or a directory with recursive.

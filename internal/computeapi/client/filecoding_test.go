@@ -36,8 +36,8 @@ func (f *fileAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		enc := r.Header.Get("Content-Encoding")
 		f.coding = append(f.coding, enc)
 		body := io.Reader(r.Body)
-		if enc == contentcoding.Zstd {
-			dec, err := contentcoding.NewReader(r.Body)
+		if enc != "" {
+			dec, err := contentcoding.NewReader(enc, r.Body)
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
@@ -89,12 +89,12 @@ func TestPutFileNegotiates(t *testing.T) {
 		coding    string // of both uploads
 		probes    int
 	}{
-		{"an API that takes the coding", true, false, big, "[zstd zstd]", 1},
+		{"an API that takes the coding", true, false, big, "[s2 s2]", 1},
 		{"an API before the coding", false, false, big, "[ ]", 1},
 		{"compression disabled", true, true, big, "[ ]", 0},
 		// Too small to be worth a probe: the first goes as it is, and its
 		// answer says the API takes the coding.
-		{"a small upload", true, false, text(64 << 10), "[ zstd]", 0},
+		{"a small upload", true, false, text(64 << 10), "[ s2]", 0},
 		{"random bytes", true, false, random(2 << 20), "[ ]", 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -124,13 +124,18 @@ func TestPutFileNegotiates(t *testing.T) {
 // one is passed as it is; a client with DisableCompression does not ask.
 func TestGetFileDecodes(t *testing.T) {
 	data := text(1 << 20)
-	coded, _ := io.ReadAll(contentcoding.Encode(bytes.NewReader(data)))
-	var asked []bool
+	enc, err := contentcoding.Encode(contentcoding.S2, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	coded, _ := io.ReadAll(enc)
+	var asked []string
+	declared := int64(len(data))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		accepts := contentcoding.Accepts(r.Header)
-		asked = append(asked, accepts)
-		if accepts {
-			contentcoding.SetCoded(w.Header(), int64(len(data)))
+		coding := contentcoding.Preferred(r.Header)
+		asked = append(asked, coding)
+		if coding != "" {
+			contentcoding.SetCoded(w.Header(), coding, declared)
 			_, _ = w.Write(coded)
 			return
 		}
@@ -153,7 +158,21 @@ func TestGetFileDecodes(t *testing.T) {
 			t.Errorf("disable %v: %d bytes, %v", disable, len(back), err)
 		}
 	}
-	if fmt.Sprint(asked) != "[true false]" {
-		t.Errorf("asked for the coding: %v", asked)
+	if fmt.Sprint(asked) != "[s2 ]" {
+		t.Errorf("asked for the coding: %q", asked)
+	}
+	// A coded file that decodes to less, or more, than its declared
+	// length fails to read.
+	for _, n := range []int64{declared + 1, declared - 1} {
+		declared = n
+		cl, _ := New(srv.URL, "token", nil)
+		rc, err := cl.GetFile(t.Context(), "a", "f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAll(rc); err == nil {
+			t.Errorf("declared %d for %d: read without error", n, len(data))
+		}
+		rc.Close()
 	}
 }

@@ -34,36 +34,31 @@ type Client struct {
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 
-	// zstd is what the supervisor's latest answer said of zstd-coded
-	// uploads: zstdUnknown before any answer (see AcceptsZstd).
-	zstd atomic.Int32
+	// coding is what the supervisor's latest answer said of coded
+	// uploads: the coding it prefers, codingNone for none, or nil before
+	// any answer (see AcceptedCoding).
+	coding atomic.Pointer[string]
 }
 
-// What a supervisor said of zstd-coded uploads.
-const (
-	zstdUnknown int32 = iota
-	zstdAccepted
-	zstdRefused
-)
-
-// AcceptsZstd reports whether the supervisor said, on its latest answer
-// to this client, that it takes zstd-coded uploads (PutFileZstd). Before
-// any answer it asks, with a health call bounded by ctx; a supervisor of a
-// version before the coding never says so, and one that stopped saying so
-// is believed at once.
-func (c *Client) AcceptsZstd(ctx context.Context) bool {
-	if c.zstd.Load() == zstdUnknown {
+// AcceptedCoding returns the content coding (contentcoding.S2 or Zstd)
+// the supervisor said, on its latest answer to this client, it takes for
+// uploads (PutFileCoded), or "" for none. Before any answer it asks, with
+// a health call bounded by ctx; a supervisor of a version before the
+// codings never names one, and one that stopped naming it is believed at
+// once.
+func (c *Client) AcceptedCoding(ctx context.Context) string {
+	if c.coding.Load() == nil {
 		_, _ = c.Health(ctx)
 	}
-	return c.zstd.Load() == zstdAccepted
+	if p := c.coding.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 func (c *Client) observe(resp *http.Response) {
-	if contentcoding.Advertised(resp) {
-		c.zstd.Store(zstdAccepted)
-	} else {
-		c.zstd.Store(zstdRefused)
-	}
+	coding := contentcoding.Advertised(resp)
+	c.coding.Store(&coding)
 }
 
 // NewClient returns a client for the supervisor at baseURL.

@@ -97,7 +97,7 @@ func (ws *Workspace) serveGet(w http.ResponseWriter, r *http.Request, rel string
 }
 
 // servePut writes a file, or extracts a tar into a directory. A body
-// coded with zstd (Content-Encoding) is decoded as it is written; its
+// in a content coding (Content-Encoding) is decoded as it is written; its
 // decoded length, when the caller sends it, stands for Content-Length.
 func (ws *Workspace) servePut(w http.ResponseWriter, r *http.Request, rel string, info *httpcall.Info) {
 	q := r.URL.Query()
@@ -108,12 +108,12 @@ func (ws *Workspace) servePut(w http.ResponseWriter, r *http.Request, rel string
 		info.Fail(w, api.Errorf(api.CodeInvalidArgument, "put %q: %v", rel, err))
 		return
 	}
-	if coding == contentcoding.Zstd {
+	if coding != "" {
 		if size, err = contentcoding.DecodedLength(r.Header); err != nil {
 			info.Fail(w, api.Errorf(api.CodeInvalidArgument, "put %q: %v", rel, err))
 			return
 		}
-		dec, err := contentcoding.NewReader(body)
+		dec, err := contentcoding.NewReader(coding, body)
 		if err != nil {
 			info.Fail(w, api.Errorf(api.CodeInternal, "put %q: %v", rel, err))
 			return
@@ -173,11 +173,14 @@ func (ws *Workspace) getFile(w http.ResponseWriter, r *http.Request, rel string,
 	h.Set("Cache-Control", "no-store")
 	h.Set("Vary", "Accept-Encoding")
 	pw := &progressWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
-	if codeDownload(r, f, fi.Size()) {
-		contentcoding.SetCoded(h, fi.Size())
+	if coding := codeDownload(r, f, fi.Size()); coding != "" {
+		zw, err := contentcoding.NewWriter(coding, writerOnly{pw})
+		if err != nil {
+			return api.Errorf(api.CodeInternal, "get %q: %v", rel, err)
+		}
+		contentcoding.SetCoded(h, coding, fi.Size())
 		w.WriteHeader(http.StatusOK)
-		zw := contentcoding.NewWriter(writerOnly{pw})
-		_, err := zw.ReadFrom(io.NewSectionReader(f, 0, fi.Size()))
+		_, err = zw.ReadFrom(io.NewSectionReader(f, 0, fi.Size()))
 		if cerr := zw.Close(); err == nil {
 			err = cerr
 		}
@@ -194,20 +197,21 @@ func (ws *Workspace) getFile(w http.ResponseWriter, r *http.Request, rel string,
 	return nil
 }
 
-// codeDownload says whether a download goes zstd-coded: the caller asks
-// for the coding, wants the whole file (ranges address the file's own
-// bytes, so a ranged download is served as it is), and the file's start
-// compresses (see contentcoding.Compressible).
-func codeDownload(r *http.Request, f io.ReaderAt, size int64) bool {
-	if r.Method != http.MethodGet || r.Header.Get("Range") != "" || !contentcoding.Accepts(r.Header) {
-		return false
+// codeDownload returns the content coding a download goes in, or "":
+// the caller accepts one, wants the whole file (ranges address the file's
+// own bytes, so a ranged download is served as it is), and the file's
+// start compresses (see contentcoding.Compressible).
+func codeDownload(r *http.Request, f io.ReaderAt, size int64) string {
+	coding := contentcoding.Preferred(r.Header)
+	if r.Method != http.MethodGet || r.Header.Get("Range") != "" || coding == "" {
+		return ""
 	}
 	sample := make([]byte, min(size, contentcoding.SampleSize))
 	n, err := f.ReadAt(sample, 0)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return false
+	if err != nil && !errors.Is(err, io.EOF) || !contentcoding.Compressible(sample[:n], size) {
+		return ""
 	}
-	return contentcoding.Compressible(sample[:n], size)
+	return coding
 }
 
 func acceptsTar(accept string) bool {
