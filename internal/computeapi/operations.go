@@ -120,7 +120,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var fi *supervisorapi.FileInfo
 	switch {
-	case coding != "" && sup.AcceptedCoding(ctx) == coding:
+	case coding != "" && sup.AcceptsCoding(ctx, coding):
 		// Passed on coded: the bytes stay few across the sandbox's
 		// network stack, which is what the coding is for.
 		fi, err = sup.PutFileCoded(ctx, r.PathValue("path"), r.Body, coding, decodedLen, mode)

@@ -128,6 +128,27 @@ func Preferred(h http.Header) string {
 	return ""
 }
 
+// Lists reports whether the Accept-Encoding of h lists coding (or *)
+// without q=0.
+func Lists(h http.Header, coding string) bool {
+	for _, line := range h.Values("Accept-Encoding") {
+		for _, part := range strings.Split(line, ",") {
+			name, params, _ := strings.Cut(part, ";")
+			name = strings.TrimSpace(name)
+			if !strings.EqualFold(name, coding) && name != "*" {
+				continue
+			}
+			if q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q="); ok {
+				if f, err := strconv.ParseFloat(q, 64); err == nil && f == 0 {
+					continue
+				}
+			}
+			return true
+		}
+	}
+	return false
+}
+
 // AcceptAll is the Accept-Encoding of a client that takes every coding,
 // preferred first.
 var AcceptAll = strings.Join(codings, ", ")

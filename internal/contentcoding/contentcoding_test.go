@@ -56,6 +56,16 @@ func TestPreferred(t *testing.T) {
 	}
 }
 
+func TestLists(t *testing.T) {
+	h := http.Header{"Accept-Encoding": {"s2;q=0, zstd"}}
+	if Lists(h, S2) || !Lists(h, Zstd) || Lists(h, "gzip") {
+		t.Errorf("Lists on %v", h)
+	}
+	if !Lists(http.Header{"Accept-Encoding": {"*"}}, Zstd) {
+		t.Error("* does not list zstd")
+	}
+}
+
 func TestOf(t *testing.T) {
 	for _, c := range []struct {
 		header, want string

@@ -43,8 +43,8 @@ func coded(t testing.TB, data []byte) []byte {
 func TestFilesCoded(t *testing.T) {
 	f := newFileServer(t, Config{WorkspaceCap: 8 << 20})
 	c, ctx := f.client, context.Background()
-	if got := c.AcceptedCoding(ctx); got != contentcoding.S2 {
-		t.Fatalf("the supervisor said it takes %q", got)
+	if !c.AcceptsCoding(ctx, contentcoding.S2) || !c.AcceptsCoding(ctx, contentcoding.Zstd) || c.AcceptsCoding(ctx, "gzip") {
+		t.Fatal("the supervisor did not say it takes s2 and zstd, and only those")
 	}
 
 	text := sourceText(1 << 20)

@@ -34,31 +34,28 @@ type Client struct {
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 
-	// coding is what the supervisor's latest answer said of coded
-	// uploads: the coding it prefers, codingNone for none, or nil before
-	// any answer (see AcceptedCoding).
-	coding atomic.Pointer[string]
+	// accepted is what the supervisor's latest answer said of coded
+	// uploads (its Accept-Encoding), or nil before any answer (see
+	// AcceptsCoding).
+	accepted atomic.Pointer[http.Header]
 }
 
-// AcceptedCoding returns the content coding (contentcoding.S2 or Zstd)
-// the supervisor said, on its latest answer to this client, it takes for
-// uploads (PutFileCoded), or "" for none. Before any answer it asks, with
-// a health call bounded by ctx; a supervisor of a version before the
-// codings never names one, and one that stopped naming it is believed at
-// once.
-func (c *Client) AcceptedCoding(ctx context.Context) string {
-	if c.coding.Load() == nil {
+// AcceptsCoding reports whether the supervisor said, on its latest answer
+// to this client, that it takes uploads in coding (contentcoding.S2 or
+// Zstd; see PutFileCoded). Before any answer it asks, with a health call
+// bounded by ctx; a supervisor of a version before the codings never names
+// one, and one that stopped naming it is believed at once.
+func (c *Client) AcceptsCoding(ctx context.Context, coding string) bool {
+	if c.accepted.Load() == nil {
 		_, _ = c.Health(ctx)
 	}
-	if p := c.coding.Load(); p != nil {
-		return *p
-	}
-	return ""
+	h := c.accepted.Load()
+	return h != nil && contentcoding.Lists(*h, coding)
 }
 
 func (c *Client) observe(resp *http.Response) {
-	coding := contentcoding.Advertised(resp)
-	c.coding.Store(&coding)
+	h := http.Header{"Accept-Encoding": resp.Header.Values("Accept-Encoding")}
+	c.accepted.Store(&h)
 }
 
 // NewClient returns a client for the supervisor at baseURL.

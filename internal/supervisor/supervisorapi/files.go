@@ -51,7 +51,7 @@ func (c *Client) PutFile(ctx context.Context, path string, body io.Reader, mode 
 // contentcoding) whose decoded length is decodedLen (-1 if unknown): the
 // supervisor decodes it as it writes, and checks the decoded length
 // against the workspace cap before reading, as PutFile does with a Sized
-// body. Send it only in the coding the supervisor named (AcceptedCoding);
+// body. Send it only in a coding the supervisor named (AcceptsCoding);
 // one that does not know the coding would store the coded bytes.
 func (c *Client) PutFileCoded(ctx context.Context, path string, body io.Reader, coding string, decodedLen int64, mode fs.FileMode) (*FileInfo, error) {
 	q := url.Values{}
