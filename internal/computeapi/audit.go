@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 )
 
@@ -169,6 +170,9 @@ func (b hashedBody) Read(p []byte) (int, error) {
 func (s *Server) audited(op string, w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter, *http.Request) *Principal) string {
 	start := s.clock.Now()
 	r, requestID := withRequestID(w, r)
+	// Every answer names the codings uploads may come in, so that a
+	// client learns it from whatever call it makes first.
+	contentcoding.Advertise(w.Header())
 	if s.audit == nil {
 		aw := &auditedWriter{ResponseWriter: w}
 		serve(aw, r)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/computeapi/client"
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
 
@@ -98,6 +99,18 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = fs.FileMode(n)
 	}
+	coding, err := contentcoding.Of(r.Header)
+	if err != nil {
+		drainRefusedBody(w, r)
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "%v", err))
+		return
+	}
+	decodedLen, err := contentcoding.DecodedLength(r.Header)
+	if err != nil {
+		drainRefusedBody(w, r)
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "%v", err))
+		return
+	}
 	sup, log, apiErr := s.supervisorFor(r, "put_file")
 	if apiErr != nil {
 		writeError(w, apiErr)
@@ -105,14 +118,34 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), fileCallTimeout)
 	defer cancel()
-	body := io.Reader(r.Body)
-	if r.ContentLength >= 0 {
-		// Forwarded with its length rather than chunked, so that the
-		// supervisor checks the count and refuses a file that cannot fit
-		// before any of it moves.
-		body = supervisorapi.Sized(r.Body, r.ContentLength)
+	var fi *supervisorapi.FileInfo
+	switch {
+	case coding != "" && sup.AcceptsCoding(ctx, coding):
+		// Passed on coded: the bytes stay few across the sandbox's
+		// network stack, which is what the coding is for.
+		fi, err = sup.PutFileCoded(ctx, r.PathValue("path"), r.Body, coding, decodedLen, mode)
+	case coding != "":
+		// A supervisor that has not named the coding gets the file
+		// decoded here.
+		var dec io.ReadCloser
+		if dec, err = contentcoding.NewReader(coding, r.Body); err == nil {
+			body := io.Reader(dec)
+			if decodedLen >= 0 {
+				body = supervisorapi.Sized(dec, decodedLen)
+			}
+			fi, err = sup.PutFile(ctx, r.PathValue("path"), body, mode)
+			dec.Close()
+		}
+	default:
+		body := io.Reader(r.Body)
+		if r.ContentLength >= 0 {
+			// Forwarded with its length rather than chunked, so that the
+			// supervisor checks the count and refuses a file that cannot
+			// fit before any of it moves.
+			body = supervisorapi.Sized(r.Body, r.ContentLength)
+		}
+		fi, err = sup.PutFile(ctx, r.PathValue("path"), body, mode)
 	}
-	fi, err := sup.PutFile(ctx, r.PathValue("path"), body, mode)
 	if err != nil {
 		apiErr := fileError(ctx, err)
 		s.logFailure(log, apiErr, err)
@@ -139,6 +172,10 @@ func drainRefusedBody(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxRefusedDrain))
 }
 
+// getFile streams a file. A caller that accepts a content coding gets
+// the supervisor's coding passed on as it is (the supervisor codes only
+// what compresses); any other caller gets the file as it is, as before the
+// codings.
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	sup, log, apiErr := s.supervisorFor(r, "get_file")
 	if apiErr != nil {
@@ -147,18 +184,29 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), fileCallTimeout)
 	defer cancel()
-	body, err := sup.GetFile(ctx, r.PathValue("path"))
+	var f *supervisorapi.CodedFile
+	var err error
+	if coding := contentcoding.Preferred(r.Header); coding != "" {
+		f, err = sup.GetFileCoded(ctx, r.PathValue("path"), coding)
+	} else {
+		f = &supervisorapi.CodedFile{DecodedLength: -1}
+		f.Body, err = sup.GetFile(ctx, r.PathValue("path"))
+	}
 	if err != nil {
 		apiErr := fileError(ctx, err)
 		s.logFailure(log, apiErr, err)
 		writeError(w, apiErr)
 		return
 	}
-	defer body.Close()
+	defer f.Body.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Vary", "Accept-Encoding")
+	if f.Coding != "" {
+		contentcoding.SetCoded(w.Header(), f.Coding, f.DecodedLength)
+	}
 	w.WriteHeader(http.StatusOK)
-	if _, err := io.Copy(w, body); err != nil {
+	if _, err := io.Copy(w, f.Body); err != nil {
 		// The status is sent; the client sees a short body.
 		log.V(1).Info("file transfer cut short", "err", err.Error())
 	}

@@ -67,6 +67,8 @@ type apiSetup struct {
 	server func(*Server)
 	// options, if set, changes the API's options.
 	options func(*Options)
+	// wrapSupervisor, if set, wraps the supervisor's handler.
+	wrapSupervisor func(http.Handler) http.Handler
 }
 
 func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Client {
@@ -93,7 +95,11 @@ func realSupervisorAPIWith(t *testing.T, o apiSetup) func(token string) *api.Cli
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss := httptest.NewUnstartedServer(sup)
+	var supHandler http.Handler = sup
+	if o.wrapSupervisor != nil {
+		supHandler = o.wrapSupervisor(sup)
+	}
+	ss := httptest.NewUnstartedServer(supHandler)
 	ss.TLS = pki.ServerTLS(cert, ca.Pool(), pki.ControlPlaneID(testTrustDomain, platformNS).String())
 	ss.StartTLS()
 	t.Cleanup(ss.Close)

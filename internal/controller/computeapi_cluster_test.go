@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -79,6 +80,7 @@ func TestComputeAPIOnCluster(t *testing.T) {
 	if !bytes.Equal(back, data) {
 		t.Fatalf("get_file returned %d bytes, not the %d put", len(back), len(data))
 	}
+	codedFiles(t, e, api, agentAPI, agent)
 
 	// The sandboxed tools and /execute.
 	if _, err := api.ToolRequest(ctx, agent, "create_file", map[string]any{"path": "notes.txt", "content": "hello"}); err != nil {
@@ -182,6 +184,57 @@ func agentClients(e *clusterEnv, admin *apiclient.Client, agent string) (own, ot
 		clients = append(clients, e.apiClient(admin.Endpoint(), tok.Token))
 	}
 	return clients[0], clients[1]
+}
+
+// codedFiles moves text, which compresses, through the API with the
+// coding negotiated (the default client, which has learned from earlier
+// answers that the API takes it) and without (a client with
+// DisableCompression), each reading back what the other wrote, byte for
+// byte; a raw download that asks for the coding gets it, and one that
+// does not gets the file as it is.
+func codedFiles(t *testing.T, e *clusterEnv, coded, own *apiclient.Client, agent string) {
+	t.Helper()
+	ctx := t.Context()
+	var text bytes.Buffer
+	for i := 0; text.Len() < 4<<20; i++ {
+		fmt.Fprintf(&text, "func handler%d(w http.ResponseWriter, r *http.Request) { serve(w, r, %d) }\n", i, i*7)
+	}
+	plain := e.apiClient(own.Endpoint(), own.Token())
+	plain.DisableCompression = true
+	for _, c := range []struct {
+		name     string
+		put, get *apiclient.Client
+	}{{"coded up, plain down", coded, plain}, {"plain up, coded down", plain, coded}} {
+		if fi, err := c.put.PutFile(ctx, agent, "data/text.go", bytes.NewReader(text.Bytes()), 0o600); err != nil || fi.Size != int64(text.Len()) {
+			t.Fatalf("%s: put_file: %+v, %v", c.name, fi, err)
+		}
+		body, err := c.get.GetFile(ctx, agent, "data/text.go")
+		must(t, err)
+		back, err := io.ReadAll(body)
+		body.Close()
+		if err != nil || !bytes.Equal(back, text.Bytes()) {
+			t.Fatalf("%s: get_file returned %d bytes (%v), not the %d put", c.name, len(back), err, text.Len())
+		}
+	}
+	for _, accept := range []string{"s2", "zstd", ""} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, own.Endpoint()+apiclient.PathFile(agent, "data/text.go"), nil)
+		must(t, err)
+		req.Header.Set("Authorization", "Bearer "+own.Token())
+		req.Header.Set("Accept-Encoding", accept)
+		resp, err := own.HTTPClient().Do(req)
+		must(t, err)
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch got := resp.Header.Get("Content-Encoding"); {
+		case resp.StatusCode != http.StatusOK:
+			t.Errorf("Accept-Encoding %q: status %d", accept, resp.StatusCode)
+		case accept != "" && (got != accept || n >= int64(text.Len())/2):
+			t.Errorf("Accept-Encoding %s: Content-Encoding %q, %d bytes for %d", accept, got, n, text.Len())
+		case accept == "" && (got != "" || n != int64(text.Len())):
+			t.Errorf("no Accept-Encoding: Content-Encoding %q, %d bytes for %d", got, n, text.Len())
+		}
+	}
+	must(t, coded.DeleteFile(ctx, agent, "data/text.go", false))
 }
 
 // concurrentRunCommands sends n run_command calls at once with the

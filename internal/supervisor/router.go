@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/mcpbridge"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
@@ -179,6 +180,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rt, m := s.match(r)
 	probe := rt != nil && rt.probe
+	// Every answer names the codings uploads may come in, so that the
+	// control plane learns it from the health calls it makes anyway,
+	// before the first upload.
+	contentcoding.Advertise(w.Header())
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK, carry: !probe, head: r.Method == http.MethodHead}
 	info := &requestInfo{op: m.name(r)}
 	sum := sha256.New()

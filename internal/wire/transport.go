@@ -38,6 +38,10 @@ type Transport[P Peer] struct {
 	// query when the caller put one in it) carries: the API's bearer
 	// token and the hold the client presents.
 	Authorize func(h http.Header, path string)
+	// Observe, if set, sees every response the peer sends, before it is
+	// read: how a client learns what the peer accepts (a content coding,
+	// say) from answers to calls it makes anyway.
+	Observe func(resp *http.Response)
 }
 
 func (t *Transport[P]) client() *http.Client {
@@ -69,6 +73,9 @@ func (t *Transport[P]) send(req *http.Request, method, path string) (*http.Respo
 	resp, err := t.client().Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s%s %s: %w", peerOf[P]().call, method, path, err)
+	}
+	if t.Observe != nil {
+		t.Observe(resp)
 	}
 	return resp, nil
 }
@@ -153,6 +160,8 @@ type Request struct {
 	Body io.Reader
 	// ContentType labels Body; Accept, if set, is sent.
 	ContentType, Accept string
+	// Header holds further headers to send (a content coding, say).
+	Header http.Header
 }
 
 // Send sends r and returns the response of a 2xx status with its body
@@ -179,6 +188,9 @@ func (t *Transport[P]) Send(ctx context.Context, r Request) (*http.Response, err
 	}
 	if r.Accept != "" {
 		req.Header.Set("Accept", r.Accept)
+	}
+	for k, v := range r.Header {
+		req.Header[k] = v
 	}
 	resp, err := t.send(req, r.Method, r.Path)
 	if err != nil {
@@ -207,6 +219,19 @@ type sizedBody struct {
 }
 
 func (b sizedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// LengthOf returns how many bytes body holds when that can be known
+// without reading it (Sized, or a reader of bytes or a string that
+// reports its Len), and -1 otherwise.
+func LengthOf(body io.Reader) int64 {
+	switch b := body.(type) {
+	case sizedBody:
+		return b.n
+	case interface{ Len() int }:
+		return int64(b.Len())
+	}
+	return -1
+}
 
 // DecodeError turns an error response into the peer's *Error. A body that
 // is not an error body (from something between the client and the peer)

@@ -13,7 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
@@ -30,6 +32,17 @@ type Client struct {
 	httpClient *http.Client
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+	// DisableCompression keeps file transfers as they are: uploads are
+	// never coded and downloads do not ask for a coding. By default an
+	// upload whose content compresses is coded (S2, see package
+	// contentcoding) once the API has said it takes the coding (on any
+	// earlier answer), and a download asks for it and is decoded as it is
+	// read.
+	DisableCompression bool
+
+	// coding is what the API's latest answer said of coded uploads: the
+	// coding it prefers, "" for none, or nil before any answer.
+	coding atomic.Pointer[string]
 
 	mu sync.Mutex
 	// leases are the lease IDs the client presents, by agent ID.
@@ -235,7 +248,8 @@ func (c *Client) CloseIdleConnections() { c.httpClient.CloseIdleConnections() }
 // transport is the client's wire transport for one call: every request
 // carries the token, and the hold the client presents on the agent.
 func (c *Client) transport() *wire.Transport[wire.API] {
-	return &wire.Transport[wire.API]{BaseURL: c.endpoint, HTTPClient: c.httpClient, MaxResponseBytes: c.MaxResponseBytes, Authorize: c.authorize}
+	return &wire.Transport[wire.API]{BaseURL: c.endpoint, HTTPClient: c.httpClient, MaxResponseBytes: c.MaxResponseBytes, Authorize: c.authorize,
+		Observe: c.observe}
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
@@ -322,7 +336,37 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 	if mode != 0 {
 		p += "?mode=" + strconv.FormatUint(uint64(mode), 8)
 	}
-	resp, err := c.stream(ctx, http.MethodPut, p, body)
+	r := wire.Request{Method: http.MethodPut, Path: p, Body: body, ContentType: "application/octet-stream"}
+	if coding := c.coding.Load(); !c.DisableCompression && (coding == nil || *coding != "") {
+		size := wire.LengthOf(body)
+		sniffed, compressible, err := contentcoding.Sniff(body, size)
+		if err != nil {
+			return nil, fmt.Errorf("PUT %s: read the content: %w", p, err)
+		}
+		r.Body = sniffed
+		if size >= 0 {
+			// Sent with its length, as the body itself would have been.
+			r.Body = wire.Sized(sniffed, size)
+		}
+		if compressible && coding == nil && (size < 0 || size >= probeMinBytes) {
+			// A client that has had no answer yet (a CLI's one upload)
+			// asks first, with a call that does not wake the sandbox;
+			// its result does not matter, only what the answer says.
+			_, _ = c.Status(ctx, agentID)
+			coding = c.coding.Load()
+		}
+		if compressible && coding != nil && *coding != "" {
+			coded, err := contentcoding.Encode(*coding, sniffed)
+			if err != nil {
+				return nil, fmt.Errorf("PUT %s: %w", p, err)
+			}
+			defer coded.Close()
+			r.Body = coded
+			r.Header = http.Header{}
+			contentcoding.SetCoded(r.Header, *coding, size)
+		}
+	}
+	resp, err := c.transport().Send(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -334,13 +378,68 @@ func (c *Client) PutFile(ctx context.Context, agentID, path string, body io.Read
 	return &fi, nil
 }
 
-// GetFile streams the workspace file at path; the caller closes it.
+// probeMinBytes is the smallest compressible upload for which a client
+// that has not heard from the API yet asks it whether it takes a coding:
+// a round trip is worth it only when it saves more.
+const probeMinBytes = 1 << 20
+
+func (c *Client) observe(resp *http.Response) {
+	coding := contentcoding.Advertised(resp)
+	c.coding.Store(&coding)
+}
+
+// GetFile streams the workspace file at path; the caller closes it. It
+// asks for a content coding (unless DisableCompression) and decodes what
+// comes coded, so the reader gives the file as it is either way.
 func (c *Client) GetFile(ctx context.Context, agentID, path string) (io.ReadCloser, error) {
-	resp, err := c.stream(ctx, http.MethodGet, PathFile(agentID, path), nil)
+	r := wire.Request{Method: http.MethodGet, Path: PathFile(agentID, path)}
+	if !c.DisableCompression {
+		r.Header = http.Header{"Accept-Encoding": {contentcoding.AcceptAll}}
+	}
+	resp, err := c.transport().Send(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	return resp.Body, nil
+	coding, err := contentcoding.Of(resp.Header)
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %w", r.Path, err)
+	}
+	if coding == "" {
+		return resp.Body, nil
+	}
+	dec, err := contentcoding.NewReader(coding, resp.Body)
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %w", r.Path, err)
+	}
+	n, err := contentcoding.DecodedLength(resp.Header)
+	if err != nil || n < 0 {
+		return dec, nil
+	}
+	return &lengthChecked{ReadCloser: dec, left: n, path: r.Path}, nil
+}
+
+// lengthChecked fails a decoded download that ends short of, or runs
+// past, the length the API declared: a coded stream cut at a block
+// boundary, relayed by the API in a body that ends cleanly, would
+// otherwise read as a whole, shorter file.
+type lengthChecked struct {
+	io.ReadCloser
+	left int64
+	path string
+}
+
+func (l *lengthChecked) Read(p []byte) (int, error) {
+	n, err := l.ReadCloser.Read(p)
+	l.left -= int64(n)
+	switch {
+	case l.left < 0:
+		return n, fmt.Errorf("GET %s: the decoded file is longer than the %s the API declared", l.path, contentcoding.HeaderDecodedLength)
+	case errors.Is(err, io.EOF) && l.left > 0:
+		return n, fmt.Errorf("GET %s: the file ended %d bytes short: %w", l.path, l.left, io.ErrUnexpectedEOF)
+	}
+	return n, err
 }
 
 // DeleteFile removes a workspace file, or a directory with recursive.

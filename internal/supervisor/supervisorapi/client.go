@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
@@ -31,6 +33,29 @@ type Client struct {
 	HTTPClient *http.Client
 	// MaxResponseBytes defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+
+	// accepted is what the supervisor's latest answer said of coded
+	// uploads (its Accept-Encoding), or nil before any answer (see
+	// AcceptsCoding).
+	accepted atomic.Pointer[http.Header]
+}
+
+// AcceptsCoding reports whether the supervisor said, on its latest answer
+// to this client, that it takes uploads in coding (contentcoding.S2 or
+// Zstd; see PutFileCoded). Before any answer it asks, with a health call
+// bounded by ctx; a supervisor of a version before the codings never names
+// one, and one that stopped naming it is believed at once.
+func (c *Client) AcceptsCoding(ctx context.Context, coding string) bool {
+	if c.accepted.Load() == nil {
+		_, _ = c.Health(ctx)
+	}
+	h := c.accepted.Load()
+	return h != nil && contentcoding.Lists(*h, coding)
+}
+
+func (c *Client) observe(resp *http.Response) {
+	h := http.Header{"Accept-Encoding": resp.Header.Values("Accept-Encoding")}
+	c.accepted.Store(&h)
 }
 
 // NewClient returns a client for the supervisor at baseURL.
@@ -146,6 +171,7 @@ func (c *Client) transport() *wire.Transport[wire.Supervisor] {
 		BaseURL:          strings.TrimSuffix(c.BaseURL, "/"),
 		HTTPClient:       c.HTTPClient,
 		MaxResponseBytes: c.MaxResponseBytes,
+		Observe:          c.observe,
 	}
 }
 

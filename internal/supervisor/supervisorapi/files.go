@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/wire"
 )
 
@@ -44,6 +45,65 @@ func (c *Client) PutFile(ctx context.Context, path string, body io.Reader, mode 
 		return nil, err
 	}
 	return &fi, nil
+}
+
+// PutFileCoded is PutFile for a body in content coding (see package
+// contentcoding) whose decoded length is decodedLen (-1 if unknown): the
+// supervisor decodes it as it writes, and checks the decoded length
+// against the workspace cap before reading, as PutFile does with a Sized
+// body. Send it only in a coding the supervisor named (AcceptsCoding);
+// one that does not know the coding would store the coded bytes.
+func (c *Client) PutFileCoded(ctx context.Context, path string, body io.Reader, coding string, decodedLen int64, mode fs.FileMode) (*FileInfo, error) {
+	q := url.Values{}
+	if mode != 0 {
+		q.Set("mode", fmt.Sprintf("%04o", uint32(mode)))
+	}
+	h := http.Header{}
+	contentcoding.SetCoded(h, coding, decodedLen)
+	resp, err := c.transport().Send(ctx, wire.Request{Method: http.MethodPut, Path: FilePath(PathFiles, path), Query: q, Body: body,
+		ContentType: "application/octet-stream", Accept: "application/json", Header: h})
+	if err != nil {
+		return nil, err
+	}
+	var fi FileInfo
+	if err := c.decodeJSON(resp, &fi); err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}
+
+// CodedFile is a download that may be coded.
+type CodedFile struct {
+	// Body is the content as sent; the caller closes it.
+	Body io.ReadCloser
+	// Coding is Body's content coding, "" for none; DecodedLength is
+	// then the file's length (-1 if the supervisor did not say).
+	Coding        string
+	DecodedLength int64
+}
+
+// GetFileCoded is GetFile taking the content coded, with accept as the
+// request's Accept-Encoding. The supervisor codes only content worth it,
+// so the answer may come as it is (CodedFile.Coding ""); a supervisor of
+// a version before the codings always answers that way.
+func (c *Client) GetFileCoded(ctx context.Context, path, accept string) (*CodedFile, error) {
+	resp, err := c.transport().Send(ctx, wire.Request{Method: http.MethodGet, Path: FilePath(PathFiles, path),
+		Accept: "application/octet-stream", Header: http.Header{"Accept-Encoding": {accept}}})
+	if err != nil {
+		return nil, err
+	}
+	coding, err := contentcoding.Of(resp.Header)
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("supervisor GET %s: %w", path, err)
+	}
+	f := &CodedFile{Body: resp.Body, Coding: coding, DecodedLength: -1}
+	if coding != "" {
+		if n, err := contentcoding.DecodedLength(resp.Header); err == nil {
+			f.DecodedLength = n
+		}
+	}
+	return f, nil
 }
 
 // Sized declares that body holds exactly n bytes, for a PutFile or PutTar

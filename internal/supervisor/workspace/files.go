@@ -1,11 +1,13 @@
 package workspace
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/agentbox/terraform-provider-agentbox/internal/contentcoding"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/httpcall"
 	api "github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 )
@@ -83,7 +85,7 @@ func (ws *Workspace) serveGet(w http.ResponseWriter, r *http.Request, rel string
 	var apiErr *api.Error
 	switch format {
 	case "":
-		apiErr = ws.getFile(w, r, rel)
+		apiErr = ws.getFile(w, r, rel, info)
 	case api.FormatTar:
 		apiErr = ws.getTar(w, r, rel, info)
 	default:
@@ -94,13 +96,34 @@ func (ws *Workspace) serveGet(w http.ResponseWriter, r *http.Request, rel string
 	}
 }
 
-// servePut writes a file, or extracts a tar into a directory.
+// servePut writes a file, or extracts a tar into a directory. A body
+// in a content coding (Content-Encoding) is decoded as it is written; its
+// decoded length, when the caller sends it, stands for Content-Length.
 func (ws *Workspace) servePut(w http.ResponseWriter, r *http.Request, rel string, info *httpcall.Info) {
 	q := r.URL.Query()
-	body := &progressReader{r: r.Body, rc: http.NewResponseController(w)}
+	var body io.Reader = &progressReader{r: r.Body, rc: http.NewResponseController(w)}
+	size := r.ContentLength
+	coding, err := contentcoding.Of(r.Header)
+	if err != nil {
+		info.Fail(w, api.Errorf(api.CodeInvalidArgument, "put %q: %v", rel, err))
+		return
+	}
+	if coding != "" {
+		if size, err = contentcoding.DecodedLength(r.Header); err != nil {
+			info.Fail(w, api.Errorf(api.CodeInvalidArgument, "put %q: %v", rel, err))
+			return
+		}
+		dec, err := contentcoding.NewReader(coding, body)
+		if err != nil {
+			info.Fail(w, api.Errorf(api.CodeInternal, "put %q: %v", rel, err))
+			return
+		}
+		defer dec.Close()
+		body = dec
+	}
 	switch format := q.Get("format"); format {
 	case "":
-		fi, apiErr := ws.PutFile(rel, body, q.Get("mode"), r.ContentLength)
+		fi, apiErr := ws.PutFile(rel, body, q.Get("mode"), size)
 		answer(w, info, fi, apiErr)
 	case api.FormatTar:
 		var keepLinks bool
@@ -137,7 +160,7 @@ func (ws *Workspace) serveDelete(w http.ResponseWriter, r *http.Request, rel str
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (ws *Workspace) getFile(w http.ResponseWriter, r *http.Request, rel string) *api.Error {
+func (ws *Workspace) getFile(w http.ResponseWriter, r *http.Request, rel string, info *httpcall.Info) *api.Error {
 	f, fi, apiErr := ws.OpenRegular("get", rel)
 	if apiErr != nil {
 		return apiErr
@@ -148,10 +171,47 @@ func (ws *Workspace) getFile(w http.ResponseWriter, r *http.Request, rel string)
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")
+	h.Set("Vary", "Accept-Encoding")
+	pw := &progressWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+	if coding := codeDownload(r, f, fi.Size()); coding != "" {
+		zw, err := contentcoding.NewWriter(coding, writerOnly{pw})
+		if err != nil {
+			return api.Errorf(api.CodeInternal, "get %q: %v", rel, err)
+		}
+		contentcoding.SetCoded(h, coding, fi.Size())
+		w.WriteHeader(http.StatusOK)
+		_, err = zw.ReadFrom(io.NewSectionReader(f, 0, fi.Size()))
+		if cerr := zw.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			// The status is sent; the connection is cut, which is what
+			// tells the caller the body is incomplete.
+			info.Abort(err)
+		}
+		return nil
+	}
 	// ServeContent sends Content-Length and serves ranges, so a client can
 	// resume a large download.
-	http.ServeContent(&progressWriter{ResponseWriter: w, rc: http.NewResponseController(w)}, r, fi.Name(), fi.ModTime(), f)
+	http.ServeContent(pw, r, fi.Name(), fi.ModTime(), f)
 	return nil
+}
+
+// codeDownload returns the content coding a download goes in, or "":
+// the caller accepts one, wants the whole file (ranges address the file's
+// own bytes, so a ranged download is served as it is), and the file's
+// start compresses (see contentcoding.Compressible).
+func codeDownload(r *http.Request, f io.ReaderAt, size int64) string {
+	coding := contentcoding.Preferred(r.Header)
+	if r.Method != http.MethodGet || r.Header.Get("Range") != "" || coding == "" {
+		return ""
+	}
+	sample := make([]byte, min(size, contentcoding.SampleSize))
+	n, err := f.ReadAt(sample, 0)
+	if err != nil && !errors.Is(err, io.EOF) || !contentcoding.Compressible(sample[:n], size) {
+		return ""
+	}
+	return coding
 }
 
 func acceptsTar(accept string) bool {
