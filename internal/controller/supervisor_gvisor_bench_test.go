@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
+	"github.com/agentbox/terraform-provider-agentbox/internal/imagebuild"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
@@ -346,7 +347,8 @@ func goFloor(t *testing.T, p *gvisorPod) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "goidle")
 	build := exec.CommandContext(p.e.ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./testdata/goidle")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+	// Built as the supervisor is.
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", imagebuild.SupervisorGOEXPERIMENT)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build goidle: %v\n%s", err, out)
 	}
