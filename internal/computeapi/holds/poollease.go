@@ -277,7 +277,7 @@ const settleGrace = 100 * time.Millisecond
 // controller settles it.
 func (k *Keeper) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
 	k.settles.Go(func() {
-		time.Sleep(settleGrace)
+		time.Sleep(time.Duration(k.grace.Load()))
 		for deadline := time.Now().Add(settleYield); k.claiming.Load() > 0 && time.Now().Before(deadline); {
 			time.Sleep(5 * time.Millisecond)
 		}
