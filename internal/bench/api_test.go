@@ -375,7 +375,7 @@ func (b *apiBench) claim(t *testing.T) {
 	p50, p99 := benchreport.Percentile(tot, 50), benchreport.Percentile(tot, 99)
 	benchreport.Record(t, benchreport.Figure{
 		Name: "warm-pool claim to first command output", Unit: "ms", Values: tot,
-		Target: "p50 <= 50 ms, p99 <= 200 ms", Met: benchreport.Bool(p50 <= 50 && p99 <= 200),
+		Target: "p50 <= 25 ms, p99 <= 100 ms", Met: benchreport.Bool(p50 <= 25 && p99 <= 100),
 		Note: fmt.Sprintf("pool lease then echo through the API, each on a pool refilled to %d ready sandboxes; the lease alone: p50 %.1f ms; a second echo in the same sandbox: p50 %.1f ms; "+
 			"the echo's process by the supervisor's clock (whole ms): first p50 %.0f ms, second %.0f ms; %s",
 			replicas, benchreport.Percentile(benchreport.Millis(lease), 50), benchreport.Percentile(benchreport.Millis(second), 50),

@@ -180,6 +180,41 @@ func TestPoolLeaseWarmsConnection(t *testing.T) {
 	}
 }
 
+// The settle waits its grace before it writes, so that the holder's
+// first command, which follows the answer at once, does not share the
+// node with the settle's writes and the replacement sandbox they start;
+// the writes come after it.
+func TestPoolLeaseSettlesAfterTheFirstCommand(t *testing.T) {
+	ctx := context.Background()
+	f := servedPoolFixture(t)
+	// Long enough that the command below surely comes first; Drain then
+	// waits it out.
+	f.services.holds.SetSettleGrace(2 * time.Second)
+	c := f.client(t, adminToken)
+	before := f.patches.Load()
+	l, err := c.AcquirePoolLease(ctx, "team-a", "p", api.AcquireLeaseRequest{Holder: "run-1", RequestID: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.RunCommand(ctx, l.AgentID, api.RunCommandRequest{Command: []string{"echo", "hi"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("first command: %+v, %v", res, err)
+	}
+	if n := f.patches.Load() - before; n != 0 {
+		t.Errorf("%d Sandbox patches before the first command's answer; want none", n)
+	}
+	if held := f.leaseNamed(t, l.Sandbox); held.Spec.HolderIdentity != nil {
+		t.Errorf("the Lease was written before the first command's answer: %+v", held.Spec)
+	}
+	f.settled()
+	if held := f.leaseNamed(t, l.Sandbox); ptr.Deref(held.Spec.HolderIdentity, "") != "run-1" {
+		t.Errorf("the Lease after the settle: %+v", held.Spec)
+	}
+	if s := f.sandboxNamed(t, l.Sandbox); !v1alpha1.PoolLeased(s) {
+		t.Errorf("%s is not marked leased after the settle: %v", l.Sandbox, s.Annotations)
+	}
+}
+
 // The holder's first command, sent while the lease's warm-up is still in
 // its handshake, waits for that connection rather than opening a second
 // one alongside it.

@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
+	"github.com/agentbox/terraform-provider-agentbox/internal/imagebuild"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
@@ -196,26 +199,96 @@ func TestSupervisorGVisorBench(t *testing.T) {
 	st := p.procStatus(t)
 	t.Logf("supervisor /proc/1/status (gVisor's view): %v", st)
 	row("supervisor idle VmRSS (gVisor /proc/1/status)", fmt.Sprintf("%d kB", st["VmRSS"]), "after the 100 MiB transfers, 10 s idle")
-	// Fresh pods' idle RSS, before any large transfer. Several: the figure
-	// moves by a few MiB from pod to pod, with where the randomised Go heap
-	// falls among gVisor's 2 MiB allocation units.
+	// Fresh pods, before any large transfer: what a warm sandbox's first
+	// commands cost, and its idle RSS. Several: the RSS moves by a few
+	// MiB from pod to pod, with where the randomised Go heap falls among
+	// gVisor's 2 MiB allocation units. The pod after them runs the
+	// supervisor without its warm-up and idle trim, as it was before
+	// them, so that both are measured side by side on the same node; the
+	// last one without the idle trim alone.
 	const freshPods = 3
+	variants := [][]corev1.EnvVar{
+		freshPods:     {{Name: "AGENTBOX_WARM_UP", Value: "false"}, {Name: "AGENTBOX_IDLE_TRIM", Value: "0"}},
+		freshPods + 1: {{Name: "AGENTBOX_IDLE_TRIM", Value: "0"}},
+	}
 	var fresh []*gvisorPod
-	for i := range freshPods {
-		fresh = append(fresh, e.gvisorPod(t, fmt.Sprintf("idle-%d", i), gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "64MiB", emptyDirSize: "128Mi"}))
+	for i, env := range variants {
+		o := gvisorPodOptions{memoryLimit: "256Mi", workspaceCap: "64MiB", emptyDirSize: "128Mi", env: env}
+		name := fmt.Sprintf("idle-%d", i)
+		switch i {
+		case freshPods:
+			name = "idle-old"
+		case freshPods + 1:
+			name = "idle-notrim"
+		}
+		fresh = append(fresh, e.gvisorPod(t, name, o))
+	}
+	// As the Compute API's connection keeper does for a warm pool's
+	// sandbox, a health call opens the connection before the first
+	// command; then ten commands, the first of which a claim's holder
+	// would send.
+	const commands = 10
+	firstOver := map[bool][]float64{}
+	var firstNew, tenthNew, firstOld, tenthOld []time.Duration
+	for i, fp := range fresh {
+		if _, err := fp.sup.Health(ctx); err != nil {
+			t.Fatalf("health of %s: %v", fp.name, err)
+		}
+		var took []time.Duration
+		var inSandbox []int64
+		for range commands {
+			start := time.Now()
+			res, err := fp.sup.RunCommand(ctx, supervisorapi.CommandRequest{Command: []string{"echo", "ready"}})
+			took = append(took, time.Since(start))
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("echo in %s: %v %+v", fp.name, err, res)
+			}
+			inSandbox = append(inSandbox, res.DurationMS)
+		}
+		t.Logf("%s: echo round trips %v; by the supervisor's clock (ms) %v", fp.name, took, inSandbox)
+		if i > freshPods {
+			continue
+		}
+		old := i == freshPods
+		firstOver[old] = append(firstOver[old], float64(took[0]-took[commands-1])/float64(time.Millisecond))
+		if old {
+			firstOld, tenthOld = append(firstOld, took[0]), append(tenthOld, took[commands-1])
+		} else {
+			firstNew, tenthNew = append(firstNew, took[0]), append(tenthNew, took[commands-1])
+		}
 	}
 	time.Sleep(10 * time.Second)
 	var freshMiB []float64
+	var oldMiB, noTrimMiB float64
 	for i, fp := range fresh {
 		fs := fp.procStatus(t)
-		freshMiB = append(freshMiB, float64(fs["VmRSS"])/1024)
-		row(fmt.Sprintf("supervisor idle VmRSS, fresh pod %d", i+1), fmt.Sprintf("%d kB", fs["VmRSS"]), "fresh pod, one health call, 10 s idle")
+		switch {
+		case i == freshPods:
+			oldMiB = float64(fs["VmRSS"]) / 1024
+			row("supervisor idle VmRSS, fresh pod without warm-up and idle trim", fmt.Sprintf("%d kB", fs["VmRSS"]), "the same, with the supervisor as before")
+		case i > freshPods:
+			noTrimMiB = float64(fs["VmRSS"]) / 1024
+			row("supervisor idle VmRSS, fresh pod without idle trim", fmt.Sprintf("%d kB", fs["VmRSS"]), "the same, warm-up on, idle trim off")
+		default:
+			freshMiB = append(freshMiB, float64(fs["VmRSS"])/1024)
+			row(fmt.Sprintf("supervisor idle VmRSS, fresh pod %d", i+1), fmt.Sprintf("%d kB", fs["VmRSS"]), "fresh pod, one health call and ten echo, 10 s idle")
+		}
+		if i == 0 || i >= freshPods {
+			t.Logf("%s: the supervisor's mappings with resident memory (gVisor's /proc/1/smaps):\n%s", fp.name, residentMappings(t, fp))
+		}
 	}
 	usedMiB := float64(st["VmRSS"]) / 1024
 	benchreport.Record(t, benchreport.Figure{
 		Name: "supervisor idle RSS", Unit: "MiB", Values: freshMiB,
 		Target: "<= 15 MiB", Met: benchreport.Bool(benchreport.Percentile(freshMiB, 50) <= 15),
-		Note: fmt.Sprintf("gVisor's /proc/1/status of %d fresh pods after 10 s idle; %.1f MiB after 100 MiB transfers", freshPods, usedMiB),
+		Note: fmt.Sprintf("gVisor's /proc/1/status of %d fresh pods, each after a health call, ten echo and 10 s idle; %.1f MiB without the warm-up and idle trim (one pod), %.1f MiB without the idle trim alone (one pod); %.1f MiB after 100 MiB transfers; %s",
+			freshPods, oldMiB, noTrimMiB, usedMiB, goFloor(t, p)),
+	})
+	benchreport.Record(t, benchreport.Figure{
+		Name: "first command in a warm supervisor, over its tenth", Unit: "ms", Values: firstOver[false],
+		Note: fmt.Sprintf("echo from the host over a connection a health call opened, in %d fresh pods: first %v, tenth %v (p50); without the warm-up (one pod) first %v, tenth %v, %.1f ms over",
+			freshPods, percentile(firstNew, 50).Round(10*time.Microsecond), percentile(tenthNew, 50).Round(10*time.Microsecond),
+			percentile(firstOld, 50).Round(10*time.Microsecond), percentile(tenthOld, 50).Round(10*time.Microsecond), benchreport.Percentile(firstOver[true], 50)),
 	})
 	added := make([]float64, len(viaSup))
 	for i, d := range viaSup {
@@ -241,4 +314,55 @@ func percentile(ds []time.Duration, pct int) time.Duration {
 	slices.Sort(s)
 	i := (len(s)*pct + 99) / 100
 	return s[max(i-1, 0)]
+}
+
+// residentMappings is the supervisor's mappings that hold resident memory,
+// from gVisor's /proc/1/smaps, one line each: range, permissions, what is
+// mapped, and Rss.
+func residentMappings(t *testing.T, p *gvisorPod) string {
+	t.Helper()
+	var b strings.Builder
+	var head string
+	total := 0
+	for _, line := range strings.Split(p.run(t, "cat", "/proc/1/smaps").Stdout, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":"):
+			head = strings.Join(append([]string{f[0], f[1]}, f[5:]...), " ")
+		case len(f) >= 2 && f[0] == "Rss:":
+			if kb, err := strconv.Atoi(f[1]); err == nil && kb > 0 {
+				total += kb
+				fmt.Fprintf(&b, "  %7d kB  %s\n", kb, head)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "  %7d kB  in all", total)
+	return b.String()
+}
+
+// goFloor runs testdata/goidle in the pod, bare and serving HTTPS, and
+// says what its idle RSS is: the floor of a Go program under gVisor's
+// accounting, without anything the supervisor does.
+func goFloor(t *testing.T, p *gvisorPod) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "goidle")
+	build := exec.CommandContext(p.e.ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./testdata/goidle")
+	// Built as the supervisor is.
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", imagebuild.SupervisorGOEXPERIMENT)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build goidle: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(bin)
+	must(t, err)
+	_, err = p.sup.PutFile(p.e.ctx, "goidle", bytes.NewReader(data), 0o755)
+	must(t, err)
+	var parts []string
+	for _, mode := range []string{"bare", "https"} {
+		// The supervisor's own Go runtime setting, which commands do not
+		// inherit.
+		out := p.run(t, "sh", "-c", `GODEBUG=profstackdepth=0 /workspace/goidle "$1" & pid=$!; sleep 10; grep VmRSS /proc/$pid/status; kill $pid`, "sh", mode).Stdout
+		t.Logf("goidle %s: %s", mode, strings.TrimSpace(out))
+		parts = append(parts, fmt.Sprintf("%s %s", mode, strings.Join(strings.Fields(strings.TrimPrefix(strings.TrimSpace(out), "VmRSS:")), " ")))
+	}
+	return "a Go program idle in the same pod (floor): " + strings.Join(parts, ", ")
 }

@@ -47,10 +47,11 @@ type gvisorPod struct {
 }
 
 type gvisorPodOptions struct {
-	memoryLimit  string // the container's memory limit
-	workspaceCap string // the template's workspace size, which is the supervisor's cap, e.g. 32MiB
-	emptyDirSize string // the workspace volume's sizeLimit
-	pidsLimit    string // AGENTBOX_COMMAND_PIDS_LIMIT; empty: the supervisor's default
+	memoryLimit  string          // the container's memory limit
+	workspaceCap string          // the template's workspace size, which is the supervisor's cap, e.g. 32MiB
+	emptyDirSize string          // the workspace volume's sizeLimit
+	pidsLimit    string          // AGENTBOX_COMMAND_PIDS_LIMIT; empty: the supervisor's default
+	env          []corev1.EnvVar // more of the template's env (the supervisor's settings)
 }
 
 func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *gvisorPod {
@@ -81,6 +82,7 @@ func (e *clusterEnv) gvisorPod(t *testing.T, name string, o gvisorPodOptions) *g
 	if o.pidsLimit != "" {
 		tpl.Spec.Env = append(tpl.Spec.Env, corev1.EnvVar{Name: "AGENTBOX_COMMAND_PIDS_LIMIT", Value: o.pidsLimit})
 	}
+	tpl.Spec.Env = append(tpl.Spec.Env, o.env...)
 	pod := e.r.desiredPod(sbx, tpl)
 	replaced := false
 	for i, v := range pod.Spec.Volumes {

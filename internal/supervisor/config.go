@@ -208,6 +208,11 @@ type Config struct {
 	MemoryLimit   int64
 	MemoryReserve int64
 	MemoryInUse   func() (int64, error)
+	// IdleTrim is how long the server waits once no call is being served
+	// before it returns the memory calls freed to the system (TrimMemory,
+	// or MemoryTrim when set). Zero means DefaultIdleTrim; negative, never.
+	IdleTrim   time.Duration
+	MemoryTrim func()
 	// Execute configures /v1/execute and the cached Python environments of
 	// /v1/envs (see package execute).
 	Execute ExecuteConfig
@@ -250,6 +255,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.ProcessKillGrace <= 0 {
 		cfg.ProcessKillGrace = DefaultProcessKillGrace
+	}
+	if cfg.IdleTrim == 0 {
+		cfg.IdleTrim = DefaultIdleTrim
+	}
+	if cfg.MemoryTrim == nil {
+		cfg.MemoryTrim = TrimMemory
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

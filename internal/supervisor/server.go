@@ -60,6 +60,9 @@ type Server struct {
 	// counts those being spawned, which already take a place.
 	procs         []*bgProcess
 	procsStarting int
+	// trim returns freed memory once no call has been served for a while;
+	// nil when off.
+	trim *idleTrimmer
 }
 
 // New checks cfg, fills in defaults and returns a Server.
@@ -91,6 +94,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.routes = s.routeTable()
+	s.trim = newIdleTrimmer(cfg.IdleTrim, cfg.MemoryTrim, s.quiet)
 	return s, nil
 }
 
@@ -138,6 +142,7 @@ func (s *Server) startMemoryGuard() error {
 // Close releases the workspace handle and stops environment builds.
 func (s *Server) Close() error {
 	var err error
+	s.trim.stop()
 	if s.runner != nil {
 		s.runner.Close()
 	}
@@ -223,16 +228,27 @@ func (s *Server) Kill() int {
 func (s *Server) begin() {
 	s.mu.Lock()
 	s.running++
+	s.trim.busy()
 	s.mu.Unlock()
 }
 
 func (s *Server) end() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.running--; s.running == 0 && s.idle != nil {
-		close(s.idle)
-		s.idle = nil
+	if s.running--; s.running == 0 {
+		s.trim.idle()
+		if s.idle != nil {
+			close(s.idle)
+			s.idle = nil
+		}
 	}
+}
+
+// quiet reports whether no call is being served.
+func (s *Server) quiet() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running == 0
 }
 
 // MemInfoInUse reads the memory in use from /proc/meminfo (see

@@ -30,6 +30,8 @@
 //	-memory-limit        AGENTBOX_MEMORY_LIMIT        off (the pod's memory limit; the controller sets it)
 //	-memory-reserve      AGENTBOX_MEMORY_RESERVE      the larger of 96MiB and an eighth of -memory-limit
 //	-health-listen       AGENTBOX_HEALTH_LISTEN       off (plain HTTP, /livez and /healthz only; the controller sets 127.0.0.1:8444)
+//	-warm-up             AGENTBOX_WARM_UP             true (a throwaway `true` before listening, so that the first command costs what later ones do)
+//	-idle-trim           AGENTBOX_IDLE_TRIM           5s (idle this long, the supervisor returns freed memory at once; 0: never)
 //
 // "agentbox-supervisor -install DIR" serves nothing: it copies its own
 // executable into DIR/agentbox-supervisor and exits 0 (1 with the reason
@@ -179,6 +181,9 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		return err
 	}
 	defer handler.Close()
+	if o.warmUp {
+		warmUp(ctx, handler, o.idleTrim > 0, log)
+	}
 	if mcpServers != nil {
 		// Stopped once the HTTP server has (defers run in reverse),
 		// before the audit log is closed.
@@ -189,6 +194,24 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		return err
 	}
 	return srv.serveUntil(ctx, o, handler, log)
+}
+
+// warmUp runs the handler's throwaway command before the supervisor
+// listens: the sandbox counts as ready once its port accepts, and its
+// first command should then cost what the tenth does. A failure is logged
+// and serving goes on: the first command pays instead. With trim, the
+// start's garbage (certificates, the configuration, the warm-up's own
+// buffers) is handed back at once rather than held by the idle sandbox.
+func warmUp(ctx context.Context, handler *supervisor.Server, trim bool, log *slog.Logger) {
+	start := time.Now()
+	if err := handler.WarmUp(ctx); err != nil {
+		log.Warn("warm-up command failed; the first command will pay for the start", "error", err.Error())
+	} else {
+		log.Info("warmed up", "duration_ms", time.Since(start).Milliseconds())
+	}
+	if trim {
+		supervisor.TrimMemory()
+	}
 }
 
 // openAuditLog opens the local audit log, or returns nil when it is off.
@@ -243,10 +266,20 @@ func newHandler(o *options, self string, mcpServers *mcpbridge.Manager, audit *s
 		PythonDefaultTimeout:  o.pythonTimeout,
 		PythonMaxTimeout:      o.pythonMaxTimeout,
 		Execute:               executeConfig(o),
+		IdleTrim:              idleTrim(o.idleTrim),
 		Audit:                 audit,
 		Version:               version,
 		Logger:                log,
 	})
+}
+
+// idleTrim is -idle-trim as supervisor.Config takes it: 0 there is the
+// default, negative never.
+func idleTrim(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // startMCP starts the MCP servers on boot, not on the first call, so that

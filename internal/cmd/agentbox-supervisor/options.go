@@ -57,6 +57,8 @@ type options struct {
 	pythonAllowed    []string
 	uv               string
 	reapOrphans      bool
+	warmUp           bool
+	idleTrim         time.Duration
 	logLevel         slog.Level
 	showVersion      bool
 	probe            bool
@@ -79,6 +81,7 @@ type rawFlags struct {
 	pythonTimeout, pythonMaxTimeout                                                  string
 	pidsLimit, memoryLimit, memoryReserve                                            string
 	pythonTrusted                                                                    string
+	warmUp, idleTrim                                                                 string
 }
 
 // parseOptions reads the flags, each of which defaults to its environment
@@ -153,6 +156,8 @@ func defineFlags(fs *flag.FlagSet, env func(key, def string) string, o *options,
 	fs.StringVar(&raw.pythonTrusted, "python-trusted-hosts", env("AGENTBOX_PYTHON_TRUSTED_HOSTS", ""), "comma-separated index hosts (host or host:port) installs may reach over plain HTTP")
 	fs.StringVar(&raw.pythonAllowed, "python-allowed-packages", env("AGENTBOX_PYTHON_ALLOWED_PACKAGES", ""), "comma-separated projects environments may install, dependencies included (default: any)")
 	fs.StringVar(&o.uv, "uv", env("AGENTBOX_UV", "uv"), "uv to build environments with, looked up in the commands' PATH; when absent (or empty) venv and pip are used")
+	fs.StringVar(&raw.warmUp, "warm-up", env("AGENTBOX_WARM_UP", "true"), "before listening, run a throwaway `true` along the path a command takes, so that the first command costs what later ones do; false: the first command pays")
+	fs.StringVar(&raw.idleTrim, "idle-trim", env("AGENTBOX_IDLE_TRIM", supervisor.DefaultIdleTrim.String()), "once no call has been served for this long, return the memory calls freed to the system; 0 for never (Go's scavenger then returns it slowly)")
 	fs.BoolVar(&o.reapOrphans, "reap-orphans", os.Getpid() == 1, "reap orphaned processes (on by default when running as PID 1)")
 	fs.StringVar(&raw.logLevel, "log-level", env("AGENTBOX_LOG_LEVEL", "info"), "debug, info, warn or error")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -209,6 +214,12 @@ func (o *options) parseLimits(raw *rawFlags) error {
 	}
 	if o.envMaxCount <= 0 || o.envCreateTimeout <= 0 {
 		return fmt.Errorf("-env-max-count and -env-create-timeout must be positive")
+	}
+	if o.warmUp, err = strconv.ParseBool(raw.warmUp); err != nil {
+		return fmt.Errorf("-warm-up: want true or false, got %q", raw.warmUp)
+	}
+	if o.idleTrim, err = time.ParseDuration(raw.idleTrim); err != nil || o.idleTrim < 0 {
+		return fmt.Errorf("-idle-trim: want a duration such as 5s, or 0 for never, got %q", raw.idleTrim)
 	}
 	return nil
 }

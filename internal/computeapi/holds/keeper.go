@@ -74,6 +74,8 @@ type Keeper struct {
 	// counts those being decided; see settleSoon.
 	settleSlots chan struct{}
 	claiming    atomic.Int32
+	// grace is settleGrace, as a time.Duration, but in tests.
+	grace atomic.Int64
 	// settles holds the settles running in the background; Drain waits
 	// for them.
 	settles sync.WaitGroup
@@ -86,6 +88,7 @@ func New(cfg Config) *Keeper {
 		activity: cfg.Activity, clock: cfg.Clock, log: cfg.Log, onColdStart: cfg.OnColdStart,
 		settleSlots: make(chan struct{}, maxSettles),
 	}
+	k.grace.Store(int64(settleGrace))
 	if k.reader == nil {
 		k.reader = cfg.Writer
 	}
@@ -94,6 +97,10 @@ func New(cfg Config) *Keeper {
 	}
 	return k
 }
+
+// SetSettleGrace changes how long a settle waits before it starts (see
+// settleGrace); tests lengthen it.
+func (k *Keeper) SetSettleGrace(d time.Duration) { k.grace.Store(int64(d)) }
 
 // Drain waits for the pool leases being settled in the background.
 func (k *Keeper) Drain() { k.settles.Wait() }

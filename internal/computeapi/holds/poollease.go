@@ -266,12 +266,26 @@ const maxSettles = 8
 // bookkeeping a moment later (any hold call settles first anyway).
 const settleYield = 250 * time.Millisecond
 
+// settleGrace is how long a settle waits before it starts, so that the
+// holder's first command, which usually follows the answer within a few
+// milliseconds, runs before the settle's writes and the replacement sandbox
+// the pool starts when they land: on the two cores of make bench's node
+// they ran together, and the first echo after a claim took 34 ms where
+// the second took 17 (15 ms against 9 of it in the sandbox, by the
+// supervisor's clock), while in a sandbox nothing else was starting beside
+// the first echo was within 2 ms of the tenth. With the grace the first
+// took 12 ms and the second 10 (8 and 7 in the sandbox).
+const settleGrace = 100 * time.Millisecond
+
 // settleSoon runs Settle in the background, retrying a failure a few
 // times; past that, the next hold call for the sandbox or the pool's
 // controller settles it.
 func (k *Keeper) settleSoon(sb *v1alpha1.Sandbox, t store.WarmTake) {
-	deadline := time.Now().Add(settleYield)
+	deadline := time.Now().Add(time.Duration(k.grace.Load()) + settleYield)
 	k.settles.Go(func() {
+		// The grace outside the slot, so that it delays this settle and
+		// no other.
+		time.Sleep(time.Duration(k.grace.Load()))
 		// The slot first: under a steady stream of leases thousands of
 		// settles queue, and only those about to write may poll for a
 		// pause in the claims; the rest wait without waking.
