@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/benchreport"
-	"github.com/agentbox/terraform-provider-agentbox/internal/imagebuild"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
 	"github.com/agentbox/terraform-provider-agentbox/internal/testenv"
 )
@@ -347,8 +346,7 @@ func goFloor(t *testing.T, p *gvisorPod) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "goidle")
 	build := exec.CommandContext(p.e.ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./testdata/goidle")
-	// Built as the supervisor is.
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", imagebuild.SupervisorGOEXPERIMENT)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build goidle: %v\n%s", err, out)
 	}

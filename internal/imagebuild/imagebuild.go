@@ -66,35 +66,19 @@ var RunscBinaries = []string{"runsc", "containerd-shim-runsc-v1"}
 // RunscImageDir is where the runsc installer image holds RunscBinaries.
 const RunscImageDir = "/opt/agentbox/runsc"
 
-// SupervisorGOEXPERIMENT is the Go experiment setting the supervisor is
-// built with: its heap at Go's fixed base instead of a random one.
-// gVisor counts a sandbox process's anonymous memory in the 2 MiB-aligned
-// units its page faults fall in, and the runtime touches its map of heap
-// arenas, sparse and 32 MiB long, at the entries of every address range
-// it checks pointers into: with the heap at its fixed base those of the
-// heap and of the binary's data can share one unit. In a local runsc the
-// supervisor's idle resident memory was 3.5 MiB lower (about 28 MiB
-// against 32 MiB, three starts each); on the test cluster the fresh pods'
-// median went from 27.9 to 26.8 MiB between two runs, within the pods'
-// spread. The randomised base is hardening for programs that use cgo;
-// the supervisor is built without it.
-const SupervisorGOEXPERIMENT = "GOEXPERIMENT=norandomizedheapbase64"
-
 // builtin is what differs between the images -only names.
 type builtin struct {
 	repo string // repository, without tag
 	// binary is the command a static image holds; spec makes a Debian
 	// image instead.
 	binary string
-	// goEnv is more of the go build's environment for binary.
-	goEnv []string
-	spec  func(ref string) *Spec
+	spec   func(ref string) *Spec
 }
 
 var builtins = map[string]builtin{
 	ControlPlane:   {repo: "agentbox/agentbox-controlplane", binary: "agentbox-controlplane"},
 	EgressProxy:    {repo: "agentbox/agentbox-egress-proxy", binary: "agentbox-egress-proxy"},
-	Supervisor:     {repo: "agentbox/agentbox-supervisor", binary: "agentbox-supervisor", goEnv: []string{SupervisorGOEXPERIMENT}},
+	Supervisor:     {repo: "agentbox/agentbox-supervisor", binary: "agentbox-supervisor"},
 	Sandbox:        {repo: "agentbox/agentbox-sandbox", spec: StandardSpec},
 	SandboxMinimal: {repo: "agentbox/agentbox-sandbox-minimal", spec: MinimalSpec},
 	RunscInstaller: {repo: "agentbox/agentbox-runsc-installer", binary: "agentbox-runsc-installer"},
@@ -180,9 +164,8 @@ type job struct {
 	name    string // for logs and errors: the -only name, or the spec's
 	archive string // file name in the output folder
 	ref     string
-	binary  string   // a static image's command
-	goEnv   []string // more of its go build's environment
-	spec    *Spec    // a Debian image's
+	binary  string // a static image's command
+	spec    *Spec  // a Debian image's
 	labels  map[string]string
 }
 
@@ -211,7 +194,7 @@ func (o *Options) jobs() ([]job, error) {
 			return nil, err
 		}
 		b := builtins[im]
-		j := job{name: im, archive: ArchiveName(im), ref: ref, binary: b.binary, goEnv: b.goEnv, labels: map[string]string{
+		j := job{name: im, archive: ArchiveName(im), ref: ref, binary: b.binary, labels: map[string]string{
 			"org.opencontainers.image.title":   "agentbox-" + im,
 			"org.opencontainers.image.version": o.Tag,
 		}}
@@ -301,7 +284,7 @@ func buildOne(ctx context.Context, o Options, j job, builder string) (Result, er
 	if j.binary != "" {
 		t := time.Now()
 		bin = filepath.Join(o.OutDir, ".bin", j.binary)
-		if err := goBuild(ctx, o, j.binary, bin, j.goEnv); err != nil {
+		if err := goBuild(ctx, o, j.binary, bin); err != nil {
 			return res, err
 		}
 		o.logf("%s: go build %s: %s", j.archive, j.binary, since(t))
@@ -556,7 +539,7 @@ func pythonFromPackages(pkgs []Package) string {
 	return ""
 }
 
-func goBuild(ctx context.Context, o Options, command, out string, env []string) error {
+func goBuild(ctx context.Context, o Options, command, out string) error {
 	moduleDir := o.ModuleDir
 	if moduleDir == "" {
 		moduleDir = "."
@@ -569,7 +552,7 @@ func goBuild(ctx context.Context, o Options, command, out string, env []string) 
 	// build ID says it is current, so an unchanged command is not linked
 	// again. Static binaries: the control plane and proxy images hold no
 	// libc, and the supervisor must not depend on the sandbox's.
-	c := progress.Cmd{Dir: moduleDir, Env: append(append(os.Environ(), "CGO_ENABLED=0"), env...), Logf: o.logf, Label: "go build " + command}
+	c := progress.Cmd{Dir: moduleDir, Env: append(os.Environ(), "CGO_ENABLED=0"), Logf: o.logf, Label: "go build " + command}
 	return c.GoBuild(ctx, progress.GoBuild{Go: o.Go, Flags: []string{"-trimpath", "-ldflags", "-s -w -X main.version=" + o.Tag},
 		Out: out, Packages: []string{"./internal/cmd/" + command}})
 }
