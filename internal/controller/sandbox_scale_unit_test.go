@@ -25,6 +25,7 @@ import (
 
 	"github.com/agentbox/terraform-provider-agentbox/internal/api/v1alpha1"
 	"github.com/agentbox/terraform-provider-agentbox/internal/filespace"
+	"github.com/agentbox/terraform-provider-agentbox/internal/snapshot"
 	"github.com/agentbox/terraform-provider-agentbox/internal/store"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor"
 	"github.com/agentbox/terraform-provider-agentbox/internal/supervisor/supervisorapi"
@@ -205,5 +206,84 @@ func TestUnitNewSandboxMetaInOneWrite(t *testing.T) {
 	f.reconcile("s")
 	if patches != 0 {
 		t.Errorf("a second pass patched the Sandbox %d times", patches)
+	}
+}
+
+// TestUnitResumeAnnouncedAfterSlowPull: a resumed sandbox whose filespace
+// pull outlasts the pass that restored its workspace says Resuming until
+// the pull ends, and then Resumed, once: the claim's restore mark is gone
+// by then, so the pass that serves must know the resume from the status.
+func TestUnitResumeAnnouncedAfterSlowPull(t *testing.T) {
+	ctx := context.Background()
+	f, d := newLifecycleEnv(t, idleSandbox("s", time.Minute))
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcile("s")
+	f.clock.Step(2 * time.Minute)
+	f.reconcile("s")
+	d.state = snapshot.State{Ready: true, SizeBytes: 4096}
+	f.reconcile("s")
+	f.wantPhase("s", v1alpha1.SandboxPhaseStopped, v1alpha1.ReasonStopped)
+	f.drainEvents()
+
+	// The agent has a file to pull, and its supervisor stalls until
+	// released.
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "agentbox.db"), store.Options{})
+	must(t, err)
+	t.Cleanup(func() { st.Close() })
+	content := "kept across sandboxes\n"
+	sum := sha256.Sum256([]byte(content))
+	digest := hex.EncodeToString(sum[:])
+	_, err = st.PutBlob(ctx, digest, strings.NewReader(content))
+	must(t, err)
+	_, err = st.PutFile(ctx, store.FileNode{AgentID: f.sandbox("s").Spec.AgentID, Path: "notes.txt", SizeBytes: int64(len(content)),
+		SHA256: digest, UpdatedAt: time.Now().Add(-time.Minute), Mode: 0o644})
+	must(t, err)
+	sup, err := supervisor.New(supervisor.Config{Workspace: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	must(t, err)
+	answer := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-answer:
+			sup.ServeHTTP(w, r)
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	var once sync.Once
+	release := func() { once.Do(func() { close(answer) }) }
+	t.Cleanup(release)
+	f.r.Filespaces = filespace.Syncer{Store: st}
+	f.r.Supervisors = dialerFunc(func(endpoint, id string) (*supervisorapi.Client, error) {
+		return supervisorapi.NewClient(srv.URL, srv.Client()), nil
+	})
+
+	f.renew("s")
+	f.reconcile("s")
+	f.podReady("s")
+	f.reconcileWithin("s", time.Minute)
+	if len(d.restored) != 1 {
+		t.Fatalf("restored %v; want the workspace restored before the pull", d.restored)
+	}
+	f.wantPhase("s", v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming)
+	if evs := strings.Join(f.drainEvents(), "\n"); strings.Contains(evs, EventResumed) {
+		t.Fatalf("Resumed before the pull ended: %q", evs)
+	}
+
+	release()
+	deadline := time.Now().Add(time.Minute)
+	var evs []string
+	for f.sandbox("s").Status.Phase != v1alpha1.SandboxPhaseRunning {
+		if time.Now().After(deadline) {
+			t.Fatalf("the resumed sandbox did not serve after its pull: %s", f.ready("s").Message)
+		}
+		time.Sleep(50 * time.Millisecond)
+		f.reconcileWithin("s", time.Minute)
+		evs = append(evs, f.drainEvents()...)
+	}
+	f.reconcileWithin("s", time.Minute)
+	evs = append(evs, f.drainEvents()...)
+	if n := strings.Count(strings.Join(evs, "\n"), EventResumed); n != 1 {
+		t.Fatalf("%d Resumed events after the pull, want 1: %q", n, evs)
 	}
 }

@@ -114,11 +114,18 @@ func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason stri
 			return nil
 		}
 	}
+	// resumed is the snapshot that serving now resumes from: the one
+	// restored in this pass, or in an earlier one whose filespace pull
+	// outlasted it (the claim's mark is gone then, and the sandbox still
+	// says Resuming).
+	resumed := snap
 	if snap != "" {
 		ok, err := r.finishRestore(ctx, sbx, pod, claim)
 		if err != nil || !ok {
 			return err
 		}
+	} else if !wasServing && sbx.Status.Phase == v1alpha1.SandboxPhaseResuming && sbx.Status.Snapshot != nil {
+		resumed = sbx.Status.Snapshot.Name
 	}
 	if !wasServing {
 		// An adopter too: the agent's files outlive its sandboxes.
@@ -129,7 +136,7 @@ func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason stri
 		if !done {
 			phase, reason := v1alpha1.SandboxPhasePending, v1alpha1.ReasonCreating
 			switch {
-			case snap != "":
+			case resumed != "":
 				phase, reason = v1alpha1.SandboxPhaseResuming, v1alpha1.ReasonResuming
 			case readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool:
 				reason = v1alpha1.ReasonAdoptedFromWarmPool
@@ -139,13 +146,13 @@ func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason stri
 			return nil
 		}
 	}
-	if snap != "" {
+	if resumed != "" {
 		took := ""
 		if !act.last.IsZero() {
 			took = fmt.Sprintf(" %s after the activity that woke it", r.now().Sub(act.last).Round(time.Millisecond))
 		}
 		r.event(sbx, pod, corev1.EventTypeNormal, EventResumed, "Resume",
-			fmt.Sprintf("resumed from snapshot %s%s", snap, took))
+			fmt.Sprintf("resumed from snapshot %s%s", resumed, took))
 		metricResumes.Inc()
 	}
 	// An adopted sandbox keeps saying so until its pod next changes
@@ -153,7 +160,7 @@ func (r *SandboxReconciler) observeReadyPod(ctx context.Context, prevReason stri
 	// from a cold one. Its pod's start was the warm sandbox's, long
 	// before this one was asked for, so it is not a start time.
 	reason := v1alpha1.ReasonRunning
-	if snap == "" && readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool {
+	if resumed == "" && readyReason(sbx) == v1alpha1.ReasonAdoptedFromWarmPool {
 		reason = v1alpha1.ReasonAdoptedFromWarmPool
 	}
 	r.setPhase(sbx, v1alpha1.SandboxPhaseRunning, metav1.ConditionTrue, reason,
