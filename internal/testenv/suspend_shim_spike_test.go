@@ -6,9 +6,11 @@ package testenv_test
 // a gVisor pod's sandbox is checkpointed, the pod deleted, and a NEW pod,
 // which kubelet and containerd own as any other, is started from the
 // checkpoint by the restoring runsc shim (toolchain.RestoreShim) because it
-// carries testenv.RestoreAnnotation. Run it on the shared cluster as root:
+// carries testenv.RestoreAnnotation. Build the shim, then run it on a
+// cluster with a node, as root:
 //
-//	/work/bin/cluster-test -- go test -tags suspendspike -count=1 -v -run TestSuspendSpikeShim ./internal/testenv/
+//	.build/bin/agentbox-testenv build -spikes
+//	.build/bin/agentbox-testenv exec -node -- go test -tags suspendspike -count=1 -v -run TestSuspendSpikeShim ./internal/testenv/
 
 import (
 	"context"
